@@ -1,0 +1,162 @@
+//! [`ResponseFuture`]: the response of a [`RateLimit`](crate::RateLimit) service.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http::request::Parts;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::headers::Fields;
+use crate::layer::Shared;
+use crate::response::OnRejection;
+use crate::service::{Next, Plan, finish};
+use crate::store::Store;
+
+pin_project! {
+    /// The response future of [`RateLimit`](crate::RateLimit): waits for the store when it
+    /// needs I/O, then for the service, and adds the rate-limit fields to its response.
+    pub struct ResponseFuture<S, St, R, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+        St: Store,
+    {
+        #[pin]
+        state: State<S, St, R, ReqBody>,
+    }
+}
+
+/// What a request that waits for the store carries.
+pub(crate) struct Waiting<S, St: Store, R, ReqBody> {
+    service: S,
+    shared: Arc<Shared<St, R>>,
+    group: usize,
+    plan: Plan,
+    parts: Parts,
+    body: ReqBody,
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, St, R, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+        St: Store,
+    {
+        Checking {
+            #[pin]
+            check: St::Future,
+            waiting: Option<Waiting<S, St, R, ReqBody>>,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+            fields: Fields,
+        },
+        Done {
+            response: Option<S::Response>,
+        },
+    }
+}
+
+impl<S, St, R, ReqBody> ResponseFuture<S, St, R, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    pub(crate) fn done(response: S::Response) -> Self {
+        Self {
+            state: State::Done {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(crate) fn calling(future: S::Future, fields: Fields) -> Self {
+        Self {
+            state: State::Calling { future, fields },
+        }
+    }
+
+    pub(crate) fn checking(
+        check: St::Future,
+        service: S,
+        shared: Arc<Shared<St, R>>,
+        group: usize,
+        plan: Plan,
+        parts: Parts,
+        body: ReqBody,
+    ) -> Self {
+        Self {
+            state: State::Checking {
+                check,
+                waiting: Some(Waiting {
+                    service,
+                    shared,
+                    group,
+                    plan,
+                    parts,
+                    body,
+                }),
+            },
+        }
+    }
+}
+
+impl<S, St, R, ReqBody, ResBody> Future for ResponseFuture<S, St, R, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: Store,
+    R: OnRejection<ResBody>,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Checking { check, waiting } => {
+                    let statuses = ready!(check.poll(cx));
+                    let w = waiting
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    let next = finish(&w.shared, w.group, &w.plan, statuses, w.parts);
+                    match next {
+                        Next::Proceed(parts, fields) => {
+                            let mut service = w.service;
+                            let future = service.call(Request::from_parts(parts, w.body));
+                            state.set(State::Calling { future, fields });
+                        }
+                        Next::Refuse(response) => {
+                            return Poll::Ready(Ok(response));
+                        }
+                    }
+                }
+                StateProj::Calling { future, fields } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    std::mem::take(fields).apply(response.headers_mut());
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Done { response } => {
+                    return Poll::Ready(Ok(response
+                        .take()
+                        .expect("ResponseFuture polled after completion")));
+                }
+            }
+        }
+    }
+}
+
+impl<S, St, R, ReqBody> fmt::Debug for ResponseFuture<S, St, R, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,277 @@
+//! The generic cell rate algorithm, as a pure function.
+//!
+//! Per key the state is one number, the theoretical arrival time `TAT`. An absent key and a
+//! key whose `TAT <= now` are the same thing, a full bucket, which is why stores may forget
+//! such keys at any moment without changing a single decision.
+//!
+//! ```text
+//! T   = period / rate            emission interval (time per token)
+//! tau = burst * T                bucket depth, as time
+//! request of cost c at time now:
+//!   base    = max(TAT, now)       TAT never moves backwards
+//!   new_tat = base + c * T
+//!   allowed = new_tat - now <= tau
+//!   if allowed: TAT := new_tat    a denial never consumes
+//! ```
+//!
+//! This admits exactly `burst` requests at once from a full bucket, then one per `T`: a
+//! token bucket of capacity `burst` refilled at `rate / period`. Over any interval of
+//! length `d` at most `burst + d / T` cost units are admitted.
+//!
+//! The unit of time is the caller's: [`MemoryStore`](crate::store::MemoryStore) uses
+//! nanoseconds, the Redis store microseconds (its Lua script is this function, line for
+//! line; a parity test runs both over the same cases).
+//!
+//! ```
+//! use tollgate::gcra::{check, Params, Verdict};
+//!
+//! let p = Params::new(100, 3); // one token per 100 units, bucket of 3
+//! let a = check(p, 0, 1_000, 1);
+//! assert_eq!(a.verdict, Verdict::Allowed);
+//! assert_eq!((a.new_tat, a.remaining), (Some(1_100), 2));
+//! let b = check(p, 1_100, 1_000, 3); // needs 3, has 2: wait for one more token
+//! assert_eq!(b.verdict, Verdict::Denied { retry_after: 100 });
+//! assert_eq!(b.new_tat, None);
+//! ```
+
+/// The two numbers that define a quota, in one integer unit of time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Params {
+    t: u64,
+    burst: u64,
+}
+
+impl Params {
+    /// An emission interval `t` (time per token) and a bucket of `burst` tokens.
+    ///
+    /// Both are clamped to at least 1; `t * burst` saturates.
+    pub const fn new(t: u64, burst: u64) -> Self {
+        Self {
+            t: if t == 0 { 1 } else { t },
+            burst: if burst == 0 { 1 } else { burst },
+        }
+    }
+
+    /// Time per token.
+    pub const fn t(&self) -> u64 {
+        self.t
+    }
+
+    /// Bucket capacity in tokens.
+    pub const fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Bucket depth as time: `burst * t`.
+    pub const fn tau(&self) -> u64 {
+        self.burst.saturating_mul(self.t)
+    }
+}
+
+/// Whether a request passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// The request passes (and consumes its cost, unless it was a peek).
+    Allowed,
+    /// Not now: a request of the same cost passes after `retry_after`.
+    Denied {
+        /// Time until this request would pass, `> 0`.
+        retry_after: u64,
+    },
+    /// The cost exceeds the bucket capacity: this request can never pass.
+    Never,
+}
+
+impl Verdict {
+    /// `true` for [`Verdict::Allowed`].
+    pub const fn is_allowed(&self) -> bool {
+        matches!(self, Verdict::Allowed)
+    }
+}
+
+/// The result of one check: the verdict, the state to store, and what to tell the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Outcome {
+    /// Whether the request passes.
+    pub verdict: Verdict,
+    /// The TAT to store, when the check consumed tokens; `None` leaves the state unchanged.
+    pub new_tat: Option<u64>,
+    /// Whole tokens left after this request.
+    pub remaining: u64,
+    /// Time until the bucket is full again.
+    pub reset_after: u64,
+    /// Time until one more token is available; `None` while the bucket is full.
+    pub next_after: Option<u64>,
+}
+
+/// Checks a request of `cost` tokens at time `now` against a bucket whose stored TAT is
+/// `tat` (0, or anything `<= now`, for an absent key).
+///
+/// A cost of 0 is a peek: allowed, nothing written. A cost above the burst is
+/// [`Verdict::Never`]. Arithmetic saturates: no input panics.
+pub fn check(params: Params, tat: u64, now: u64, cost: u64) -> Outcome {
+    let t = params.t;
+    let tau = params.tau();
+    let base = tat.max(now);
+    if cost > params.burst {
+        return report(params, base, now, Verdict::Never, None);
+    }
+    let new_tat = base.saturating_add(cost.saturating_mul(t));
+    if new_tat - now <= tau {
+        let write = (cost > 0).then_some(new_tat);
+        report(params, new_tat, now, Verdict::Allowed, write)
+    } else {
+        let retry_after = new_tat - now - tau;
+        report(params, base, now, Verdict::Denied { retry_after }, None)
+    }
+}
+
+/// The bucket's state at `now` without changing it: [`check`] with cost 0.
+pub fn peek(params: Params, tat: u64, now: u64) -> Outcome {
+    check(params, tat, now, 0)
+}
+
+/// Fills in what the client is told, from the TAT the bucket has after the request.
+fn report(params: Params, after: u64, now: u64, verdict: Verdict, new_tat: Option<u64>) -> Outcome {
+    let t = params.t;
+    let tau = params.tau();
+    let reset_after = after - now; // after >= now always: after = max(tat, now) [+ c*t]
+    let (remaining, next_after) = if reset_after > tau {
+        // Only when the quota shrank since the TAT was written (a plan downgrade):
+        // the bucket is more than empty, and the next token comes after the deficit.
+        (0, Some((reset_after - tau).saturating_add(t)))
+    } else {
+        let slack = tau - reset_after;
+        let remaining = slack / t;
+        // (remaining + 1) * t - slack, without the overflow.
+        let next_after = (remaining < params.burst).then(|| t - slack % t);
+        (remaining, next_after)
+    };
+    Outcome {
+        verdict,
+        new_tat,
+        remaining,
+        reset_after,
+        next_after,
+    }
+}
+
+/// How much of an earlier consumption to give back, so that refunding never grants more
+/// than the bucket would have held had the consumption never happened.
+///
+/// A request that consumed `cost_time` (= cost × T) and left the TAT at `written_tat`
+/// is refunded at `now`. If other requests touched the bucket in between, the exact
+/// amount still reflected in the TAT is unknown; this returns a lower bound of it:
+/// `min(cost_time, written_tat - now)` (zero once the written TAT is in the past). A
+/// refund never over-grants; it may under-refund when the bucket refilled meanwhile.
+pub fn refund_amount(cost_time: u64, written_tat: u64, now: u64) -> u64 {
+    cost_time.min(written_tat.saturating_sub(now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: Params = Params::new(100, 10); // T = 100, burst 10, tau = 1000
+
+    #[test]
+    fn full_bucket_admits_burst_then_one_per_t() {
+        let mut tat = 0;
+        let now = 5_000;
+        for i in 0..10 {
+            let o = check(P, tat, now, 1);
+            assert_eq!(o.verdict, Verdict::Allowed, "request {i}");
+            assert_eq!(o.remaining, 9 - i);
+            tat = o.new_tat.unwrap();
+        }
+        let o = check(P, tat, now, 1);
+        assert_eq!(o.verdict, Verdict::Denied { retry_after: 100 });
+        assert_eq!(o.remaining, 0);
+        assert_eq!(o.next_after, Some(100));
+        assert_eq!(o.reset_after, 1_000);
+        // One token back after T.
+        let o = check(P, tat, now + 100, 1);
+        assert!(o.verdict.is_allowed());
+        assert_eq!(
+            check(P, o.new_tat.unwrap(), now + 100, 1).verdict,
+            Verdict::Denied { retry_after: 100 }
+        );
+    }
+
+    #[test]
+    fn peek_reports_without_writing() {
+        let o = peek(P, 0, 1_000);
+        assert_eq!(o.verdict, Verdict::Allowed);
+        assert_eq!(o.new_tat, None);
+        assert_eq!(o.remaining, 10);
+        assert_eq!(o.next_after, None, "no `t` while the bucket is full");
+        assert_eq!(o.reset_after, 0);
+    }
+
+    #[test]
+    fn variable_cost_and_partial_tokens() {
+        // 350 units of time used: 6.5 tokens left, reported as 6.
+        let o = peek(P, 1_350, 1_000);
+        assert_eq!(o.remaining, 6);
+        assert_eq!(o.next_after, Some(50), "half a token until the 7th");
+        let o = check(P, 1_350, 1_000, 7);
+        assert_eq!(o.verdict, Verdict::Denied { retry_after: 50 });
+        let o = check(P, 1_350, 1_000, 6);
+        assert_eq!(o.verdict, Verdict::Allowed);
+        assert_eq!(o.new_tat, Some(1_950));
+        assert_eq!(o.remaining, 0);
+        assert_eq!(o.next_after, Some(50));
+    }
+
+    #[test]
+    fn cost_above_burst_is_never() {
+        let o = check(P, 0, 1_000, 11);
+        assert_eq!(o.verdict, Verdict::Never);
+        assert_eq!(o.new_tat, None);
+        assert_eq!(o.remaining, 10);
+        // Exactly the burst passes from a full bucket.
+        assert!(check(P, 0, 1_000, 10).verdict.is_allowed());
+    }
+
+    #[test]
+    fn tat_in_the_past_is_a_full_bucket() {
+        assert_eq!(check(P, 0, 1_000, 1), check(P, 999, 1_000, 1));
+        assert_eq!(check(P, 0, 1_000, 1), check(P, 1_000, 1_000, 1));
+    }
+
+    #[test]
+    fn stale_clock_never_moves_tat_backwards() {
+        // A caller whose clock is behind the one that wrote the TAT.
+        let o = check(P, 2_000, 1_500, 1);
+        assert_eq!(o.new_tat, Some(2_100));
+    }
+
+    #[test]
+    fn shrunken_quota_reports_empty_bucket_with_deficit() {
+        // A TAT written under a bigger bucket, read under a bucket of tau = 1000.
+        let o = peek(P, 3_000, 1_000);
+        assert_eq!(o.remaining, 0);
+        assert_eq!(o.reset_after, 2_000);
+        assert_eq!(o.next_after, Some(1_100));
+        assert_eq!(
+            check(P, 3_000, 1_000, 1).verdict,
+            Verdict::Denied { retry_after: 1_100 }
+        );
+    }
+
+    #[test]
+    fn extreme_inputs_do_not_panic() {
+        let p = Params::new(u64::MAX, u64::MAX);
+        let _ = check(p, u64::MAX, u64::MAX, u64::MAX);
+        let _ = check(p, 0, 0, 1);
+        let _ = check(Params::new(0, 0), u64::MAX, 0, u64::MAX);
+        let _ = check(P, u64::MAX, 0, 1);
+    }
+
+    #[test]
+    fn refund_is_bounded_by_what_the_tat_still_holds() {
+        assert_eq!(refund_amount(100, 1_100, 1_000), 100);
+        assert_eq!(refund_amount(100, 1_050, 1_000), 50);
+        assert_eq!(refund_amount(100, 900, 1_000), 0);
+    }
+}

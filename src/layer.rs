@@ -1,0 +1,441 @@
+//! [`RateLimitLayer`] and its builder.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use http::Method;
+use http::header::HeaderValue;
+use smallvec::SmallVec;
+use tower_layer::Layer;
+
+use crate::error::ConfigError;
+use crate::headers::{self, HeaderStyle, RetryAfterFormat};
+use crate::key::KeyExtractor;
+use crate::limit::{Limit, Mode};
+use crate::quota::Quota;
+use crate::response::DefaultOnRejection;
+use crate::service::RateLimit;
+use crate::store::Store;
+
+/// Applies [`RateLimit`] to services: the rate limiting middleware.
+///
+/// The layer holds everything in one `Arc`: applying it to many routes, and cloning the
+/// services it makes (axum clones per route and per connection), shares the same limits
+/// and the same store. `Layer::layer` creates no state.
+///
+/// See the [crate docs](crate) for examples.
+pub struct RateLimitLayer<St: Store, R = DefaultOnRejection> {
+    pub(crate) shared: Arc<Shared<St, R>>,
+}
+
+impl<St: Store, R> Clone for RateLimitLayer<St, R> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<St: Store, R> fmt::Debug for RateLimitLayer<St, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field(
+                "limits",
+                &self
+                    .shared
+                    .bounds
+                    .iter()
+                    .map(|b| &b.limit)
+                    .collect::<Vec<_>>(),
+            )
+            .field("routes", &self.shared.routes.len())
+            .field("headers", &self.shared.style)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One limit, bound to its table in the store.
+pub(crate) struct Bound<St: Store> {
+    pub(crate) limit: Limit,
+    pub(crate) table: St::Table,
+    /// When a misconfiguration was last logged (seconds since start + 1; 0 = never).
+    pub(crate) logged_at: AtomicU64,
+}
+
+/// The limits that apply to one kind of request.
+pub(crate) struct Group {
+    pub(crate) limits: SmallVec<[usize; 4]>,
+    /// `RateLimit-Policy` for the usual case: every reported limit with its own quota.
+    pub(crate) policy: Option<HeaderValue>,
+    /// How many limits that usual case reports.
+    pub(crate) reported: usize,
+}
+
+/// Everything a layer and its services share.
+pub(crate) struct Shared<St: Store, R> {
+    pub(crate) store: St,
+    pub(crate) bounds: Vec<Bound<St>>,
+    /// Group 0 applies to requests that match no route entry.
+    pub(crate) groups: Vec<Group>,
+    /// Route path to (method or any, group).
+    pub(crate) routes: HashMap<Box<str>, SmallVec<[(Option<Method>, usize); 2]>>,
+    pub(crate) style: HeaderStyle,
+    pub(crate) shadow_headers: bool,
+    pub(crate) retry_format: RetryAfterFormat,
+    pub(crate) jitter: f64,
+    pub(crate) unavailable_retry: Duration,
+    pub(crate) decision_extension: bool,
+    pub(crate) on_rejection: R,
+}
+
+impl<St: Store> RateLimitLayer<St> {
+    /// One limit: `quota` per key from `key`, in `store`. The limit is called `"default"`
+    /// in the headers.
+    ///
+    /// ```
+    /// use tollgate::{key::PeerIp, store::MemoryStore, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new(Quota::per_second(10).burst(20), PeerIp::new(), MemoryStore::new());
+    /// # let _ = layer;
+    /// ```
+    pub fn new(quota: Quota, key: impl KeyExtractor, store: St) -> Self {
+        Self::builder(store)
+            .limit(Limit::new("default", quota).key(key))
+            .build()
+            .expect("a single default limit with a valid quota is always valid")
+    }
+
+    /// A layer with several limits, per-route limits, and other settings.
+    pub fn builder(store: St) -> RateLimitBuilder<St> {
+        RateLimitBuilder {
+            store,
+            always: Vec::new(),
+            routes: Vec::new(),
+            route_default: Vec::new(),
+            style: HeaderStyle::Ietf,
+            shadow_headers: false,
+            retry_format: RetryAfterFormat::Seconds,
+            jitter: 0.0,
+            unavailable_retry: Duration::from_secs(1),
+            decision_extension: true,
+            on_rejection: DefaultOnRejection::new(),
+        }
+    }
+}
+
+impl<S, St: Store, R> Layer<S> for RateLimitLayer<St, R> {
+    type Service = RateLimit<S, St, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// Builds a [`RateLimitLayer`]: limits for every request, limits per route, headers and
+/// responses. [`build`](RateLimitBuilder::build) checks the whole configuration.
+///
+/// ```
+/// use tollgate::{key::{Header, PeerIp}, store::MemoryStore, HeaderStyle, Limit, Quota, RateLimitLayer};
+///
+/// let layer = RateLimitLayer::builder(MemoryStore::new())
+///     // Every request:
+///     .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))
+///     .limit(Limit::new("global", Quota::per_second(1_000)))
+///     // Only these routes (matched path, with or without a method):
+///     .route("POST /login", Limit::new("login", Quota::per_minute(5)).key(PeerIp::new()))
+///     .route("/search", Limit::new("search", Quota::per_second(2)).key(Header::new("x-api-key")))
+///     // Routes without an entry:
+///     .route_default(Limit::new("other", Quota::per_second(20)).key(PeerIp::new()))
+///     .headers(HeaderStyle::Ietf)
+///     .build()?;
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub struct RateLimitBuilder<St: Store, R = DefaultOnRejection> {
+    store: St,
+    always: Vec<Limit>,
+    routes: Vec<(String, Limit)>,
+    route_default: Vec<Limit>,
+    style: HeaderStyle,
+    shadow_headers: bool,
+    retry_format: RetryAfterFormat,
+    jitter: f64,
+    unavailable_retry: Duration,
+    decision_extension: bool,
+    on_rejection: R,
+}
+
+impl<St: Store, R> fmt::Debug for RateLimitBuilder<St, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitBuilder")
+            .field("limits", &self.always)
+            .field("routes", &self.routes)
+            .field("route_default", &self.route_default)
+            .field("headers", &self.style)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store, R> RateLimitBuilder<St, R> {
+    /// A limit checked on every request.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.always.push(limit);
+        self
+    }
+
+    /// A limit checked on the requests of one route, in addition to those of
+    /// [`limit`](Self::limit).
+    ///
+    /// `route` is a path as the router sees it (axum's `MatchedPath`, e.g. `/users/{id}`;
+    /// without axum, the exact request path), optionally preceded by a method:
+    /// `"POST /login"`. A method-specific entry wins over a method-less one for the same
+    /// path; `HEAD` requests use the `GET` entry when there is no `HEAD` entry. Call it
+    /// several times to put several limits on a route.
+    pub fn route(mut self, route: impl Into<String>, limit: Limit) -> Self {
+        self.routes.push((route.into(), limit));
+        self
+    }
+
+    /// A limit checked on the requests that match no [`route`](Self::route) entry.
+    pub fn route_default(mut self, limit: Limit) -> Self {
+        self.route_default.push(limit);
+        self
+    }
+
+    /// Which rate-limit fields responses carry (default [`HeaderStyle::Ietf`]).
+    pub fn headers(mut self, style: HeaderStyle) -> Self {
+        self.style = style;
+        self
+    }
+
+    /// Whether shadow limits appear in the rate-limit fields (default: no, since they do
+    /// not limit the client).
+    pub fn shadow_headers(mut self, show: bool) -> Self {
+        self.shadow_headers = show;
+        self
+    }
+
+    /// How `Retry-After` is written (default: whole seconds).
+    pub fn retry_after_format(mut self, format: RetryAfterFormat) -> Self {
+        self.retry_format = format;
+        self
+    }
+
+    /// Spreads the retries of clients refused at the same moment: `Retry-After` grows by up
+    /// to `fraction` of the wait (0.5: up to 50 % longer), by an amount fixed per client
+    /// key, so a client always gets the same offset. Never shorter than the real wait.
+    /// Must be within `0.0..=1.0`.
+    pub fn retry_after_jitter(mut self, fraction: f64) -> Self {
+        self.jitter = fraction;
+        self
+    }
+
+    /// The `Retry-After` of a 503 when a store fails under
+    /// [`FailurePolicy::Deny`](crate::FailurePolicy) (default 1 s).
+    pub fn unavailable_retry_after(mut self, wait: Duration) -> Self {
+        self.unavailable_retry = wait;
+        self
+    }
+
+    /// Whether the [`Decision`](crate::Decision) is put in the request extensions for the
+    /// handler (default: yes).
+    pub fn decision_extension(mut self, insert: bool) -> Self {
+        self.decision_extension = insert;
+        self
+    }
+
+    /// Replaces the responses to refused requests (see [`crate::response`]).
+    pub fn on_rejection<R2>(self, on_rejection: R2) -> RateLimitBuilder<St, R2> {
+        RateLimitBuilder {
+            store: self.store,
+            always: self.always,
+            routes: self.routes,
+            route_default: self.route_default,
+            style: self.style,
+            shadow_headers: self.shadow_headers,
+            retry_format: self.retry_format,
+            jitter: self.jitter,
+            unavailable_retry: self.unavailable_retry,
+            decision_extension: self.decision_extension,
+            on_rejection,
+        }
+    }
+
+    /// Checks the configuration and builds the layer, or names the first bad field.
+    pub fn build(self) -> Result<RateLimitLayer<St, R>, ConfigError> {
+        if self.always.is_empty() && self.routes.is_empty() && self.route_default.is_empty() {
+            return Err(ConfigError::new("limits", "no limit is configured"));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(ConfigError::new(
+                "retry_after_jitter",
+                "must be a fraction within 0.0..=1.0",
+            ));
+        }
+        let mut bounds: Vec<Bound<St>> = Vec::new();
+        let mut bind = |limit: Limit| -> Result<usize, ConfigError> {
+            limit.validate()?;
+            let table = self.store.table(&limit.name);
+            bounds.push(Bound {
+                limit,
+                table,
+                logged_at: AtomicU64::new(0),
+            });
+            Ok(bounds.len() - 1)
+        };
+        let always = self
+            .always
+            .into_iter()
+            .map(&mut bind)
+            .collect::<Result<SmallVec<[usize; 4]>, _>>()?;
+        let mut group_limits = vec![always.clone()];
+        for limit in self.route_default {
+            group_limits[0].push(bind(limit)?);
+        }
+        let mut routes: HashMap<Box<str>, SmallVec<[(Option<Method>, usize); 2]>> = HashMap::new();
+        for (spec, limit) in self.routes {
+            let (method, path) = parse_route(&spec)?;
+            let entries = routes.entry(path.into()).or_default();
+            let group = match entries.iter().find(|(m, _)| *m == method) {
+                Some(&(_, g)) => g,
+                None => {
+                    group_limits.push(always.clone());
+                    entries.push((method, group_limits.len() - 1));
+                    group_limits.len() - 1
+                }
+            };
+            let index = bind(limit).map_err(|e| e.within(format!("routes[{spec:?}]")))?;
+            group_limits[group].push(index);
+        }
+        let groups = group_limits
+            .into_iter()
+            .map(|limits| {
+                check_unique(&bounds, &limits)?;
+                let reported: Vec<&Limit> = limits
+                    .iter()
+                    .map(|&i| &bounds[i].limit)
+                    .filter(|l| l.mode == Mode::Enforce || self.shadow_headers)
+                    .collect();
+                let policy = headers::static_policy(
+                    reported
+                        .iter()
+                        .map(|l| (&*l.name, l.quota.burst_size(), l.quota.window_secs())),
+                );
+                Ok(Group {
+                    reported: reported.len(),
+                    policy,
+                    limits,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                store: self.store,
+                bounds,
+                groups,
+                routes,
+                style: self.style,
+                shadow_headers: self.shadow_headers,
+                retry_format: self.retry_format,
+                jitter: self.jitter,
+                unavailable_retry: self.unavailable_retry,
+                decision_extension: self.decision_extension,
+                on_rejection: self.on_rejection,
+            }),
+        })
+    }
+}
+
+/// `"POST /login"` or `"/login"`.
+fn parse_route(spec: &str) -> Result<(Option<Method>, &str), ConfigError> {
+    let field = || format!("routes[{spec:?}]");
+    let spec_trimmed = spec.trim();
+    let (method, path) = match spec_trimmed.split_once(' ') {
+        Some((m, p)) => {
+            let m = Method::from_bytes(m.as_bytes())
+                .map_err(|_| ConfigError::new(field(), format!("`{m}` is not a method")))?;
+            (Some(m), p.trim())
+        }
+        None => (None, spec_trimmed),
+    };
+    if !path.starts_with('/') {
+        return Err(ConfigError::new(
+            field(),
+            "expected a path starting with `/`, optionally after a method (`POST /login`)",
+        ));
+    }
+    Ok((method, path))
+}
+
+/// Two limits of one request must not share a name: their headers and buckets would mix.
+fn check_unique<St: Store>(bounds: &[Bound<St>], limits: &[usize]) -> Result<(), ConfigError> {
+    for (n, &i) in limits.iter().enumerate() {
+        let name = &bounds[i].limit.name;
+        if limits[..n].iter().any(|&j| bounds[j].limit.name == *name) {
+            return Err(ConfigError::new(
+                format!("limits[{name:?}].name"),
+                "is used by two limits of the same request",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn configuration_errors_name_the_field() {
+        let q = Quota::per_second(1);
+        let b = || RateLimitLayer::builder(MemoryStore::new());
+        assert_eq!(b().build().unwrap_err().field(), "limits");
+        let err = b()
+            .limit(Limit::new("a", q))
+            .limit(Limit::new("a", q))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), r#"limits["a"].name"#);
+        let err = b()
+            .limit(Limit::new("a", q))
+            .route("GET /x", Limit::new("a", q))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), r#"limits["a"].name"#);
+        // The same name on two different routes is fine: they share buckets.
+        assert!(
+            b().route("/x", Limit::new("a", q))
+                .route("/y", Limit::new("a", q))
+                .build()
+                .is_ok()
+        );
+        let err = b().route("login", Limit::new("a", q)).build().unwrap_err();
+        assert_eq!(err.field(), r#"routes["login"]"#);
+        let err = b()
+            .route("P@ST /x", Limit::new("a", q))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), r#"routes["P@ST /x"]"#);
+        let err = b().limit(Limit::new("café", q)).build().unwrap_err();
+        assert_eq!(err.field(), r#"limits["café"].name"#);
+        let err = b()
+            .route("/x", Limit::new("a", q).cost(2))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), r#"routes["/x"].limits["a"].cost"#);
+        for bad in [-0.1, 1.5, f64::NAN, f64::INFINITY] {
+            let err = b()
+                .limit(Limit::new("a", q))
+                .retry_after_jitter(bad)
+                .build()
+                .unwrap_err();
+            assert_eq!(err.field(), "retry_after_jitter");
+        }
+    }
+}

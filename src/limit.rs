@@ -1,0 +1,291 @@
+//! [`Limit`]: one named policy.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::StatusCode;
+use http::request::Parts;
+
+use crate::cost::Cost;
+use crate::error::ConfigError;
+use crate::key::{Global, KeyExtractor};
+use crate::quota::Quota;
+
+/// The longest limit name: it appears in headers and in Redis keys.
+const MAX_NAME_LEN: usize = 64;
+
+/// Whether a limit enforces or only reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// Requests over the limit get a 429.
+    #[default]
+    Enforce,
+    /// The limit is checked and consumes like an enforcing one when the request proceeds,
+    /// and a "would deny" is logged and reported in the [`Decision`](crate::Decision), but
+    /// it never refuses a request. For trying a new limit on real traffic.
+    Shadow,
+}
+
+/// What happens to a request for which the limit's key extractor finds no key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// All such requests share one bucket of this limit (the default): nothing escapes the
+    /// limit by leaving out a header.
+    #[default]
+    SharedBucket,
+    /// The limit does not apply to such requests. Only for keys that are missing on purpose
+    /// (e.g. a per-user limit on routes that also serve anonymous users, with another limit
+    /// for those).
+    Skip,
+    /// Such requests are refused with this status (a 4xx), e.g. 401 when an API key is
+    /// required.
+    Reject(StatusCode),
+}
+
+/// What a limit does when its store fails (Redis down, slow or unreachable).
+///
+/// With the in-memory store nothing fails and this has no effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Check the request against a local in-memory limiter with the same quota: each
+    /// instance keeps limiting on its own until the store is back (the default).
+    #[default]
+    Fallback,
+    /// Let the request pass unchecked (fail open).
+    Allow,
+    /// Refuse the request with 503 and a Retry-After (fail closed).
+    Deny,
+}
+
+/// A function choosing the quota per request (see [`Limit::quota_by`]).
+pub(crate) type QuotaFn = Arc<dyn Fn(&Parts) -> Option<Quota> + Send + Sync>;
+
+/// One named limit: a quota, a key extractor, a cost, a mode, and policies for missing
+/// keys and store failures.
+///
+/// The name identifies the limit in headers (`RateLimit: "per-ip";r=4`), logs and store
+/// keys: limits with the same name in the same store share their buckets (which is how
+/// several routes, layers or app instances share one limit).
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use tollgate::{key::Header, Cost, Limit, MissingKey, Quota};
+///
+/// let per_key = Limit::new("per-key", Quota::per_second(20).burst(100))
+///     .key(Header::new("x-api-key"))
+///     .cost(Cost::header("x-cost").default(1))
+///     .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
+/// # let _ = per_key;
+/// ```
+#[derive(Clone)]
+pub struct Limit {
+    pub(crate) name: Arc<str>,
+    pub(crate) quota: Quota,
+    pub(crate) quota_fn: Option<QuotaFn>,
+    pub(crate) key: Arc<dyn KeyExtractor>,
+    pub(crate) cost: Cost,
+    pub(crate) mode: Mode,
+    pub(crate) missing: MissingKey,
+    pub(crate) on_failure: FailurePolicy,
+}
+
+impl Limit {
+    /// A limit called `name` with `quota`, one global bucket, cost 1, enforcing.
+    pub fn new(name: impl AsRef<str>, quota: Quota) -> Self {
+        Self {
+            name: name.as_ref().into(),
+            quota,
+            quota_fn: None,
+            key: Arc::new(Global),
+            cost: Cost::fixed(1),
+            mode: Mode::Enforce,
+            missing: MissingKey::SharedBucket,
+            on_failure: FailurePolicy::Fallback,
+        }
+    }
+
+    /// The key extractor: what a bucket is (per IP, per API key, ...). Default: [`Global`].
+    pub fn key(mut self, key: impl KeyExtractor) -> Self {
+        self.key = Arc::new(key);
+        self
+    }
+
+    /// The cost of a request (default 1). A `u32` is a fixed cost.
+    pub fn cost(mut self, cost: impl Into<Cost>) -> Self {
+        self.cost = cost.into();
+        self
+    }
+
+    /// Chooses the quota per request, e.g. by plan; `None` means the limit's own quota.
+    ///
+    /// The bucket of a key keeps its state when its quota changes (an upgrade takes effect
+    /// at once; after a downgrade the client may have to wait for the smaller bucket to
+    /// have room).
+    ///
+    /// ```
+    /// use tollgate::{Limit, Quota, key::Header};
+    ///
+    /// #[derive(Clone, Copy)]
+    /// enum Plan { Free, Pro, Enterprise }
+    ///
+    /// let per_key = Limit::new("per-key", Quota::per_minute(60))
+    ///     .key(Header::new("x-api-key"))
+    ///     .quota_by(|parts| match parts.extensions.get::<Plan>()? {
+    ///         Plan::Free => None, // the limit's own quota
+    ///         Plan::Pro => Some(Quota::per_second(10).burst(50)),
+    ///         Plan::Enterprise => Some(Quota::per_second(100).burst(500)),
+    ///     });
+    /// # let _ = per_key;
+    /// ```
+    pub fn quota_by<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<Quota> + Send + Sync + 'static,
+    {
+        self.quota_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// Reports without refusing: see [`Mode::Shadow`].
+    pub fn shadow(mut self) -> Self {
+        self.mode = Mode::Shadow;
+        self
+    }
+
+    /// Sets the mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// What to do with requests that have no key. Default: [`MissingKey::SharedBucket`].
+    pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
+        self.missing = policy;
+        self
+    }
+
+    /// What to do when the store fails. Default: [`FailurePolicy::Fallback`].
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.on_failure = policy;
+        self
+    }
+
+    /// The limit's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limit's own quota (requests may get another one, see [`Limit::quota_by`]).
+    pub fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// The quota for one request.
+    pub(crate) fn quota_for(&self, parts: &Parts) -> Quota {
+        match &self.quota_fn {
+            Some(f) => f(parts).unwrap_or(self.quota),
+            None => self.quota,
+        }
+    }
+
+    /// Checks everything that can be checked before the first request. Errors name the
+    /// field as `limits["<name>"].<field>`.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        validate_name(&self.name)?;
+        let at = || format!("limits[{:?}]", &*self.name);
+        self.cost.validate().map_err(|e| e.within(at()))?;
+        if let Some(c) = self.cost.fixed_value()
+            && self.quota_fn.is_none()
+            && u64::from(c) > self.quota.burst_size()
+        {
+            return Err(ConfigError::new(
+                "cost",
+                format!(
+                    "{c} exceeds the burst of {}: no request could ever pass",
+                    self.quota.burst_size()
+                ),
+            )
+            .within(at()));
+        }
+        if let MissingKey::Reject(status) = self.missing
+            && !status.is_client_error()
+        {
+            return Err(ConfigError::new(
+                "on_missing_key",
+                format!("a request without a key is the client's error: use a 4xx, not {status}"),
+            )
+            .within(at()));
+        }
+        Ok(())
+    }
+}
+
+/// A name must be non-empty printable ASCII (it is an RFC 9651 string in the headers) of
+/// at most 64 characters.
+fn validate_name(name: &str) -> Result<(), ConfigError> {
+    let field = || format!("limits[{name:?}].name");
+    if name.is_empty() {
+        return Err(ConfigError::new("limits[\"\"].name", "must not be empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(ConfigError::new(field(), "must be at most 64 characters"));
+    }
+    if !name.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(ConfigError::new(
+            field(),
+            "must be printable ASCII (no control characters, tabs or non-ASCII letters)",
+        ));
+    }
+    Ok(())
+}
+
+impl fmt::Debug for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limit")
+            .field("name", &self.name)
+            .field("quota", &self.quota)
+            .field("per_request_quota", &self.quota_fn.is_some())
+            .field("cost", &self.cost)
+            .field("mode", &self.mode)
+            .field("missing", &self.missing)
+            .field("on_failure", &self.on_failure)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_validated() {
+        let q = Quota::per_second(1);
+        assert!(Limit::new("per user", q).validate().is_ok());
+        assert!(Limit::new(r#"a"b\c"#, q).validate().is_ok());
+        for bad in ["", "café", "tab\there", "new\nline", &"x".repeat(65)] {
+            let err = Limit::new(bad, q).validate().unwrap_err();
+            assert!(err.field().ends_with(".name"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn impossible_costs_and_bad_statuses_are_config_errors() {
+        let q = Quota::per_second(10);
+        let err = Limit::new("api", q).cost(11).validate().unwrap_err();
+        assert_eq!(err.field(), r#"limits["api"].cost"#);
+        let err = Limit::new("api", q).cost(0).validate().unwrap_err();
+        assert_eq!(err.field(), r#"limits["api"].cost"#);
+        let err = Limit::new("api", q)
+            .on_missing_key(MissingKey::Reject(StatusCode::OK))
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field(), r#"limits["api"].on_missing_key"#);
+        assert!(
+            Limit::new("api", q)
+                .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+                .validate()
+                .is_ok()
+        );
+    }
+}
