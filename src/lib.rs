@@ -29,6 +29,7 @@
 //! RateLimit: "per-ip";r=9;t=1, "global";r=199;t=1
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
 
 pub mod clock;
 mod cost;

@@ -223,14 +223,11 @@ where
             cost,
             key_hash,
         });
-        items.push(Item::new(
-            &bound.table,
-            key,
-            quota,
-            cost,
-            limit.mode,
-            limit.on_failure,
-        ));
+        items.push(
+            Item::new(&bound.table, key, quota, cost)
+                .mode(limit.mode)
+                .on_failure(limit.on_failure),
+        );
     }
     Ok(Prepared { items, plan, group })
 }

@@ -26,11 +26,15 @@ pub struct PeerAddr(pub SocketAddr);
 
 fn peer_addr(parts: &Parts) -> Option<SocketAddr> {
     #[cfg(feature = "axum")]
-    if let Some(info) = parts
-        .extensions
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
     {
-        return Some(info.0);
+        use axum::extract::{ConnectInfo, connect_info::MockConnectInfo};
+        if let Some(info) = parts.extensions.get::<ConnectInfo<SocketAddr>>() {
+            return Some(info.0);
+        }
+        // axum's test double, which its own `ConnectInfo` extractor also falls back to.
+        if let Some(mock) = parts.extensions.get::<MockConnectInfo<SocketAddr>>() {
+            return Some(mock.0);
+        }
     }
     parts.extensions.get::<PeerAddr>().map(|p| p.0)
 }

@@ -41,22 +41,42 @@ pub struct Item<'a, T> {
 }
 
 impl<'a, T> Item<'a, T> {
-    pub(crate) fn new(
-        table: &'a T,
-        key: Key,
-        quota: Quota,
-        cost: u32,
-        mode: Mode,
-        on_failure: FailurePolicy,
-    ) -> Self {
+    /// A check of `cost` tokens from the bucket `key` of `table`, enforcing, falling back
+    /// to a local limiter if the store fails.
+    ///
+    /// For using a store without the middleware:
+    ///
+    /// ```
+    /// use tollgate::{key::Key, store::{Checked, Item, MemoryStore, Store}, Quota};
+    ///
+    /// let store = MemoryStore::new();
+    /// let logins = store.table("logins");
+    /// let item = Item::new(&logins, Key::from_part("alice"), Quota::per_minute(5), 1);
+    /// let Checked::Ready(statuses) = store.check(&[item]) else { unreachable!() };
+    /// assert!(statuses[0].outcome().unwrap().is_allowed());
+    /// assert_eq!(statuses[0].outcome().unwrap().remaining(), 4);
+    /// ```
+    pub fn new(table: &'a T, key: Key, quota: Quota, cost: u32) -> Self {
         Self {
             table,
             key,
             quota,
             cost,
-            mode,
-            on_failure,
+            mode: Mode::Enforce,
+            on_failure: FailurePolicy::Fallback,
         }
+    }
+
+    /// Sets whether the limit may refuse (see [`Mode`]).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets what happens if the store fails.
+    pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
+        self.on_failure = policy;
+        self
     }
 }
 

@@ -1,0 +1,182 @@
+//! The memory store's bounds: idle keys evicted without any call from the user, a hard
+//! cap, bytes per key, and no allocation on the path of an existing key.
+//!
+//! A counting global allocator measures the heap, so the tests of this file take turns.
+
+#![allow(unsafe_code)] // the counting allocator
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tollgate::clock::FakeClock;
+use tollgate::key::Key;
+use tollgate::store::{Checked, Item, MemoryStore, MemoryTable, Statuses, Store};
+use tollgate::Quota;
+
+struct Counting;
+
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE_BYTES.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn check(store: &MemoryStore<FakeClock>, items: &[Item<'_, MemoryTable>]) -> Statuses {
+    match store.check(items) {
+        Checked::Ready(s) => s,
+        Checked::Pending(_) => unreachable!(),
+    }
+}
+
+fn ip(i: u32) -> Key {
+    Key::from_part(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)))
+}
+
+/// 10/s, burst 10: an empty bucket refills in 1 s; one request is forgotten after 100 ms.
+const QUOTA: Quota = Quota::per_second(10);
+
+#[test]
+fn idle_keys_are_evicted_by_traffic_alone_within_two_refill_periods() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap();
+    let clock = FakeClock::at(Duration::from_secs(10));
+    let store = MemoryStore::with_clock(clock.clone());
+    let table = store.table("per-ip");
+    for i in 0..100_000 {
+        check(&store, &[Item::new(&table, ip(i), QUOTA, 1)]);
+    }
+    assert_eq!(store.len(), 100_000);
+    // Steady traffic from one other client (looking, not consuming), every 10 ms.
+    let refill = QUOTA.refill_time();
+    let mut elapsed = Duration::ZERO;
+    while store.len() > 0 {
+        assert!(elapsed <= 2 * refill, "{} keys left after {elapsed:?}", store.len());
+        clock.advance(Duration::from_millis(10));
+        elapsed += Duration::from_millis(10);
+        check(&store, &[Item::new(&table, Key::from_part("monitor"), QUOTA, 0)]);
+    }
+    // No call from the user was needed, and the memory went with the keys.
+    assert_eq!(store.len(), 0);
+}
+
+#[test]
+fn a_busy_store_stays_as_large_as_its_active_keys() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap();
+    let clock = FakeClock::at(Duration::from_secs(10));
+    let store = MemoryStore::with_clock(clock.clone());
+    let table = store.table("per-ip");
+    // 2,000 new clients per second, each seen once, for 20 s: 40,000 keys in all, but only
+    // those seen within the last refill time (~2,000) are live.
+    let mut max_len = 0;
+    for i in 0..40_000 {
+        if i % 20 == 0 {
+            clock.advance(Duration::from_millis(10));
+        }
+        check(&store, &[Item::new(&table, ip(i), QUOTA, 1)]);
+        max_len = max_len.max(store.len());
+    }
+    assert!(max_len < 6_000, "the table grew to {max_len} keys");
+}
+
+#[test]
+fn the_cap_sends_new_keys_to_an_overflow_bucket_and_never_over_grants() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap();
+    let clock = FakeClock::at(Duration::from_secs(10));
+    let store = MemoryStore::with_clock(clock.clone()).max_keys(1_000);
+    let table = store.table("per-ip");
+    let mut admitted_beyond_cap = 0;
+    for i in 0..2_000 {
+        let s = check(&store, &[Item::new(&table, ip(i), QUOTA, 1)]);
+        let allowed = s[0].outcome().unwrap().is_allowed();
+        if i < 1_000 {
+            assert!(allowed, "key {i} is tracked on its own");
+        } else if allowed {
+            admitted_beyond_cap += 1;
+        }
+    }
+    assert_eq!(store.len(), 1_000);
+    assert_eq!(admitted_beyond_cap, 10, "the 1,000 untracked keys shared one bucket of 10");
+    // Tracked keys keep their own buckets.
+    let s = check(&store, &[Item::new(&table, ip(5), QUOTA, 1)]);
+    assert_eq!(s[0].outcome().unwrap().remaining(), 8);
+    // Once the tracked keys are idle, new keys are tracked again.
+    clock.advance(Duration::from_secs(2));
+    let s = check(&store, &[Item::new(&table, ip(50_000), QUOTA, 1)]);
+    assert!(s[0].outcome().unwrap().is_allowed());
+    assert!(store.len() < 1_000);
+}
+
+#[test]
+fn bytes_per_tracked_ipv4_key() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap();
+    let clock = FakeClock::at(Duration::from_secs(10));
+    let store = MemoryStore::with_clock(clock.clone());
+    let table = store.table("per-ip");
+    let mut report = Vec::new();
+    let mut worst = 0.0f64;
+    let mut inserted = 0;
+    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    for n in [10_000u32, 100_000, 300_000, 1_000_000] {
+        for i in inserted..n {
+            check(&store, &[Item::new(&table, ip(i), Quota::per_hour(10), 1)]);
+        }
+        inserted = n;
+        let bytes = LIVE_BYTES.load(Ordering::Relaxed) - before;
+        let per_key = bytes as f64 / f64::from(n);
+        worst = worst.max(per_key);
+        report.push(format!("{n} keys: {per_key:.1} B/key"));
+    }
+    println!("memory store, bytes per tracked IPv4 key: {}", report.join(", "));
+    assert!(worst <= 64.0, "{}", report.join(", "));
+}
+
+#[test]
+fn checking_an_existing_key_allocates_nothing() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap();
+    let clock = FakeClock::at(Duration::from_secs(10));
+    let store = MemoryStore::with_clock(clock.clone());
+    let per_ip = store.table("per-ip");
+    let per_key = store.table("per-key");
+    let global = store.table("global");
+    let quota = Quota::per_second(1_000);
+    let ip_key = ip(7);
+    let text_key = Key::from_part("an-api-key-of-some-length-0123456789");
+    // Insert the keys first.
+    check(&store, &[Item::new(&per_ip, ip_key.clone(), quota, 1)]);
+    check(&store, &[Item::new(&per_key, text_key.clone(), quota, 1), Item::new(&global, Key::global(), quota, 1)]);
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..1_000 {
+        clock.advance(Duration::from_micros(100));
+        let one = [Item::new(&per_ip, ip_key.clone(), quota, 1)];
+        assert!(check(&store, &one)[0].outcome().unwrap().is_allowed());
+        let two = [
+            Item::new(&per_key, text_key.clone(), quota, 1),
+            Item::new(&global, Key::global(), quota, 1),
+        ];
+        assert!(check(&store, &two)[1].outcome().unwrap().is_allowed());
+    }
+    assert_eq!(ALLOCATIONS.load(Ordering::Relaxed) - before, 0);
+}
