@@ -10,7 +10,9 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use http::{Request, Response, StatusCode};
 use std::net::SocketAddr;
-use support::{body_json, count, get as req, header, send, sf_names, sf_param, statuses, with_peer};
+use support::{
+    body_json, count, get as req, header, send, sf_names, sf_param, statuses, with_peer,
+};
 use tollgate::clock::FakeClock;
 use tollgate::key::{Header, PeerIp};
 use tollgate::response::Rejection;
@@ -55,14 +57,25 @@ async fn burst_then_429_with_standard_headers() {
     let limited = send(&app, req("/", "192.0.2.1")).await;
     assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
     let h = limited.headers();
-    assert_eq!(header(h, "retry-after").unwrap(), "1", "200 ms rounded up, never 0");
+    assert_eq!(
+        header(h, "retry-after").unwrap(),
+        "1",
+        "200 ms rounded up, never 0"
+    );
     assert_eq!(header(h, "cache-control").unwrap(), "no-store");
-    assert_eq!(header(h, "content-type").unwrap(), "application/problem+json");
+    assert_eq!(
+        header(h, "content-type").unwrap(),
+        "application/problem+json"
+    );
     assert_eq!(header(h, "ratelimit-policy").unwrap(), policy);
     let rl = header(h, "ratelimit").unwrap();
     assert_eq!(sf_param(&rl, "per-ip", "r"), Some(0));
     assert_eq!(sf_param(&rl, "per-ip", "t"), Some(1));
-    assert_eq!(sf_param(&rl, "global", "r"), Some(190), "the refused request took nothing");
+    assert_eq!(
+        sf_param(&rl, "global", "r"),
+        Some(190),
+        "the refused request took nothing"
+    );
     let body = body_json(limited).await;
     assert_eq!(body["status"], 429);
     assert_eq!(body["title"], "Too Many Requests");
@@ -71,15 +84,28 @@ async fn burst_then_429_with_standard_headers() {
     assert!(body["detail"].as_str().unwrap().contains("per-ip"));
 
     // Another client is not affected.
-    assert_eq!(send(&app, req("/", "192.0.2.2")).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, req("/", "192.0.2.2")).await.status(),
+        StatusCode::OK
+    );
 
     // A client that honours Retry-After gets through; one token per 200 ms.
     clock.advance(Duration::from_millis(200));
-    assert_eq!(send(&app, req("/", "192.0.2.1")).await.status(), StatusCode::OK);
-    assert_eq!(send(&app, req("/", "192.0.2.1")).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send(&app, req("/", "192.0.2.1")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, req("/", "192.0.2.1")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     clock.advance(Duration::from_secs(2));
     let back = statuses(&app, 11, || req("/", "192.0.2.1")).await;
-    assert_eq!(count(&back, StatusCode::OK), 10, "a full bucket again after the refill time");
+    assert_eq!(
+        count(&back, StatusCode::OK),
+        10,
+        "a full bucket again after the refill time"
+    );
 }
 
 #[tokio::test]
@@ -91,7 +117,9 @@ async fn a_full_bucket_has_no_t_parameter() {
         .limit(Limit::new("peek", Quota::per_second(5)).cost(Cost::from_fn(|_| Some(0))))
         .build()
         .unwrap();
-    let peek_app = Router::new().route("/", get(|| async { "" })).route_layer(layer);
+    let peek_app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
     let r = send(&peek_app, req("/", "192.0.2.1")).await;
     assert_eq!(header(r.headers(), "ratelimit").unwrap(), r#""peek";r=5"#);
     drop(app);
@@ -104,7 +132,10 @@ async fn missing_connect_info_is_a_loud_500_not_a_bypass() {
     let bare = Request::get("/").body(Body::empty()).unwrap();
     let r = send(&app, bare).await;
     assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(header(r.headers(), "content-type").unwrap(), "application/problem+json");
+    assert_eq!(
+        header(r.headers(), "content-type").unwrap(),
+        "application/problem+json"
+    );
 }
 
 #[tokio::test]
@@ -126,7 +157,14 @@ async fn mock_connect_info_works_for_router_layer_and_unmatched_routes_do_not_co
     }
     assert_eq!(store.len(), 0);
     let ok = statuses(&app, 3, || Request::get("/").body(Body::empty()).unwrap()).await;
-    assert_eq!(ok, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    assert_eq!(
+        ok,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
 
     // Router::layer limits everything, 404s included.
     let (_, fresh) = self::store();
@@ -135,7 +173,10 @@ async fn mock_connect_info_works_for_router_layer_and_unmatched_routes_do_not_co
         .route("/", get(|| async { "" }))
         .layer(everything)
         .layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 4], 1))));
-    let s = statuses(&app, 2, || Request::get("/nope").body(Body::empty()).unwrap()).await;
+    let s = statuses(&app, 2, || {
+        Request::get("/nope").body(Body::empty()).unwrap()
+    })
+    .await;
     assert_eq!(s, [StatusCode::NOT_FOUND, StatusCode::TOO_MANY_REQUESTS]);
 }
 
@@ -147,14 +188,22 @@ async fn clones_across_routes_share_state() {
     let app = Router::new()
         .route("/a", get(|| async { "a" }).layer(layer.clone()))
         .route("/b", post(|| async { "b" }).layer(layer.clone()))
-        .nest("/c", Router::new().route("/", get(|| async { "c" })).route_layer(layer));
+        .nest(
+            "/c",
+            Router::new()
+                .route("/", get(|| async { "c" }))
+                .route_layer(layer),
+        );
     let ip = "203.0.113.50";
     assert_eq!(send(&app, req("/a", ip)).await.status(), StatusCode::OK);
     let post_b = with_peer(Request::post("/b").body(Body::empty()).unwrap(), ip);
     assert_eq!(send(&app, post_b).await.status(), StatusCode::OK);
     assert_eq!(send(&app, req("/c", ip)).await.status(), StatusCode::OK);
     for path in ["/a", "/c"] {
-        assert_eq!(send(&app, req(path, ip)).await.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            send(&app, req(path, ip)).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
     }
 }
 
@@ -187,7 +236,9 @@ async fn several_limits_are_all_or_nothing() {
         .limit(Limit::new("per-key", Quota::per_minute(2)).key(Header::new("x-api-key")))
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "" })).route_layer(layer);
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
     let with_key = || {
         let mut r = req("/", "192.0.2.7");
         r.headers_mut().insert("x-api-key", "k".parse().unwrap());
@@ -205,7 +256,11 @@ async fn several_limits_are_all_or_nothing() {
 async fn shadow_limits_report_but_never_refuse() {
     let (_, store) = store();
     let layer = RateLimitLayer::builder(store)
-        .limit(Limit::new("trial", Quota::per_minute(2)).key(PeerIp::new()).shadow())
+        .limit(
+            Limit::new("trial", Quota::per_minute(2))
+                .key(PeerIp::new())
+                .shadow(),
+        )
         .limit(Limit::new("real", Quota::per_minute(100)).key(PeerIp::new()))
         .build()
         .unwrap();
@@ -217,7 +272,9 @@ async fn shadow_limits_report_but_never_refuse() {
             get(move |Extension(d): Extension<Decision>| {
                 let seen = seen2.clone();
                 async move {
-                    seen.lock().unwrap().push(d.limit("trial").unwrap().allowed());
+                    seen.lock()
+                        .unwrap()
+                        .push(d.limit("trial").unwrap().allowed());
                 }
             }),
         )
@@ -227,7 +284,10 @@ async fn shadow_limits_report_but_never_refuse() {
     assert_eq!(*seen.lock().unwrap(), [true, true, false, false, false]);
     // Shadow limits stay out of the headers by default.
     let r = send(&app, req("/", "192.0.2.3")).await;
-    assert_eq!(sf_names(&header(r.headers(), "ratelimit").unwrap()), ["real"]);
+    assert_eq!(
+        sf_names(&header(r.headers(), "ratelimit").unwrap()),
+        ["real"]
+    );
 }
 
 #[tokio::test]
@@ -241,23 +301,37 @@ async fn cost_from_a_header_and_costs_that_can_never_pass() {
         )
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "" })).route_layer(layer);
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
     let with_cost = |c: &str| {
         let mut r = req("/", "192.0.2.5");
         r.headers_mut().insert("x-cost", c.parse().unwrap());
         r
     };
     let r = send(&app, with_cost("4")).await;
-    assert_eq!(sf_param(&header(r.headers(), "ratelimit").unwrap(), "tokens", "r"), Some(6));
+    assert_eq!(
+        sf_param(&header(r.headers(), "ratelimit").unwrap(), "tokens", "r"),
+        Some(6)
+    );
     for bad in ["-1", "abc", "1.5", "0", "99999999999"] {
         let r = send(&app, with_cost(bad)).await;
         assert_eq!(r.status(), StatusCode::OK, "{bad} costs the default 1");
     }
     let r = send(&app, with_cost("11")).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert!(r.headers().get("retry-after").is_none(), "waiting does not help");
+    assert!(
+        r.headers().get("retry-after").is_none(),
+        "waiting does not help"
+    );
     let body = body_json(r).await;
-    assert!(body["detail"].as_str().unwrap().contains("can never be satisfied"), "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("can never be satisfied"),
+        "{body}"
+    );
 }
 
 #[derive(Clone, Copy)]
@@ -280,7 +354,9 @@ async fn quota_per_plan_without_one_layer_per_plan() {
         )
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "" })).route_layer(layer);
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
     let call = |key: &'static str, plan: Plan| {
         let mut r = req("/", "192.0.2.1");
         r.headers_mut().insert("x-api-key", key.parse().unwrap());
@@ -292,7 +368,10 @@ async fn quota_per_plan_without_one_layer_per_plan() {
     assert_eq!(count(&free, StatusCode::OK), 2);
     assert_eq!(count(&pro, StatusCode::OK), 5);
     let r = send(&app, call("pro-user", Plan::Pro)).await;
-    assert_eq!(header(r.headers(), "ratelimit-policy").unwrap(), r#""per-key";q=5;w=60"#);
+    assert_eq!(
+        header(r.headers(), "ratelimit-policy").unwrap(),
+        r#""per-key";q=5;w=60"#
+    );
 }
 
 #[tokio::test]
@@ -300,8 +379,14 @@ async fn route_table_in_one_layer() {
     let (_, store) = store();
     let layer = RateLimitLayer::builder(store)
         .limit(Limit::new("global", Quota::per_second(1_000)))
-        .route("POST /login", Limit::new("login", Quota::per_minute(2)).key(PeerIp::new()))
-        .route("/users/{id}", Limit::new("users", Quota::per_minute(3)).key(PeerIp::new()))
+        .route(
+            "POST /login",
+            Limit::new("login", Quota::per_minute(2)).key(PeerIp::new()),
+        )
+        .route(
+            "/users/{id}",
+            Limit::new("users", Quota::per_minute(3)).key(PeerIp::new()),
+        )
         .route_default(Limit::new("default", Quota::per_minute(4)).key(PeerIp::new()))
         .build()
         .unwrap();
@@ -321,9 +406,15 @@ async fn route_table_in_one_layer() {
     assert_eq!(count(&users, StatusCode::OK), 3);
     // GET /login has no entry: the default limits.
     let r = send(&app, req("/login", ip)).await;
-    assert_eq!(sf_names(&header(r.headers(), "ratelimit").unwrap()), ["global", "default"]);
+    assert_eq!(
+        sf_names(&header(r.headers(), "ratelimit").unwrap()),
+        ["global", "default"]
+    );
     let r = send(&app, req("/users/9", ip)).await;
-    assert_eq!(sf_names(&header(r.headers(), "ratelimit").unwrap()), ["global", "users"]);
+    assert_eq!(
+        sf_names(&header(r.headers(), "ratelimit").unwrap()),
+        ["global", "users"]
+    );
 }
 
 #[tokio::test]
@@ -333,7 +424,9 @@ async fn missing_keys_share_a_bucket_by_default_or_are_rejected_or_skipped() {
         .limit(Limit::new("per-key", Quota::per_minute(2)).key(Header::new("x-api-key")))
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "" })).route_layer(shared);
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(shared);
     // Leaving the header out does not escape the limit.
     let s = statuses(&app, 4, || req("/", "192.0.2.1")).await;
     assert_eq!(count(&s, StatusCode::OK), 2);
@@ -346,7 +439,9 @@ async fn missing_keys_share_a_bucket_by_default_or_are_rejected_or_skipped() {
         )
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "" })).route_layer(reject);
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(reject);
     let r = send(&app, req("/", "192.0.2.1")).await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(body_json(r).await["status"], 401);
@@ -359,7 +454,9 @@ async fn missing_keys_share_a_bucket_by_default_or_are_rejected_or_skipped() {
         )
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "" })).route_layer(skip);
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(skip);
     let s = statuses(&app, 3, || req("/", "192.0.2.1")).await;
     assert_eq!(count(&s, StatusCode::OK), 3);
 }
@@ -379,7 +476,9 @@ async fn the_429_response_is_replaceable_and_still_gets_the_headers() {
         })
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "" })).route_layer(layer);
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
     send(&app, req("/", "192.0.2.1")).await;
     let r = send(&app, req("/", "192.0.2.1")).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -396,7 +495,9 @@ async fn retry_after_jitter_is_deterministic_per_client_and_never_shorter() {
         .retry_after_jitter(0.5)
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "" })).route_layer(layer);
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
     let mut waits = Vec::new();
     for i in 1..=20 {
         let ip = format!("192.0.2.{i}");
@@ -424,25 +525,47 @@ async fn every_header_style_through_the_layer() {
             .headers(style)
             .build()
             .unwrap();
-        Router::new().route("/", get(|| async { "" })).route_layer(layer)
+        Router::new()
+            .route("/", get(|| async { "" }))
+            .route_layer(layer)
     };
     let r = send(&app_with(HeaderStyle::Draft7), req("/", "192.0.2.1")).await;
-    assert_eq!(header(r.headers(), "ratelimit-policy").unwrap(), "10;w=1, 1000;w=86400");
-    assert_eq!(header(r.headers(), "ratelimit").unwrap(), "limit=10, remaining=9, reset=1");
+    assert_eq!(
+        header(r.headers(), "ratelimit-policy").unwrap(),
+        "10;w=1, 1000;w=86400"
+    );
+    assert_eq!(
+        header(r.headers(), "ratelimit").unwrap(),
+        "limit=10, remaining=9, reset=1"
+    );
 
     let r = send(&app_with(HeaderStyle::Draft6), req("/", "192.0.2.1")).await;
     assert_eq!(header(r.headers(), "ratelimit-limit").unwrap(), "10");
     assert_eq!(header(r.headers(), "ratelimit-remaining").unwrap(), "9");
     assert_eq!(header(r.headers(), "ratelimit-reset").unwrap(), "1");
 
-    let r = send(&app_with(HeaderStyle::Legacy(ResetFormat::Delta)), req("/", "192.0.2.1")).await;
+    let r = send(
+        &app_with(HeaderStyle::Legacy(ResetFormat::Delta)),
+        req("/", "192.0.2.1"),
+    )
+    .await;
     assert_eq!(header(r.headers(), "x-ratelimit-limit").unwrap(), "10");
     assert_eq!(header(r.headers(), "x-ratelimit-remaining").unwrap(), "9");
     assert_eq!(header(r.headers(), "x-ratelimit-reset").unwrap(), "1");
 
-    let r = send(&app_with(HeaderStyle::Legacy(ResetFormat::Epoch)), req("/", "192.0.2.1")).await;
-    let epoch: u64 = header(r.headers(), "x-ratelimit-reset").unwrap().parse().unwrap();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let r = send(
+        &app_with(HeaderStyle::Legacy(ResetFormat::Epoch)),
+        req("/", "192.0.2.1"),
+    )
+    .await;
+    let epoch: u64 = header(r.headers(), "x-ratelimit-reset")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     assert!((now..=now + 2).contains(&epoch), "{epoch} vs {now}");
 
     let app = app_with(HeaderStyle::Governor);
@@ -456,7 +579,9 @@ async fn every_header_style_through_the_layer() {
 
     let app = app_with(HeaderStyle::None);
     let r = send(&app, req("/", "192.0.2.1")).await;
-    assert!(r.headers().get("ratelimit").is_none() && r.headers().get("ratelimit-policy").is_none());
+    assert!(
+        r.headers().get("ratelimit").is_none() && r.headers().get("ratelimit-policy").is_none()
+    );
 }
 
 #[tokio::test]
@@ -488,8 +613,14 @@ async fn poll_ready_is_never_pending_because_of_the_limit() {
     let layer = RateLimitLayer::new(Quota::per_minute(1), PeerIp::new(), store);
     let mut svc = tower::ServiceBuilder::new()
         .layer(layer)
-        .service_fn(|_: Request<Body>| async { Ok::<_, std::convert::Infallible>(Response::new(Body::empty())) });
-    for expected in [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS, StatusCode::TOO_MANY_REQUESTS] {
+        .service_fn(|_: Request<Body>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
+        });
+    for expected in [
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
         let ready = futures_ready(svc.ready())
             .expect("ready at once, limited or not")
             .unwrap();

@@ -19,8 +19,14 @@ use tollgate::{Limit, Quota, RateLimitLayer};
 /// couple of tokens at the edges.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_tasks_one_key_three_seconds() {
-    let layer = RateLimitLayer::new(Quota::per_second(10).burst(10), PeerIp::new(), MemoryStore::new());
-    let app = Router::new().route("/", get(|| async { "" })).route_layer(layer);
+    let layer = RateLimitLayer::new(
+        Quota::per_second(10).burst(10),
+        PeerIp::new(),
+        MemoryStore::new(),
+    );
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
     let allowed = Arc::new(AtomicUsize::new(0));
     let total = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
@@ -44,8 +50,14 @@ async fn sixty_four_tasks_one_key_three_seconds() {
     }
     let allowed = allowed.load(Ordering::Relaxed);
     let total = total.load(Ordering::Relaxed);
-    assert!(total > 1_000, "the tasks really contended: {total} requests");
-    assert!((38..=40).contains(&allowed), "admitted {allowed} of {total}");
+    assert!(
+        total > 1_000,
+        "the tasks really contended: {total} requests"
+    );
+    assert!(
+        (38..=40).contains(&allowed),
+        "admitted {allowed} of {total}"
+    );
 }
 
 /// Two limits, contended from threads with OS-level preemption: all or nothing must hold
@@ -64,13 +76,23 @@ fn all_or_nothing_under_thread_contention() {
     let client_quota = Quota::per_day(15);
     std::thread::scope(|s| {
         for t in 0..8 {
-            let (store, global, per_client, admitted, per_client_admitted) =
-                (&store, &global, &per_client, &admitted, &per_client_admitted);
+            let (store, global, per_client, admitted, per_client_admitted) = (
+                &store,
+                &global,
+                &per_client,
+                &admitted,
+                &per_client_admitted,
+            );
             s.spawn(move || {
                 for i in 0..2_000usize {
                     let client = (t + i) % 4;
                     let items = [
-                        Item::new(per_client, tollgate::key::Key::from_part(client as u64), client_quota, 1),
+                        Item::new(
+                            per_client,
+                            tollgate::key::Key::from_part(client as u64),
+                            client_quota,
+                            1,
+                        ),
                         Item::new(global, tollgate::key::Key::global(), global_quota, 1),
                     ];
                     let tollgate::store::Checked::Ready(statuses) = store.check(&items) else {
@@ -84,7 +106,11 @@ fn all_or_nothing_under_thread_contention() {
             });
         }
     });
-    assert_eq!(admitted.load(Ordering::Relaxed), 40, "exactly the global bucket");
+    assert_eq!(
+        admitted.load(Ordering::Relaxed),
+        40,
+        "exactly the global bucket"
+    );
     for c in &per_client_admitted {
         assert!(c.load(Ordering::Relaxed) <= 15);
     }
@@ -100,6 +126,10 @@ fn all_or_nothing_under_thread_contention() {
     let left: u64 = (0..4u64)
         .map(|c| peek(&per_client, tollgate::key::Key::from_part(c), client_quota))
         .sum();
-    assert_eq!(left, 60 - 40, "the refused requests gave back every token they took");
+    assert_eq!(
+        left,
+        60 - 40,
+        "the refused requests gave back every token they took"
+    );
     drop(Global);
 }

@@ -102,7 +102,10 @@ proptest! {
     }
 }
 
-fn check(store: &MemoryStore<FakeClock>, items: &[Item<'_, tollgate::store::MemoryTable>]) -> Statuses {
+fn check(
+    store: &MemoryStore<FakeClock>,
+    items: &[Item<'_, tollgate::store::MemoryTable>],
+) -> Statuses {
     match store.check(items) {
         Checked::Ready(s) => s,
         Checked::Pending(_) => unreachable!("the memory store never waits"),

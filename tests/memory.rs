@@ -6,25 +6,38 @@
 #![allow(unsafe_code)] // the counting allocator
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
+use tollgate::Quota;
 use tollgate::clock::FakeClock;
 use tollgate::key::Key;
 use tollgate::store::{Checked, Item, MemoryStore, MemoryTable, Statuses, Store};
-use tollgate::Quota;
 
 struct Counting;
 
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Allocations made by this thread (other test threads allocate too).
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn count_allocation() {
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+}
+
+fn allocations() -> usize {
+    ALLOCATIONS.with(Cell::get)
+}
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count_allocation();
         unsafe { System.alloc(layout) }
     }
 
@@ -34,8 +47,11 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE_BYTES.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        LIVE_BYTES.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        count_allocation();
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -61,7 +77,7 @@ const QUOTA: Quota = Quota::per_second(10);
 
 #[test]
 fn idle_keys_are_evicted_by_traffic_alone_within_two_refill_periods() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap();
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let clock = FakeClock::at(Duration::from_secs(10));
     let store = MemoryStore::with_clock(clock.clone());
     let table = store.table("per-ip");
@@ -73,10 +89,17 @@ fn idle_keys_are_evicted_by_traffic_alone_within_two_refill_periods() {
     let refill = QUOTA.refill_time();
     let mut elapsed = Duration::ZERO;
     while store.len() > 0 {
-        assert!(elapsed <= 2 * refill, "{} keys left after {elapsed:?}", store.len());
+        assert!(
+            elapsed <= 2 * refill,
+            "{} keys left after {elapsed:?}",
+            store.len()
+        );
         clock.advance(Duration::from_millis(10));
         elapsed += Duration::from_millis(10);
-        check(&store, &[Item::new(&table, Key::from_part("monitor"), QUOTA, 0)]);
+        check(
+            &store,
+            &[Item::new(&table, Key::from_part("monitor"), QUOTA, 0)],
+        );
     }
     // No call from the user was needed, and the memory went with the keys.
     assert_eq!(store.len(), 0);
@@ -84,7 +107,7 @@ fn idle_keys_are_evicted_by_traffic_alone_within_two_refill_periods() {
 
 #[test]
 fn a_busy_store_stays_as_large_as_its_active_keys() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap();
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let clock = FakeClock::at(Duration::from_secs(10));
     let store = MemoryStore::with_clock(clock.clone());
     let table = store.table("per-ip");
@@ -103,7 +126,7 @@ fn a_busy_store_stays_as_large_as_its_active_keys() {
 
 #[test]
 fn the_cap_sends_new_keys_to_an_overflow_bucket_and_never_over_grants() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap();
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let clock = FakeClock::at(Duration::from_secs(10));
     let store = MemoryStore::with_clock(clock.clone()).max_keys(1_000);
     let table = store.table("per-ip");
@@ -118,7 +141,10 @@ fn the_cap_sends_new_keys_to_an_overflow_bucket_and_never_over_grants() {
         }
     }
     assert_eq!(store.len(), 1_000);
-    assert_eq!(admitted_beyond_cap, 10, "the 1,000 untracked keys shared one bucket of 10");
+    assert_eq!(
+        admitted_beyond_cap, 10,
+        "the 1,000 untracked keys shared one bucket of 10"
+    );
     // Tracked keys keep their own buckets.
     let s = check(&store, &[Item::new(&table, ip(5), QUOTA, 1)]);
     assert_eq!(s[0].outcome().unwrap().remaining(), 8);
@@ -131,7 +157,7 @@ fn the_cap_sends_new_keys_to_an_overflow_bucket_and_never_over_grants() {
 
 #[test]
 fn bytes_per_tracked_ipv4_key() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap();
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let clock = FakeClock::at(Duration::from_secs(10));
     let store = MemoryStore::with_clock(clock.clone());
     let table = store.table("per-ip");
@@ -149,13 +175,16 @@ fn bytes_per_tracked_ipv4_key() {
         worst = worst.max(per_key);
         report.push(format!("{n} keys: {per_key:.1} B/key"));
     }
-    println!("memory store, bytes per tracked IPv4 key: {}", report.join(", "));
+    println!(
+        "memory store, bytes per tracked IPv4 key: {}",
+        report.join(", ")
+    );
     assert!(worst <= 64.0, "{}", report.join(", "));
 }
 
 #[test]
 fn checking_an_existing_key_allocates_nothing() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap();
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let clock = FakeClock::at(Duration::from_secs(10));
     let store = MemoryStore::with_clock(clock.clone());
     let per_ip = store.table("per-ip");
@@ -166,8 +195,14 @@ fn checking_an_existing_key_allocates_nothing() {
     let text_key = Key::from_part("an-api-key-of-some-length-0123456789");
     // Insert the keys first.
     check(&store, &[Item::new(&per_ip, ip_key.clone(), quota, 1)]);
-    check(&store, &[Item::new(&per_key, text_key.clone(), quota, 1), Item::new(&global, Key::global(), quota, 1)]);
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    check(
+        &store,
+        &[
+            Item::new(&per_key, text_key.clone(), quota, 1),
+            Item::new(&global, Key::global(), quota, 1),
+        ],
+    );
+    let before = allocations();
     for _ in 0..1_000 {
         clock.advance(Duration::from_micros(100));
         let one = [Item::new(&per_ip, ip_key.clone(), quota, 1)];
@@ -178,5 +213,5 @@ fn checking_an_existing_key_allocates_nothing() {
         ];
         assert!(check(&store, &two)[1].outcome().unwrap().is_allowed());
     }
-    assert_eq!(ALLOCATIONS.load(Ordering::Relaxed) - before, 0);
+    assert_eq!(allocations() - before, 0);
 }

@@ -69,7 +69,9 @@ pub async fn body_json(response: Response<Body>) -> serde_json::Value {
 /// Asserts that a `RateLimit` / `RateLimit-Policy` value is a valid structured-field list
 /// and returns its members' names.
 pub fn sf_names(value: &str) -> Vec<String> {
-    let list: sfv::List = sfv::Parser::new(value).parse().unwrap_or_else(|e| panic!("{value}: {e}"));
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse()
+        .unwrap_or_else(|e| panic!("{value}: {e}"));
     list.iter()
         .map(|entry| match entry {
             sfv::ListEntry::Item(item) => match &item.bare_item {

@@ -1,0 +1,1 @@
+//! Throwaway Redis servers and clusters for the tests.
