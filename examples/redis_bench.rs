@@ -1,1 +1,140 @@
-fn main() {}
+//! Drives a `RedisStore` directly: decisions per second and latency percentiles.
+//!
+//! ```text
+//! cargo run --release --example redis_bench --features redis -- \
+//!     --url redis://127.0.0.1:6379 --tasks 64 --seconds 5 --limits 3
+//! ```
+//!
+//! Each of `--tasks` tasks checks requests of `--limits` limits each (keys drawn from a pool
+//! of 10,000 per limit, quotas so large every request passes, so every decision writes),
+//! one after the other, for `--seconds`. The last line is
+//! `decisions_per_sec=… p50_us=… p99_us=…`, one decision being one request over all its
+//! limits. `scripts/redis_compare.sh` runs it beside `redis-benchmark` on the same script.
+
+use std::time::{Duration, Instant};
+
+use tollgate::key::Key;
+use tollgate::store::{Checked, Item, RedisStore, Store};
+use tollgate::{Quota, Status};
+
+struct Args {
+    url: String,
+    tasks: usize,
+    seconds: u64,
+    limits: usize,
+    prefix: String,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        url: "redis://127.0.0.1:6379".into(),
+        tasks: 64,
+        seconds: 5,
+        limits: 1,
+        prefix: "tollgate-bench:".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--url" => args.url = value()?,
+            "--tasks" => args.tasks = value()?.parse().map_err(|e| format!("--tasks: {e}"))?,
+            "--seconds" => {
+                args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
+            }
+            "--limits" => args.limits = value()?.parse().map_err(|e| format!("--limits: {e}"))?,
+            "--prefix" => args.prefix = value()?,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if args.tasks == 0 || args.limits == 0 || args.seconds == 0 {
+        return Err("--tasks, --limits and --seconds must be at least 1".into());
+    }
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse_args().map_err(|e| {
+        format!("{e}\nusage: redis_bench --url URL --tasks N --seconds S --limits L [--prefix P]")
+    })?;
+    let conn = redis::Client::open(args.url.as_str())?
+        .get_connection_manager()
+        .await?;
+    let store = RedisStore::new(conn)
+        .prefix(args.prefix.as_str())
+        .deny_cache(false)
+        .timeout(Duration::from_secs(2));
+    let tables: Vec<_> = (0..args.limits)
+        .map(|i| store.table(&format!("l{i}")))
+        .collect();
+    let tables = std::sync::Arc::new(tables);
+    let quota = Quota::per_second(1_000_000).burst(1_000_000_000);
+
+    // Warm up: load the script, open the connection.
+    let warm = Item::new(&tables[0], Key::global(), quota, 0);
+    if let Checked::Pending(f) = store.check(std::slice::from_ref(&warm)) {
+        f.await;
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let handles: Vec<_> = (0..args.tasks)
+        .map(|task| {
+            let (store, tables) = (store.clone(), tables.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(200_000);
+                let mut failures = 0u64;
+                let mut n = task * 7_919;
+                while Instant::now() < deadline {
+                    n += 1;
+                    let items: Vec<_> = tables
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| {
+                            Item::new(t, Key::from_part(((n + i * 31) % 10_000) as u32), quota, 1)
+                        })
+                        .collect();
+                    let t0 = Instant::now();
+                    let statuses = match store.check(&items) {
+                        Checked::Ready(s) => s,
+                        Checked::Pending(f) => f.await,
+                    };
+                    latencies.push(t0.elapsed().as_micros() as u32);
+                    if !statuses
+                        .iter()
+                        .all(|s| matches!(s, Status::Checked(o) if o.is_allowed()))
+                    {
+                        failures += 1;
+                    }
+                }
+                (latencies, failures)
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    let mut failures = 0;
+    for h in handles {
+        let (l, f) = h.await?;
+        latencies.extend(l);
+        failures += f;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    println!(
+        "url={} tasks={} limits={} seconds={:.2} decisions={} not_allowed={failures}",
+        args.url,
+        args.tasks,
+        args.limits,
+        elapsed,
+        latencies.len()
+    );
+    println!(
+        "decisions_per_sec={:.0} p50_us={} p99_us={}",
+        latencies.len() as f64 / elapsed,
+        pct(0.50),
+        pct(0.99)
+    );
+    Ok(())
+}

@@ -33,12 +33,15 @@ pub struct Cost {
     default: u32,
 }
 
+/// A cost computed by the application.
+type CostFn = Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>;
+
 #[derive(Clone)]
 enum Source {
     Fixed,
     Header(HeaderName),
     Query(Arc<str>),
-    Fn(Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>),
+    Fn(CostFn),
 }
 
 impl Cost {

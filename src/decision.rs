@@ -79,6 +79,7 @@ impl Outcome {
 
 /// How one limit's check went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Status {
     /// The store answered.
     Checked(Outcome),
@@ -91,6 +92,9 @@ pub enum Status {
     /// The store failed and the limit's policy refuses requests
     /// ([`FailurePolicy::Deny`](crate::FailurePolicy)): a 503.
     FailedClosed,
+    /// Not looked at: another limit refused the request first, from a denial remembered
+    /// locally (the Redis store's deny cache). Nothing was consumed.
+    Unchecked,
 }
 
 impl Status {
@@ -98,7 +102,7 @@ impl Status {
     pub fn outcome(&self) -> Option<&Outcome> {
         match self {
             Status::Checked(o) | Status::Fallback(o) => Some(o),
-            Status::FailedOpen | Status::FailedClosed => None,
+            Status::FailedOpen | Status::FailedClosed | Status::Unchecked => None,
         }
     }
 }
@@ -149,7 +153,7 @@ impl LimitDecision {
     pub fn allowed(&self) -> bool {
         match &self.status {
             Status::Checked(o) | Status::Fallback(o) => o.is_allowed(),
-            Status::FailedOpen => true,
+            Status::FailedOpen | Status::Unchecked => true,
             Status::FailedClosed => false,
         }
     }

@@ -74,6 +74,9 @@ pub(crate) struct Group {
     pub(crate) reported: usize,
 }
 
+/// Route path to its entries: (method, or any method; group of limits).
+pub(crate) type RouteTable = HashMap<Box<str>, SmallVec<[(Option<Method>, usize); 2]>>;
+
 /// Everything a layer and its services share.
 pub(crate) struct Shared<St: Store, R> {
     pub(crate) store: St,
@@ -81,7 +84,7 @@ pub(crate) struct Shared<St: Store, R> {
     /// Group 0 applies to requests that match no route entry.
     pub(crate) groups: Vec<Group>,
     /// Route path to (method or any, group).
-    pub(crate) routes: HashMap<Box<str>, SmallVec<[(Option<Method>, usize); 2]>>,
+    pub(crate) routes: RouteTable,
     pub(crate) style: HeaderStyle,
     pub(crate) shadow_headers: bool,
     pub(crate) retry_format: RetryAfterFormat,
@@ -297,7 +300,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         for limit in self.route_default {
             group_limits[0].push(bind(limit)?);
         }
-        let mut routes: HashMap<Box<str>, SmallVec<[(Option<Method>, usize); 2]>> = HashMap::new();
+        let mut routes = RouteTable::new();
         for (spec, limit) in self.routes {
             let (method, path) = parse_route(&spec)?;
             let entries = routes.entry(path.into()).or_default();

@@ -88,6 +88,8 @@ struct Prepared<'a, T> {
 }
 
 /// What to do after the check.
+// Returned once per request and taken apart at once: boxing would cost an allocation.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Next<B> {
     /// Call the service with this request head, then add these fields to its response.
     Proceed(Parts, Fields),

@@ -10,9 +10,9 @@ use axum::Router;
 use axum::routing::get;
 use http::StatusCode;
 use support::{get as req, send};
-use tollgate::key::{Global, PeerIp};
+use tollgate::key::PeerIp;
 use tollgate::store::{Item, MemoryStore, Store};
-use tollgate::{Limit, Quota, RateLimitLayer};
+use tollgate::{Quota, RateLimitLayer};
 
 /// 64 tasks hammer one key for 3 s through the middleware: burst 10 at 10/s admits at most
 /// 10 + 3 × 10 = 40 (the seed article's bound), and contention must not cost more than a
@@ -131,5 +131,4 @@ fn all_or_nothing_under_thread_contention() {
         60 - 40,
         "the refused requests gave back every token they took"
     );
-    drop(Global);
 }

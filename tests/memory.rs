@@ -88,7 +88,7 @@ fn idle_keys_are_evicted_by_traffic_alone_within_two_refill_periods() {
     // Steady traffic from one other client (looking, not consuming), every 10 ms.
     let refill = QUOTA.refill_time();
     let mut elapsed = Duration::ZERO;
-    while store.len() > 0 {
+    while !store.is_empty() {
         assert!(
             elapsed <= 2 * refill,
             "{} keys left after {elapsed:?}",

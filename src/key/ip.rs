@@ -13,10 +13,15 @@ use crate::error::ConfigError;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
+#[cfg(feature = "axum")]
 const NO_PEER: &str = "no peer address on the request: serve the app with \
     `into_make_service_with_connect_info::<SocketAddr>()` (axum), or insert \
     `tollgate::key::PeerAddr` into each request's extensions (hyper), or use \
     `axum::extract::connect_info::MockConnectInfo` in tests";
+#[cfg(not(feature = "axum"))]
+const NO_PEER: &str = "no peer address on the request: insert `tollgate::key::PeerAddr` \
+    into each request's extensions, or enable tollgate's `axum` feature to read axum's \
+    `ConnectInfo<SocketAddr>`";
 
 /// The peer address of a connection, as a request extension: what [`PeerIp`] and
 /// [`ClientIp`] read when axum's `ConnectInfo<SocketAddr>` is not there (plain hyper

@@ -28,6 +28,8 @@ use super::{Checked, Item, Statuses, Store};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Outcome, Status};
 use crate::gcra::{self, Params};
+#[cfg(feature = "redis")]
+use crate::key::Key;
 use crate::limit::Mode;
 
 const SHARDS: usize = 64;
@@ -236,12 +238,28 @@ impl<C: Clock> MemoryStore<C> {
     /// Runs `f` on the TAT of the entry, inserting it if needed (or on the overflow bucket
     /// when the store is at its cap).
     fn with_entry<R>(&self, table: &Table, slot: Slot, now: u64, f: impl Fn(&AtomicU64) -> R) -> R {
+        match self.insert_with(table, slot, now, true, f) {
+            Ok(r) => r,
+            Err(f) => f(&table.overflow),
+        }
+    }
+
+    /// Runs `f` on the entry, inserting it if there is room; at the cap, hands `f` back
+    /// (when `may_overflow`, after logging the state change).
+    fn insert_with<R, F: Fn(&AtomicU64) -> R>(
+        &self,
+        table: &Table,
+        slot: Slot,
+        now: u64,
+        may_overflow: bool,
+        f: F,
+    ) -> Result<R, F> {
         if let Some(r) = self.with_existing(table, slot, &f) {
-            return r;
+            return Ok(r);
         }
         let mut map = table.shard(slot.hash).write();
         if let Some(e) = map.find(slot.hash, |e| e.key == slot.key) {
-            return f(&e.tat);
+            return Ok(f(&e.tat));
         }
         let inner = &*self.inner;
         let max = inner.max_keys.load(Ordering::Relaxed);
@@ -250,14 +268,14 @@ impl<C: Clock> MemoryStore<C> {
             self.sweep_shard(&mut map, now);
         }
         if inner.len.load(Ordering::Relaxed) >= max {
-            if !inner.at_cap.swap(true, Ordering::Relaxed) {
+            if may_overflow && !inner.at_cap.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     max_keys = max,
                     limit = &*table.name,
                     "tollgate memory store is at its key cap: new keys share an overflow bucket until idle keys expire"
                 );
             }
-            return f(&table.overflow);
+            return Err(f);
         }
         let hasher = &inner.hasher;
         let entry = map.insert_unique(
@@ -269,7 +287,7 @@ impl<C: Clock> MemoryStore<C> {
             |e| hasher.hash_one(e.key),
         );
         inner.len.fetch_add(1, Ordering::Relaxed);
-        f(&entry.get().tat)
+        Ok(f(&entry.get().tat))
     }
 
     /// Drops the entries of a shard whose bucket is full again.
@@ -440,6 +458,47 @@ impl<C: Clock> MemoryStore<C> {
                     Err(actual) => cur = actual,
                 }
             }
+        });
+    }
+}
+
+/// Per-key timestamps that are forgotten once in the past: the Redis store's deny cache
+/// ("this key is refused until ...") kept in a memory store's tables, which sweep them like
+/// full buckets.
+#[cfg(feature = "redis")]
+impl<C: Clock> MemoryStore<C> {
+    fn marker_slot(&self, key: &Key, salt: u64) -> Slot {
+        let k = key.compact(&self.inner.secret);
+        let key = [(k >> 64) as u64 ^ salt, k as u64];
+        Slot {
+            hash: self.inner.hasher.hash_one(key),
+            key,
+        }
+    }
+
+    /// The marker of `key` (0 if none), and the store's time.
+    pub(crate) fn marker(&self, table: &MemoryTable, key: &Key, salt: u64) -> (u64, u64) {
+        let now = self.inner.clock.now();
+        let value = self
+            .with_existing(&table.table, self.marker_slot(key, salt), |v| {
+                v.load(Ordering::Acquire)
+            })
+            .unwrap_or(0);
+        (value, now)
+    }
+
+    /// Raises the marker of `key` to `until` (store time). At the cap, nothing is kept.
+    pub(crate) fn raise_marker(&self, table: &MemoryTable, key: &Key, salt: u64, until: u64) {
+        let now = self.inner.clock.now();
+        let table = &*table.table;
+        if until <= now {
+            return;
+        }
+        table.max_tau.fetch_max(until - now, Ordering::Relaxed);
+        self.maybe_sweep(table, now);
+        let slot = self.marker_slot(key, salt);
+        let _ = self.insert_with(table, slot, now, false, |v| {
+            v.fetch_max(until, Ordering::AcqRel)
         });
     }
 }

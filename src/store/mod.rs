@@ -9,6 +9,8 @@
 //! nothing: a request refused by one enforcing limit consumes nothing from any limit.
 
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 use std::future::Future;
 
@@ -16,8 +18,10 @@ use smallvec::SmallVec;
 
 pub use crate::decision::Status;
 pub use memory::{MemoryStore, MemoryTable};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis::{RedisStore, RedisTable};
 
-use crate::decision::Verdict;
 use crate::key::Key;
 use crate::limit::{FailurePolicy, Mode};
 use crate::quota::Quota;
@@ -84,7 +88,10 @@ impl<'a, T> Item<'a, T> {
 pub type Statuses = SmallVec<[Status; 4]>;
 
 /// A store's answer: at once, or later.
+// The statuses stay inline (no allocation for up to four limits); the value is taken
+// apart right after it is returned.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Checked<F> {
     /// Decided synchronously (the memory store; or a local denial).
     Ready(Statuses),
@@ -110,16 +117,4 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Checks one request against each of its limits.
     fn check(&self, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future>;
-}
-
-/// Whether a request with these statuses proceeds (and so consumes).
-pub(crate) fn proceeds<T>(items: &[Item<'_, T>], statuses: &[Status]) -> bool {
-    items.iter().zip(statuses).all(|(item, status)| {
-        item.mode == Mode::Shadow
-            || match status {
-                Status::Checked(o) | Status::Fallback(o) => o.verdict == Verdict::Allowed,
-                Status::FailedOpen => true,
-                Status::FailedClosed => false,
-            }
-    })
 }

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# RedisStore throughput beside redis-benchmark, on the same server and the same script.
+#
+#   bash scripts/redis_compare.sh [seconds]
+#
+# Starts a throwaway redis-server on a free port, then runs, one after the other:
+#   1. redis-benchmark -P 16 -c 64: EVALSHA of lua/gcra.lua with one key (the same
+#      single-key GCRA script the store runs), a pipelined C client as the ceiling;
+#   2. examples/redis_bench with 64 tasks and 1 limit per request;
+#   3. examples/redis_bench with 64 tasks and 3 limits per request.
+# and prints decisions per second and the ratios. Every request passes (quota of one
+# token per microsecond, burst 10^9), so every decision writes its keys.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-5}"
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+dir=$(mktemp -d)
+redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
+  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+cargo build --release --quiet --example redis_bench --features redis
+bench=target/release/examples/redis_bench
+
+sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/gcra.lua)")
+# As many requests as the store is likely to make in `seconds`, for a similar duration.
+requests=$((seconds * 60000))
+baseline=$(redis-benchmark -p "$port" -P 16 -c 64 -n "$requests" -r 10000 --csv \
+  EVALSHA "$sha" 1 'bench:__rand_int__' '' 1 1000000000 1 1 | tail -1 | cut -d, -f2 | tr -d '"')
+redis-cli -p "$port" flushall >/dev/null
+
+run() {
+  "$bench" --url "redis://127.0.0.1:$port/" --tasks 64 --seconds "$seconds" --limits "$1" | tail -1
+}
+one=$(run 1)
+redis-cli -p "$port" flushall >/dev/null
+three=$(run 3)
+
+rate() { sed -E 's/.*decisions_per_sec=([0-9]+).*/\1/' <<<"$1"; }
+printf '\n%-44s %12s\n' "run" "decisions/s"
+printf '%-44s %12.0f\n' "redis-benchmark -P 16 -c 64, gcra.lua 1 key" "$baseline"
+printf '%-44s %12s   %s\n' "RedisStore, 64 tasks, 1 limit" "$(rate "$one")" "$one"
+printf '%-44s %12s   %s\n' "RedisStore, 64 tasks, 3 limits" "$(rate "$three")" "$three"
+python3 - "$baseline" "$(rate "$one")" "$(rate "$three")" <<'PY'
+import sys
+base, one, three = (float(x) for x in sys.argv[1:])
+print(f"\n1 limit / redis-benchmark: {one / base:.2f}   (target >= 0.80)")
+print(f"3 limits / 1 limit:        {three / one:.2f}   (target >= 0.90)")
+PY

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs every check and every test of tollgate, as CI does.
+#
+# Installs redis-server and redis-tools from the Debian packages when they are missing;
+# the tests spawn their own Redis servers and a 3-node Redis Cluster on free loopback
+# ports, so nothing needs to be running beforehand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  step "installing redis-server and redis-tools (Debian packages)"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends redis-server redis-tools
+fi
+redis-server --version
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, all features, warnings are errors)"
+cargo clippy --all-targets --all-features -- -D warnings
+
+step "cargo doc (no broken links)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
+
+step "each feature on its own"
+cargo check --no-default-features
+cargo check --no-default-features --features axum
+cargo check --no-default-features --features redis
+cargo check --no-default-features --features redis-cluster
+
+step "build every target"
+cargo build --all-targets --all-features
+
+step "tests and doctests (all features: real Redis servers and a Redis Cluster)"
+cargo test --all-features
+
+step "tests with default features"
+cargo test
+
+echo
+echo "all checks passed"

@@ -1,0 +1,229 @@
+//! One conformance suite, two stores: the same (time, key, cost) cases through
+//! `MemoryStore` (fake clock) and `RedisStore` (the same fake clock as caller time), on a
+//! real Redis server and on a real Redis Cluster. The decisions must be identical.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use support::redis::RedisServer;
+use tollgate::clock::FakeClock;
+use tollgate::key::Key;
+use tollgate::store::{Checked, Item, MemoryStore, RedisStore, Statuses, Store};
+use tollgate::{Mode, Quota, Status};
+
+/// One request of a case: advance the clock, then check these limits.
+#[derive(Debug, Clone)]
+struct Step {
+    advance_us: u64,
+    /// (limit index, key, cost, enforcing)
+    limits: Vec<(usize, u8, u32, bool)>,
+}
+
+/// Quotas whose emission interval is a whole number of microseconds, where both stores
+/// compute with the same T (see ARCHITECTURE.md, "Units of time").
+fn quotas() -> Vec<Quota> {
+    vec![
+        Quota::per_second(10),
+        Quota::per_second(4).burst(3),
+        Quota::per_minute(120).burst(5),
+        Quota::new(3, Duration::from_millis(30)).unwrap().burst(7),
+    ]
+}
+
+async fn check<S: Store>(store: &S, items: &[Item<'_, S::Table>]) -> Statuses {
+    match store.check(items) {
+        Checked::Ready(s) => s,
+        Checked::Pending(f) => f.await,
+    }
+}
+
+/// Runs `steps` through both stores and compares every status.
+async fn run_case<S: Store>(
+    redis: &S,
+    redis_clock: &FakeClock,
+    steps: &[Step],
+    prefix: &str,
+) -> Result<(), String> {
+    let clock = FakeClock::at(Duration::from_secs(1_700_000_000));
+    redis_clock.set(Duration::from_secs(1_700_000_000));
+    let memory = MemoryStore::with_clock(clock.clone());
+    let quotas = quotas();
+    let names: Vec<String> = (0..quotas.len())
+        .map(|i| format!("{prefix}-l{i}"))
+        .collect();
+    let mem_tables: Vec<_> = names.iter().map(|n| memory.table(n)).collect();
+    let redis_tables: Vec<_> = names.iter().map(|n| redis.table(n)).collect();
+    for (n, step) in steps.iter().enumerate() {
+        clock.advance(Duration::from_micros(step.advance_us));
+        redis_clock.advance(Duration::from_micros(step.advance_us));
+        let item = |(l, k, cost, enforce): (usize, u8, u32, bool)| {
+            (
+                Key::from_part(k),
+                quotas[l],
+                cost,
+                if enforce { Mode::Enforce } else { Mode::Shadow },
+            )
+        };
+        let mem_items: Vec<_> = step
+            .limits
+            .iter()
+            .map(|&x| {
+                let (key, q, c, m) = item(x);
+                Item::new(&mem_tables[x.0], key, q, c).mode(m)
+            })
+            .collect();
+        let redis_items: Vec<_> = step
+            .limits
+            .iter()
+            .map(|&x| {
+                let (key, q, c, m) = item(x);
+                Item::new(&redis_tables[x.0], key, q, c).mode(m)
+            })
+            .collect();
+        let a = check(&memory, &mem_items).await;
+        let b = check(redis, &redis_items).await;
+        if a != b {
+            return Err(format!("step {n} {step:?}: memory {a:?} != redis {b:?}"));
+        }
+        for s in &b {
+            if !matches!(s, Status::Checked(_)) {
+                return Err(format!("step {n}: Redis did not answer: {s:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let limit = (0usize..4, 0u8..3, 0u32..4, prop::bool::weighted(0.85));
+    let limits = prop::collection::vec(limit, 1..4).prop_map(|mut v| {
+        // One request names each limit at most once.
+        v.sort_by_key(|l| l.0);
+        v.dedup_by_key(|l| l.0);
+        v
+    });
+    let step = (prop_oneof![0u64..5_000, 0u64..200_000, Just(0u64)], limits)
+        .prop_map(|(advance_us, limits)| Step { advance_us, limits });
+    prop::collection::vec(step, 1..60)
+}
+
+/// Fixed cases first: the edges that random cases reach rarely.
+fn fixed_cases() -> Vec<Vec<Step>> {
+    let one = |advance_us, l, k, cost| Step {
+        advance_us,
+        limits: vec![(l, k, cost, true)],
+    };
+    vec![
+        // A full burst, a denial, the exact moment of the next token.
+        (0..12)
+            .map(|_| one(0, 0, 0, 1))
+            .chain([one(99_999, 0, 0, 1), one(1, 0, 0, 1)])
+            .collect(),
+        // Variable cost, cost above burst (never), peeks.
+        vec![
+            one(0, 1, 1, 2),
+            one(0, 1, 1, 2),
+            one(0, 1, 1, 4),
+            one(0, 1, 1, 0),
+            one(250_000, 1, 1, 1),
+        ],
+        // Several limits, one refusing: nothing consumed anywhere.
+        vec![
+            Step {
+                advance_us: 0,
+                limits: vec![(0, 0, 1, true), (1, 0, 3, true)],
+            },
+            Step {
+                advance_us: 0,
+                limits: vec![(0, 0, 1, true), (1, 0, 1, true)],
+            },
+            Step {
+                advance_us: 0,
+                limits: vec![(0, 0, 1, true), (1, 0, 1, true), (2, 0, 1, false)],
+            },
+        ],
+        // A shadow limit that would refuse does not stop the others.
+        vec![
+            Step {
+                advance_us: 0,
+                limits: vec![(1, 2, 3, false), (2, 2, 1, true)],
+            },
+            Step {
+                advance_us: 0,
+                limits: vec![(1, 2, 3, false), (2, 2, 1, true)],
+            },
+        ],
+    ]
+}
+
+async fn suite<S: Store>(redis: &S, clock: &FakeClock, label: &str) {
+    for (i, case) in fixed_cases().iter().enumerate() {
+        run_case(redis, clock, case, &format!("{label}-fixed{i}"))
+            .await
+            .unwrap();
+    }
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        ..Config::default()
+    });
+    let handle = tokio::runtime::Handle::current();
+    let counter = std::sync::atomic::AtomicUsize::new(0);
+    let result = tokio::task::block_in_place(|| {
+        runner.run(&steps(), |steps| {
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            handle
+                .block_on(run_case(redis, clock, &steps, &format!("{label}-case{n}")))
+                .map_err(TestCaseError::fail)
+        })
+    });
+    result.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_redis_decide_alike() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new();
+    let store = RedisStore::new(server.client().get_connection_manager().await.unwrap())
+        .caller_time(clock.clone())
+        .deny_cache(false);
+    suite(&store, &clock, "single").await;
+}
+
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_redis_cluster_decide_alike() {
+    let cluster = support::redis::RedisCluster::start(3);
+    let clock = FakeClock::new();
+    let store = RedisStore::cluster(cluster.connection().await)
+        .caller_time(clock.clone())
+        .deny_cache(false);
+    suite(&store, &clock, "cluster").await;
+}
+
+/// Where T is not a whole number of microseconds, Redis rounds it up to the microsecond
+/// and the memory store to the nanosecond: Redis is never more generous.
+#[tokio::test]
+async fn redis_is_never_more_generous_when_units_differ() {
+    let server = RedisServer::start();
+    let clock = FakeClock::at(Duration::from_secs(1_700_000_000));
+    let redis = RedisStore::new(server.client().get_connection_manager().await.unwrap())
+        .caller_time(clock.clone())
+        .deny_cache(false);
+    let memory = MemoryStore::with_clock(clock.clone());
+    let q = Quota::per_second(3); // T = 333,333.33 µs
+    let (rt, mt) = (redis.table("thirds"), memory.table("thirds"));
+    let (mut redis_ok, mut memory_ok) = (0, 0);
+    for _ in 0..3_000 {
+        clock.advance(Duration::from_micros(111_111));
+        let r = check(&redis, &[Item::new(&rt, Key::global(), q, 1)]).await;
+        let m = check(&memory, &[Item::new(&mt, Key::global(), q, 1)]).await;
+        redis_ok += usize::from(r[0].outcome().unwrap().is_allowed());
+        memory_ok += usize::from(m[0].outcome().unwrap().is_allowed());
+        assert!(redis_ok <= memory_ok);
+    }
+    assert!(memory_ok - redis_ok <= 1, "{memory_ok} vs {redis_ok}");
+}

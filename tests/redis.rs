@@ -1,0 +1,478 @@
+//! The Redis store against real `redis-server` processes spawned for each test.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use http::StatusCode;
+use redis::AsyncCommands;
+use support::redis::RedisServer;
+use support::{body_json, count, get as req, header, send, sf_param, statuses};
+use tollgate::key::{Header, Key, PeerIp};
+use tollgate::store::{Checked, Item, RedisStore, Statuses, Store};
+use tollgate::{FailurePolicy, Limit, Quota, RateLimitLayer, Status};
+
+async fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::new(server.client().get_connection_manager().await.unwrap())
+}
+
+async fn check<S: Store>(store: &S, items: &[Item<'_, S::Table>]) -> Statuses {
+    match store.check(items) {
+        Checked::Ready(s) => s,
+        Checked::Pending(f) => f.await,
+    }
+}
+
+/// `INFO commandstats` calls of one command (`evalsha`, `eval`, ...).
+async fn calls(server: &RedisServer, command: &str) -> u64 {
+    let mut c = server.connection().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+async fn reset_stats(server: &RedisServer) {
+    let mut c = server.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
+fn app(layer: RateLimitLayer<RedisStore>) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer)
+}
+
+/// 64 tasks on one key for 3 s of real time, Redis TIME, burst 10 at 10/s: at most 40.
+async fn over_grant<S: Store>(store: S) {
+    let layer = RateLimitLayer::new(Quota::per_second(10), PeerIp::new(), store);
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
+    let allowed = Arc::new(AtomicUsize::new(0));
+    let total = Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_millis(2_990);
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (app, allowed, total) = (app.clone(), allowed.clone(), total.clone());
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    let r = send(&app, req("/", "198.51.100.1")).await;
+                    total.fetch_add(1, Ordering::Relaxed);
+                    assert!(
+                        r.status() == StatusCode::OK || r.status() == StatusCode::TOO_MANY_REQUESTS
+                    );
+                    if r.status() == StatusCode::OK {
+                        allowed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (allowed, total) = (
+        allowed.load(Ordering::Relaxed),
+        total.load(Ordering::Relaxed),
+    );
+    assert!(total > 500, "the tasks really contended: {total}");
+    assert!(
+        (38..=40).contains(&allowed),
+        "admitted {allowed} of {total}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_over_grant_with_64_tasks_on_one_node() {
+    let server = RedisServer::start();
+    // Without the deny cache every request is a round trip: the script alone must hold.
+    over_grant(store(&server).await.deny_cache(false)).await;
+    over_grant(store(&server).await.prefix("cached:")).await;
+}
+
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_over_grant_with_64_tasks_on_a_cluster() {
+    let cluster = support::redis::RedisCluster::start(3);
+    over_grant(RedisStore::cluster(cluster.connection().await).deny_cache(false)).await;
+}
+
+#[tokio::test]
+async fn several_limits_are_one_evalsha_and_a_refusal_consumes_nothing() {
+    let server = RedisServer::start();
+    let layer = RateLimitLayer::builder(store(&server).await.deny_cache(false))
+        .limit(Limit::new("per-ip", Quota::per_minute(100)).key(PeerIp::new()))
+        .limit(Limit::new("per-key", Quota::per_minute(3)).key(Header::new("x-api-key")))
+        .limit(Limit::new("global", Quota::per_minute(1_000)))
+        .build()
+        .unwrap();
+    let app = app(layer);
+    send(&app, req("/", "192.0.2.1")).await; // loads the script
+    reset_stats(&server).await;
+    let with_key = || {
+        let mut r = req("/", "192.0.2.1");
+        r.headers_mut().insert("x-api-key", "k".parse().unwrap());
+        r
+    };
+    let s = statuses(&app, 10, with_key).await;
+    assert_eq!(count(&s, StatusCode::OK), 3);
+    assert_eq!(
+        calls(&server, "evalsha").await,
+        10,
+        "one round trip per request, three limits each"
+    );
+    assert_eq!(
+        calls(&server, "eval").await + calls(&server, "get").await,
+        0
+    );
+    // The 7 refused requests took nothing from per-ip and global.
+    let r = send(&app, req("/", "192.0.2.1")).await;
+    let rl = header(r.headers(), "ratelimit").unwrap();
+    assert_eq!(sf_param(&rl, "per-ip", "r"), Some(100 - 1 - 3 - 1));
+    assert_eq!(sf_param(&rl, "global", "r"), Some(1_000 - 1 - 3 - 1));
+}
+
+#[tokio::test]
+async fn script_flush_and_restart_are_recovered_transparently() {
+    let mut server = RedisServer::start();
+    let store = store(&server).await;
+    let table = store.table("per-key");
+    let q = Quota::per_minute(100);
+    let ok = |s: &Statuses| matches!(s[0], Status::Checked(o) if o.is_allowed());
+    assert!(ok(&check(
+        &store,
+        &[Item::new(&table, Key::from_part("a"), q, 1)]
+    )
+    .await));
+    let mut c = server.connection().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let s = check(&store, &[Item::new(&table, Key::from_part("a"), q, 1)]).await;
+    assert!(
+        ok(&s),
+        "NOSCRIPT is answered by loading the script again: {s:?}"
+    );
+    assert_eq!(s[0].outcome().unwrap().remaining(), 98);
+
+    // A restart loses the data (no persistence here) and the script cache.
+    server.kill();
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = check(&store, &[Item::new(&table, Key::from_part("a"), q, 1)]).await;
+        if matches!(s[0], Status::Checked(_)) {
+            assert!(ok(&s));
+            break;
+        }
+        assert!(Instant::now() < deadline, "never reconnected: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Each failure policy with a killed Redis, through the middleware.
+#[tokio::test]
+async fn a_killed_redis_follows_each_policy_and_recovers() {
+    let mut server = RedisServer::start();
+    let make = |store: RedisStore, policy| {
+        app(RateLimitLayer::builder(store)
+            .limit(
+                Limit::new("per-ip", Quota::per_minute(3))
+                    .key(PeerIp::new())
+                    .on_store_failure(policy),
+            )
+            .build()
+            .unwrap())
+    };
+    let s = store(&server).await.breaker(2, Duration::from_millis(300));
+    let fallback = make(s.clone(), FailurePolicy::Fallback);
+    let allow = make(s.clone(), FailurePolicy::Allow);
+    let deny = make(s.clone(), FailurePolicy::Deny);
+    assert_eq!(
+        send(&fallback, req("/", "192.0.2.1")).await.status(),
+        StatusCode::OK
+    );
+
+    server.kill();
+    // Default policy: a local limiter with the same quota; never a 5xx.
+    let local = statuses(&fallback, 6, || req("/", "192.0.2.2")).await;
+    assert_eq!(count(&local, StatusCode::OK), 3, "{local:?}");
+    assert_eq!(count(&local, StatusCode::TOO_MANY_REQUESTS), 3);
+    // Fail open.
+    let open = statuses(&allow, 6, || req("/", "192.0.2.3")).await;
+    assert_eq!(count(&open, StatusCode::OK), 6);
+    // Fail closed: 503 with Retry-After and a problem body.
+    let r = send(&deny, req("/", "192.0.2.4")).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(r.headers(), "retry-after").unwrap(), "1");
+    assert_eq!(body_json(r).await["status"], 503);
+
+    // With the breaker open, a dead Redis costs no timeout per request.
+    assert!(s.is_unavailable());
+    let started = Instant::now();
+    for _ in 0..100 {
+        send(&allow, req("/", "192.0.2.5")).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(200),
+        "{:?} for 100 requests",
+        started.elapsed()
+    );
+
+    // Recovery is automatic: restart, and after the cool-down a probe closes the breaker.
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.is_unavailable() || send(&deny, req("/", "192.0.2.6")).await.status() != StatusCode::OK
+    {
+        assert!(Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let shared = statuses(&deny, 4, || req("/", "192.0.2.7")).await;
+    assert_eq!(count(&shared, StatusCode::OK), 3);
+}
+
+#[tokio::test]
+async fn a_slow_redis_times_out_into_the_policy() {
+    let server = RedisServer::start();
+    let store = store(&server).await.timeout(Duration::from_millis(30));
+    let table = store.table("slow");
+    // Block the server for 300 ms.
+    let mut c = server.connection().await;
+    let blocker = tokio::spawn(async move {
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.3")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let started = Instant::now();
+    let s = check(
+        &store,
+        &[Item::new(&table, Key::global(), Quota::per_second(5), 1)],
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_millis(150),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(s[0], Status::Fallback(o) if o.is_allowed()),
+        "{s:?}"
+    );
+    blocker.await.unwrap();
+}
+
+#[tokio::test]
+async fn keys_expire_when_their_bucket_is_full_again() {
+    let server = RedisServer::start();
+    let store = store(&server).await.prefix("ttl:");
+    let table = store.table("per-key");
+    let q = Quota::per_second(2).burst(4); // T = 500 ms
+    let mut c = server.connection().await;
+    for taken in 1..=3u64 {
+        let s = check(&store, &[Item::new(&table, Key::from_part("k"), q, 1)]).await;
+        let reset = s[0].outcome().unwrap().reset_after();
+        let pttl: i64 = c.pttl("ttl:per-key:k").await.unwrap();
+        assert!(pttl > 0, "every written key has an expiry");
+        assert!(
+            pttl as u128 <= reset.as_millis() + 1,
+            "PTTL {pttl} ms > reset_after {reset:?}"
+        );
+        assert!(
+            pttl as u128 + 50 >= u128::from(taken) * 500,
+            "PTTL {pttl} after {taken} tokens"
+        );
+    }
+    // Peeks and refusals write nothing.
+    let _: () = c.del("ttl:per-key:k").await.unwrap();
+    check(&store, &[Item::new(&table, Key::from_part("k"), q, 0)]).await;
+    check(&store, &[Item::new(&table, Key::from_part("k"), q, 5)]).await;
+    let exists: bool = c.exists("ttl:per-key:k").await.unwrap();
+    assert!(!exists);
+}
+
+#[tokio::test]
+async fn hostile_keys_are_escaped_and_bounded() {
+    let server = RedisServer::start();
+    let store = store(&server).await.prefix("h:");
+    let layer = RateLimitLayer::builder(store)
+        .limit(Limit::new("per-key", Quota::per_minute(2)).key(Header::new("x-api-key")))
+        .build()
+        .unwrap();
+    let app = app(layer);
+    let huge = "k".repeat(8_000);
+    let hostile: [&[u8]; 5] = [
+        b"{victim}",
+        b"a:b",
+        huge.as_bytes(),
+        b"\x01\x02\xff bin",
+        b"%7Bvictim%7D",
+    ];
+    for value in hostile {
+        for _ in 0..3 {
+            let mut r = req("/", "192.0.2.1");
+            r.headers_mut()
+                .insert("x-api-key", http::HeaderValue::from_bytes(value).unwrap());
+            send(&app, r).await;
+        }
+    }
+    let mut c = server.connection().await;
+    let keys: Vec<Vec<u8>> = c.keys("h:*").await.unwrap();
+    assert_eq!(
+        keys.len(),
+        5,
+        "one bucket each, no collision between `{{victim}}` and its escaped form"
+    );
+    for k in &keys {
+        assert!(
+            k.len() <= "h:per-key:".len() + 65,
+            "{}",
+            String::from_utf8_lossy(k)
+        );
+        assert!(
+            !k.contains(&b'{') && !k.contains(&b'}'),
+            "no hash tag from input"
+        );
+        assert!(k.iter().all(|b| b.is_ascii_graphic()));
+    }
+}
+
+#[tokio::test]
+async fn the_deny_cache_keeps_redis_load_flat_under_a_flood() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let app = app(RateLimitLayer::new(
+        Quota::per_minute(5),
+        PeerIp::new(),
+        store,
+    ));
+    send(&app, req("/", "192.0.2.200")).await; // loads the script
+    reset_stats(&server).await;
+    let flood = statuses(&app, 2_000, || req("/", "192.0.2.1")).await;
+    assert_eq!(count(&flood, StatusCode::OK), 5);
+    let evalsha = calls(&server, "evalsha").await;
+    assert!(evalsha <= 6, "{evalsha} round trips for 2,000 requests");
+    // The cached refusals carry the same headers as Redis's.
+    let r = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = header(r.headers(), "retry-after").unwrap().parse().unwrap();
+    assert!((11..=12).contains(&retry), "{retry}");
+    assert_eq!(
+        sf_param(&header(r.headers(), "ratelimit").unwrap(), "default", "r"),
+        Some(0)
+    );
+    // Other clients still go to Redis.
+    assert_eq!(
+        send(&app, req("/", "192.0.2.2")).await.status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn two_stores_share_one_limit() {
+    let server = RedisServer::start();
+    let a = app(RateLimitLayer::new(
+        Quota::per_minute(4),
+        PeerIp::new(),
+        store(&server).await,
+    ));
+    let b = app(RateLimitLayer::new(
+        Quota::per_minute(4),
+        PeerIp::new(),
+        store(&server).await,
+    ));
+    let mut seen = Vec::new();
+    for i in 0..8 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        seen.push(send(app, req("/", "192.0.2.10")).await.status());
+    }
+    assert_eq!(count(&seen, StatusCode::OK), 4, "{seen:?}");
+}
+
+#[cfg(feature = "redis-cluster")]
+mod cluster {
+    use super::*;
+    use support::redis::RedisCluster;
+
+    /// Limits in different slots: one script per slot, and a refusal in one slot gives
+    /// back what the other slots took.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn limits_across_slots_are_all_or_nothing() {
+        let cluster = RedisCluster::start(3);
+        let store = RedisStore::cluster(cluster.connection().await).deny_cache(false);
+        let names = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
+        let tables: Vec<_> = names.iter().map(|n| store.table(n)).collect();
+        // Make sure the keys really spread over the nodes.
+        let nodes: std::collections::HashSet<usize> = names
+            .iter()
+            .map(|n| cluster.node_for_key(format!("tollgate:{n}:").as_bytes()))
+            .collect();
+        assert!(nodes.len() >= 2, "keys on {nodes:?}");
+        let roomy = Quota::per_minute(100);
+        let tight = Quota::per_minute(2);
+        let items = |tight_cost| {
+            let mut v: Vec<_> = tables[..5]
+                .iter()
+                .map(|t| Item::new(t, Key::global(), roomy, 1))
+                .collect();
+            v.push(Item::new(&tables[5], Key::global(), tight, tight_cost));
+            v
+        };
+        for _ in 0..2 {
+            let s = check(&store, &items(1)).await;
+            assert!(s.iter().all(|s| s.outcome().unwrap().is_allowed()), "{s:?}");
+        }
+        for _ in 0..5 {
+            let s = check(&store, &items(1)).await;
+            assert!(!s[5].outcome().unwrap().is_allowed());
+            for st in &s[..5] {
+                assert_eq!(
+                    st.outcome().unwrap().remaining(),
+                    98,
+                    "reported as it stands"
+                );
+            }
+        }
+        // Nothing taken by the refused requests: each roomy limit has 98 left.
+        for t in &tables[..5] {
+            let s = check(&store, &[Item::new(t, Key::global(), roomy, 0)]).await;
+            assert_eq!(s[0].outcome().unwrap().remaining(), 98);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hash_tag_prefix_keeps_a_request_in_one_slot() {
+        let cluster = RedisCluster::start(3);
+        let store = RedisStore::cluster(cluster.connection().await).prefix("{rl}:");
+        let a = store.table("a");
+        let b = store.table("b");
+        let s = check(
+            &store,
+            &[
+                Item::new(&a, Key::from_part("x"), Quota::per_second(1), 1),
+                Item::new(&b, Key::from_part("y"), Quota::per_second(1), 1),
+            ],
+        )
+        .await;
+        assert!(s.iter().all(|s| s.outcome().unwrap().is_allowed()), "{s:?}");
+    }
+}
