@@ -489,7 +489,10 @@ impl RedisStore {
             }
         }
         match &failure {
-            Some(e) => self.inner.breaker.failure(e),
+            Some(e) => {
+                tracing::debug!(error = %e, "tollgate: Redis call failed");
+                self.inner.breaker.failure(e);
+            }
             None => self.inner.breaker.success(),
         }
         for (p, a) in parts.iter().zip(&answers) {
