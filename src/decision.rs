@@ -11,12 +11,25 @@ use crate::limit::Mode;
 use crate::quota::Quota;
 
 /// The state of one limit's bucket as one check left it, in the units clients are told.
+///
+/// It keeps the time until the bucket is full and the bucket's geometry; the whole tokens
+/// left and the time to the next token are derived from them when asked for (they take a
+/// division, which the allowed path of a store need not pay).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
-    pub(crate) verdict: Verdict,
-    pub(crate) remaining: u64,
-    pub(crate) reset_after: Duration,
-    pub(crate) next_after: Option<Duration>,
+    verdict: Code,
+    retry_after_ns: u64,
+    reset_after_ns: u64,
+    /// The emission interval, in nanoseconds.
+    t_ns: u64,
+    burst: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Code {
+    Allowed,
+    Denied,
+    Never,
 }
 
 /// Whether one limit lets a request pass.
@@ -34,46 +47,87 @@ pub enum Verdict {
 }
 
 impl Outcome {
-    /// Converts the pure algorithm's result, whose unit of time is `unit_ns` nanoseconds.
-    pub(crate) fn from_gcra(o: &gcra::Outcome, unit_ns: u64) -> Self {
-        let d = |x: u64| Duration::from_nanos(x.saturating_mul(unit_ns));
+    /// The outcome of the pure algorithm, whose unit of time is `unit_ns` nanoseconds, for a
+    /// bucket whose TAT after the request is `reset_after` units from now.
+    #[inline]
+    pub(crate) fn new(
+        verdict: gcra::Verdict,
+        reset_after: u64,
+        params: gcra::Params,
+        unit_ns: u64,
+    ) -> Self {
+        let ns = |x: u64| x.saturating_mul(unit_ns);
+        let (verdict, retry_after_ns) = match verdict {
+            gcra::Verdict::Allowed => (Code::Allowed, 0),
+            gcra::Verdict::Denied { retry_after } => (Code::Denied, ns(retry_after)),
+            gcra::Verdict::Never => (Code::Never, 0),
+        };
         Outcome {
-            verdict: match o.verdict {
-                gcra::Verdict::Allowed => Verdict::Allowed,
-                gcra::Verdict::Denied { retry_after } => Verdict::Denied {
-                    retry_after: d(retry_after),
-                },
-                gcra::Verdict::Never => Verdict::Never,
-            },
-            remaining: o.remaining,
-            reset_after: d(o.reset_after),
-            next_after: o.next_after.map(d),
+            verdict,
+            retry_after_ns,
+            reset_after_ns: ns(reset_after),
+            t_ns: ns(params.t()),
+            burst: params.burst(),
         }
     }
 
     /// Whether the limit lets the request pass.
     pub fn verdict(&self) -> Verdict {
-        self.verdict
+        match self.verdict {
+            Code::Allowed => Verdict::Allowed,
+            Code::Denied => Verdict::Denied {
+                retry_after: Duration::from_nanos(self.retry_after_ns),
+            },
+            Code::Never => Verdict::Never,
+        }
     }
 
     /// `true` if the limit lets the request pass.
+    #[inline]
     pub fn is_allowed(&self) -> bool {
-        self.verdict == Verdict::Allowed
+        self.verdict == Code::Allowed
+    }
+
+    /// `true` if the request costs more than the bucket holds.
+    pub fn is_never(&self) -> bool {
+        self.verdict == Code::Never
     }
 
     /// Whole tokens left (after this request, if it passed and consumed).
     pub fn remaining(&self) -> u64 {
-        self.remaining
+        self.report().0
     }
 
     /// Time until the bucket is full again.
     pub fn reset_after(&self) -> Duration {
-        self.reset_after
+        Duration::from_nanos(self.reset_after_ns)
     }
 
     /// Time until one more token is available; `None` while the bucket is full.
     pub fn next_after(&self) -> Option<Duration> {
-        self.next_after
+        self.report().1.map(Duration::from_nanos)
+    }
+
+    /// How long until the request would pass, if this limit denied it and a wait helps.
+    pub fn retry_after(&self) -> Option<Duration> {
+        (self.verdict == Code::Denied).then(|| Duration::from_nanos(self.retry_after_ns))
+    }
+
+    /// Tokens left and nanoseconds to the next token: [`gcra::Decided::report`].
+    fn report(&self) -> (u64, Option<u64>) {
+        let params = gcra::Params::new(self.t_ns, self.burst);
+        let (t, tau) = (params.t(), params.tau());
+        let reset = self.reset_after_ns;
+        if reset > tau {
+            (0, Some((reset - tau).saturating_add(t)))
+        } else {
+            let slack = tau - reset;
+            let remaining = slack / t;
+            (
+                remaining,
+                (remaining < params.burst()).then(|| t - slack % t),
+            )
+        }
     }
 }
 
@@ -160,16 +214,13 @@ impl LimitDecision {
 
     /// Whole tokens left, if known.
     pub fn remaining(&self) -> Option<u64> {
-        self.outcome().map(|o| o.remaining)
+        self.outcome().map(Outcome::remaining)
     }
 
     /// How long until this request would pass under this limit, if it denied it and a
     /// wait can help.
     pub fn retry_after(&self) -> Option<Duration> {
-        match self.outcome()?.verdict {
-            Verdict::Denied { retry_after } => Some(retry_after),
-            _ => None,
-        }
+        self.outcome()?.retry_after()
     }
 
     /// Whether this limit enforces and refused the request.
@@ -207,7 +258,7 @@ impl fmt::Debug for LimitDecision {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Decision {
-    pub(crate) limits: SmallVec<[LimitDecision; 4]>,
+    pub(crate) limits: SmallVec<[LimitDecision; 2]>,
 }
 
 /// The overall result of a [`Decision`].
@@ -273,6 +324,6 @@ impl Decision {
     /// bucket).
     pub fn never(&self) -> bool {
         self.violated()
-            .any(|l| l.outcome().is_some_and(|o| o.verdict == Verdict::Never))
+            .any(|l| l.outcome().is_some_and(Outcome::is_never))
     }
 }

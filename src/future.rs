@@ -30,14 +30,21 @@ pin_project! {
     }
 }
 
-/// What a request that waits for the store carries.
-pub(crate) struct Waiting<S, St: Store, R, ReqBody> {
-    service: S,
-    shared: Arc<Shared<St, R>>,
-    group: usize,
-    plan: Plan,
-    parts: Parts,
-    body: ReqBody,
+pin_project! {
+    /// A request waiting for the store. Boxed: only stores that do I/O need it, and the
+    /// future of every request (which axum moves around) stays small.
+    struct Waiting<S, St, R, ReqBody>
+    where
+        St: Store,
+    {
+        #[pin]
+        check: St::Future,
+        service: Option<S>,
+        shared: Arc<Shared<St, R>>,
+        group: usize,
+        plan: Plan,
+        request: Option<(Parts, ReqBody)>,
+    }
 }
 
 pin_project! {
@@ -48,9 +55,7 @@ pin_project! {
         St: Store,
     {
         Checking {
-            #[pin]
-            check: St::Future,
-            waiting: Option<Waiting<S, St, R, ReqBody>>,
+            waiting: Pin<Box<Waiting<S, St, R, ReqBody>>>,
         },
         Calling {
             #[pin]
@@ -93,14 +98,13 @@ where
     ) -> Self {
         Self {
             state: State::Checking {
-                check,
-                waiting: Some(Waiting {
-                    service,
+                waiting: Box::pin(Waiting {
+                    check,
+                    service: Some(service),
                     shared,
                     group,
                     plan,
-                    parts,
-                    body,
+                    request: Some((parts, body)),
                 }),
             },
         }
@@ -119,19 +123,21 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Checking { check, waiting } => {
-                    let statuses = ready!(check.poll(cx));
-                    let w = waiting
+                StateProj::Checking { waiting } => {
+                    let w = waiting.as_mut().project();
+                    let statuses = ready!(w.check.poll(cx));
+                    let (mut parts, body) = w
+                        .request
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    let next = finish(&w.shared, w.group, &w.plan, statuses, w.parts);
-                    match next {
-                        Next::Proceed(parts, fields) => {
-                            let mut service = w.service;
-                            let future = service.call(Request::from_parts(parts, w.body));
+                    match finish(w.shared, *w.group, w.plan, statuses, &mut parts) {
+                        Next::Proceed(fields) => {
+                            let mut service = w.service.take().expect("service taken once");
+                            let future = service.call(Request::from_parts(parts, body));
                             state.set(State::Calling { future, fields });
                         }
                         Next::Refuse(response) => {
+                            state.set(State::Done { response: None });
                             return Poll::Ready(Ok(response));
                         }
                     }

@@ -110,20 +110,8 @@ pub struct Outcome {
 /// A cost of 0 is a peek: allowed, nothing written. A cost above the burst is
 /// [`Verdict::Never`]. Arithmetic saturates: no input panics.
 pub fn check(params: Params, tat: u64, now: u64, cost: u64) -> Outcome {
-    let t = params.t;
-    let tau = params.tau();
-    let base = tat.max(now);
-    if cost > params.burst {
-        return report(params, base, now, Verdict::Never, None);
-    }
-    let new_tat = base.saturating_add(cost.saturating_mul(t));
-    if new_tat - now <= tau {
-        let write = (cost > 0).then_some(new_tat);
-        report(params, new_tat, now, Verdict::Allowed, write)
-    } else {
-        let retry_after = new_tat - now - tau;
-        report(params, base, now, Verdict::Denied { retry_after }, None)
-    }
+    let d = decide(params, tat, now, cost);
+    d.report(params, now)
 }
 
 /// The bucket's state at `now` without changing it: [`check`] with cost 0.
@@ -131,28 +119,78 @@ pub fn peek(params: Params, tat: u64, now: u64) -> Outcome {
     check(params, tat, now, 0)
 }
 
-/// Fills in what the client is told, from the TAT the bucket has after the request.
-fn report(params: Params, after: u64, now: u64, verdict: Verdict, new_tat: Option<u64>) -> Outcome {
-    let t = params.t;
-    let tau = params.tau();
-    let reset_after = after - now; // after >= now always: after = max(tat, now) [+ c*t]
-    let (remaining, next_after) = if reset_after > tau {
-        // Only when the quota shrank since the TAT was written (a plan downgrade):
-        // the bucket is more than empty, and the next token comes after the deficit.
-        (0, Some((reset_after - tau).saturating_add(t)))
+/// The verdict alone, and the TAT the bucket has after the request: the part of [`check`]
+/// that a store runs inside its compare-and-swap loop. [`Decided::report`] adds what the
+/// client is told (it divides, so stores run it after the swap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decided {
+    /// Whether the request passes.
+    pub verdict: Verdict,
+    /// The TAT to store, when the check consumed tokens.
+    pub new_tat: Option<u64>,
+    /// The bucket's TAT after the request (unchanged unless it consumed).
+    after: u64,
+}
+
+/// See [`Decided`].
+#[inline]
+pub fn decide(params: Params, tat: u64, now: u64, cost: u64) -> Decided {
+    let base = tat.max(now);
+    if cost > params.burst {
+        return Decided {
+            verdict: Verdict::Never,
+            new_tat: None,
+            after: base,
+        };
+    }
+    let new_tat = base.saturating_add(cost.saturating_mul(params.t));
+    if new_tat - now <= params.tau() {
+        Decided {
+            verdict: Verdict::Allowed,
+            new_tat: (cost > 0).then_some(new_tat),
+            after: new_tat,
+        }
     } else {
-        let slack = tau - reset_after;
-        let remaining = slack / t;
-        // (remaining + 1) * t - slack, without the overflow.
-        let next_after = (remaining < params.burst).then(|| t - slack % t);
-        (remaining, next_after)
-    };
-    Outcome {
-        verdict,
-        new_tat,
-        remaining,
-        reset_after,
-        next_after,
+        Decided {
+            verdict: Verdict::Denied {
+                retry_after: new_tat - now - params.tau(),
+            },
+            new_tat: None,
+            after: base,
+        }
+    }
+}
+
+impl Decided {
+    /// Time from `now` until the bucket is full again, after this request.
+    #[inline]
+    pub fn reset_after(&self, now: u64) -> u64 {
+        self.after - now
+    }
+
+    /// Fills in what the client is told: tokens left, time to full, time to the next token.
+    pub fn report(&self, params: Params, now: u64) -> Outcome {
+        let t = params.t;
+        let tau = params.tau();
+        let reset_after = self.after - now; // after >= now: after = max(tat, now) [+ c*t]
+        let (remaining, next_after) = if reset_after > tau {
+            // Only when the quota shrank since the TAT was written (a plan downgrade):
+            // the bucket is more than empty, and the next token comes after the deficit.
+            (0, Some((reset_after - tau).saturating_add(t)))
+        } else {
+            let slack = tau - reset_after;
+            let remaining = slack / t;
+            // (remaining + 1) * t - slack, without the overflow.
+            let next_after = (remaining < params.burst).then(|| t - slack % t);
+            (remaining, next_after)
+        };
+        Outcome {
+            verdict: self.verdict,
+            new_tat: self.new_tat,
+            remaining,
+            reset_after,
+            next_after,
+        }
     }
 }
 

@@ -23,7 +23,6 @@
 //! The older styles describe one limit only: the most constrained one (fewest tokens left;
 //! on a 429 the most constrained of the limits that refused).
 
-use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -76,15 +75,15 @@ pub enum RetryAfterFormat {
 /// The largest integer a structured field can carry.
 const SF_INT_MAX: u64 = 999_999_999_999_999;
 
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
-const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-const X_RATELIMIT_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-after");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+static X_RATELIMIT_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-after");
 
 /// Seconds, rounded up: a positive wait is never `0`.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
@@ -95,6 +94,13 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 /// layer is built; anything else is replaced by `?` rather than producing a bad field.
 fn sf_string(out: &mut String, s: &str) {
     out.push('"');
+    if s.bytes()
+        .all(|b| (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     for c in s.chars() {
         match c {
             '"' | '\\' => {
@@ -109,7 +115,7 @@ fn sf_string(out: &mut String, s: &str) {
 }
 
 fn sf_int(out: &mut String, n: u64) {
-    let _ = write!(out, "{}", n.min(SF_INT_MAX));
+    out.push_str(itoa::Buffer::new().format(n.min(SF_INT_MAX)));
 }
 
 fn sf_bytes(out: &mut String, b: &[u8]) {
@@ -128,7 +134,9 @@ pub(crate) struct PolicyItem<'a> {
     pub(crate) partition: Option<&'a [u8]>,
 }
 
-/// One member of `RateLimit`.
+/// One member of `RateLimit`, with every parameter of the draft: the reference form the
+/// request path's renderer (`ietf_limit_of`) is tested against.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LimitItem<'a> {
     pub(crate) name: &'a str,
@@ -164,6 +172,7 @@ pub(crate) fn ietf_policy<'a>(items: impl IntoIterator<Item = PolicyItem<'a>>) -
 }
 
 /// `RateLimit` (draft-11); `None` for no members.
+#[cfg(test)]
 pub(crate) fn ietf_limit<'a>(items: impl IntoIterator<Item = LimitItem<'a>>) -> Option<String> {
     let mut out = String::new();
     for (i, l) in items.into_iter().enumerate() {
@@ -185,16 +194,16 @@ pub(crate) fn ietf_limit<'a>(items: impl IntoIterator<Item = LimitItem<'a>>) -> 
     (!out.is_empty()).then_some(out)
 }
 
-/// `Retry-After` for a wait of `wait`.
+/// `Retry-After` for a wait of `wait`; `now` is only read for an HTTP date.
 pub(crate) fn retry_after(
     wait: Duration,
     format: RetryAfterFormat,
-    now: SystemTime,
+    now: impl FnOnce() -> SystemTime,
 ) -> HeaderValue {
     match format {
         RetryAfterFormat::Seconds => HeaderValue::from(ceil_secs(wait)),
         RetryAfterFormat::HttpDate => {
-            let at = now.duration_since(UNIX_EPOCH).unwrap_or_default() + wait;
+            let at = now().duration_since(UNIX_EPOCH).unwrap_or_default() + wait;
             let at = UNIX_EPOCH + Duration::from_secs(ceil_secs(at));
             HeaderValue::try_from(httpdate::fmt_http_date(at))
                 .unwrap_or(HeaderValue::from_static("0"))
@@ -206,6 +215,8 @@ pub(crate) fn retry_after(
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Report<'a> {
     pub(crate) name: &'a str,
+    /// `"name";r=`, rendered once per limit by [`limit_prefix`].
+    pub(crate) prefix: &'a str,
     pub(crate) burst: u64,
     pub(crate) window: u64,
     pub(crate) remaining: u64,
@@ -224,15 +235,36 @@ impl Report<'_> {
             partition: None,
         }
     }
+}
 
-    fn limit(&self) -> LimitItem<'_> {
-        LimitItem {
-            name: self.name,
-            remaining: self.remaining,
-            reset: self.next_after.map(ceil_secs),
-            partition: None,
+/// `"name";r=`: the start of a limit's member of `RateLimit`, rendered once per limit.
+pub(crate) fn limit_prefix(name: &str) -> Box<str> {
+    let mut out = String::new();
+    sf_string(&mut out, name);
+    out.push_str(";r=");
+    out.into()
+}
+
+/// `RateLimit` for `reports`: [`ietf_limit`] on the request path, from the pre-rendered
+/// prefixes, into one buffer sized up front.
+fn ietf_limit_of(reports: &[Report<'_>]) -> Option<String> {
+    if reports.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(reports.iter().map(|r| r.prefix.len() + 24).sum());
+    let mut digits = itoa::Buffer::new();
+    for (i, r) in reports.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(r.prefix);
+        out.push_str(digits.format(r.remaining.min(SF_INT_MAX)));
+        if let Some(t) = r.next_after {
+            out.push_str(";t=");
+            out.push_str(digits.format(ceil_secs(t).min(SF_INT_MAX)));
         }
     }
+    Some(out)
 }
 
 /// The limit the single-limit styles describe: among the refusing limits if any, the one
@@ -280,42 +312,48 @@ fn value(s: String) -> Option<HeaderValue> {
 /// Header fields of a response, gathered before they are added to it.
 #[derive(Debug, Default)]
 pub(crate) struct Fields {
-    items: smallvec::SmallVec<[(HeaderName, HeaderValue); 4]>,
+    // Two inline: the IETF style's two fields (the older styles' third and fourth spill).
+    items: smallvec::SmallVec<[(&'static HeaderName, HeaderValue); 2]>,
     /// IETF fields are lists: stacked layers append members to one list. The older styles
     /// are single-valued: set only if no inner layer set them.
     append: bool,
 }
 
 impl Fields {
-    fn push(&mut self, item: (HeaderName, HeaderValue)) {
+    fn push(&mut self, item: (&'static HeaderName, HeaderValue)) {
         self.items.push(item);
     }
 
     /// Adds the fields to a response's headers.
     pub(crate) fn apply(self, headers: &mut http::HeaderMap) {
+        headers.reserve(self.items.len());
         for (name, value) in self.items {
             if self.append {
-                headers.append(name, value);
-            } else if !headers.contains_key(&name) {
-                headers.insert(name, value);
+                headers.append(name.clone(), value);
+            } else if !headers.contains_key(name) {
+                headers.insert(name.clone(), value);
             }
         }
     }
 
     #[cfg(test)]
     fn into_pairs(self) -> Vec<(HeaderName, HeaderValue)> {
-        self.items.into_vec()
+        self.items
+            .into_iter()
+            .map(|(n, v)| (n.clone(), v))
+            .collect()
     }
 }
 
 /// The rate-limit fields for `reports`. `policy` is a pre-rendered `RateLimit-Policy`
-/// (IETF style) for when the reports match the configuration; `limited_wait` is the
-/// `Retry-After` wait of a 429, for `x-ratelimit-after`.
+/// (IETF style) for when the reports match the configuration; `now` is only read for an
+/// epoch reset; `limited_wait` is the `Retry-After` wait of a 429, for
+/// `x-ratelimit-after`.
 pub(crate) fn rate_limit_fields(
     style: HeaderStyle,
     reports: &[Report<'_>],
     policy: Option<&HeaderValue>,
-    now: SystemTime,
+    now: impl FnOnce() -> SystemTime,
     limited_wait: Option<Duration>,
     out: &mut Fields,
 ) {
@@ -330,15 +368,15 @@ pub(crate) fn rate_limit_fields(
                 None => ietf_policy(reports.iter().map(Report::policy)).and_then(value),
             };
             if let Some(p) = policy {
-                out.push((RATELIMIT_POLICY, p));
+                out.push((&RATELIMIT_POLICY, p));
             }
-            if let Some(l) = ietf_limit(reports.iter().map(Report::limit)).and_then(value) {
-                out.push((RATELIMIT, l));
+            if let Some(l) = ietf_limit_of(reports).and_then(value) {
+                out.push((&RATELIMIT, l));
             }
         }
         HeaderStyle::Draft7 | HeaderStyle::Draft6 => {
             if let Some(p) = draft_policy(reports).and_then(value) {
-                out.push((RATELIMIT_POLICY, p));
+                out.push((&RATELIMIT_POLICY, p));
             }
             let Some(r) = most_constrained(reports) else {
                 return;
@@ -352,15 +390,15 @@ pub(crate) fn rate_limit_fields(
                     reset.min(SF_INT_MAX)
                 );
                 if let Some(v) = value(v) {
-                    out.push((RATELIMIT, v));
+                    out.push((&RATELIMIT, v));
                 }
             } else {
-                out.push((RATELIMIT_LIMIT, HeaderValue::from(r.burst.min(SF_INT_MAX))));
+                out.push((&RATELIMIT_LIMIT, HeaderValue::from(r.burst.min(SF_INT_MAX))));
                 out.push((
-                    RATELIMIT_REMAINING,
+                    &RATELIMIT_REMAINING,
                     HeaderValue::from(r.remaining.min(SF_INT_MAX)),
                 ));
-                out.push((RATELIMIT_RESET, HeaderValue::from(reset.min(SF_INT_MAX))));
+                out.push((&RATELIMIT_RESET, HeaderValue::from(reset.min(SF_INT_MAX))));
             }
         }
         HeaderStyle::Legacy(format) => {
@@ -370,22 +408,22 @@ pub(crate) fn rate_limit_fields(
             let reset = match format {
                 ResetFormat::Delta => ceil_secs(r.reset_after),
                 ResetFormat::Epoch => {
-                    ceil_secs(now.duration_since(UNIX_EPOCH).unwrap_or_default() + r.reset_after)
+                    ceil_secs(now().duration_since(UNIX_EPOCH).unwrap_or_default() + r.reset_after)
                 }
             };
-            out.push((X_RATELIMIT_LIMIT, HeaderValue::from(r.burst)));
-            out.push((X_RATELIMIT_REMAINING, HeaderValue::from(r.remaining)));
-            out.push((X_RATELIMIT_RESET, HeaderValue::from(reset)));
+            out.push((&X_RATELIMIT_LIMIT, HeaderValue::from(r.burst)));
+            out.push((&X_RATELIMIT_REMAINING, HeaderValue::from(r.remaining)));
+            out.push((&X_RATELIMIT_RESET, HeaderValue::from(reset)));
         }
         HeaderStyle::Governor => {
             let Some(r) = most_constrained(reports) else {
                 return;
             };
             if let Some(wait) = limited_wait {
-                out.push((X_RATELIMIT_AFTER, HeaderValue::from(ceil_secs(wait))));
+                out.push((&X_RATELIMIT_AFTER, HeaderValue::from(ceil_secs(wait))));
             }
-            out.push((X_RATELIMIT_LIMIT, HeaderValue::from(r.burst)));
-            out.push((X_RATELIMIT_REMAINING, HeaderValue::from(r.remaining)));
+            out.push((&X_RATELIMIT_LIMIT, HeaderValue::from(r.burst)));
+            out.push((&X_RATELIMIT_REMAINING, HeaderValue::from(r.remaining)));
         }
         HeaderStyle::None => {}
     }
@@ -427,6 +465,7 @@ mod tests {
     fn report(name: &str, q: u64, w: u64, r: u64, d: f64) -> Report<'_> {
         Report {
             name,
+            prefix: Box::leak(limit_prefix(name)),
             burst: q,
             window: w,
             remaining: r,
@@ -443,7 +482,7 @@ mod tests {
         wait: Option<Duration>,
     ) -> Vec<(String, String)> {
         let mut out = Fields::default();
-        rate_limit_fields(style, reports, None, now, wait, &mut out);
+        rate_limit_fields(style, reports, None, || now, wait, &mut out);
         out.into_pairs()
             .into_iter()
             .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap().to_owned()))
@@ -519,7 +558,7 @@ mod tests {
         assert_eq!(p, r#""default";q=100;w=60"#);
         assert_eq!(l, r#""default";r=0;t=13"#);
         assert_eq!(
-            retry_after(s(12.3), RetryAfterFormat::Seconds, at(0.0)),
+            retry_after(s(12.3), RetryAfterFormat::Seconds, || at(0.0)),
             "13"
         );
         let mut burst = report("burst", 10, 1, 0, 0.4);
@@ -756,7 +795,7 @@ mod tests {
         assert_eq!(get(&f, "x-ratelimit-remaining").unwrap(), "0");
         assert_eq!(get(&f, "x-ratelimit-reset").unwrap(), "1700000060");
         assert_eq!(
-            retry_after(s(12.3), RetryAfterFormat::Seconds, at(0.0)),
+            retry_after(s(12.3), RetryAfterFormat::Seconds, || at(0.0)),
             "13"
         );
     }
@@ -804,7 +843,7 @@ mod tests {
     #[test]
     fn retry_after_vectors() {
         let secs = |d: f64| {
-            retry_after(s(d), RetryAfterFormat::Seconds, at(0.0))
+            retry_after(s(d), RetryAfterFormat::Seconds, || at(0.0))
                 .to_str()
                 .unwrap()
                 .to_owned()
@@ -813,7 +852,7 @@ mod tests {
         assert_eq!(secs(0.001), "1"); // R3
         assert_eq!(secs(0.0), "0"); // R4
         let date = |d: f64, now: f64| {
-            retry_after(s(d), RetryAfterFormat::HttpDate, at(now))
+            retry_after(s(d), RetryAfterFormat::HttpDate, || at(now))
                 .to_str()
                 .unwrap()
                 .to_owned()
@@ -827,6 +866,29 @@ mod tests {
                 v.bytes().all(|b| b.is_ascii_digit()) && !v.is_empty(),
                 "{v}"
             );
+        }
+    }
+
+    #[test]
+    fn the_request_path_renderer_matches_the_reference() {
+        for name in ["a", "per user", r#"q"uote"#, r"back\slash"] {
+            for (r, t) in [
+                (0, None),
+                (7, Some(0.2)),
+                (999_999_999_999_999u64, Some(1e9)),
+                (5, Some(0.0)),
+            ] {
+                let mut rep = report(name, 10, 1, r, 1.0);
+                rep.next_after = t.map(s);
+                let other = report("second", 20, 2, 3, 1.5);
+                let reference = ietf_limit([rep, other].iter().map(|x| LimitItem {
+                    name: x.name,
+                    remaining: x.remaining,
+                    reset: x.next_after.map(ceil_secs),
+                    partition: None,
+                }));
+                assert_eq!(ietf_limit_of(&[rep, other]), reference);
+            }
         }
     }
 

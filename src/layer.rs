@@ -61,6 +61,8 @@ impl<St: Store, R> fmt::Debug for RateLimitLayer<St, R> {
 pub(crate) struct Bound<St: Store> {
     pub(crate) limit: Limit,
     pub(crate) table: St::Table,
+    /// The start of this limit's `RateLimit` member, `"name";r=`.
+    pub(crate) ietf_prefix: Box<str>,
     /// When a misconfiguration was last logged (seconds since start + 1; 0 = never).
     pub(crate) logged_at: AtomicU64,
 }
@@ -72,6 +74,10 @@ pub(crate) struct Group {
     pub(crate) policy: Option<HeaderValue>,
     /// How many limits that usual case reports.
     pub(crate) reported: usize,
+    /// Whether a limit of the group chooses its quota per request.
+    pub(crate) dynamic_quota: bool,
+    /// Whether a limit of the group is in shadow mode.
+    pub(crate) shadow: bool,
 }
 
 /// Route path to its entries: (method, or any method; group of limits).
@@ -285,6 +291,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
             limit.validate()?;
             let table = self.store.table(&limit.name);
             bounds.push(Bound {
+                ietf_prefix: headers::limit_prefix(&limit.name),
                 limit,
                 table,
                 logged_at: AtomicU64::new(0),
@@ -329,9 +336,12 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
                         .iter()
                         .map(|l| (&*l.name, l.quota.burst_size(), l.quota.window_secs())),
                 );
+                let limit = |&i: &usize| &bounds[i].limit;
                 Ok(Group {
                     reported: reported.len(),
                     policy,
+                    dynamic_quota: limits.iter().map(limit).any(|l| l.quota_fn.is_some()),
+                    shadow: limits.iter().map(limit).any(|l| l.mode == Mode::Shadow),
                     limits,
                 })
             })

@@ -42,7 +42,8 @@ const MAX_BURST: u64 = 999_999_999_999_999;
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     rate: u64,
-    period: Duration,
+    /// The period in nanoseconds (at most 100 years: fits).
+    period_ns: u64,
     burst: u64,
     /// Emission interval in nanoseconds, rounded up.
     t_ns: u64,
@@ -112,7 +113,7 @@ const fn build(rate: u64, period: Duration, burst: u64) -> Result<Quota, Invalid
     }
     Ok(Quota {
         rate,
-        period,
+        period_ns: period.as_nanos() as u64,
         burst,
         t_ns,
         t_us,
@@ -187,12 +188,12 @@ impl Quota {
     /// If `burst` is 0, or so large that an empty bucket would take more than 100 years
     /// to refill. [`Quota::try_burst`] returns a [`ConfigError`] instead.
     pub const fn burst(self, burst: u64) -> Self {
-        unwrap_const(build(self.rate, self.period, burst))
+        unwrap_const(build(self.rate, self.period(), burst))
     }
 
     /// The same rate with a bucket of `burst` tokens, or a [`ConfigError`] naming `burst`.
     pub fn try_burst(self, burst: u64) -> Result<Self, ConfigError> {
-        build(self.rate, self.period, burst).map_err(|(f, r)| ConfigError::new(f, r))
+        build(self.rate, self.period(), burst).map_err(|(f, r)| ConfigError::new(f, r))
     }
 
     /// Tokens granted per [`period`](Quota::period).
@@ -202,7 +203,7 @@ impl Quota {
 
     /// The period over which [`rate`](Quota::rate) tokens are granted.
     pub const fn period(&self) -> Duration {
-        self.period
+        Duration::from_nanos(self.period_ns)
     }
 
     /// The bucket capacity: how many tokens a full bucket holds.
@@ -247,7 +248,7 @@ impl fmt::Debug for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Quota")
             .field("rate", &self.rate)
-            .field("period", &self.period)
+            .field("period", &self.period())
             .field("burst", &self.burst)
             .finish()
     }
@@ -255,7 +256,7 @@ impl fmt::Debug for Quota {
 
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{:?}; burst={}", self.rate, self.period, self.burst)
+        write!(f, "{}/{:?}; burst={}", self.rate, self.period(), self.burst)
     }
 }
 

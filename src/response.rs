@@ -153,111 +153,190 @@ impl DefaultOnRejection {
         Self { ietf_types: true }
     }
 
-    /// The problem document for `rejection`.
-    pub fn problem(&self, rejection: &Rejection<'_>) -> serde_json::Value {
+    /// The problem document for `rejection`, as JSON text.
+    pub fn problem(&self, rejection: &Rejection<'_>) -> String {
         let status = rejection.status();
-        let title = status.canonical_reason().unwrap_or("Error");
-        let mut doc = serde_json::Map::new();
-        let mut put = |k: &str, v: serde_json::Value| {
-            doc.insert(k.to_owned(), v);
+        let title: &'static str = status.canonical_reason().unwrap_or("Error");
+        let mut doc = Problem::new();
+        let (problem_type, title) = match rejection {
+            Rejection::Limited { .. } if self.ietf_types => (QUOTA_EXCEEDED, "Quota Exceeded"),
+            Rejection::Unavailable { .. } if self.ietf_types => {
+                (REDUCED_CAPACITY, "Temporary Reduced Capacity")
+            }
+            _ => ("about:blank", title),
         };
+        doc.string("type", problem_type);
+        doc.string("title", title);
+        doc.number("status", status.as_u16().into());
         match rejection {
             Rejection::Limited {
                 decision,
                 retry_after,
             } => {
-                let names: Vec<&str> = decision.violated().map(|l| l.name()).collect();
-                if self.ietf_types {
-                    put("type", QUOTA_EXCEEDED.into());
-                    put("title", "Quota Exceeded".into());
-                } else {
-                    put("type", "about:blank".into());
-                    put("title", title.into());
+                let never = decision
+                    .violated()
+                    .find(|l| l.outcome().is_some_and(crate::decision::Outcome::is_never));
+                doc.key("detail");
+                doc.open();
+                match (never, retry_after) {
+                    (Some(l), _) => {
+                        doc.text("A request costing ");
+                        doc.integer(l.cost().into());
+                        doc.text(" exceeds the capacity (");
+                        doc.integer(l.quota().burst_size());
+                        doc.text(") of limit ");
+                        doc.quoted(l.name());
+                        doc.text(": it can never be satisfied.");
+                    }
+                    (None, wait) => {
+                        doc.text("Rate limit ");
+                        for (i, l) in decision.violated().enumerate() {
+                            if i > 0 {
+                                doc.text(", ");
+                            }
+                            doc.quoted(l.name());
+                        }
+                        match wait {
+                            Some(wait) => {
+                                doc.text(" exceeded; retry in ");
+                                doc.integer(crate::headers::ceil_secs(*wait));
+                                doc.text(" s.");
+                            }
+                            None => doc.text(" exceeded."),
+                        }
+                    }
                 }
-                put("status", status.as_u16().into());
-                let detail = match (
-                    retry_after,
-                    decision.violated().find(|l| {
-                        l.outcome()
-                            .is_some_and(|o| o.verdict() == crate::decision::Verdict::Never)
-                    }),
-                ) {
-                    (_, Some(l)) => format!(
-                        "A request costing {} exceeds the capacity ({}) of limit {:?}: it can never be satisfied.",
-                        l.cost(),
-                        l.quota().burst_size(),
-                        l.name()
-                    ),
-                    (Some(wait), None) => format!(
-                        "Rate limit {} exceeded; retry in {} s.",
-                        quoted_list(&names),
-                        crate::headers::ceil_secs(*wait)
-                    ),
-                    (None, None) => format!("Rate limit {} exceeded.", quoted_list(&names)),
-                };
-                put("detail", detail.into());
-                put("violated-policies", names.into());
+                doc.close();
+                doc.strings("violated-policies", decision.violated().map(|l| l.name()));
             }
             Rejection::Unavailable { decision, .. } => {
-                let names: Vec<&str> = decision
-                    .limits()
-                    .filter(|l| *l.status() == crate::decision::Status::FailedClosed)
-                    .map(|l| l.name())
-                    .collect();
-                put(
-                    "type",
-                    if self.ietf_types {
-                        REDUCED_CAPACITY
-                    } else {
-                        "about:blank"
-                    }
-                    .into(),
-                );
-                put(
-                    "title",
-                    if self.ietf_types {
-                        "Temporary Reduced Capacity"
-                    } else {
-                        title
-                    }
-                    .into(),
-                );
-                put("status", status.as_u16().into());
-                put(
+                doc.string(
                     "detail",
-                    "The rate limiter cannot reach its store; try again shortly.".into(),
+                    "The rate limiter cannot reach its store; try again shortly.",
                 );
-                put("violated-policies", names.into());
+                doc.strings(
+                    "violated-policies",
+                    decision
+                        .limits()
+                        .filter(|l| *l.status() == crate::decision::Status::FailedClosed)
+                        .map(|l| l.name()),
+                );
             }
             Rejection::MissingKey { limit, .. } => {
-                put("type", "about:blank".into());
-                put("title", title.into());
-                put("status", status.as_u16().into());
-                put(
-                    "detail",
-                    format!("The request lacks what limit {limit:?} is keyed by.").into(),
-                );
+                doc.key("detail");
+                doc.open();
+                doc.text("The request lacks what limit ");
+                doc.quoted(limit);
+                doc.text(" is keyed by.");
+                doc.close();
             }
-            Rejection::Misconfigured { .. } => {
-                put("type", "about:blank".into());
-                put("title", title.into());
-                put("status", status.as_u16().into());
-            }
+            Rejection::Misconfigured { .. } => {}
         }
-        serde_json::Value::Object(doc)
+        doc.finish()
     }
 }
 
-fn quoted_list(names: &[&str]) -> String {
-    let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
-    quoted.join(", ")
+/// A JSON object written member by member into one buffer: the problem documents have a
+/// fixed shape, and this is on the path of every refused request.
+struct Problem(String);
+
+impl Problem {
+    fn new() -> Self {
+        Problem(String::with_capacity(256))
+    }
+
+    fn key(&mut self, key: &'static str) {
+        self.0.push(if self.0.is_empty() { '{' } else { ',' });
+        self.0.push('"');
+        self.0.push_str(key);
+        self.0.push_str("\":");
+    }
+
+    fn open(&mut self) {
+        self.0.push('"');
+    }
+
+    fn close(&mut self) {
+        self.0.push('"');
+    }
+
+    /// Constant text inside an open string (plain: nothing to escape).
+    fn text(&mut self, s: &'static str) {
+        self.0.push_str(s);
+    }
+
+    /// A name in quotes inside an open string: `\"name\"`.
+    fn quoted(&mut self, name: &str) {
+        self.0.push_str("\\\"");
+        push_json_escaped(&mut self.0, name);
+        self.0.push_str("\\\"");
+    }
+
+    fn integer(&mut self, n: u64) {
+        self.0.push_str(itoa::Buffer::new().format(n));
+    }
+
+    /// A constant string member.
+    fn string(&mut self, key: &'static str, value: &'static str) {
+        self.key(key);
+        self.open();
+        self.text(value);
+        self.close();
+    }
+
+    fn number(&mut self, key: &'static str, value: u64) {
+        self.key(key);
+        self.integer(value);
+    }
+
+    fn strings<'a>(&mut self, key: &'static str, values: impl Iterator<Item = &'a str>) {
+        self.key(key);
+        self.0.push('[');
+        for (i, v) in values.enumerate() {
+            if i > 0 {
+                self.0.push(',');
+            }
+            self.open();
+            push_json_escaped(&mut self.0, v);
+            self.close();
+        }
+        self.0.push(']');
+    }
+
+    fn finish(mut self) -> String {
+        self.0.push('}');
+        self.0
+    }
+}
+
+/// Appends `s` escaped for a JSON string (RFC 8259: quote, backslash and control
+/// characters).
+fn push_json_escaped(out: &mut String, s: &str) {
+    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.push_str(s);
+        return;
+    }
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                out.push_str("\\u00");
+                out.push(char::from_digit(c as u32 >> 4, 16).unwrap_or('0'));
+                out.push(char::from_digit(c as u32 & 0xf, 16).unwrap_or('0'));
+            }
+            c => out.push(c),
+        }
+    }
 }
 
 impl<B: From<Bytes>> OnRejection<B> for DefaultOnRejection {
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<B> {
-        let body = serde_json::to_vec(&self.problem(rejection)).unwrap_or_default();
+        let body = self.problem(rejection);
         let mut response = Response::new(B::from(Bytes::from(body)));
         *response.status_mut() = rejection.status();
+        // Room for what the layer adds: the rate-limit fields, Retry-After, Cache-Control.
+        *response.headers_mut() = http::HeaderMap::with_capacity(6);
         response.headers_mut().insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
@@ -270,12 +349,131 @@ impl fmt::Display for Rejection<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Rejection::Limited { decision, .. } => {
-                let names: Vec<&str> = decision.violated().map(|l| l.name()).collect();
-                write!(f, "rate limit {} exceeded", quoted_list(&names))
+                f.write_str("rate limit")?;
+                for (i, l) in decision.violated().enumerate() {
+                    write!(f, "{}{:?}", if i == 0 { " " } else { ", " }, l.name())?;
+                }
+                f.write_str(" exceeded")
             }
             Rejection::Unavailable { .. } => f.write_str("rate limit store unavailable"),
             Rejection::MissingKey { limit, .. } => write!(f, "no key for limit {limit:?}"),
             Rejection::Misconfigured { limit, reason } => write!(f, "limit {limit:?}: {reason}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::{LimitDecision, Outcome, Status};
+    use crate::gcra::Verdict;
+    use crate::limit::Mode;
+    use crate::quota::Quota;
+
+    fn denied(name: &str, verdict: Verdict) -> Decision {
+        Decision {
+            limits: smallvec::smallvec![LimitDecision {
+                name: name.into(),
+                quota: Quota::per_minute(10),
+                cost: 12,
+                mode: Mode::Enforce,
+                status: Status::Checked(Outcome::new(
+                    verdict,
+                    60_000_000,
+                    crate::gcra::Params::new(6_000_000, 10),
+                    1_000
+                )),
+            }],
+        }
+    }
+
+    fn limited(d: &Decision, wait: Option<Duration>) -> Rejection<'_> {
+        Rejection::Limited {
+            decision: d,
+            retry_after: wait,
+        }
+    }
+
+    #[test]
+    fn the_429_problem_has_the_generic_shape() {
+        let d = denied(
+            "default",
+            Verdict::Denied {
+                retry_after: 2_500_000,
+            },
+        );
+        let body =
+            DefaultOnRejection::new().problem(&limited(&d, Some(Duration::from_millis(2_500))));
+        assert_eq!(
+            body,
+            r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"Rate limit \"default\" exceeded; retry in 3 s.","violated-policies":["default"]}"#
+        );
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["status"], 429);
+    }
+
+    #[test]
+    fn the_draft_problem_types_on_request() {
+        let d = denied(
+            "default",
+            Verdict::Denied {
+                retry_after: 1_000_000,
+            },
+        );
+        let body = DefaultOnRejection::ietf_problem_types()
+            .problem(&limited(&d, Some(Duration::from_secs(1))));
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v["type"],
+            "https://iana.org/assignments/http-problem-types#quota-exceeded"
+        );
+        assert_eq!(v["title"], "Quota Exceeded");
+        assert_eq!(v["violated-policies"], serde_json::json!(["default"]));
+    }
+
+    #[test]
+    fn names_are_escaped_and_never_costs_are_explained() {
+        let name = r#"odd "name" \ here"#;
+        let d = denied(name, Verdict::Never);
+        let body = DefaultOnRejection::new().problem(&limited(&d, None));
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["violated-policies"][0], name);
+        let detail = v["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("costing 12 exceeds the capacity (10)"),
+            "{detail}"
+        );
+        assert!(detail.contains("never be satisfied"));
+    }
+
+    #[test]
+    fn every_rejection_is_valid_json_with_its_status() {
+        let d = denied(
+            "x",
+            Verdict::Denied {
+                retry_after: 1_000_000,
+            },
+        );
+        let cases = [
+            limited(&d, Some(Duration::from_secs(1))),
+            Rejection::Unavailable {
+                decision: &d,
+                retry_after: Duration::from_secs(1),
+            },
+            Rejection::MissingKey {
+                limit: "k\"ey",
+                status: StatusCode::UNAUTHORIZED,
+            },
+            Rejection::Misconfigured {
+                limit: "k",
+                reason: "why",
+            },
+        ];
+        for r in cases {
+            let v: serde_json::Value =
+                serde_json::from_str(&DefaultOnRejection::new().problem(&r)).unwrap();
+            assert_eq!(v["status"], r.status().as_u16());
+            assert_eq!(v["title"], r.status().canonical_reason().unwrap());
         }
     }
 }

@@ -80,19 +80,10 @@ pub(crate) struct Planned {
 
 pub(crate) type Plan = SmallVec<[Planned; 4]>;
 
-/// The limits of one request, ready for the store.
-struct Prepared<'a, T> {
-    items: SmallVec<[Item<'a, T>; 4]>,
-    plan: Plan,
-    group: usize,
-}
-
 /// What to do after the check.
-// Returned once per request and taken apart at once: boxing would cost an allocation.
-#[allow(clippy::large_enum_variant)]
 pub(crate) enum Next<B> {
-    /// Call the service with this request head, then add these fields to its response.
-    Proceed(Parts, Fields),
+    /// Call the service, then add these fields to its response.
+    Proceed(Fields),
     /// Answer with this response.
     Refuse(Response<B>),
 }
@@ -112,17 +103,19 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let shared = &*self.shared;
-        let prepared = match prepare(shared, &parts) {
-            Ok(p) => p,
+        let mut items = SmallVec::<[Item<'_, St::Table>; 4]>::new();
+        let mut plan = Plan::new();
+        let group = match prepare(shared, &parts, &mut items, &mut plan) {
+            Ok(group) => group,
             Err(response) => return ResponseFuture::done(response),
         };
-        match shared.store.check(&prepared.items) {
+        match shared.store.check(&items) {
             Checked::Ready(statuses) => {
-                let Prepared { plan, group, .. } = prepared;
-                match finish(shared, group, &plan, statuses, parts) {
-                    Next::Proceed(parts, fields) => {
+                drop(items);
+                match finish(shared, group, &plan, statuses, &mut parts) {
+                    Next::Proceed(fields) => {
                         let future = self.inner.call(Request::from_parts(parts, body));
                         ResponseFuture::calling(future, fields)
                     }
@@ -130,10 +123,10 @@ where
                 }
             }
             Checked::Pending(check) => {
+                drop(items);
                 // Take the service that was made ready; leave a clone for the next call.
                 let clone = self.inner.clone();
                 let service = mem::replace(&mut self.inner, clone);
-                let Prepared { plan, group, .. } = prepared;
                 ResponseFuture::checking(
                     check,
                     service,
@@ -174,18 +167,19 @@ fn group_for<St: Store, R>(shared: &Shared<St, R>, parts: &Parts) -> usize {
         .map_or(0, |&(_, g)| g)
 }
 
-/// Extracts each limit's key, quota and cost; or the response when a key is missing and
-/// the limit refuses such requests, or the app is misconfigured.
+/// Extracts each limit's key, quota and cost into `items` and `plan`, and returns the
+/// group; or the response when a key is missing and the limit refuses such requests, or
+/// the app is misconfigured.
 fn prepare<'a, St: Store, R, B>(
     shared: &'a Shared<St, R>,
     parts: &Parts,
-) -> Result<Prepared<'a, St::Table>, Response<B>>
+    items: &mut SmallVec<[Item<'a, St::Table>; 4]>,
+    plan: &mut Plan,
+) -> Result<usize, Response<B>>
 where
     R: OnRejection<B>,
 {
     let group = group_for(shared, parts);
-    let mut items = SmallVec::new();
-    let mut plan = Plan::new();
     for &index in &shared.groups[group].limits {
         let bound = &shared.bounds[index];
         let limit = &bound.limit;
@@ -231,7 +225,7 @@ where
                 .on_failure(limit.on_failure),
         );
     }
-    Ok(Prepared { items, plan, group })
+    Ok(group)
 }
 
 /// Logs a misconfiguration at most once a minute per limit.
@@ -258,7 +252,7 @@ pub(crate) fn finish<St: Store, R, B>(
     group: usize,
     plan: &[Planned],
     statuses: Statuses,
-    mut parts: Parts,
+    parts: &mut Parts,
 ) -> Next<B>
 where
     R: OnRejection<B>,
@@ -278,12 +272,12 @@ where
         })
         .collect();
     let decision = Decision { limits };
-    for l in decision.limits() {
+    let g = &shared.groups[group];
+    for l in decision.limits().filter(|_| g.shadow) {
         if l.mode() == Mode::Shadow && !l.allowed() {
             tracing::info!(limit = l.name(), method = %parts.method, path = parts.uri.path(), "shadow limit would refuse this request");
         }
     }
-    let now = SystemTime::now();
     let overall = decision.overall();
     let mut fields = Fields::default();
     let wait = match overall {
@@ -295,11 +289,13 @@ where
     if shared.style != HeaderStyle::None {
         let reports: SmallVec<[Report<'_>; 4]> = decision
             .limits()
-            .filter(|l| l.mode() == Mode::Enforce || shared.shadow_headers)
-            .filter_map(|l| {
+            .zip(plan)
+            .filter(|(l, _)| l.mode() == Mode::Enforce || shared.shadow_headers)
+            .filter_map(|(l, p)| {
                 let o = l.outcome()?;
                 Some(Report {
                     name: l.name(),
+                    prefix: &shared.bounds[p.bound].ietf_prefix,
                     burst: l.quota.burst_size(),
                     window: l.quota.window_secs(),
                     remaining: o.remaining(),
@@ -309,21 +305,28 @@ where
                 })
             })
             .collect();
-        let g = &shared.groups[group];
         let usual = reports.len() == g.reported
-            && decision
-                .limits()
-                .zip(plan)
-                .all(|(l, p)| l.quota == shared.bounds[p.bound].limit.quota);
+            && (!g.dynamic_quota
+                || decision
+                    .limits()
+                    .zip(plan)
+                    .all(|(l, p)| l.quota == shared.bounds[p.bound].limit.quota));
         let policy = if usual { g.policy.as_ref() } else { None };
-        headers::rate_limit_fields(shared.style, &reports, policy, now, wait, &mut fields);
+        headers::rate_limit_fields(
+            shared.style,
+            &reports,
+            policy,
+            SystemTime::now,
+            wait,
+            &mut fields,
+        );
     }
     match overall {
         Overall::Allowed => {
             if shared.decision_extension {
                 parts.extensions.insert(decision);
             }
-            Next::Proceed(parts, fields)
+            Next::Proceed(fields)
         }
         Overall::Limited => {
             tracing::debug!(method = %parts.method, path = parts.uri.path(), retry_after = ?wait, "request rate limited");
@@ -331,7 +334,7 @@ where
                 decision: &decision,
                 retry_after: wait,
             };
-            Next::Refuse(refuse(shared, &rejection, fields, wait, now))
+            Next::Refuse(refuse(shared, &rejection, fields, wait))
         }
         Overall::Unavailable => {
             let wait = shared.unavailable_retry;
@@ -339,7 +342,7 @@ where
                 decision: &decision,
                 retry_after: wait,
             };
-            Next::Refuse(refuse(shared, &rejection, fields, Some(wait), now))
+            Next::Refuse(refuse(shared, &rejection, fields, Some(wait)))
         }
     }
 }
@@ -351,7 +354,6 @@ fn refuse<St: Store, R, B>(
     rejection: &Rejection<'_>,
     fields: Fields,
     wait: Option<Duration>,
-    now: SystemTime,
 ) -> Response<B>
 where
     R: OnRejection<B>,
@@ -364,7 +366,7 @@ where
     {
         headers.insert(
             headers::RETRY_AFTER_NAME,
-            headers::retry_after(wait, shared.retry_format, now),
+            headers::retry_after(wait, shared.retry_format, SystemTime::now),
         );
     }
     if !headers.contains_key(CACHE_CONTROL) {

@@ -64,6 +64,7 @@ impl Key {
     }
 
     /// Builds a key from one part (see [`KeyPart`]).
+    #[inline]
     pub fn from_part(part: impl KeyPart) -> Self {
         let mut b = KeyBuilder::new();
         part.write_key(&mut b);
@@ -80,6 +81,7 @@ impl Key {
 
     /// 16 bytes that identify the key within one table of a store, keyed by `secret` so
     /// that request input cannot aim at a collision. Addresses are kept exactly.
+    #[inline]
     pub(crate) fn compact(&self, secret: &(u64, u64)) -> u128 {
         match &self.repr {
             Repr::Ip { addr, .. } => u128::from_be_bytes(*addr),
@@ -205,6 +207,7 @@ impl Default for KeyBuilder {
 
 impl KeyBuilder {
     /// An empty builder: finishing it gives [`Key::global`].
+    #[inline]
     pub const fn new() -> Self {
         Self {
             parts: 0,
@@ -222,6 +225,7 @@ impl KeyBuilder {
 
     /// Adds an IP address, masked to `prefix` bits (IPv4 prefixes count IPv4 bits).
     /// IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`) are treated as the IPv4 address.
+    #[inline]
     pub fn push_ip(&mut self, ip: IpAddr, prefix: u8) {
         let (addr, prefix) = masked(ip, prefix);
         if self.parts == 0 {
@@ -256,6 +260,7 @@ impl KeyBuilder {
     }
 
     /// The finished key.
+    #[inline]
     pub fn finish(mut self) -> Key {
         if self.parts == 1
             && let Some((addr, prefix)) = self.ip
@@ -340,6 +345,7 @@ impl fmt::Write for EscapeSink<'_> {
 
 /// Masks `ip` to `prefix` bits and returns it as IPv6 bytes (IPv4 as `::ffff:a.b.c.d`,
 /// whose prefix then counts 96 more bits).
+#[inline]
 pub(crate) fn masked(ip: IpAddr, prefix: u8) -> ([u8; 16], u8) {
     let (v6, prefix) = match ip {
         IpAddr::V4(v4) => (v4.to_ipv6_mapped(), 96 + prefix.min(32)),

@@ -126,6 +126,7 @@ impl Default for PeerIp {
 }
 
 impl KeyExtractor for PeerIp {
+    #[inline]
     fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
         let peer = peer_addr(parts).ok_or(KeyError::Misconfigured(NO_PEER))?;
         self.prefixes.push(peer.ip(), key);

@@ -214,6 +214,7 @@ impl<C: Clock> MemoryStore<C> {
         &self.inner.clock
     }
 
+    #[inline]
     fn slot(&self, item: &Item<'_, MemoryTable>) -> Slot {
         let k = item.key.compact(&self.inner.secret);
         let key = [(k >> 64) as u64, k as u64];
@@ -224,6 +225,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Runs `f` on the TAT of an existing entry, under the shard's read lock.
+    #[inline]
     fn with_existing<R>(
         &self,
         table: &Table,
@@ -238,14 +240,29 @@ impl<C: Clock> MemoryStore<C> {
     /// Runs `f` on the TAT of the entry, inserting it if needed (or on the overflow bucket
     /// when the store is at its cap).
     fn with_entry<R>(&self, table: &Table, slot: Slot, now: u64, f: impl Fn(&AtomicU64) -> R) -> R {
+        if let Some(r) = self.with_existing(table, slot, &f) {
+            return r;
+        }
+        self.with_new_entry(table, slot, now, f)
+    }
+
+    /// [`with_entry`](Self::with_entry) for a key just found absent: straight to the write
+    /// lock.
+    fn with_new_entry<R>(
+        &self,
+        table: &Table,
+        slot: Slot,
+        now: u64,
+        f: impl Fn(&AtomicU64) -> R,
+    ) -> R {
         match self.insert_with(table, slot, now, true, f) {
             Ok(r) => r,
             Err(f) => f(&table.overflow),
         }
     }
 
-    /// Runs `f` on the entry, inserting it if there is room; at the cap, hands `f` back
-    /// (when `may_overflow`, after logging the state change).
+    /// Runs `f` on the entry under the write lock, inserting it if there is room; at the
+    /// cap, hands `f` back (when `may_overflow`, after logging the state change).
     fn insert_with<R, F: Fn(&AtomicU64) -> R>(
         &self,
         table: &Table,
@@ -254,9 +271,6 @@ impl<C: Clock> MemoryStore<C> {
         may_overflow: bool,
         f: F,
     ) -> Result<R, F> {
-        if let Some(r) = self.with_existing(table, slot, &f) {
-            return Ok(r);
-        }
         let mut map = table.shard(slot.hash).write();
         if let Some(e) = map.find(slot.hash, |e| e.key == slot.key) {
             return Ok(f(&e.tat));
@@ -341,25 +355,31 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Checks a single limit: one lookup and one CAS loop.
+    #[inline]
     fn check_one(&self, item: &Item<'_, MemoryTable>, now: u64) -> Status {
         let table = &*item.table.table;
         let params = params(item);
         let cost = u64::from(item.cost);
         let slot = self.slot(item);
-        let run = |tat: &AtomicU64| update(tat, |cur| gcra::check(params, cur, now, cost)).0;
-        let outcome = match self.with_existing(table, slot, run) {
-            Some(o) => o,
+        let run = |tat: &AtomicU64| update(tat, |cur| gcra::decide(params, cur, now, cost)).0;
+        let decided = match self.with_existing(table, slot, run) {
+            Some(d) => d,
             None => {
                 // An absent key is a full bucket: insert only if the request consumes.
-                let o = gcra::check(params, 0, now, cost);
-                if o.new_tat.is_some() {
-                    self.with_entry(table, slot, now, run)
+                let d = gcra::decide(params, 0, now, cost);
+                if d.new_tat.is_some() {
+                    self.with_new_entry(table, slot, now, run)
                 } else {
-                    o
+                    d
                 }
             }
         };
-        Status::Checked(Outcome::from_gcra(&outcome, 1))
+        Status::Checked(Outcome::new(
+            decided.verdict,
+            decided.reset_after(now),
+            params,
+            1,
+        ))
     }
 
     /// Checks several limits all or nothing: look at every bucket first, and consume only
@@ -376,6 +396,7 @@ impl<C: Clock> MemoryStore<C> {
                 gcra::check(params(item), tat, now, u64::from(item.cost))
             })
             .collect();
+        // (A look reports in full: a refused request answers from it.)
         let refused = items
             .iter()
             .zip(&looked)
@@ -390,13 +411,19 @@ impl<C: Clock> MemoryStore<C> {
             let params = params(item);
             let cost = u64::from(item.cost);
             if cost == 0 || !looked[i].verdict.is_allowed() {
-                statuses.push(Status::Checked(Outcome::from_gcra(&looked[i], 1)));
+                let o = &looked[i];
+                statuses.push(Status::Checked(Outcome::new(
+                    o.verdict,
+                    o.reset_after,
+                    params,
+                    1,
+                )));
                 continue;
             }
-            let (o, prev) = self.with_entry(&item.table.table, slots[i], now, |tat| {
-                update(tat, |cur| gcra::check(params, cur, now, cost))
+            let (d, prev) = self.with_entry(&item.table.table, slots[i], now, |tat| {
+                update(tat, |cur| gcra::decide(params, cur, now, cost))
             });
-            if let Some(written) = o.new_tat {
+            if let Some(written) = d.new_tat {
                 taken.push((i, written, prev));
             } else if item.mode == Mode::Enforce {
                 // Lost a race for the last tokens: undo, and report the refusal.
@@ -404,10 +431,15 @@ impl<C: Clock> MemoryStore<C> {
                     self.refund(&items[j], slots[j], written, prev, now);
                 }
                 let mut looked = looked.clone();
-                looked[i] = o;
+                looked[i] = d.report(params, now);
                 return self.report_unchanged(items, &slots, &looked, now);
             }
-            statuses.push(Status::Checked(Outcome::from_gcra(&o, 1)));
+            statuses.push(Status::Checked(Outcome::new(
+                d.verdict,
+                d.reset_after(now),
+                params,
+                1,
+            )));
         }
         statuses
     }
@@ -431,7 +463,7 @@ impl<C: Clock> MemoryStore<C> {
                 } else {
                     *o
                 };
-                Status::Checked(Outcome::from_gcra(&o, 1))
+                Status::Checked(Outcome::new(o.verdict, o.reset_after, params(item), 1))
             })
             .collect()
     }
@@ -507,10 +539,10 @@ fn params(item: &Item<'_, MemoryTable>) -> Params {
     Params::new(item.quota.t_ns(), item.quota.burst_size())
 }
 
-/// Applies `f` to the TAT with compare-and-swap until it sticks; returns the outcome and
+/// Applies `f` to the TAT with compare-and-swap until it sticks; returns the decision and
 /// the TAT it replaced.
 #[inline]
-fn update(tat: &AtomicU64, f: impl Fn(u64) -> gcra::Outcome) -> (gcra::Outcome, u64) {
+fn update(tat: &AtomicU64, f: impl Fn(u64) -> gcra::Decided) -> (gcra::Decided, u64) {
     let mut cur = tat.load(Ordering::Acquire);
     loop {
         let o = f(cur);
@@ -558,6 +590,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         MemoryTable { table }
     }
 
+    #[inline]
     fn check(&self, items: &[Item<'_, MemoryTable>]) -> Checked<Self::Future> {
         let now = self.inner.clock.now();
         for item in items {

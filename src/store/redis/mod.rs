@@ -38,7 +38,7 @@ use self::keys::{Groups, push_grouped};
 use super::memory::{MemoryStore, MemoryTable};
 use super::{Checked, Item, Statuses, Store};
 use crate::clock::Clock;
-use crate::decision::{Outcome, Status, Verdict};
+use crate::decision::{Outcome, Status};
 use crate::gcra::{self, Params};
 use crate::key::Key;
 use crate::limit::{FailurePolicy, Mode};
@@ -399,7 +399,12 @@ impl RedisStore {
             .iter()
             .zip(answers)
             .map(|(p, a)| match (a, p.policy) {
-                (Some(a), _) => Status::Checked(Outcome::from_gcra(&a.outcome, 1_000)),
+                (Some(a), _) => Status::Checked(Outcome::new(
+                    a.outcome.verdict,
+                    a.outcome.reset_after,
+                    p.params(),
+                    1_000,
+                )),
                 (None, FailurePolicy::Allow) => Status::FailedOpen,
                 (None, FailurePolicy::Deny) => Status::FailedClosed,
                 (None, _) => Status::Unchecked, // fallback, decided below
@@ -447,7 +452,12 @@ impl RedisStore {
                     && a.written.is_some()
                 {
                     let peek = gcra::peek(parts[i].params(), a.previous, a.now);
-                    statuses[i] = Status::Checked(Outcome::from_gcra(&peek, 1_000));
+                    statuses[i] = Status::Checked(Outcome::new(
+                        peek.verdict,
+                        peek.reset_after,
+                        parts[i].params(),
+                        1_000,
+                    ));
                 }
             }
         }
@@ -546,22 +556,17 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<Vec<Answer>, Failure> {
 
 /// What a remembered denial tells the client: no token for `wait_ns` (local time).
 fn cached_outcome(quota: &Quota, cost: u32, wait_ns: u64) -> Outcome {
-    let t = quota.t_us() * 1_000;
-    let tau = t * quota.burst_size();
-    let wait = Duration::from_nanos(wait_ns);
+    let params = Params::new(quota.t_us() * 1_000, quota.burst_size());
     let verdict = if u64::from(cost) > quota.burst_size() {
-        Verdict::Never
+        gcra::Verdict::Never
     } else {
-        Verdict::Denied {
-            retry_after: wait + Duration::from_nanos(u64::from(cost - 1) * t),
+        gcra::Verdict::Denied {
+            retry_after: wait_ns + u64::from(cost - 1) * params.t(),
         }
     };
-    Outcome {
-        verdict,
-        remaining: 0,
-        reset_after: wait + Duration::from_nanos(tau - t),
-        next_after: Some(wait),
-    }
+    // One token is free at TAT + T - tau, `wait_ns` from now: the TAT is this far off.
+    let reset_after = wait_ns + params.tau() - params.t();
+    Outcome::new(verdict, reset_after, params, 1)
 }
 
 impl Store for RedisStore {
@@ -604,6 +609,7 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::Verdict;
 
     #[test]
     fn replies_are_validated() {
@@ -626,13 +632,13 @@ mod tests {
         let q = Quota::per_second(10); // T = 100 ms, burst 10
         let o = cached_outcome(&q, 3, 40_000_000);
         assert_eq!(
-            o.verdict,
+            o.verdict(),
             Verdict::Denied {
                 retry_after: Duration::from_millis(240)
             }
         );
-        assert_eq!(o.next_after, Some(Duration::from_millis(40)));
-        assert_eq!(o.reset_after, Duration::from_millis(940));
-        assert_eq!(cached_outcome(&q, 11, 1).verdict, Verdict::Never);
+        assert_eq!(o.next_after(), Some(Duration::from_millis(40)));
+        assert_eq!(o.reset_after(), Duration::from_millis(940));
+        assert_eq!(cached_outcome(&q, 11, 1).verdict(), Verdict::Never);
     }
 }
