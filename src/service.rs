@@ -185,7 +185,7 @@ where
         let limit = &bound.limit;
         let mut builder = KeyBuilder::new();
         let key = match limit.key.extract(parts, &mut builder) {
-            Ok(()) => builder.finish(),
+            Ok(()) => builder.take(),
             Err(KeyError::Missing) => match limit.missing {
                 MissingKey::SharedBucket => Key::missing(),
                 MissingKey::Skip => continue,

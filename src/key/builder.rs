@@ -68,7 +68,7 @@ impl Key {
     pub fn from_part(part: impl KeyPart) -> Self {
         let mut b = KeyBuilder::new();
         part.write_key(&mut b);
-        b.finish()
+        b.take()
     }
 
     /// The single IP address (masked) this key was made of, if it is one.
@@ -225,7 +225,7 @@ impl KeyBuilder {
 
     /// Adds an IP address, masked to `prefix` bits (IPv4 prefixes count IPv4 bits).
     /// IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`) are treated as the IPv4 address.
-    #[inline]
+    #[inline(always)]
     pub fn push_ip(&mut self, ip: IpAddr, prefix: u8) {
         let (addr, prefix) = masked(ip, prefix);
         if self.parts == 0 {
@@ -262,6 +262,22 @@ impl KeyBuilder {
     /// The finished key.
     #[inline]
     pub fn finish(mut self) -> Key {
+        self.take()
+    }
+
+    /// The finished key, leaving the builder empty: finishes in place, without moving the
+    /// builder (it is large, for the digest state it may need).
+    #[inline]
+    pub(crate) fn take(&mut self) -> Key {
+        let key = self.build();
+        self.parts = 0;
+        self.ip = None;
+        self.len = 0;
+        key
+    }
+
+    #[inline]
+    fn build(&mut self) -> Key {
         if self.parts == 1
             && let Some((addr, prefix)) = self.ip
         {

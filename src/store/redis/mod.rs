@@ -49,8 +49,8 @@ static GCRA: LazyLock<Script> =
 static REFUND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/refund.lua")));
 
-/// Integers per limit in a `gcra.lua` reply.
-const REPLY_WIDTH: usize = 7;
+/// Integers per limit in a `gcra.lua` reply (after the leading `now`).
+const REPLY_WIDTH: usize = 3;
 
 #[derive(Clone)]
 enum Connection {
@@ -60,22 +60,44 @@ enum Connection {
 }
 
 impl Connection {
-    async fn invoke<T: redis::FromRedisValue>(
+    /// Sends `evalsha` (an `EVALSHA` of `script`); on NOSCRIPT (after a restart, a failover
+    /// or `SCRIPT FLUSH`) loads the script (on every node of a cluster) and sends it again.
+    async fn eval<T: redis::FromRedisValue>(
         &self,
-        invocation: &redis::ScriptInvocation<'_>,
+        evalsha: &redis::Cmd,
+        script: &Script,
     ) -> redis::RedisResult<T> {
-        // `ScriptInvocation::invoke_async` sends EVALSHA and, on NOSCRIPT (after a restart,
-        // a failover or SCRIPT FLUSH), loads the script and retries once.
         match self {
-            Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+            Connection::Single(c) => eval_on(&mut c.clone(), evalsha, script).await,
             #[cfg(feature = "redis-cluster")]
-            Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+            Connection::Cluster(c) => eval_on(&mut c.clone(), evalsha, script).await,
         }
     }
 
     fn is_cluster(&self) -> bool {
         !matches!(self, Connection::Single(_))
     }
+}
+
+async fn eval_on<T: redis::FromRedisValue>(
+    conn: &mut impl redis::aio::ConnectionLike,
+    evalsha: &redis::Cmd,
+    script: &Script,
+) -> redis::RedisResult<T> {
+    match evalsha.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            evalsha.query_async(conn).await
+        }
+        result => result,
+    }
+}
+
+/// An `EVALSHA` of `script` with room for `keys` keys and `args` arguments.
+fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    cmd
 }
 
 /// Bucket state in Redis: limits shared by every instance (feature `redis`).
@@ -250,11 +272,15 @@ impl Part {
     }
 }
 
-/// One limit's answer from `gcra.lua`.
+/// One limit's answer from `gcra.lua`, in microseconds.
 #[derive(Clone, Copy)]
 struct Answer {
-    outcome: gcra::Outcome,
+    verdict: gcra::Verdict,
+    /// Until the bucket is full again, after this request.
+    reset_after: u64,
+    /// The TAT written, if the request consumed from this limit.
     written: Option<u64>,
+    /// The TAT before the request.
     previous: u64,
     /// Redis's `now` for this call.
     now: u64,
@@ -318,7 +344,7 @@ impl RedisStore {
         };
         let p = part.params();
         // The TAT is `now + reset_after`; one token is free at `TAT + T - tau`.
-        let wait_us = (answer.outcome.reset_after + p.t()).saturating_sub(p.tau());
+        let wait_us = (answer.reset_after + p.t()).saturating_sub(p.tau());
         if wait_us > 0 {
             // From the moment the request was sent: Redis's answer can only be later.
             let until = sent_at.saturating_add(wait_us.saturating_mul(1_000));
@@ -340,23 +366,24 @@ impl RedisStore {
         group: &[usize],
         now: &str,
     ) -> Result<Vec<Answer>, Failure> {
-        let mut invocation = GCRA.prepare_invoke();
-        invocation.arg(now);
+        let mut cmd = evalsha(&GCRA, group.len());
+        for &i in group {
+            cmd.arg(parts[i].redis_key.as_slice());
+        }
+        cmd.arg(now);
         for &i in group {
             let p = &parts[i];
-            invocation
-                .key(p.redis_key.as_slice())
-                .arg(p.quota.t_us())
+            cmd.arg(p.quota.t_us())
                 .arg(p.quota.burst_size())
                 .arg(p.cost)
                 .arg(u8::from(p.mode == Mode::Enforce));
         }
         let reply: Vec<i64> =
-            tokio::time::timeout(self.inner.timeout, self.inner.conn.invoke(&invocation))
+            tokio::time::timeout(self.inner.timeout, self.inner.conn.eval(&cmd, &GCRA))
                 .await
                 .map_err(|_| Failure::Timeout(self.inner.timeout))?
                 .map_err(Failure::Redis)?;
-        parse_reply(&reply, group.len())
+        parse_reply(&reply, parts, group)
     }
 
     /// Gives back what the consuming groups took for a refused request.
@@ -368,19 +395,20 @@ impl RedisStore {
             }
         }
         for (_, group) in groups {
-            let mut invocation = REFUND.prepare_invoke();
-            invocation.arg(now);
+            let mut cmd = evalsha(&REFUND, group.len());
+            for &i in &group {
+                cmd.arg(parts[i].redis_key.as_slice());
+            }
+            cmd.arg(now);
             for &i in &group {
                 let (p, a) = (&parts[i], answers[i].expect("answered"));
-                invocation
-                    .key(p.redis_key.as_slice())
-                    .arg(a.written.unwrap_or(0))
+                cmd.arg(a.written.unwrap_or(0))
                     .arg(a.previous)
                     .arg(u64::from(p.cost).saturating_mul(p.quota.t_us()));
             }
             let result = tokio::time::timeout(
                 self.inner.timeout,
-                self.inner.conn.invoke::<i64>(&invocation),
+                self.inner.conn.eval::<i64>(&cmd, &REFUND),
             )
             .await;
             if !matches!(result, Ok(Ok(_))) {
@@ -399,12 +427,9 @@ impl RedisStore {
             .iter()
             .zip(answers)
             .map(|(p, a)| match (a, p.policy) {
-                (Some(a), _) => Status::Checked(Outcome::new(
-                    a.outcome.verdict,
-                    a.outcome.reset_after,
-                    p.params(),
-                    1_000,
-                )),
+                (Some(a), _) => {
+                    Status::Checked(Outcome::new(a.verdict, a.reset_after, p.params(), 1_000))
+                }
                 (None, FailurePolicy::Allow) => Status::FailedOpen,
                 (None, FailurePolicy::Deny) => Status::FailedClosed,
                 (None, _) => Status::Unchecked, // fallback, decided below
@@ -480,12 +505,16 @@ impl RedisStore {
         } else {
             groups.push((keys::slot(b""), (0..parts.len()).collect()));
         }
-        let replies = futures_util::future::join_all(
-            groups
-                .iter()
-                .map(|(_, group)| self.call(&parts, group, &now)),
-        )
-        .await;
+        let replies = match &groups[..] {
+            // One node, or one slot: one call.
+            [(_, group)] => vec![self.call(&parts, group, &now).await],
+            many => {
+                futures_util::future::join_all(
+                    many.iter().map(|(_, group)| self.call(&parts, group, &now)),
+                )
+                .await
+            }
+        };
         let mut answers: SmallVec<[Option<Answer>; 4]> = SmallVec::from_elem(None, parts.len());
         let mut failure = None;
         for ((_, group), reply) in groups.iter().zip(replies) {
@@ -508,7 +537,7 @@ impl RedisStore {
         for (p, a) in parts.iter().zip(&answers) {
             if let Some(a) = a
                 && p.mode == Mode::Enforce
-                && matches!(a.outcome.verdict, gcra::Verdict::Denied { .. })
+                && matches!(a.verdict, gcra::Verdict::Denied { .. })
             {
                 self.remember_denial(p, sent_at, a);
             }
@@ -521,37 +550,52 @@ impl RedisStore {
     }
 }
 
-fn parse_reply(reply: &[i64], limits: usize) -> Result<Vec<Answer>, Failure> {
-    if reply.len() != limits * REPLY_WIDTH || reply.iter().any(|&v| v < -1) {
-        return Err(Failure::Reply(reply.len()));
+/// Reads `gcra.lua`'s reply for the limits `group` of `parts`: the verdicts and times to
+/// full, from which everything else follows (the script writes `now + reset_after` for each
+/// consuming limit of a request no enforcing limit refused).
+fn parse_reply(reply: &[i64], parts: &[Part], group: &[usize]) -> Result<Vec<Answer>, Failure> {
+    let malformed = || Failure::Reply(reply.len());
+    let (&now, rest) = reply.split_first().ok_or_else(malformed)?;
+    if rest.len() != group.len() * REPLY_WIDTH || reply.iter().any(|&v| v < 0) {
+        return Err(malformed());
     }
-    let opt = |v: i64| u64::try_from(v).ok();
-    Ok(reply
-        .chunks_exact(REPLY_WIDTH)
-        .map(|r| {
-            let verdict = match (r[0], opt(r[4])) {
-                (0, _) => gcra::Verdict::Allowed,
-                (1, Some(retry_after)) => gcra::Verdict::Denied { retry_after },
-                _ => gcra::Verdict::Never,
-            };
-            let written = opt(r[5]);
-            let reset_after = r[2] as u64;
-            let after = written.unwrap_or(0);
-            Answer {
-                outcome: gcra::Outcome {
-                    verdict,
-                    new_tat: written,
-                    remaining: r[1] as u64,
-                    reset_after,
-                    next_after: opt(r[3]),
+    let now = now as u64;
+    let refused = group
+        .iter()
+        .zip(rest.chunks_exact(REPLY_WIDTH))
+        .any(|(&i, r)| parts[i].mode == Mode::Enforce && r[0] != 0);
+    group
+        .iter()
+        .zip(rest.chunks_exact(REPLY_WIDTH))
+        .map(|(&i, r)| {
+            let p = &parts[i];
+            let params = p.params();
+            let cost = u64::from(p.cost);
+            let reset_after = r[1] as u64;
+            let verdict = match r[0] {
+                0 => gcra::Verdict::Allowed,
+                1 => gcra::Verdict::Denied {
+                    // `after` is the TAT as it stands: `reset_after + cost * T` takes the
+                    // request, beyond `tau` by the wait.
+                    retry_after: (reset_after + cost * params.t())
+                        .checked_sub(params.tau())
+                        .filter(|&w| w > 0)
+                        .ok_or_else(malformed)?,
                 },
+                2 => gcra::Verdict::Never,
+                _ => return Err(malformed()),
+            };
+            let written =
+                (verdict.is_allowed() && cost > 0 && !refused).then_some(now + reset_after);
+            Ok(Answer {
+                verdict,
+                reset_after,
                 written,
-                previous: r[6] as u64,
-                // Only needed to undo a write: `now = written - reset_after` then.
-                now: after.saturating_sub(reset_after),
-            }
+                previous: r[2] as u64,
+                now,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// What a remembered denial tells the client: no token for `wait_ns` (local time).
@@ -613,18 +657,50 @@ mod tests {
 
     #[test]
     fn replies_are_validated() {
-        assert!(parse_reply(&[0, 1, 2], 1).is_err());
-        assert!(parse_reply(&[0, 9, 100, 10, -1, 1_100, 0, 0], 1).is_err());
-        assert!(parse_reply(&[0, 9, 100, -2, -1, 1_100, 0], 1).is_err());
-        let a = parse_reply(&[0, 9, 100, 10, -1, 1_100, 0], 1).unwrap();
-        assert_eq!(a[0].outcome.verdict, gcra::Verdict::Allowed);
-        assert_eq!(a[0].now, 1_000);
-        let d = parse_reply(&[1, 0, 1_000, 50, 50, -1, 2_000], 1).unwrap();
+        let table = MemoryStore::new().table("t");
+        // T = 100 ms, burst 10, cost 2; and a shadow limit of cost 1.
+        let part = |cost, mode| Part {
+            key: Key::global(),
+            redis_key: b"t:".to_vec(),
+            quota: Quota::per_second(10),
+            cost,
+            mode,
+            policy: FailurePolicy::Fallback,
+            fallback: table.clone(),
+            deny: None,
+        };
+        let parts = [part(2, Mode::Enforce), part(1, Mode::Shadow)];
+        let now = 1_700_000_000_000_000i64;
+        for bad in [
+            &[][..],
+            &[now, 0, 200_000][..],
+            &[now, 0, 200_000, 0, 0, 100_000][..],
+            &[now, 0, -1, 0, 0, 100_000, 0][..],
+            &[now, 3, 200_000, 0, 0, 100_000, 0][..],
+            // a denial whose wait would be zero
+            &[now, 1, 800_000, 0, 0, 100_000, 0][..],
+        ] {
+            assert!(parse_reply(bad, &parts, &[0, 1]).is_err(), "{bad:?}");
+        }
+        // Both pass: both consumed, written at now + reset_after.
+        let a = parse_reply(&[now, 0, 200_000, 0, 0, 100_000, 0], &parts, &[0, 1]).unwrap();
+        assert_eq!(a[0].verdict, gcra::Verdict::Allowed);
+        assert_eq!(a[0].written, Some(now as u64 + 200_000));
+        assert_eq!(a[1].written, Some(now as u64 + 100_000));
+        // The enforcing limit refuses (900 ms to full, cost 2 needs 1.1 s): nothing written,
+        // and the wait is what the request lacks.
+        let d = parse_reply(&[now, 1, 900_000, 5, 0, 100_000, 0], &parts, &[0, 1]).unwrap();
         assert_eq!(
-            d[0].outcome.verdict,
-            gcra::Verdict::Denied { retry_after: 50 }
+            d[0].verdict,
+            gcra::Verdict::Denied {
+                retry_after: 100_000
+            }
         );
-        assert_eq!(d[0].written, None);
+        assert_eq!(d[0].previous, 5);
+        assert_eq!((d[0].written, d[1].written), (None, None));
+        // A shadow limit's refusal does not stop the others.
+        let s = parse_reply(&[now, 0, 200_000, 0, 1, 1_000_000, 0], &parts, &[0, 1]).unwrap();
+        assert_eq!(s[0].written, Some(now as u64 + 200_000));
     }
 
     #[test]
