@@ -83,6 +83,9 @@ pub(crate) struct Group {
 /// Route path to its entries: (method, or any method; group of limits).
 pub(crate) type RouteTable = HashMap<Box<str>, SmallVec<[(Option<Method>, usize); 2]>>;
 
+/// A function told every decision (see [`RateLimitBuilder::on_decision`]).
+pub(crate) type Observer = Arc<dyn Fn(&crate::Decision, &http::request::Parts) + Send + Sync>;
+
 /// Everything a layer and its services share.
 pub(crate) struct Shared<St: Store, R> {
     pub(crate) store: St,
@@ -97,6 +100,7 @@ pub(crate) struct Shared<St: Store, R> {
     pub(crate) jitter: f64,
     pub(crate) unavailable_retry: Duration,
     pub(crate) decision_extension: bool,
+    pub(crate) observer: Option<Observer>,
     pub(crate) on_rejection: R,
 }
 
@@ -130,6 +134,7 @@ impl<St: Store> RateLimitLayer<St> {
             jitter: 0.0,
             unavailable_retry: Duration::from_secs(1),
             decision_extension: true,
+            observer: None,
             on_rejection: DefaultOnRejection::new(),
         }
     }
@@ -176,6 +181,7 @@ pub struct RateLimitBuilder<St: Store, R = DefaultOnRejection> {
     jitter: f64,
     unavailable_retry: Duration,
     decision_extension: bool,
+    observer: Option<Observer>,
     on_rejection: R,
 }
 
@@ -258,6 +264,35 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         self
     }
 
+    /// Calls `observer` with the decision of every request the limits were checked for,
+    /// allowed or refused: the place for metrics (allowed, denied, shadow "would deny", per
+    /// limit) and for logging refusals. It runs on the request path: keep it quick.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// use tollgate::{store::MemoryStore, Limit, Quota, RateLimitLayer};
+    ///
+    /// let denied = Arc::new(AtomicU64::new(0));
+    /// let counter = denied.clone();
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .limit(Limit::new("global", Quota::per_second(100)))
+    ///     .on_decision(move |decision, _parts| {
+    ///         if !decision.allowed() {
+    ///             counter.fetch_add(1, Ordering::Relaxed);
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn on_decision<F>(mut self, observer: F) -> Self
+    where
+        F: Fn(&crate::Decision, &http::request::Parts) + Send + Sync + 'static,
+    {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
     /// Replaces the responses to refused requests (see [`crate::response`]).
     pub fn on_rejection<R2>(self, on_rejection: R2) -> RateLimitBuilder<St, R2> {
         RateLimitBuilder {
@@ -271,6 +306,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
             jitter: self.jitter,
             unavailable_retry: self.unavailable_retry,
             decision_extension: self.decision_extension,
+            observer: self.observer,
             on_rejection,
         }
     }
@@ -358,6 +394,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
                 jitter: self.jitter,
                 unavailable_retry: self.unavailable_retry,
                 decision_extension: self.decision_extension,
+                observer: self.observer,
                 on_rejection: self.on_rejection,
             }),
         })

@@ -278,6 +278,9 @@ where
             tracing::info!(limit = l.name(), method = %parts.method, path = parts.uri.path(), "shadow limit would refuse this request");
         }
     }
+    if let Some(observer) = &shared.observer {
+        observer(&decision, parts);
+    }
     let overall = decision.overall();
     let mut fields = Fields::default();
     let wait = match overall {

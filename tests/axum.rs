@@ -585,6 +585,45 @@ async fn every_header_style_through_the_layer() {
 }
 
 #[tokio::test]
+async fn every_decision_reaches_the_observer() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (_, store) = store();
+    let (allowed, denied, shadow) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let (a, d, s) = (allowed.clone(), denied.clone(), shadow.clone());
+    let layer = RateLimitLayer::builder(store)
+        .limit(Limit::new("per-ip", Quota::per_minute(3)).key(PeerIp::new()))
+        .limit(
+            Limit::new("trial", Quota::per_minute(1))
+                .key(PeerIp::new())
+                .shadow(),
+        )
+        .on_decision(move |decision, parts| {
+            assert_eq!(parts.uri.path(), "/");
+            let counter = if decision.allowed() { &a } else { &d };
+            counter.fetch_add(1, Ordering::Relaxed);
+            if decision.limit("trial").is_some_and(|l| !l.allowed()) {
+                s.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
+    statuses(&app, 5, || req("/", "192.0.2.1")).await;
+    assert_eq!(allowed.load(Ordering::Relaxed), 3);
+    assert_eq!(denied.load(Ordering::Relaxed), 2);
+    // The shadow limit (1 a minute) would have refused requests 2 to 5, including the two
+    // that per-ip did refuse.
+    assert_eq!(shadow.load(Ordering::Relaxed), 4);
+}
+
+#[tokio::test]
 async fn stacked_layers_append_one_list() {
     let (_, store) = store();
     let outer = RateLimitLayer::builder(store.clone())
