@@ -1,6 +1,6 @@
 //! Rate limiting for axum and hyper: a tower layer that checks each request against named
-//! limits, in memory or in Redis, and answers refusals with `429 Too Many Requests` and
-//! the standard headers.
+//! limits, in memory or in Redis, and answers refusals with `429 Too Many Requests` and the
+//! standard headers.
 //!
 //! ```no_run
 //! use std::net::SocketAddr;
@@ -22,12 +22,53 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Every response of a limited route carries the IETF fields, one member per limit:
+//! Every response of a limited route carries the IETF fields, one member per limit, and a
+//! refusal also `Retry-After` (rounded up), `Cache-Control: no-store` and an
+//! `application/problem+json` body:
 //!
 //! ```text
 //! RateLimit-Policy: "per-ip";q=10;w=2, "global";q=200;w=2
 //! RateLimit: "per-ip";r=9;t=1, "global";r=199;t=1
 //! ```
+//!
+//! # The pieces
+//!
+//! - A [`Limit`] is a name, a [`Quota`], a key extractor ([`key`]: peer IP, client IP behind
+//!   trusted proxies, header, query, extension, route, closures, combinations), a [`Cost`],
+//!   a [`Mode`] (enforce or shadow), and policies for requests without a key
+//!   ([`MissingKey`]) and for store failures ([`FailurePolicy`]).
+//! - A [`RateLimitLayer`] holds limits for every request, limits per route (a route table
+//!   keyed by axum's matched path and method), the header style ([`HeaderStyle`]) and the
+//!   rejection responses ([`response`]). Built with [`RateLimitLayer::builder`], checked at
+//!   [`build`](RateLimitBuilder::build): bad configuration is a [`ConfigError`] naming the
+//!   field.
+//! - A [`store`] keeps the buckets: [`store::MemoryStore`] in this process, or `RedisStore`
+//!   (feature `redis`) shared by every instance, with Redis Cluster (feature
+//!   `redis-cluster`). Several limits of one request are checked all or nothing: a request
+//!   refused by one limit consumes nothing from the others.
+//! - Each request's [`Decision`] is put in its extensions (handlers read it with
+//!   `Extension<Decision>`) and given to [`on_decision`](RateLimitBuilder::on_decision) for
+//!   metrics.
+//!
+//! # The algorithm
+//!
+//! Each bucket is a token bucket of capacity `burst`, refilled with `rate` tokens per
+//! `period`, computed as GCRA ([`gcra`]): one number per key, the theoretical arrival time.
+//! A full bucket admits `burst` requests at once, then one every `T = period / rate`; over any
+//! interval of length `d` at most `burst + d / T` tokens are granted. That is not a fixed
+//! window: `Quota::per_minute(60)` is a bucket of 60 refilled at one per second, not "60 per
+//! clock minute", so it never lets 2 × 60 through around a minute boundary.
+//!
+//! # Features
+//!
+//! | feature | default | what |
+//! |---|---|---|
+//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, the matched route for route tables and [`key::Route`] |
+//! | `redis` | no | `store::RedisStore` on the `redis` crate's `ConnectionManager` |
+//! | `redis-cluster` | no | `RedisStore::cluster` for Redis Cluster |
+//!
+//! Without `axum` the layer works with any tower/hyper stack: peer addresses come from a
+//! [`key::PeerAddr`] extension and routes are matched on the request path.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 

@@ -1,18 +1,4 @@
 //! [`MemoryStore`]: bucket state in this process.
-//!
-//! Each limit has a table of 64 shards; each shard is a `RwLock` over a hash table of
-//! `(key, TAT)` entries, where the TAT is an `AtomicU64` updated by compare-and-swap under
-//! the shard's *read* lock. So a request for an existing key takes no exclusive lock and
-//! allocates nothing; the write lock is taken only to insert a new key or to sweep.
-//!
-//! Keys are compacted to 16 bytes (an IP address exactly; other keys by a keyed 128-bit
-//! SipHash) and an entry is 24 bytes.
-//!
-//! Eviction needs no thread: a key whose TAT is in the past is a full bucket, which is the
-//! same as no entry, so it can be dropped at any time. Requests drive the sweeping: each
-//! table sweeps one shard per `refill time / 64`, so a key idle for one refill time is
-//! gone within another. A shard about to grow is swept first, so a table stays about as
-//! large as the set of keys active within one refill time.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -43,9 +29,23 @@ const MAX_SWEEPS_PER_REQUEST: u64 = 8;
 
 /// Bucket state in this process's memory: the default store.
 ///
-/// Clones share the same state. A request for an existing key is one compare-and-swap on a
-/// 64-bit atomic under a shared lock, with no allocation. Idle keys are evicted as requests
-/// come in (see the [module docs](self)); [`MemoryStore::max_keys`] adds a hard cap.
+/// Clones share the same state.
+///
+/// # How it works
+///
+/// Each limit has a table of 64 shards; each shard is a `RwLock` over a hash table of
+/// `(key, TAT)` entries, where the TAT is an `AtomicU64` updated by compare-and-swap under
+/// the shard's *read* lock. So a request for an existing key takes no exclusive lock and
+/// allocates nothing; the write lock is taken only to insert a new key or to sweep. Keys
+/// are compacted to 16 bytes (an IP address exactly; other keys by a keyed 128-bit
+/// SipHash) and an entry is 24 bytes.
+///
+/// Eviction needs no thread: a key whose TAT is in the past is a full bucket, which is the
+/// same as no entry, so it can be dropped at any time without changing a decision.
+/// Requests drive the sweeping: each table sweeps one shard per `refill time / 64`, so a
+/// key idle for one refill time is gone within another. A shard about to grow is swept
+/// first, so a table stays about as large as the set of keys active within one refill
+/// time. [`MemoryStore::max_keys`] adds a hard cap.
 ///
 /// ```
 /// use std::time::Duration;

@@ -3,10 +3,12 @@
 //! | store | state | failure |
 //! |---|---|---|
 //! | [`MemoryStore`] | in this process, lock-free per key, evicted when idle | cannot fail |
-//! | `RedisStore` (feature `redis`) | in Redis, shared by every instance, one atomic script per request | per-limit [`FailurePolicy`](crate::FailurePolicy) |
+//! | `RedisStore` (feature `redis`) | in Redis, shared by every instance, one atomic script per request | per-limit [`FailurePolicy`] |
 //!
 //! A store checks all the limits of one request at once and makes the result all or
 //! nothing: a request refused by one enforcing limit consumes nothing from any limit.
+//!
+//! [`FailurePolicy`]: crate::FailurePolicy
 
 mod memory;
 #[cfg(feature = "redis")]

@@ -1,24 +1,4 @@
-//! [`RedisStore`]: bucket state in Redis, shared by every instance of the app.
-//!
-//! One request is one `EVALSHA` of `lua/gcra.lua` carrying every limit's key: the script
-//! checks all limits and writes all or none, in one round trip, atomically. With Redis
-//! Cluster, keys in different hash slots cannot share a script: they are grouped by slot,
-//! one script per group runs concurrently, and when one group refused while another
-//! consumed, `lua/refund.lua` gives back what the consuming groups took.
-//!
-//! Time is Redis `TIME` (one clock for all instances) unless the store is given a
-//! [`caller_time`](RedisStore::caller_time) clock. Every written key expires when its
-//! bucket is full again (`PX = reset_after`), so idle keys cost nothing.
-//!
-//! Failures never become errors: each limit's [`FailurePolicy`] decides (by default a
-//! local in-memory limiter with the same quota takes over). Each call has a timeout; after
-//! repeated failures a breaker skips Redis for a cool-down and then lets one request probe
-//! it, so a dead Redis costs microseconds per request and recovery is automatic.
-//!
-//! A denied key is remembered locally until it could pass again (the deny cache): until
-//! then its requests are refused without a round trip, which keeps Redis's load flat when
-//! one client floods. A bucket's TAT only moves forward, so this never refuses what Redis
-//! would allow.
+//! [`RedisStore`]: bucket state in Redis.
 
 mod breaker;
 mod keys;
@@ -101,6 +81,28 @@ fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
 }
 
 /// Bucket state in Redis: limits shared by every instance (feature `redis`).
+///
+/// # How it works
+///
+/// One request is one `EVALSHA` of `lua/gcra.lua` carrying every limit's key: the script
+/// checks all limits and writes all or none, in one round trip, atomically. With Redis
+/// Cluster, keys in different hash slots cannot share a script: they are grouped by slot,
+/// one script per group runs concurrently, and when one group refused while another
+/// consumed, `lua/refund.lua` gives back what the consuming groups took.
+///
+/// Time is Redis `TIME` (one clock for all instances) unless the store is given a
+/// [`caller_time`](RedisStore::caller_time) clock. Every written key expires when its
+/// bucket is full again (`PX = reset_after`), so idle keys cost nothing.
+///
+/// Failures never become errors: each limit's [`FailurePolicy`] decides (by default a
+/// local in-memory limiter with the same quota takes over). Each call has a timeout; after
+/// repeated failures a breaker skips Redis for a cool-down and then lets one request probe
+/// it, so a dead Redis costs microseconds per request and recovery is automatic.
+///
+/// A denied key is remembered locally until it could pass again (the deny cache): until
+/// then its requests are refused without a round trip, which keeps Redis's load flat when
+/// one client floods. A bucket's TAT only moves forward, so this never refuses what Redis
+/// would allow.
 ///
 /// ```no_run
 /// use tollgate::{key::PeerIp, store::RedisStore, Limit, Quota, RateLimitLayer};
