@@ -191,3 +191,62 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// With any key cap and any arrival pattern — keys moving between their own buckets and
+    /// the overflow bucket as sweeps make and take room — no key is granted more than
+    /// `burst + d / T` over any interval `d`.
+    #[test]
+    fn the_key_cap_never_grants_more_than_the_bound(
+        cap in 1usize..4,
+        burst in 1u64..6,
+        grace_ms in 0u64..300,
+        ops in prop::collection::vec((0u64..400, 0u8..6, 1u32..3, 0u8..8), 1..200),
+    ) {
+        let clock = FakeClock::at(Duration::from_secs(5));
+        let store = MemoryStore::with_clock(clock.clone())
+            .max_keys(cap)
+            .idle_grace(Duration::from_millis(grace_ms));
+        let table = store.table("t");
+        let quota = Quota::per_second(10).burst(burst); // T = 100 ms
+        let t = quota.emission_interval().as_nanos() as u64;
+        let mut granted: Vec<Vec<(u64, u64)>> = vec![Vec::new(); 6];
+        for (dt_ms, key, cost, sweep) in ops {
+            clock.advance(Duration::from_millis(dt_ms));
+            if sweep == 0 {
+                store.sweep();
+            }
+            let s = check(&store, &[Item::new(&table, Key::from_part(key), quota, cost)]);
+            if s[0].outcome().unwrap().is_allowed() {
+                granted[key as usize].push((clock.now_ns(), u64::from(cost)));
+            }
+            prop_assert!(store.len() <= cap);
+        }
+        for (key, g) in granted.iter().enumerate() {
+            for i in 0..g.len() {
+                let mut sum = 0;
+                for later in &g[i..] {
+                    sum += later.1;
+                    let d = later.0 - g[i].0;
+                    prop_assert!(
+                        sum * t <= burst * t + d,
+                        "key {key}: {sum} granted in {d} ns with burst {burst}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The fake clock's time in nanoseconds.
+trait NowNs {
+    fn now_ns(&self) -> u64;
+}
+
+impl NowNs for FakeClock {
+    fn now_ns(&self) -> u64 {
+        self.elapsed().as_nanos() as u64
+    }
+}

@@ -5,7 +5,8 @@ use std::fmt;
 use std::future::Ready;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::time::Duration;
 
 use hashbrown::HashTable;
 use smallvec::SmallVec;
@@ -22,10 +23,12 @@ const SHARDS: usize = 64;
 /// Shards are chosen by hash bits that hashbrown uses for neither the bucket index (low
 /// bits) nor the control byte (top 7 bits).
 const SHARD_SHIFT: u32 = 40;
-/// The shortest time between two sweeps of one table.
-const MIN_SWEEP_INTERVAL_NS: u64 = 1_000_000;
-/// The most shards one request sweeps, to bound its latency after an idle period.
-const MAX_SWEEPS_PER_REQUEST: u64 = 8;
+/// The default [`MemoryStore::max_keys`]: at about 50 bytes per key, some 25 MB.
+pub const DEFAULT_MAX_KEYS: usize = 500_000;
+/// The default [`MemoryStore::idle_grace`].
+const DEFAULT_IDLE_GRACE: Duration = Duration::from_secs(10);
+/// The shortest time between two sweeps of one shard of one table.
+const MIN_TICK_NS: u64 = 1_000_000;
 
 /// Bucket state in this process's memory: the default store.
 ///
@@ -35,25 +38,38 @@ const MAX_SWEEPS_PER_REQUEST: u64 = 8;
 ///
 /// Each limit has a table of 64 shards; each shard is a `RwLock` over a hash table of
 /// `(key, TAT)` entries, where the TAT is an `AtomicU64` updated by compare-and-swap under
-/// the shard's *read* lock. So a request for an existing key takes no exclusive lock and
-/// allocates nothing; the write lock is taken only to insert a new key or to sweep. Keys
-/// are compacted to 16 bytes (an IP address exactly; other keys by a keyed 128-bit
-/// SipHash) and an entry is 24 bytes.
+/// the shard's *read* lock. So a request for a tracked key takes no exclusive lock, writes
+/// nothing but its own bucket and allocates nothing; the write lock is taken only to insert
+/// a new key or to sweep. Keys are compacted to 16 bytes (an IP address exactly; other keys
+/// by a keyed 128-bit SipHash) and an entry is 24 bytes.
 ///
-/// Eviction needs no thread: a key whose TAT is in the past is a full bucket, which is the
-/// same as no entry, so it can be dropped at any time without changing a decision.
-/// Requests drive the sweeping: each table sweeps one shard per `refill time / 64`, so a
-/// key idle for one refill time is gone within another. A shard about to grow is swept
-/// first, so a table stays about as large as the set of keys active within one refill
-/// time. [`MemoryStore::max_keys`] adds a hard cap.
+/// # Memory
+///
+/// The store is bounded: at most [`max_keys`](Self::max_keys) keys over all limits
+/// (default [`DEFAULT_MAX_KEYS`], about 25 MB). A key whose bucket has been full again for
+/// the [`idle_grace`](Self::idle_grace) (default 10 s) is worth nothing — a full bucket is
+/// the same as no entry — and is dropped within one more grace period: by a background
+/// task when the store is used inside a Tokio runtime, otherwise by requests, one shard at
+/// a time (so no single request pays for more than one shard's sweep). Keys of clients that
+/// come back within the grace period stay, even when their bucket refilled in between, so
+/// the common case never re-inserts. Near the cap, sweeps drop every full bucket at once.
+///
+/// At the cap, a new key is counted in one overflow bucket per limit (with the limit's
+/// quota), shared by every key that arrives while the store is full: a constant-time check
+/// that takes no exclusive lock, so a flood of new keys costs no more than a known key. A
+/// key that gets its own bucket later starts no fuller than the overflow bucket is then, so
+/// moving between the two never grants more than `burst + d / T` over any interval `d`.
 ///
 /// ```
 /// use std::time::Duration;
 /// use tollgate::{clock::FakeClock, store::MemoryStore};
 ///
 /// let clock = FakeClock::new();
-/// let store = MemoryStore::with_clock(clock.clone()).max_keys(1_000_000);
+/// let store = MemoryStore::with_clock(clock.clone())
+///     .max_keys(1_000_000)
+///     .idle_grace(Duration::from_secs(30));
 /// assert_eq!(store.len(), 0);
+/// assert_eq!(store.key_cap(), Some(1_000_000));
 /// ```
 pub struct MemoryStore<C: Clock = MonotonicClock> {
     inner: Arc<Inner<C>>,
@@ -68,8 +84,12 @@ struct Inner<C> {
     /// Entries in all tables.
     len: AtomicUsize,
     max_keys: AtomicUsize,
+    /// How long a full bucket is kept (ns of the store's clock).
+    grace_ns: AtomicU64,
     /// Whether new keys currently go to overflow buckets (logged when it changes).
     at_cap: AtomicBool,
+    /// Whether a background task sweeps the tables (else requests do).
+    background: AtomicBool,
 }
 
 /// One limit's buckets in a [`MemoryStore`] (see [`Store::table`]).
@@ -89,11 +109,9 @@ impl fmt::Debug for MemoryTable {
 struct Table {
     name: Box<str>,
     shards: Box<[Shard]>,
-    /// When the next shard is due for a sweep (store clock, ns).
+    /// When requests next sweep a shard, if no background task does (store clock, ns).
     next_sweep: AtomicU64,
     cursor: AtomicUsize,
-    /// The largest refill time seen, which paces the sweeping.
-    max_tau: AtomicU64,
     /// The bucket shared by keys that arrive while the store is at its cap.
     overflow: AtomicU64,
 }
@@ -126,13 +144,19 @@ impl Table {
                 .collect(),
             next_sweep: AtomicU64::new(0),
             cursor: AtomicUsize::new(0),
-            max_tau: AtomicU64::new(0),
             overflow: AtomicU64::new(0),
         }
     }
 
     fn shard(&self, hash: u64) -> &Shard {
         &self.shards[(hash >> SHARD_SHIFT) as usize % SHARDS]
+    }
+
+    /// The TAT an absent key starts from: the overflow bucket's, so that a key that spent
+    /// from it while the store was full does not come back to a fuller bucket. (While the
+    /// overflow bucket is full, this is the same as a full bucket.)
+    fn initial_tat(&self) -> u64 {
+        self.overflow.load(Ordering::Acquire)
     }
 }
 
@@ -151,7 +175,8 @@ fn random_u64(salt: u64) -> u64 {
 }
 
 impl MemoryStore<MonotonicClock> {
-    /// An empty store on the monotonic clock.
+    /// An empty store on the monotonic clock, with the default key cap
+    /// ([`DEFAULT_MAX_KEYS`]) and idle grace (10 s).
     pub fn new() -> Self {
         Self::with_clock(MonotonicClock::new())
     }
@@ -160,6 +185,118 @@ impl MemoryStore<MonotonicClock> {
 impl Default for MemoryStore<MonotonicClock> {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl<C: Clock> Inner<C> {
+    /// Whether the store is at (or within 1/16 of) its cap: sweeps then drop every full
+    /// bucket, without waiting for the grace period.
+    fn under_pressure(&self) -> bool {
+        let max = self.max_keys.load(Ordering::Relaxed);
+        self.len.load(Ordering::Relaxed) >= max - max / 16
+    }
+
+    /// Time between two sweeps of one shard of a table: a whole table per grace period,
+    /// and as often as allowed under pressure.
+    fn tick_ns(&self) -> u64 {
+        if self.under_pressure() {
+            MIN_TICK_NS
+        } else {
+            (self.grace_ns.load(Ordering::Relaxed) / SHARDS as u64).max(MIN_TICK_NS)
+        }
+    }
+
+    /// Drops the entries of one shard whose bucket has been full for the grace period (or
+    /// is full at all, under pressure). Returns how many.
+    fn sweep_shard(&self, shard: &Shard, now: u64) -> usize {
+        let grace = if self.under_pressure() {
+            0
+        } else {
+            self.grace_ns.load(Ordering::Relaxed)
+        };
+        let mut map = shard.write();
+        let before = map.len();
+        map.retain(|e| e.tat.load(Ordering::Relaxed).saturating_add(grace) > now);
+        let removed = before - map.len();
+        let left = map.len();
+        if map.capacity() > 64 && left * 4 < map.capacity() {
+            let hasher = &self.hasher;
+            map.shrink_to(left * 2, |e| hasher.hash_one(e.key));
+        }
+        drop(map);
+        if removed > 0 {
+            let len = self.len.fetch_sub(removed, Ordering::Relaxed) - removed;
+            if len < self.max_keys.load(Ordering::Relaxed) / 10 * 9
+                && self.at_cap.swap(false, Ordering::Relaxed)
+            {
+                tracing::info!(
+                    keys = len,
+                    "tollgate memory store is below its key cap again"
+                );
+            }
+        }
+        removed
+    }
+
+    /// Sweeps the next shard of `table`.
+    fn sweep_next(&self, table: &Table, now: u64) -> usize {
+        let i = table.cursor.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        self.sweep_shard(&table.shards[i], now)
+    }
+
+    fn tables(&self) -> Vec<Arc<Table>> {
+        self.tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn log_at_cap(&self, table: &Table) {
+        if !self.at_cap.load(Ordering::Relaxed) && !self.at_cap.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                max_keys = self.max_keys.load(Ordering::Relaxed),
+                limit = &*table.name,
+                "tollgate memory store is at its key cap: new keys share an overflow bucket until idle keys expire"
+            );
+        }
+    }
+}
+
+/// Sweeps the tables of a store in the background, one shard of each table per tick,
+/// until the store is dropped or the runtime shuts down.
+async fn sweep_in_background<C: Clock>(store: Weak<Inner<C>>) {
+    /// Marks the store as swept by requests again when the task ends.
+    struct Running<C: Clock>(Weak<Inner<C>>);
+    impl<C: Clock> Drop for Running<C> {
+        fn drop(&mut self) {
+            if let Some(inner) = self.0.upgrade() {
+                inner.background.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+    let _running = Running(store.clone());
+    loop {
+        let Some(tick) = store.upgrade().map(|i| i.tick_ns()) else {
+            return;
+        };
+        tokio::time::sleep(Duration::from_nanos(tick)).await;
+        let Some(inner) = store.upgrade() else {
+            return;
+        };
+        let tables = inner.tables();
+        // Under pressure, the whole store, yielding between shards.
+        let rounds = if inner.under_pressure() { SHARDS } else { 1 };
+        for round in 0..rounds {
+            let now = inner.clock.now();
+            for table in &tables {
+                inner.sweep_next(table, now);
+            }
+            if round + 1 < rounds {
+                tokio::task::yield_now().await;
+            }
+        }
     }
 }
 
@@ -173,22 +310,24 @@ impl<C: Clock> MemoryStore<C> {
                 hasher: foldhash::fast::RandomState::default(),
                 tables: Mutex::new(HashMap::new()),
                 len: AtomicUsize::new(0),
-                max_keys: AtomicUsize::new(usize::MAX),
+                max_keys: AtomicUsize::new(DEFAULT_MAX_KEYS),
+                grace_ns: AtomicU64::new(DEFAULT_IDLE_GRACE.as_nanos() as u64),
                 at_cap: AtomicBool::new(false),
+                background: AtomicBool::new(false),
             }),
         }
     }
 
-    /// Caps the number of keys tracked over all limits.
+    /// Caps the number of keys tracked over all limits (default [`DEFAULT_MAX_KEYS`]).
     ///
-    /// At the cap, a new key first makes its shard drop its idle keys; if the store is still
-    /// full, the request is counted in one overflow bucket per limit (with the limit's
-    /// quota), shared by all keys that arrive while the store is full. Keys already tracked
-    /// keep their own buckets, so nothing is granted beyond any quota: under a flood of new
-    /// keys, new clients share a bucket until idle keys are swept. Entering and leaving this
-    /// state is logged once each. Choose a cap well above the number of keys active within
-    /// one refill time; at 24 bytes of entry per key (about 50 bytes with the hash table's
-    /// slack) a million keys take about 50 MB.
+    /// At the cap, a new key is counted in one overflow bucket per limit (with the limit's
+    /// quota), shared by all keys that arrive while the store is full; tracked keys keep
+    /// their own buckets, and sweeps drop full buckets without waiting for the grace
+    /// period to make room. Nothing is granted beyond any quota: a key's own bucket starts
+    /// no fuller than the overflow bucket it may have spent from. Under a flood of new keys
+    /// the price is that new clients share a bucket until room is made. Entering and
+    /// leaving this state is logged once each. An entry takes 24 bytes (about 50 with the
+    /// hash tables' slack): a million keys take about 50 MB.
     ///
     /// # Panics
     ///
@@ -199,7 +338,30 @@ impl<C: Clock> MemoryStore<C> {
         self
     }
 
-    /// Number of keys tracked, over all limits (including some idle ones not swept yet).
+    /// Removes the key cap: memory grows with the number of keys active within the grace
+    /// period. Only for keys the application controls (never for keys a client chooses,
+    /// such as an API-key header before authentication).
+    pub fn unbounded(self) -> Self {
+        self.inner.max_keys.store(usize::MAX, Ordering::Relaxed);
+        self
+    }
+
+    /// How long a key whose bucket is full again is kept (default 10 s): a client that
+    /// comes back within it finds its entry in place. It is then dropped within one more
+    /// `grace`. A full bucket is the same as no entry, so this changes no decision, only
+    /// memory and the cost of re-inserting returning keys.
+    pub fn idle_grace(self, grace: Duration) -> Self {
+        let ns = u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX);
+        self.inner.grace_ns.store(ns, Ordering::Relaxed);
+        self
+    }
+
+    /// The key cap, or `None` if [`unbounded`](Self::unbounded).
+    pub fn key_cap(&self) -> Option<usize> {
+        Some(self.inner.max_keys.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
+    }
+
+    /// Number of keys tracked, over all limits (including idle ones not swept yet).
     pub fn len(&self) -> usize {
         self.inner.len.load(Ordering::Relaxed)
     }
@@ -212,6 +374,70 @@ impl<C: Clock> MemoryStore<C> {
     /// The store's clock.
     pub fn clock(&self) -> &C {
         &self.inner.clock
+    }
+
+    /// Sweeps every table now, one shard at a time, and returns how many keys were
+    /// dropped. Never needed for correctness; for applications that want to reclaim memory
+    /// at a moment of their choosing (the store sweeps by itself, see the type's docs).
+    pub fn sweep(&self) -> usize {
+        let inner = &*self.inner;
+        let mut removed = 0;
+        for table in inner.tables() {
+            for shard in table.shards.iter() {
+                removed += inner.sweep_shard(shard, inner.clock.now());
+            }
+        }
+        removed
+    }
+
+    /// Starts the background sweeper if none runs and a Tokio runtime is at hand.
+    fn ensure_sweeper(&self) {
+        let inner = &self.inner;
+        if inner.background.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if inner
+            .background
+            .compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            runtime.spawn(sweep_in_background(Arc::downgrade(inner)));
+        }
+    }
+
+    /// Without a background sweeper: sweeps one shard of `table` if one is due. The first
+    /// request of a tick pays one shard's sweep; the others pay two atomic loads.
+    #[inline]
+    fn maybe_sweep(&self, table: &Table, now: u64) {
+        let due_at = table.next_sweep.load(Ordering::Relaxed);
+        if now < due_at {
+            return;
+        }
+        self.sweep_due(table, now, due_at);
+    }
+
+    #[cold]
+    fn sweep_due(&self, table: &Table, now: u64, due_at: u64) {
+        let inner = &*self.inner;
+        if table
+            .next_sweep
+            .compare_exchange(
+                due_at,
+                now.saturating_add(inner.tick_ns()),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return; // another request took this sweep
+        }
+        self.ensure_sweeper();
+        if due_at != 0 {
+            inner.sweep_next(table, now);
+        }
     }
 
     #[inline]
@@ -237,58 +463,53 @@ impl<C: Clock> MemoryStore<C> {
             .map(|e| f(&e.tat))
     }
 
-    /// Runs `f` on the TAT of the entry, inserting it if needed (or on the overflow bucket
-    /// when the store is at its cap).
-    fn with_entry<R>(&self, table: &Table, slot: Slot, now: u64, f: impl Fn(&AtomicU64) -> R) -> R {
-        if let Some(r) = self.with_existing(table, slot, &f) {
-            return r;
+    /// Runs `f` on the key's bucket: its entry, a new entry, or (at the cap) the table's
+    /// overflow bucket.
+    ///
+    /// At the cap the overflow bucket is used under the same read lock as the lookup that
+    /// found no entry: an entry cannot be inserted in between, so a key never spends from
+    /// the overflow bucket while it has a bucket of its own.
+    fn with_entry<R>(&self, table: &Table, slot: Slot, f: impl Fn(&AtomicU64) -> R) -> R {
+        {
+            let map = table.shard(slot.hash).read();
+            if let Some(e) = map.find(slot.hash, |e| e.key == slot.key) {
+                return f(&e.tat);
+            }
+            if self.at_or_over_cap() {
+                self.inner.log_at_cap(table);
+                return f(&table.overflow);
+            }
         }
-        self.with_new_entry(table, slot, now, f)
-    }
-
-    /// [`with_entry`](Self::with_entry) for a key just found absent: straight to the write
-    /// lock.
-    fn with_new_entry<R>(
-        &self,
-        table: &Table,
-        slot: Slot,
-        now: u64,
-        f: impl Fn(&AtomicU64) -> R,
-    ) -> R {
-        match self.insert_with(table, slot, now, true, f) {
+        match self.insert_with(table, slot, || table.initial_tat(), f) {
             Ok(r) => r,
             Err(f) => f(&table.overflow),
         }
     }
 
-    /// Runs `f` on the entry under the write lock, inserting it if there is room; at the
-    /// cap, hands `f` back (when `may_overflow`, after logging the state change).
+    #[inline]
+    fn at_or_over_cap(&self) -> bool {
+        let inner = &*self.inner;
+        inner.len.load(Ordering::Relaxed) >= inner.max_keys.load(Ordering::Relaxed)
+    }
+
+    /// Runs `f` on the entry under the write lock, inserting it (starting from the TAT
+    /// `initial` gives) if there is room; at the cap (still under the write lock, so the
+    /// key cannot appear meanwhile), hands `f` back.
     fn insert_with<R, F: Fn(&AtomicU64) -> R>(
         &self,
         table: &Table,
         slot: Slot,
-        now: u64,
-        may_overflow: bool,
+        initial: impl FnOnce() -> u64,
         f: F,
     ) -> Result<R, F> {
+        let inner = &*self.inner;
         let mut map = table.shard(slot.hash).write();
         if let Some(e) = map.find(slot.hash, |e| e.key == slot.key) {
             return Ok(f(&e.tat));
         }
-        let inner = &*self.inner;
         let max = inner.max_keys.load(Ordering::Relaxed);
-        if inner.len.load(Ordering::Relaxed) >= max || map.len() == map.capacity() {
-            // Make room before growing: idle keys are full buckets, the same as no entry.
-            self.sweep_shard(&mut map, now);
-        }
-        if inner.len.load(Ordering::Relaxed) >= max {
-            if may_overflow && !inner.at_cap.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    max_keys = max,
-                    limit = &*table.name,
-                    "tollgate memory store is at its key cap: new keys share an overflow bucket until idle keys expire"
-                );
-            }
+        if inner.len.fetch_add(1, Ordering::Relaxed) >= max {
+            inner.len.fetch_sub(1, Ordering::Relaxed);
             return Err(f);
         }
         let hasher = &inner.hasher;
@@ -296,62 +517,14 @@ impl<C: Clock> MemoryStore<C> {
             slot.hash,
             Entry {
                 key: slot.key,
-                tat: AtomicU64::new(0),
+                tat: AtomicU64::new(initial()),
             },
             |e| hasher.hash_one(e.key),
         );
-        inner.len.fetch_add(1, Ordering::Relaxed);
-        Ok(f(&entry.get().tat))
-    }
-
-    /// Drops the entries of a shard whose bucket is full again.
-    fn sweep_shard(&self, map: &mut HashTable<Entry>, now: u64) {
-        let before = map.len();
-        map.retain(|e| e.tat.load(Ordering::Relaxed) > now);
-        let removed = before - map.len();
-        if removed > 0 {
-            let inner = &*self.inner;
-            let len = inner.len.fetch_sub(removed, Ordering::Relaxed) - removed;
-            if len < inner.max_keys.load(Ordering::Relaxed) / 10 * 9
-                && inner.at_cap.swap(false, Ordering::Relaxed)
-            {
-                tracing::info!(
-                    keys = len,
-                    "tollgate memory store is below its key cap again"
-                );
-            }
-        }
-        if map.capacity() > 64 && map.len() * 4 < map.capacity() {
-            let hasher = &self.inner.hasher;
-            map.shrink_to(map.len() * 2, |e| hasher.hash_one(e.key));
-        }
-    }
-
-    /// Sweeps the shards that are due, if this table is due: one shard per
-    /// `max_tau / 64`, so a whole table per refill time.
-    fn maybe_sweep(&self, table: &Table, now: u64) {
-        let due_at = table.next_sweep.load(Ordering::Relaxed);
-        if now < due_at {
-            return;
-        }
-        let interval =
-            (table.max_tau.load(Ordering::Relaxed) / SHARDS as u64).max(MIN_SWEEP_INTERVAL_NS);
-        if table
-            .next_sweep
-            .compare_exchange(due_at, now + interval, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-        {
-            return; // another request took this sweep
-        }
-        let overdue = if due_at == 0 {
-            0
-        } else {
-            (now - due_at) / interval
-        };
-        for _ in 0..(1 + overdue).min(MAX_SWEEPS_PER_REQUEST) {
-            let i = table.cursor.fetch_add(1, Ordering::Relaxed) % SHARDS;
-            self.sweep_shard(&mut table.shards[i].write(), now);
-        }
+        let r = f(&entry.get().tat);
+        drop(map);
+        self.ensure_sweeper();
+        Ok(r)
     }
 
     /// Checks a single limit: one lookup and one CAS loop.
@@ -365,10 +538,11 @@ impl<C: Clock> MemoryStore<C> {
         let decided = match self.with_existing(table, slot, run) {
             Some(d) => d,
             None => {
-                // An absent key is a full bucket: insert only if the request consumes.
-                let d = gcra::decide(params, 0, now, cost);
+                // An absent key starts from `initial_tat`: insert only if the request
+                // consumes.
+                let d = gcra::decide(params, table.initial_tat(), now, cost);
                 if d.new_tat.is_some() {
-                    self.with_new_entry(table, slot, now, run)
+                    self.with_entry(table, slot, run)
                 } else {
                     d
                 }
@@ -420,7 +594,7 @@ impl<C: Clock> MemoryStore<C> {
                 )));
                 continue;
             }
-            let (d, prev) = self.with_entry(&item.table.table, slots[i], now, |tat| {
+            let (d, prev) = self.with_entry(&item.table.table, slots[i], |tat| {
                 update(tat, |cur| gcra::decide(params, cur, now, cost))
             });
             if let Some(written) = d.new_tat {
@@ -468,16 +642,19 @@ impl<C: Clock> MemoryStore<C> {
             .collect()
     }
 
+    /// The key's TAT as it stands (an absent key's is the one it would start from).
     fn load(&self, item: &Item<'_, MemoryTable>, slot: Slot) -> u64 {
-        self.with_existing(&item.table.table, slot, |tat| tat.load(Ordering::Acquire))
-            .unwrap_or(0)
+        let table = &*item.table.table;
+        self.with_existing(table, slot, |tat| tat.load(Ordering::Acquire))
+            .unwrap_or_else(|| table.initial_tat())
     }
 
     /// Gives back what a request consumed: exactly, if nobody touched the bucket since;
     /// otherwise the part the TAT still holds (see [`gcra::refund_amount`]).
     fn refund(&self, item: &Item<'_, MemoryTable>, slot: Slot, written: u64, prev: u64, now: u64) {
         let cost_time = u64::from(item.cost).saturating_mul(item.quota.t_ns());
-        self.with_existing(&item.table.table, slot, |tat| {
+        let table = &*item.table.table;
+        let give_back = |tat: &AtomicU64| {
             let mut cur = tat.load(Ordering::Acquire);
             loop {
                 let target = if cur == written {
@@ -490,7 +667,11 @@ impl<C: Clock> MemoryStore<C> {
                     Err(actual) => cur = actual,
                 }
             }
-        });
+        };
+        // A key without an entry consumed from the overflow bucket.
+        if self.with_existing(table, slot, give_back).is_none() {
+            give_back(&table.overflow);
+        }
     }
 }
 
@@ -526,12 +707,14 @@ impl<C: Clock> MemoryStore<C> {
         if until <= now {
             return;
         }
-        table.max_tau.fetch_max(until - now, Ordering::Relaxed);
-        self.maybe_sweep(table, now);
+        if !self.inner.background.load(Ordering::Relaxed) {
+            self.maybe_sweep(table, now);
+        }
         let slot = self.marker_slot(key, salt);
-        let _ = self.insert_with(table, slot, now, false, |v| {
-            v.fetch_max(until, Ordering::AcqRel)
-        });
+        let raise = |v: &AtomicU64| v.fetch_max(until, Ordering::AcqRel);
+        if self.with_existing(table, slot, raise).is_none() && !self.at_or_over_cap() {
+            let _ = self.insert_with(table, slot, || 0, raise);
+        }
     }
 }
 
@@ -568,7 +751,11 @@ impl<C: Clock> fmt::Debug for MemoryStore<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("len", &self.len())
-            .field("max_keys", &self.inner.max_keys.load(Ordering::Relaxed))
+            .field("max_keys", &self.key_cap())
+            .field(
+                "idle_grace",
+                &Duration::from_nanos(self.inner.grace_ns.load(Ordering::Relaxed)),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -593,19 +780,84 @@ impl<C: Clock> Store for MemoryStore<C> {
     #[inline]
     fn check(&self, items: &[Item<'_, MemoryTable>]) -> Checked<Self::Future> {
         let now = self.inner.clock.now();
-        for item in items {
-            let table = &*item.table.table;
-            if item.quota.tau_ns() > table.max_tau.load(Ordering::Relaxed) {
-                table
-                    .max_tau
-                    .fetch_max(item.quota.tau_ns(), Ordering::Relaxed);
+        if !self.inner.background.load(Ordering::Relaxed) {
+            for item in items {
+                self.maybe_sweep(&item.table.table, now);
             }
-            self.maybe_sweep(table, now);
         }
         Checked::Ready(match items {
             [] => Statuses::new(),
             [one] => smallvec::smallvec![self.check_one(one, now)],
             many => self.check_all(many, now),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::clock::FakeClock;
+    use crate::key::Key;
+    use crate::quota::Quota;
+
+    fn check(store: &MemoryStore<FakeClock>, table: &MemoryTable, key: Key) -> bool {
+        let Checked::Ready(s) = store.check(&[Item::new(table, key, Quota::per_hour(10), 1)])
+        else {
+            unreachable!()
+        };
+        s[0].outcome().unwrap().is_allowed()
+    }
+
+    #[test]
+    fn new_keys_at_the_cap_take_no_exclusive_lock() {
+        let store = MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1))).max_keys(1_000);
+        let table = store.table("t");
+        for i in 0..1_000u32 {
+            assert!(check(&store, &table, Key::from_part(i)));
+        }
+        assert_eq!(store.len(), 1_000);
+        // Hold every shard's read lock: a request that wanted a write lock (to insert, or to
+        // scan the shard for room) would block until the end of the test.
+        let guards: Vec<_> = table.table.shards.iter().map(Shard::read).collect();
+        let (done, finished) = mpsc::channel();
+        let (s, t) = (store.clone(), table.clone());
+        std::thread::spawn(move || {
+            let allowed = (0..10_000u32)
+                .filter(|i| check(&s, &t, Key::from_part(1_000_000 + i)))
+                .count();
+            let _ = done.send(allowed);
+        });
+        let allowed = finished
+            .recv_timeout(Duration::from_secs(30))
+            .expect("new keys at the cap waited for a shard's write lock");
+        drop(guards);
+        // The 10,000 new keys shared one overflow bucket of 10.
+        assert_eq!(allowed, 10);
+        assert_eq!(store.len(), 1_000);
+    }
+
+    #[test]
+    fn an_absent_key_reads_as_the_overflow_bucket_while_that_is_not_full() {
+        let clock = FakeClock::at(Duration::from_secs(1));
+        let store = MemoryStore::with_clock(clock.clone()).max_keys(1);
+        let table = store.table("t");
+        assert!(check(&store, &table, Key::from_part("a")));
+        // At the cap: `b` drains the overflow bucket.
+        for _ in 0..10 {
+            assert!(check(&store, &table, Key::from_part("b")));
+        }
+        assert!(!check(&store, &table, Key::from_part("b")));
+        // Room again: `c` gets an entry, but starts from the drained overflow bucket.
+        store.sweep();
+        clock.advance(Duration::from_secs(360 * 3 + 1));
+        store.sweep();
+        assert_eq!(store.len(), 0);
+        let allowed = (0..10)
+            .filter(|_| check(&store, &table, Key::from_part("c")))
+            .count();
+        assert_eq!(allowed, 3, "3 tokens refilled in 3 refill intervals");
     }
 }

@@ -19,7 +19,7 @@ use std::future::Future;
 use smallvec::SmallVec;
 
 pub use crate::decision::Status;
-pub use memory::{MemoryStore, MemoryTable};
+pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisStore, RedisTable};
