@@ -421,6 +421,62 @@ async fn two_stores_share_one_limit() {
     assert_eq!(count(&seen, StatusCode::OK), 4, "{seen:?}");
 }
 
+/// Requests that end up with no limit (a skipped missing key, a route outside the route
+/// table) must not reach Redis: an empty script call used to fail, open the breaker and
+/// send every limit to per-instance fallback buckets.
+#[tokio::test]
+async fn requests_without_limits_never_reach_redis_nor_poison_the_breaker() {
+    let server = RedisServer::start();
+    let layer = |store: RedisStore| {
+        RateLimitLayer::builder(store)
+            .limit(
+                Limit::new("per-user", Quota::per_minute(3))
+                    .key(Header::new("x-user"))
+                    .on_missing_key(tollgate::MissingKey::Skip),
+            )
+            .build()
+            .unwrap()
+    };
+    let (sa, sb) = (store(&server).await, store(&server).await);
+    let (a, b) = (app(layer(sa.clone())), app(layer(sb.clone())));
+    // A route table without a default: other routes have no limit at all.
+    let routed = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/free", get(|| async { "ok" }))
+        .route_layer(
+            RateLimitLayer::builder(store(&server).await)
+                .route("GET /", Limit::new("root", Quota::per_minute(3)))
+                .build()
+                .unwrap(),
+        );
+    reset_stats(&server).await;
+    for i in 0..20 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        assert_eq!(
+            send(app, req("/", "192.0.2.1")).await.status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            send(&routed, req("/free", "192.0.2.1")).await.status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(calls(&server, "evalsha").await, 0, "nothing was sent");
+    assert!(!sa.is_unavailable() && !sb.is_unavailable());
+    // Keyed requests alternate between the instances: one shared bucket of 3.
+    let mut seen = Vec::new();
+    for i in 0..10 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let mut r = req("/", "192.0.2.1");
+        r.headers_mut().insert("x-user", "alice".parse().unwrap());
+        seen.push(send(app, r).await.status());
+    }
+    assert_eq!(count(&seen, StatusCode::OK), 3, "{seen:?}");
+    assert!(!sa.is_unavailable() && !sb.is_unavailable());
+    // And the store itself answers an empty check at once.
+    assert!(matches!(sa.check(&[]), Checked::Ready(s) if s.is_empty()));
+}
+
 #[cfg(feature = "redis-cluster")]
 mod cluster {
     use super::*;

@@ -628,6 +628,9 @@ impl Store for RedisStore {
     }
 
     fn check(&self, items: &[Item<'_, RedisTable>]) -> Checked<Self::Future> {
+        if items.is_empty() {
+            return Checked::Ready(Statuses::new());
+        }
         if let Some(statuses) = self.cached_denial(items) {
             return Checked::Ready(statuses);
         }
