@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use http::Method;
@@ -19,6 +18,7 @@ use crate::quota::Quota;
 use crate::response::DefaultOnRejection;
 use crate::service::RateLimit;
 use crate::store::Store;
+use crate::throttle::LogThrottle;
 
 /// Applies [`RateLimit`] to services: the rate limiting middleware.
 ///
@@ -63,8 +63,10 @@ pub(crate) struct Bound<St: Store> {
     pub(crate) table: St::Table,
     /// The start of this limit's `RateLimit` member, `"name";r=`.
     pub(crate) ietf_prefix: Box<str>,
-    /// When a misconfiguration was last logged (seconds since start + 1; 0 = never).
-    pub(crate) logged_at: AtomicU64,
+    /// Misconfigurations hit by requests: logged once a minute.
+    pub(crate) misconfigured_log: LogThrottle,
+    /// Shadow "would refuse"s: logged once per [`SHADOW_LOG_EVERY`], with a count.
+    pub(crate) shadow_log: LogThrottle,
 }
 
 /// The limits that apply to one kind of request.
@@ -330,7 +332,8 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
                 ietf_prefix: headers::limit_prefix(&limit.name),
                 limit,
                 table,
-                logged_at: AtomicU64::new(0),
+                misconfigured_log: LogThrottle::new(),
+                shadow_log: LogThrottle::new(),
             });
             Ok(bounds.len() - 1)
         };

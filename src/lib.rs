@@ -86,6 +86,7 @@ mod quota;
 pub mod response;
 mod service;
 pub mod store;
+mod throttle;
 
 pub use cost::Cost;
 pub use decision::{Decision, LimitDecision, Outcome, Overall, Status, Verdict};

@@ -3,10 +3,8 @@
 use std::fmt;
 use std::mem;
 use std::sync::Arc;
-use std::sync::LazyLock;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use http::header::{CACHE_CONTROL, HeaderValue};
 use http::request::Parts;
@@ -237,21 +235,17 @@ where
 
 /// Logs a misconfiguration at most once a minute per limit.
 fn log_misconfiguration<St: Store>(bound: &Bound<St>, reason: &str) {
-    static START: LazyLock<Instant> = LazyLock::new(Instant::now);
-    let now = START.elapsed().as_secs() + 1;
-    let last = bound.logged_at.load(Ordering::Relaxed);
-    if (last == 0 || now >= last + 60)
-        && bound
-            .logged_at
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
+    if let Some(suppressed) = bound.misconfigured_log.permit(Duration::from_secs(60)) {
         tracing::error!(
             limit = &*bound.limit.name,
+            suppressed,
             "tollgate cannot apply this limit: {reason}"
         );
     }
 }
+
+/// How often a shadow limit's "would refuse" is logged (with the count since the last line).
+pub(crate) const SHADOW_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Builds the decision from the store's answer and decides what happens to the request.
 pub(crate) fn finish<St: Store, R, B>(
@@ -280,9 +274,11 @@ where
         .collect();
     let decision = Decision { limits };
     let g = &shared.groups[group];
-    for l in decision.limits().filter(|_| g.shadow) {
-        if l.mode() == Mode::Shadow && !l.allowed() {
-            tracing::info!(limit = l.name(), method = %parts.method, path = parts.uri.path(), "shadow limit would refuse this request");
+    if g.shadow {
+        for (l, p) in decision.limits().zip(plan) {
+            if l.mode() == Mode::Shadow && !l.allowed() {
+                log_shadow_refusal(&shared.bounds[p.bound], parts);
+            }
         }
     }
     if let Some(observer) = &shared.observer {
@@ -334,7 +330,13 @@ where
     match overall {
         Overall::Allowed => {
             if shared.decision_extension {
-                parts.extensions.insert(decision);
+                // Stacked layers: the handler sees every layer's limits in one decision.
+                match parts.extensions.get_mut::<Decision>() {
+                    Some(outer) => outer.limits.extend(decision.limits),
+                    None => {
+                        parts.extensions.insert(decision);
+                    }
+                }
             }
             Next::Proceed(fields)
         }
@@ -354,6 +356,21 @@ where
             };
             Next::Refuse(refuse(shared, &rejection, fields, Some(wait)))
         }
+    }
+}
+
+/// Logs that a shadow limit would have refused a request: the first time, then once per
+/// [`SHADOW_LOG_EVERY`] per limit with the number of refusals in between, whatever the
+/// flood.
+fn log_shadow_refusal<St: Store>(bound: &Bound<St>, parts: &Parts) {
+    if let Some(suppressed) = bound.shadow_log.permit(SHADOW_LOG_EVERY) {
+        tracing::info!(
+            limit = &*bound.limit.name,
+            method = %parts.method,
+            path = parts.uri.path(),
+            more_since_last_line = suppressed,
+            "shadow limit would refuse this request"
+        );
     }
 }
 

@@ -1,0 +1,90 @@
+//! [`LogThrottle`]: at most one log line per interval for events that clients can repeat at
+//! will (shadow refusals, misconfigurations hit by every request).
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Lets one event through per interval and counts the others, so that the next line can
+/// say how many were left out. Costs one atomic load per event while closed, plus one
+/// relaxed add for the count.
+#[derive(Debug, Default)]
+pub(crate) struct LogThrottle {
+    /// When the next line may be written: milliseconds since [`START`] + 1 (0: at once).
+    next: AtomicU64,
+    /// Events left out since the last line.
+    suppressed: AtomicU64,
+}
+
+static START: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+impl LogThrottle {
+    pub(crate) const fn new() -> Self {
+        Self {
+            next: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(n)` if a line may be written now (`n` events were left out since the last
+    /// one), `None` if this event is only counted.
+    pub(crate) fn permit(&self, every: Duration) -> Option<u64> {
+        let now = START.elapsed().as_millis() as u64 + 1;
+        self.permit_at(now, every.as_millis() as u64)
+    }
+
+    fn permit_at(&self, now_ms: u64, every_ms: u64) -> Option<u64> {
+        let next = self.next.load(Ordering::Relaxed);
+        if now_ms >= next
+            && self
+                .next
+                .compare_exchange(
+                    next,
+                    now_ms + every_ms,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            return Some(self.suppressed.swap(0, Ordering::Relaxed));
+        }
+        self.suppressed.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_per_interval_with_the_count_of_the_others() {
+        let t = LogThrottle::new();
+        assert_eq!(t.permit_at(1, 10_000), Some(0));
+        for ms in 2..10_001 {
+            assert_eq!(t.permit_at(ms, 10_000), None);
+        }
+        assert_eq!(t.permit_at(10_001, 10_000), Some(9_999));
+        assert_eq!(t.permit_at(10_002, 10_000), None);
+        assert_eq!(t.permit_at(50_000, 10_000), Some(1));
+    }
+
+    #[test]
+    fn concurrent_events_write_one_line() {
+        let t = LogThrottle::new();
+        let lines: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..10_000)
+                            .filter(|_| t.permit(Duration::from_secs(3_600)).is_some())
+                            .count()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(lines, 1);
+        assert_eq!(t.suppressed.load(Ordering::Relaxed), 39_999);
+    }
+}

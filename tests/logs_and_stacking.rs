@@ -1,0 +1,134 @@
+//! What the middleware logs under a flood, and what a handler sees behind stacked layers.
+
+mod support;
+
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::{Extension, Router};
+use http::StatusCode;
+use support::{get as req, send};
+use tollgate::clock::FakeClock;
+use tollgate::key::PeerIp;
+use tollgate::store::MemoryStore;
+use tollgate::{Decision, Limit, Quota, RateLimitLayer};
+
+/// Log lines written while a test runs (this thread's subscriber).
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    /// Installs a subscriber at the default level (INFO) for the current thread.
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let lines = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || lines.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn matching(&self, text: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+fn store() -> MemoryStore<FakeClock> {
+    MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)))
+}
+
+#[tokio::test]
+async fn a_shadow_flood_logs_one_line_per_interval_not_one_per_request() {
+    let lines = Lines::default();
+    let _guard = lines.capture();
+    let layer = RateLimitLayer::builder(store())
+        .limit(
+            Limit::new("trial", Quota::per_minute(1))
+                .key(PeerIp::new())
+                .shadow(),
+        )
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer);
+    for _ in 0..20_000 {
+        let r = send(&app, req("/", "192.0.2.7")).await;
+        assert_eq!(r.status(), StatusCode::OK, "shadow limits never refuse");
+    }
+    let logged = lines.matching("shadow limit would refuse");
+    assert_eq!(
+        logged.len(),
+        1,
+        "{} lines: {:?}",
+        logged.len(),
+        &logged[..2.min(logged.len())]
+    );
+    assert!(logged[0].contains("limit=\"trial\"") || logged[0].contains("limit=trial"));
+}
+
+#[tokio::test]
+async fn a_misconfigured_limit_logs_once_a_minute_whatever_the_traffic() {
+    let lines = Lines::default();
+    let _guard = lines.capture();
+    // PeerIp without connection info: every request is a 500 that names the fix.
+    let layer = RateLimitLayer::new(Quota::per_second(10), PeerIp::new(), store());
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer);
+    for _ in 0..5_000 {
+        let r = send(
+            &app,
+            http::Request::get("/")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    assert_eq!(lines.matching("tollgate cannot apply this limit").len(), 1);
+}
+
+#[tokio::test]
+async fn stacked_layers_give_the_handler_every_limit_in_one_decision() {
+    let outer = RateLimitLayer::builder(store())
+        .limit(Limit::new("global", Quota::per_second(100)))
+        .build()
+        .unwrap();
+    let inner = RateLimitLayer::builder(store())
+        .limit(Limit::new("per-ip", Quota::per_second(5)).key(PeerIp::new()))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|Extension(d): Extension<Decision>| async move {
+                d.limits()
+                    .map(|l| format!("{}={}", l.name(), l.remaining().unwrap()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }),
+        )
+        .route_layer(inner)
+        .layer(outer);
+    let r = send(&app, req("/", "192.0.2.8")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(support::body_text(r).await, "global=99,per-ip=4");
+}
