@@ -74,6 +74,48 @@ impl Clock for SystemClock {
     }
 }
 
+/// Any [`Clock`] behind one type, for stores that are given their clock at run time (the
+/// Redis store's local fallback and deny cache follow its
+/// [`caller_time`](crate::store::RedisStore::caller_time) clock through it).
+///
+/// ```
+/// use tollgate::clock::{Clock, FakeClock, SharedClock};
+///
+/// let fake = FakeClock::new();
+/// let shared = SharedClock::new(fake.clone());
+/// fake.advance(std::time::Duration::from_nanos(5));
+/// assert_eq!(shared.now(), 5);
+/// ```
+#[derive(Clone)]
+pub struct SharedClock(Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl SharedClock {
+    /// `clock`, type-erased.
+    pub fn new(clock: impl Clock) -> Self {
+        Self(Arc::new(move || clock.now()))
+    }
+}
+
+impl Default for SharedClock {
+    /// A [`MonotonicClock`].
+    fn default() -> Self {
+        Self::new(MonotonicClock::new())
+    }
+}
+
+impl Clock for SharedClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for SharedClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SharedClock").field(&self.now()).finish()
+    }
+}
+
 /// A clock that moves only when told to; clones share the same time.
 ///
 /// For deterministic tests: a [`MemoryStore`](crate::store::MemoryStore) built

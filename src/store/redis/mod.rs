@@ -17,7 +17,7 @@ use self::breaker::{Breaker, Permit};
 use self::keys::{Groups, push_grouped};
 use super::memory::{MemoryStore, MemoryTable};
 use super::{Checked, Item, Statuses, Store};
-use crate::clock::Clock;
+use crate::clock::{Clock, SharedClock};
 use crate::decision::{Outcome, Status};
 use crate::gcra::{self, Params};
 use crate::key::Key;
@@ -73,7 +73,8 @@ async fn eval_on<T: redis::FromRedisValue>(
     }
 }
 
-/// An `EVALSHA` of `script` with room for `keys` keys and `args` arguments.
+/// The head of an `EVALSHA` of `script` with `keys` keys: the caller appends the keys,
+/// then the script's arguments.
 fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys);
@@ -101,8 +102,12 @@ fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
 ///
 /// A denied key is remembered locally until it could pass again (the deny cache): until
 /// then its requests are refused without a round trip, which keeps Redis's load flat when
-/// one client floods. A bucket's TAT only moves forward, so this never refuses what Redis
-/// would allow.
+/// one client floods. The local deadline is counted from the moment the request was sent,
+/// so it is never later than the one Redis computed. It can be later than the bucket's
+/// real state when tokens come back meanwhile (a Redis Cluster request refused in another
+/// slot gives back what it took, or another instance's request is refunded): the key then
+/// waits at most until the remembered deadline. It never lets through what Redis would
+/// refuse. Disable it with [`deny_cache(false)`](Self::deny_cache).
 ///
 /// ```no_run
 /// use tollgate::{key::PeerIp, store::RedisStore, Limit, Quota, RateLimitLayer};
@@ -131,8 +136,24 @@ struct Inner {
     now: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
     timeout: Duration,
     breaker: Arc<Breaker>,
-    fallback: MemoryStore,
-    deny_cache: Option<MemoryStore>,
+    /// The clock of the local stores: the caller's clock with caller time, else monotonic.
+    clock: SharedClock,
+    fallback_max_keys: usize,
+    fallback: MemoryStore<SharedClock>,
+    deny_cache: Option<MemoryStore<SharedClock>>,
+}
+
+/// Keys the deny cache remembers at most.
+const DENY_CACHE_MAX_KEYS: usize = 100_000;
+
+impl Inner {
+    fn fallback_store(&self) -> MemoryStore<SharedClock> {
+        MemoryStore::with_clock(self.clock.clone()).max_keys(self.fallback_max_keys)
+    }
+
+    fn deny_cache_store(&self) -> MemoryStore<SharedClock> {
+        MemoryStore::with_clock(self.clock.clone()).max_keys(DENY_CACHE_MAX_KEYS)
+    }
 }
 
 /// One limit's buckets in a [`RedisStore`] (see [`Store::table`]).
@@ -182,6 +203,7 @@ impl RedisStore {
     }
 
     fn with_connection(conn: Connection) -> Self {
+        let clock = SharedClock::default();
         Self {
             inner: Arc::new(Inner {
                 conn,
@@ -189,8 +211,12 @@ impl RedisStore {
                 now: None,
                 timeout: DEFAULT_TIMEOUT,
                 breaker: Arc::new(Breaker::new(DEFAULT_BREAKER_FAILURES, DEFAULT_COOL_DOWN)),
-                fallback: MemoryStore::new(),
-                deny_cache: Some(MemoryStore::new().max_keys(100_000)),
+                fallback_max_keys: super::DEFAULT_MAX_KEYS,
+                fallback: MemoryStore::with_clock(clock.clone()),
+                deny_cache: Some(
+                    MemoryStore::with_clock(clock.clone()).max_keys(DENY_CACHE_MAX_KEYS),
+                ),
+                clock,
             }),
         }
     }
@@ -217,13 +243,26 @@ impl RedisStore {
     }
 
     /// Takes the time from `clock` (nanoseconds since the Unix epoch, e.g.
-    /// [`SystemClock`](crate::clock::SystemClock)) instead of Redis `TIME`. Every instance
-    /// must use the same kind of clock; skewed clocks cannot inflate refills (a TAT never
-    /// moves backwards), but can make a client wait up to the skew. For tests, a
+    /// [`SystemClock`](crate::clock::SystemClock)) instead of Redis `TIME`; the local
+    /// fallback limiter and the deny cache then use the same clock. For tests, a
     /// [`FakeClock`](crate::clock::FakeClock) makes decisions deterministic.
+    ///
+    /// Every instance must use the same kind of clock, and their skew matters: a bucket's
+    /// state is a time, so an instance whose clock runs `s` ahead of the others sees every
+    /// bucket `s` fuller than it is and can grant up to `s / T` tokens more per key (`T`
+    /// the emission interval), at most one burst; an instance running behind refuses
+    /// requests that could pass, for up to the skew. With Redis `TIME` (the default) there
+    /// is one clock and no skew.
     pub fn caller_time(self, clock: impl Clock) -> Self {
-        let now: Arc<dyn Fn() -> u64 + Send + Sync> = Arc::new(move || clock.now() / 1_000);
-        self.configure(|i| i.now = Some(now))
+        let clock = SharedClock::new(clock);
+        let micros = clock.clone();
+        let now: Arc<dyn Fn() -> u64 + Send + Sync> = Arc::new(move || micros.now() / 1_000);
+        self.configure(|i| {
+            i.now = Some(now);
+            i.clock = clock;
+            i.fallback = i.fallback_store();
+            i.deny_cache = i.deny_cache.is_some().then(|| i.deny_cache_store());
+        })
     }
 
     /// How long one call may take before it counts as a failure (default 50 ms).
@@ -241,13 +280,22 @@ impl RedisStore {
     /// Whether denials are remembered locally until they expire (default: yes, up to
     /// 100,000 keys).
     pub fn deny_cache(self, enabled: bool) -> Self {
-        self.configure(|i| i.deny_cache = enabled.then(|| MemoryStore::new().max_keys(100_000)))
+        self.configure(|i| i.deny_cache = enabled.then(|| i.deny_cache_store()))
     }
 
-    /// The local limiter used by limits whose policy is [`FailurePolicy::Fallback`]
-    /// (default: a fresh [`MemoryStore`]; pass one with a key cap to bound it).
-    pub fn fallback_store(self, store: MemoryStore) -> Self {
-        self.configure(|i| i.fallback = store)
+    /// The key cap of the local limiter used by limits whose policy is
+    /// [`FailurePolicy::Fallback`] while Redis fails (default
+    /// [`DEFAULT_MAX_KEYS`](super::DEFAULT_MAX_KEYS), as any [`MemoryStore`]).
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0.
+    pub fn fallback_max_keys(self, n: usize) -> Self {
+        assert!(n > 0, "fallback_max_keys must be at least 1");
+        self.configure(|i| {
+            i.fallback_max_keys = n;
+            i.fallback = i.fallback_store();
+        })
     }
 
     /// `true` while the breaker skips Redis.
