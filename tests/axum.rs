@@ -14,7 +14,7 @@ use support::{
     body_json, count, get as req, header, send, sf_names, sf_param, statuses, with_peer,
 };
 use tollgate::clock::FakeClock;
-use tollgate::key::{Header, PeerIp};
+use tollgate::key::{Header, KeyExtractor, PeerIp};
 use tollgate::response::Rejection;
 use tollgate::store::MemoryStore;
 use tollgate::{
@@ -123,6 +123,39 @@ async fn a_full_bucket_has_no_t_parameter() {
     let r = send(&peek_app, req("/", "192.0.2.1")).await;
     assert_eq!(header(r.headers(), "ratelimit").unwrap(), r#""peek";r=5"#);
     drop(app);
+}
+
+#[tokio::test]
+async fn or_inside_a_composite_key_keeps_tenants_apart() {
+    let (_, store) = store();
+    let per_caller = (
+        Header::new("x-tenant"),
+        Header::new("x-api-key").or(Header::new("x-user")),
+    );
+    let layer = RateLimitLayer::builder(store)
+        .limit(Limit::new("per-caller", Quota::per_minute(1)).key(per_caller))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
+    let from = |tenant: &str| {
+        let mut r = req("/", "192.0.2.1");
+        r.headers_mut().insert("x-tenant", tenant.parse().unwrap());
+        r.headers_mut()
+            .insert("x-user", "same-user".parse().unwrap());
+        r
+    };
+    assert_eq!(send(&app, from("t1")).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, from("t2")).await.status(),
+        StatusCode::OK,
+        "another tenant's user of the same name has a bucket of its own"
+    );
+    assert_eq!(
+        send(&app, from("t1")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
