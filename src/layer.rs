@@ -405,18 +405,28 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
 fn parse_route(spec: &str) -> Result<(Option<Method>, &str), ConfigError> {
     let field = || format!("routes[{spec:?}]");
     let spec_trimmed = spec.trim();
-    let (method, path) = match spec_trimmed.split_once(' ') {
-        Some((m, p)) => {
+    let (method, path) = match spec_trimmed.split_once(char::is_whitespace) {
+        Some((m, p)) if !m.starts_with('/') => {
             let m = Method::from_bytes(m.as_bytes())
                 .map_err(|_| ConfigError::new(field(), format!("`{m}` is not a method")))?;
             (Some(m), p.trim())
         }
-        None => (None, spec_trimmed),
+        _ => (None, spec_trimmed),
     };
     if !path.starts_with('/') {
         return Err(ConfigError::new(
             field(),
             "expected a path starting with `/`, optionally after a method (`POST /login`)",
+        ));
+    }
+    // A request path never contains whitespace: such a route could never match.
+    if path.contains(char::is_whitespace) {
+        return Err(ConfigError::new(
+            field(),
+            format!(
+                "the path `{path}` contains whitespace, which no request path can; \
+                 expected `<path>` or `<METHOD> <path>`"
+            ),
         ));
     }
     Ok((method, path))
@@ -472,6 +482,13 @@ mod tests {
             .build()
             .unwrap_err();
         assert_eq!(err.field(), r#"routes["P@ST /x"]"#);
+        for bad in ["GET /x extra", "/x y", "GET /x\textra", "POST  /a /b"] {
+            let err = b().route(bad, Limit::new("a", q)).build().unwrap_err();
+            assert_eq!(err.field(), format!("routes[{bad:?}]"), "{err}");
+            assert!(err.reason().contains("whitespace"), "{bad:?}: {err}");
+        }
+        // Spaces around the parts are fine.
+        assert!(b().route("  GET   /x ", Limit::new("a", q)).build().is_ok());
         let err = b().limit(Limit::new("café", q)).build().unwrap_err();
         assert_eq!(err.field(), r#"limits["café"].name"#);
         let err = b()
