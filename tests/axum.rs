@@ -451,6 +451,51 @@ async fn route_table_in_one_layer() {
 }
 
 #[tokio::test]
+async fn route_table_under_router_layer_matches_templates_on_the_path() {
+    let (_, store) = store();
+    let layer = RateLimitLayer::builder(store)
+        .route(
+            "/users/{id}",
+            Limit::new("users", Quota::per_minute(3)).key(PeerIp::new()),
+        )
+        .route_default(Limit::new("default", Quota::per_minute(100)).key(PeerIp::new()))
+        .build()
+        .unwrap();
+    // Router::layer runs before routing: no MatchedPath, the raw path is matched.
+    let app = Router::new()
+        .route("/users/{id}", get(|| async { "" }))
+        .route("/other", get(|| async { "" }))
+        .layer(layer);
+    let ip = "192.0.2.78";
+    let mut seen = Vec::new();
+    for path in ["/users/7", "/users/8", "/users/7", "/users/8"] {
+        let r = send(&app, req(path, ip)).await;
+        assert_eq!(
+            sf_names(&header(r.headers(), "ratelimit").unwrap()),
+            ["users"],
+            "{path}"
+        );
+        seen.push(r.status());
+    }
+    assert_eq!(
+        seen,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ],
+        "/users/7 and /users/8 share the route's limit"
+    );
+    let r = send(&app, req("/other", ip)).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        sf_names(&header(r.headers(), "ratelimit").unwrap()),
+        ["default"]
+    );
+}
+
+#[tokio::test]
 async fn missing_keys_share_a_bucket_by_default_or_are_rejected_or_skipped() {
     let (_, store) = store();
     let shared = RateLimitLayer::builder(store.clone())
