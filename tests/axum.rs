@@ -566,6 +566,40 @@ async fn the_429_response_is_replaceable_and_still_gets_the_headers() {
 }
 
 #[tokio::test]
+async fn a_rejection_with_its_own_fields_gets_the_layers_appended_as_documented() {
+    let (_, store) = store();
+    let layer = RateLimitLayer::builder(store)
+        .limit(Limit::new("per-ip", Quota::per_minute(1)).key(PeerIp::new()))
+        .on_rejection(|_: &Rejection<'_>| {
+            Response::builder()
+                .status(StatusCode::TOO_MANY_REQUESTS)
+                .header("ratelimit", r#""mine";r=0"#)
+                .header("retry-after", "5")
+                .header("cache-control", "private")
+                .body(Body::empty())
+                .unwrap()
+        })
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
+    send(&app, req("/", "192.0.2.1")).await;
+    let r = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = r.headers();
+    // IETF fields are lists: the layer's members are appended to the response's own.
+    assert_eq!(h.get_all("ratelimit").iter().count(), 2);
+    assert_eq!(
+        sf_names(&header(h, "ratelimit").unwrap()),
+        ["mine", "per-ip"]
+    );
+    // Single-valued fields the response already has are left alone.
+    assert_eq!(header(h, "retry-after").unwrap(), "5");
+    assert_eq!(header(h, "cache-control").unwrap(), "private");
+}
+
+#[tokio::test]
 async fn retry_after_jitter_is_deterministic_per_client_and_never_shorter() {
     let (_, store) = store();
     let layer = RateLimitLayer::builder(store)

@@ -14,7 +14,7 @@
 //! | [`Route`] | the matched route and method (feature `axum`) |
 //! | closures | `Fn(&Parts) -> Option<impl KeyPart>` |
 //! | `(a, b)` | a composite key: both parts |
-//! | `a.or(b)` | `a`, or `b` when the request has no `a` |
+//! | `a.or(b)` | `a`, or `b` when the request has no `a` (`a` must be authenticated, see below) |
 //!
 //! A request for which an extractor finds nothing is not let through silently: by default it
 //! is counted in one bucket shared by all such requests (see
@@ -22,16 +22,40 @@
 //!
 //! ```
 //! use http::request::Parts;
-//! use tollgate::key::{Header, KeyExtractor, PeerIp};
+//! use tollgate::key::{Extension, KeyBuilder, KeyExtractor, KeyPart, PeerIp};
 //!
-//! // An API key when there is one, the client address otherwise.
-//! let by_api_key_or_ip = Header::new("x-api-key").or(PeerIp::new());
-//! // The user id an authentication layer put in the extensions, per route.
-//! # #[derive(Clone)] struct UserId(u64);
+//! // The user id an authentication layer put in the extensions (so only after it checked
+//! // the credentials), the client address for anonymous requests.
+//! #[derive(Clone)]
+//! struct UserId(u64);
+//! impl KeyPart for UserId {
+//!     fn write_key(&self, key: &mut KeyBuilder) { key.push_display(self.0) }
+//! }
+//! let per_user_or_ip = Extension::<UserId>::new().or(PeerIp::new());
+//! // The same user id from a closure.
 //! let per_user = |parts: &Parts| parts.extensions.get::<UserId>().map(|u| u.0);
 //! # fn is_extractor(_: impl KeyExtractor) {}
-//! # is_extractor(by_api_key_or_ip);
+//! # is_extractor(per_user_or_ip);
 //! # is_extractor(per_user);
+//! ```
+//!
+//! # `or` needs an authenticated first choice
+//!
+//! `a.or(b)` limits a request by `a` alone whenever `a` is present, so `b` binds only the
+//! requests without an `a`. If clients choose `a` freely, they choose their bucket:
+//! `Header::new("x-api-key").or(PeerIp::new())` lets a client escape its per-address limit
+//! by sending a new made-up API key with each request. Use `or` only when `a` is checked
+//! before the limit runs (an extension set by an authentication layer, as above), or use two
+//! limits, which every request must pass:
+//!
+//! ```
+//! use tollgate::{key::{Header, PeerIp}, Limit, MissingKey, Quota};
+//!
+//! let per_ip = Limit::new("per-ip", Quota::per_second(20)).key(PeerIp::new());
+//! let per_key = Limit::new("per-key", Quota::per_second(5))
+//!     .key(Header::new("x-api-key"))
+//!     .on_missing_key(MissingKey::Skip); // anonymous requests: per-ip only
+//! # let _ = (per_ip, per_key);
 //! ```
 
 mod builder;
@@ -84,6 +108,9 @@ pub trait KeyExtractor: Send + Sync + 'static {
     fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError>;
 
     /// This extractor, or `other` when this one finds no key.
+    ///
+    /// The request is then limited by this extractor's key alone: use it only when that
+    /// key cannot be invented by the client (see [the module docs](crate::key#or-needs-an-authenticated-first-choice)).
     ///
     /// Inside a composite key only what this extractor wrote is undone before `other`
     /// runs: `(Header::new("x-tenant"), Header::new("x-api-key").or(Header::new("x-user")))`
