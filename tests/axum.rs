@@ -110,19 +110,40 @@ async fn burst_then_429_with_standard_headers() {
 
 #[tokio::test]
 async fn a_full_bucket_has_no_t_parameter() {
-    let (_, store) = store();
-    let app = quickstart(store);
-    // A peek: cost 0 through a closure, so the bucket stays full.
-    let layer = RateLimitLayer::builder(MemoryStore::with_clock(FakeClock::new()))
-        .limit(Limit::new("peek", Quota::per_second(5)).cost(Cost::from_fn(|_| Some(0))))
+    let (clock, store) = store();
+    // `/peek` costs 0 (through a closure): it reports the bucket without changing it.
+    let layer = RateLimitLayer::builder(store)
+        .limit(
+            Limit::new("peek", Quota::per_second(5))
+                .cost(Cost::from_fn(|p| (p.uri.path() == "/peek").then_some(0))),
+        )
         .build()
         .unwrap();
-    let peek_app = Router::new()
-        .route("/", get(|| async { "" }))
+    let app = Router::new()
+        .route("/peek", get(|| async { "" }))
+        .route("/take", get(|| async { "" }))
         .route_layer(layer);
-    let r = send(&peek_app, req("/", "192.0.2.1")).await;
-    assert_eq!(header(r.headers(), "ratelimit").unwrap(), r#""peek";r=5"#);
-    drop(app);
+    let ratelimit = |r: Response<Body>| header(r.headers(), "ratelimit").unwrap();
+    assert_eq!(
+        ratelimit(send(&app, req("/peek", "192.0.2.1")).await),
+        r#""peek";r=5"#,
+        "full: no t"
+    );
+    assert_eq!(
+        ratelimit(send(&app, req("/take", "192.0.2.1")).await),
+        r#""peek";r=4;t=1"#,
+        "one token short: t until it is back"
+    );
+    assert_eq!(
+        ratelimit(send(&app, req("/peek", "192.0.2.1")).await),
+        r#""peek";r=4;t=1"#
+    );
+    clock.advance(Duration::from_millis(200));
+    assert_eq!(
+        ratelimit(send(&app, req("/peek", "192.0.2.1")).await),
+        r#""peek";r=5"#,
+        "full again: no t"
+    );
 }
 
 #[tokio::test]
