@@ -98,15 +98,11 @@ impl Cost {
     }
 
     /// The cost used when the request's value is absent or invalid (for
-    /// [`Cost::fixed`], the cost itself).
+    /// [`Cost::fixed`], the cost itself). Like a fixed cost, it must not exceed the limit's
+    /// burst: such requests could never pass, and building the layer refuses it.
     pub const fn default(mut self, n: u32) -> Self {
         self.default = n;
         self
-    }
-
-    /// The fixed cost, if the cost does not depend on the request.
-    pub(crate) fn fixed_value(&self) -> Option<u32> {
-        matches!(self.source, Source::Fixed).then_some(self.default)
     }
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
@@ -117,6 +113,34 @@ impl Cost {
             ));
         }
         Ok(())
+    }
+
+    /// Refuses a cost that requests could never pay from a bucket of `burst` tokens: a
+    /// fixed cost above it, or a default above it (every request without a usable value
+    /// would be refused forever).
+    pub(crate) fn validate_for(&self, burst: u64) -> Result<(), ConfigError> {
+        let n = self.default;
+        if u64::from(n) <= burst {
+            return Ok(());
+        }
+        let reason = match &self.source {
+            Source::Fixed => {
+                format!("{n} exceeds the burst of {burst}: no request could ever pass")
+            }
+            Source::Header(name) => format!(
+                "the default {n} exceeds the burst of {burst}: no request without a valid \
+                 `{name}` header could ever pass"
+            ),
+            Source::Query(name) => format!(
+                "the default {n} exceeds the burst of {burst}: no request without a valid \
+                 `{name}` query parameter could ever pass"
+            ),
+            Source::Fn(_) => format!(
+                "the default {n} exceeds the burst of {burst}: no request for which the \
+                 function returns `None` could ever pass"
+            ),
+        };
+        Err(ConfigError::new("cost", reason))
     }
 
     /// The cost of this request.

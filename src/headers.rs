@@ -25,7 +25,6 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::Engine as _;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 
 /// Which rate-limit fields responses carry.
@@ -118,31 +117,12 @@ fn sf_int(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n.min(SF_INT_MAX)));
 }
 
-fn sf_bytes(out: &mut String, b: &[u8]) {
-    out.push(':');
-    base64::engine::general_purpose::STANDARD.encode_string(b, out);
-    out.push(':');
-}
-
-/// One member of `RateLimit-Policy`.
+/// One member of `RateLimit-Policy`: a limit's name, its quota (`q`) and window (`w`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PolicyItem<'a> {
     pub(crate) name: &'a str,
     pub(crate) quota: u64,
-    pub(crate) unit: Option<&'a str>,
-    pub(crate) window: Option<u64>,
-    pub(crate) partition: Option<&'a [u8]>,
-}
-
-/// One member of `RateLimit`, with every parameter of the draft: the reference form the
-/// request path's renderer (`ietf_limit_of`) is tested against.
-#[cfg(test)]
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LimitItem<'a> {
-    pub(crate) name: &'a str,
-    pub(crate) remaining: u64,
-    pub(crate) reset: Option<u64>,
-    pub(crate) partition: Option<&'a [u8]>,
+    pub(crate) window: u64,
 }
 
 /// `RateLimit-Policy` (draft-11); `None` for no members (the field is then omitted).
@@ -155,41 +135,8 @@ pub(crate) fn ietf_policy<'a>(items: impl IntoIterator<Item = PolicyItem<'a>>) -
         sf_string(&mut out, p.name);
         out.push_str(";q=");
         sf_int(&mut out, p.quota);
-        if let Some(unit) = p.unit {
-            out.push_str(";qu=");
-            sf_string(&mut out, unit);
-        }
-        if let Some(w) = p.window {
-            out.push_str(";w=");
-            sf_int(&mut out, w.max(1)); // w must be non-zero
-        }
-        if let Some(pk) = p.partition {
-            out.push_str(";pk=");
-            sf_bytes(&mut out, pk);
-        }
-    }
-    (!out.is_empty()).then_some(out)
-}
-
-/// `RateLimit` (draft-11); `None` for no members.
-#[cfg(test)]
-pub(crate) fn ietf_limit<'a>(items: impl IntoIterator<Item = LimitItem<'a>>) -> Option<String> {
-    let mut out = String::new();
-    for (i, l) in items.into_iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        sf_string(&mut out, l.name);
-        out.push_str(";r=");
-        sf_int(&mut out, l.remaining);
-        if let Some(t) = l.reset {
-            out.push_str(";t=");
-            sf_int(&mut out, t);
-        }
-        if let Some(pk) = l.partition {
-            out.push_str(";pk=");
-            sf_bytes(&mut out, pk);
-        }
+        out.push_str(";w=");
+        sf_int(&mut out, p.window.max(1)); // w must be non-zero
     }
     (!out.is_empty()).then_some(out)
 }
@@ -230,9 +177,7 @@ impl Report<'_> {
         PolicyItem {
             name: self.name,
             quota: self.burst,
-            unit: None,
-            window: Some(self.window),
-            partition: None,
+            window: self.window,
         }
     }
 }
@@ -245,8 +190,8 @@ pub(crate) fn limit_prefix(name: &str) -> Box<str> {
     out.into()
 }
 
-/// `RateLimit` for `reports`: [`ietf_limit`] on the request path, from the pre-rendered
-/// prefixes, into one buffer sized up front.
+/// `RateLimit` (draft-11) for `reports`, from the pre-rendered prefixes, into one buffer
+/// sized up front; `None` for no members.
 fn ietf_limit_of(reports: &[Report<'_>]) -> Option<String> {
     if reports.is_empty() {
         return None;
@@ -436,9 +381,7 @@ pub(crate) fn static_policy<'a>(
     ietf_policy(items.into_iter().map(|(name, quota, window)| PolicyItem {
         name,
         quota,
-        unit: None,
-        window: Some(window),
-        partition: None,
+        window,
     }))
     .and_then(value)
 }
@@ -580,99 +523,39 @@ mod tests {
         assert_eq!(l, r#""burst";r=9;t=1, "daily";r=950;t=3600"#);
     }
 
-    #[test]
-    fn i9_to_i15_partition_keys_and_units() {
-        let p = ietf_policy([PolicyItem {
-            name: "peruser",
-            quota: 100,
-            unit: None,
-            window: Some(60),
-            partition: Some(b"user-42"),
-        }])
-        .unwrap();
-        assert_eq!(p, r#""peruser";q=100;w=60;pk=:dXNlci00Mg==:"#);
-        let l = ietf_limit([LimitItem {
-            name: "peruser",
-            remaining: 57,
-            reset: Some(ceil_secs(s(11.01))),
-            partition: Some(b"user-42"),
-        }])
-        .unwrap();
-        assert_eq!(l, r#""peruser";r=57;t=12;pk=:dXNlci00Mg==:"#);
-        let p = ietf_policy([PolicyItem {
-            name: "bandwidth",
-            quota: 65535,
-            unit: Some("content-bytes"),
-            window: Some(10),
-            partition: Some(b"App-999"),
-        }])
-        .unwrap();
-        assert_eq!(
-            p,
-            r#""bandwidth";q=65535;qu="content-bytes";w=10;pk=:QXBwLTk5OQ==:"#
-        );
-        let p = ietf_policy([PolicyItem {
-            name: "conc",
-            quota: 10,
-            unit: Some("concurrent-requests"),
-            window: None,
-            partition: None,
-        }])
-        .unwrap();
-        assert_eq!(p, r#""conc";q=10;qu="concurrent-requests""#);
-        let lim = |pk: &'static [u8]| {
-            ietf_limit([LimitItem {
-                name: "default",
-                remaining: 999,
-                reset: None,
-                partition: Some(pk),
-            }])
-            .unwrap()
-        };
-        assert_eq!(
-            lim(b"trial121323"),
-            r#""default";r=999;pk=:dHJpYWwxMjEzMjM=:"#
-        );
-        assert_eq!(lim(&[0x00, 0xff, 0x10]), r#""default";r=999;pk=:AP8Q:"#);
-        assert_eq!(lim(&[0xfb, 0xff]), r#""default";r=999;pk=:+/8=:"#);
-        assert_eq!(lim(b""), r#""default";r=999;pk=::"#);
-        for v in [p, lim(b"trial121323"), lim(&[0xfb, 0xff]), lim(b"")] {
-            assert_sf_list(&v);
-        }
-    }
+    // I9 to I15 (`pk`, `qu`) are not emitted: no limit has a partition key or a unit other
+    // than requests.
 
     #[test]
     fn i16_to_i22_names_integers_and_edges() {
-        let pol = |name: &str, q: u64, w: Option<u64>| {
+        let pol = |name: &str, q: u64, w: u64| {
             ietf_policy([PolicyItem {
                 name,
                 quota: q,
-                unit: None,
                 window: w,
-                partition: None,
             }])
             .unwrap()
         };
-        assert_eq!(pol(r#"a"b\c"#, 1, Some(1)), r#""a\"b\\c";q=1;w=1"#);
-        assert_eq!(pol("per user", 5, None), r#""per user";q=5"#);
+        assert_eq!(pol(r#"a"b\c"#, 1, 1), r#""a\"b\\c";q=1;w=1"#);
+        assert_eq!(pol("per user", 5, 60), r#""per user";q=5;w=60"#);
         assert_eq!(
-            pol("x", 999_999_999_999_999, None),
-            r#""x";q=999999999999999"#
+            pol("x", 999_999_999_999_999, 1),
+            r#""x";q=999999999999999;w=1"#
         );
         assert_eq!(
-            pol("x", 1_000_000_000_000_000, None),
-            r#""x";q=999999999999999"#,
+            pol("x", 1_000_000_000_000_000, 1),
+            r#""x";q=999999999999999;w=1"#,
             "clamped"
         );
         assert_eq!(ietf_policy([]), None, "I21: no field for no policies");
-        assert_eq!(ietf_limit([]), None);
-        assert_eq!(pol("x", 5, Some(0)), r#""x";q=5;w=1"#, "I22: w is never 0");
-        for v in [pol(r#"a"b\c"#, 1, Some(1)), pol("per user", 5, None)] {
+        assert_eq!(ietf_limit_of(&[]), None);
+        assert_eq!(pol("x", 5, 0), r#""x";q=5;w=1"#, "I22: w is never 0");
+        for v in [pol(r#"a"b\c"#, 1, 1), pol("per user", 5, 60)] {
             assert_sf_list(&v);
         }
         // I18: names outside %x20-7E are refused when the layer is built (see limit.rs);
         // the renderer never emits them raw.
-        assert_eq!(pol("café", 1, None), r#""caf?";q=1"#);
+        assert_eq!(pol("café", 1, 1), r#""caf?";q=1;w=1"#);
     }
 
     #[test]
@@ -680,16 +563,13 @@ mod tests {
         let p = ietf_policy([PolicyItem {
             name: "5-in-2hrs",
             quota: 5,
-            unit: None,
-            window: Some(7200),
-            partition: Some(b"2c26b46b68ff"),
+            window: 7200,
         }])
         .unwrap();
-        assert_eq!(p, r#""5-in-2hrs";q=5;w=7200;pk=:MmMyNmI0NmI2OGZm:"#);
-        let express: sfv::List =
-            sfv::Parser::new(r#""5-in-2hrs"; q=5; w=7200; pk=:MmMyNmI0NmI2OGZm:"#)
-                .parse()
-                .unwrap();
+        assert_eq!(p, r#""5-in-2hrs";q=5;w=7200"#);
+        let express: sfv::List = sfv::Parser::new(r#""5-in-2hrs"; q=5; w=7200"#)
+            .parse()
+            .unwrap();
         let ours: sfv::List = sfv::Parser::new(&p).parse().unwrap();
         assert_eq!(express, ours);
     }
@@ -869,6 +749,25 @@ mod tests {
         }
     }
 
+    /// `RateLimit` written the plain way, member by member: what the request path's
+    /// renderer, which works from pre-rendered prefixes, must produce.
+    fn reference_limit(reports: &[Report<'_>]) -> Option<String> {
+        let mut out = String::new();
+        for (i, r) in reports.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            sf_string(&mut out, r.name);
+            out.push_str(";r=");
+            sf_int(&mut out, r.remaining);
+            if let Some(t) = r.next_after {
+                out.push_str(";t=");
+                sf_int(&mut out, ceil_secs(t));
+            }
+        }
+        (!out.is_empty()).then_some(out)
+    }
+
     #[test]
     fn the_request_path_renderer_matches_the_reference() {
         for name in ["a", "per user", r#"q"uote"#, r"back\slash"] {
@@ -881,13 +780,7 @@ mod tests {
                 let mut rep = report(name, 10, 1, r, 1.0);
                 rep.next_after = t.map(s);
                 let other = report("second", 20, 2, 3, 1.5);
-                let reference = ietf_limit([rep, other].iter().map(|x| LimitItem {
-                    name: x.name,
-                    remaining: x.remaining,
-                    reset: x.next_after.map(ceil_secs),
-                    partition: None,
-                }));
-                assert_eq!(ietf_limit_of(&[rep, other]), reference);
+                assert_eq!(ietf_limit_of(&[rep, other]), reference_limit(&[rep, other]));
             }
         }
     }

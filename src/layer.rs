@@ -82,8 +82,57 @@ pub(crate) struct Group {
     pub(crate) shadow: bool,
 }
 
-/// Route path to its entries: (method, or any method; group of limits).
-pub(crate) type RouteTable = HashMap<Box<str>, SmallVec<[(Option<Method>, usize); 2]>>;
+/// A route's entries: (method, or any method; group of limits).
+pub(crate) type Entries = SmallVec<[(Option<Method>, usize); 2]>;
+
+/// The routes of a layer: found by their template (axum's `MatchedPath`), or by matching a
+/// request path against the templates, with axum's syntax and priorities (`matchit`).
+#[derive(Default)]
+pub(crate) struct RouteTable {
+    /// Template to its index in `entries`.
+    by_template: HashMap<Box<str>, usize>,
+    /// The same templates, for request paths.
+    matcher: matchit::Router<usize>,
+    entries: Vec<Entries>,
+}
+
+impl RouteTable {
+    /// How many route templates there are.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entries of the route whose template is `template` (a router's matched path).
+    #[cfg(feature = "axum")]
+    pub(crate) fn for_template(&self, template: &str) -> Option<&Entries> {
+        self.by_template.get(template).map(|&i| &self.entries[i])
+    }
+
+    /// The entries of the route whose template matches the request path `path`.
+    pub(crate) fn for_path(&self, path: &str) -> Option<&Entries> {
+        self.matcher.at(path).ok().map(|m| &self.entries[*m.value])
+    }
+
+    /// The entries of `template`, added if new; matchit's error if the template is not
+    /// valid or conflicts with another one.
+    fn entries_mut(&mut self, template: &str) -> Result<&mut Entries, matchit::InsertError> {
+        let index = match self.by_template.get(template) {
+            Some(&i) => i,
+            None => {
+                let i = self.entries.len();
+                self.matcher.insert(template, i)?;
+                self.by_template.insert(template.into(), i);
+                self.entries.push(Entries::new());
+                i
+            }
+        };
+        Ok(&mut self.entries[index])
+    }
+}
 
 /// A function told every decision (see [`RateLimitBuilder::on_decision`]).
 pub(crate) type Observer = Arc<dyn Fn(&crate::Decision, &http::request::Parts) + Send + Sync>;
@@ -94,7 +143,7 @@ pub(crate) struct Shared<St: Store, R> {
     pub(crate) bounds: Vec<Bound<St>>,
     /// Group 0 applies to requests that match no route entry.
     pub(crate) groups: Vec<Group>,
-    /// Route path to (method or any, group).
+    /// Route template to (method or any, group).
     pub(crate) routes: RouteTable,
     pub(crate) style: HeaderStyle,
     pub(crate) shadow_headers: bool,
@@ -208,11 +257,23 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     /// A limit checked on the requests of one route, in addition to those of
     /// [`limit`](Self::limit).
     ///
-    /// `route` is a path as the router sees it (axum's `MatchedPath`, e.g. `/users/{id}`;
-    /// without axum, the exact request path), optionally preceded by a method:
-    /// `"POST /login"`. A method-specific entry wins over a method-less one for the same
-    /// path; `HEAD` requests use the `GET` entry when there is no `HEAD` entry. Call it
-    /// several times to put several limits on a route.
+    /// `route` is a route template in axum's syntax (`/login`, `/users/{id}`,
+    /// `/files/{*rest}`), optionally preceded by a method: `"POST /login"`. Which entry a
+    /// request gets depends on where the layer sits:
+    ///
+    /// - after axum's router has matched (`Router::route_layer`, or a layer on a route), the
+    ///   request carries axum's `MatchedPath`: the entry whose template is exactly that
+    ///   path applies (in a nested router, the full template, e.g. `/api/users/{id}`);
+    /// - before routing (`Router::layer`, which also sees requests that match no route) and
+    ///   on plain hyper or tower, there is no `MatchedPath`: the request path is matched
+    ///   against the templates as axum matches it, so `/users/7` gets the `/users/{id}`
+    ///   entry (a static template such as `/users/me` wins over a parameter).
+    ///
+    /// A method-specific entry wins over a method-less one for the same template; `HEAD`
+    /// requests use the `GET` entry when there is no `HEAD` entry. Call it several times to
+    /// put several limits on a route. A template axum's router would refuse (bad syntax,
+    /// or two templates that conflict, such as `/users/{id}` and `/users/{name}`) is a
+    /// [`ConfigError`] naming the route.
     pub fn route(mut self, route: impl Into<String>, limit: Limit) -> Self {
         self.routes.push((route.into(), limit));
         self
@@ -346,10 +407,12 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         for limit in self.route_default {
             group_limits[0].push(bind(limit)?);
         }
-        let mut routes = RouteTable::new();
+        let mut routes = RouteTable::default();
         for (spec, limit) in self.routes {
             let (method, path) = parse_route(&spec)?;
-            let entries = routes.entry(path.into()).or_default();
+            let entries = routes.entries_mut(path).map_err(|e| {
+                ConfigError::new(format!("routes[{spec:?}]"), format!("`{path}`: {e}"))
+            })?;
             let group = match entries.iter().find(|(m, _)| *m == method) {
                 Some(&(_, g)) => g,
                 None => {
@@ -408,18 +471,28 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
 fn parse_route(spec: &str) -> Result<(Option<Method>, &str), ConfigError> {
     let field = || format!("routes[{spec:?}]");
     let spec_trimmed = spec.trim();
-    let (method, path) = match spec_trimmed.split_once(' ') {
-        Some((m, p)) => {
+    let (method, path) = match spec_trimmed.split_once(char::is_whitespace) {
+        Some((m, p)) if !m.starts_with('/') => {
             let m = Method::from_bytes(m.as_bytes())
                 .map_err(|_| ConfigError::new(field(), format!("`{m}` is not a method")))?;
             (Some(m), p.trim())
         }
-        None => (None, spec_trimmed),
+        _ => (None, spec_trimmed),
     };
     if !path.starts_with('/') {
         return Err(ConfigError::new(
             field(),
             "expected a path starting with `/`, optionally after a method (`POST /login`)",
+        ));
+    }
+    // A request path never contains whitespace: such a route could never match.
+    if path.contains(char::is_whitespace) {
+        return Err(ConfigError::new(
+            field(),
+            format!(
+                "the path `{path}` contains whitespace, which no request path can; \
+                 expected `<path>` or `<METHOD> <path>`"
+            ),
         ));
     }
     Ok((method, path))
@@ -475,6 +548,40 @@ mod tests {
             .build()
             .unwrap_err();
         assert_eq!(err.field(), r#"routes["P@ST /x"]"#);
+        for bad in ["GET /x extra", "/x y", "GET /x\textra", "POST  /a /b"] {
+            let err = b().route(bad, Limit::new("a", q)).build().unwrap_err();
+            assert_eq!(err.field(), format!("routes[{bad:?}]"), "{err}");
+            assert!(err.reason().contains("whitespace"), "{bad:?}: {err}");
+        }
+        // Spaces around the parts are fine.
+        assert!(b().route("  GET   /x ", Limit::new("a", q)).build().is_ok());
+        // Templates matchit (axum's router) refuses, with its reason.
+        for (bad, reason) in [
+            ("/users/{id", "valid name"),
+            ("GET /files/{*rest}/x", "Catch-all"),
+            ("/a/{x}{y}", "one parameter"),
+        ] {
+            let err = b().route(bad, Limit::new("a", q)).build().unwrap_err();
+            assert_eq!(err.field(), format!("routes[{bad:?}]"), "{err}");
+            assert!(err.reason().contains(reason), "{bad:?}: {err}");
+        }
+        let err = b()
+            .route("/users/{id}", Limit::new("a", q))
+            .route("POST /users/{name}", Limit::new("b", q))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), r#"routes["POST /users/{name}"]"#);
+        assert!(err.reason().contains("conflict"), "{err}");
+        assert!(err.reason().contains("/users/{id}"), "{err}");
+        // One template with several methods is one route.
+        assert!(
+            b().route("GET /users/{id}", Limit::new("a", q))
+                .route("POST /users/{id}", Limit::new("b", q))
+                .route("/users/{id}", Limit::new("c", q))
+                .route("/users/me", Limit::new("d", q))
+                .build()
+                .is_ok()
+        );
         let err = b().limit(Limit::new("café", q)).build().unwrap_err();
         assert_eq!(err.field(), r#"limits["café"].name"#);
         let err = b()

@@ -38,7 +38,8 @@
 //!   a [`Mode`] (enforce or shadow), and policies for requests without a key
 //!   ([`MissingKey`]) and for store failures ([`FailurePolicy`]).
 //! - A [`RateLimitLayer`] holds limits for every request, limits per route (a route table
-//!   keyed by axum's matched path and method), the header style ([`HeaderStyle`]) and the
+//!   of axum-style templates and methods, see [where to put the
+//!   layer](#where-to-put-the-layer)), the header style ([`HeaderStyle`]) and the
 //!   rejection responses ([`response`]). Built with [`RateLimitLayer::builder`], checked at
 //!   [`build`](RateLimitBuilder::build): bad configuration is a [`ConfigError`] naming the
 //!   field.
@@ -49,6 +50,18 @@
 //! - Each request's [`Decision`] is put in its extensions (handlers read it with
 //!   `Extension<Decision>`) and given to [`on_decision`](RateLimitBuilder::on_decision) for
 //!   metrics.
+//!
+//! # Where to put the layer
+//!
+//! - `Router::route_layer` (or a layer on one route): only requests that match a route are
+//!   checked, and axum's `MatchedPath` is there: a route table entry
+//!   ([`route`](RateLimitBuilder::route)) applies when its template is the matched one,
+//!   and [`key::Route`] works.
+//! - `Router::layer`: every request is checked, 404s included, before routing, so there is
+//!   no `MatchedPath`: route table entries are found by matching the request path against
+//!   their templates, as axum's router does (`/users/7` gets `/users/{id}`). [`key::Route`]
+//!   finds no key there.
+//! - Plain hyper or tower: as with `Router::layer`.
 //!
 //! # The algorithm
 //!
@@ -63,12 +76,12 @@
 //!
 //! | feature | default | what |
 //! |---|---|---|
-//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, the matched route for route tables and [`key::Route`] |
+//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, the matched route (`MatchedPath`) for route tables and [`key::Route`] |
 //! | `redis` | no | `store::RedisStore` on the `redis` crate's `ConnectionManager` |
 //! | `redis-cluster` | no | `RedisStore::cluster` for Redis Cluster |
 //!
 //! Without `axum` the layer works with any tower/hyper stack: peer addresses come from a
-//! [`key::PeerAddr`] extension and routes are matched on the request path.
+//! [`key::PeerAddr`] extension and route templates are matched against the request path.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 

@@ -195,18 +195,11 @@ impl Limit {
         validate_name(&self.name)?;
         let at = || format!("limits[{:?}]", &*self.name);
         self.cost.validate().map_err(|e| e.within(at()))?;
-        if let Some(c) = self.cost.fixed_value()
-            && self.quota_fn.is_none()
-            && u64::from(c) > self.quota.burst_size()
-        {
-            return Err(ConfigError::new(
-                "cost",
-                format!(
-                    "{c} exceeds the burst of {}: no request could ever pass",
-                    self.quota.burst_size()
-                ),
-            )
-            .within(at()));
+        // With a quota chosen per request the burst is not known here.
+        if self.quota_fn.is_none() {
+            self.cost
+                .validate_for(self.quota.burst_size())
+                .map_err(|e| e.within(at()))?;
         }
         if let MissingKey::Reject(status) = self.missing
             && !status.is_client_error()
@@ -221,12 +214,25 @@ impl Limit {
     }
 }
 
-/// A name must be non-empty printable ASCII (it is an RFC 9651 string in the headers) of
-/// at most 64 characters.
+/// A name must be printable ASCII (it is an RFC 9651 string in the headers) of 1 to 64
+/// characters, without spaces at either end (a name that is only spaces, or that differs
+/// from another by a trailing space, would be unreadable in headers and logs).
 fn validate_name(name: &str) -> Result<(), ConfigError> {
     let field = || format!("limits[{name:?}].name");
     if name.is_empty() {
-        return Err(ConfigError::new("limits[\"\"].name", "must not be empty"));
+        return Err(ConfigError::new(field(), "must not be empty"));
+    }
+    if name.trim().is_empty() {
+        return Err(ConfigError::new(field(), "must not be only whitespace"));
+    }
+    if name.trim() != name {
+        return Err(ConfigError::new(
+            field(),
+            format!(
+                "must not start or end with whitespace (did you mean {:?}?)",
+                name.trim()
+            ),
+        ));
     }
     if name.len() > MAX_NAME_LEN {
         return Err(ConfigError::new(field(), "must be at most 64 characters"));
@@ -267,6 +273,60 @@ mod tests {
             let err = Limit::new(bad, q).validate().unwrap_err();
             assert!(err.field().ends_with(".name"), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn blank_or_padded_names_are_config_errors() {
+        let q = Quota::per_second(1);
+        for (bad, reason) in [
+            ("", "must not be empty"),
+            (" ", "must not be only whitespace"),
+            ("   ", "must not be only whitespace"),
+            (" api", "must not start or end with whitespace"),
+            ("api ", "must not start or end with whitespace"),
+        ] {
+            let err = Limit::new(bad, q).validate().unwrap_err();
+            assert_eq!(err.field(), format!("limits[{bad:?}].name"), "as written");
+            assert!(err.reason().starts_with(reason), "{bad:?}: {err}");
+        }
+        let err = Limit::new("api ", q).validate().unwrap_err();
+        assert!(err.reason().contains(r#""api""#), "{err}");
+    }
+
+    #[test]
+    fn a_default_cost_above_the_burst_is_a_config_error() {
+        let q = Quota::per_second(10);
+        for cost in [
+            Cost::header("x-cost").default(20),
+            Cost::query("weight").default(11),
+            Cost::from_fn(|_| Some(1)).default(11),
+        ] {
+            let err = Limit::new("api", q).cost(cost).validate().unwrap_err();
+            assert_eq!(err.field(), r#"limits["api"].cost"#);
+            assert!(err.reason().contains("exceeds the burst of 10"), "{err}");
+        }
+        let err = Limit::new("api", q)
+            .cost(Cost::header("x-cost").default(20))
+            .validate()
+            .unwrap_err();
+        assert!(err.reason().contains("default 20"), "{err}");
+        assert!(err.reason().contains("`x-cost`"), "{err}");
+        // A default up to the burst is fine; so is a request value above it (that request
+        // gets a 429 saying it can never pass).
+        assert!(
+            Limit::new("api", q)
+                .cost(Cost::header("x-cost").default(10))
+                .validate()
+                .is_ok()
+        );
+        // With a quota per request, the burst that applies is not known at build time.
+        assert!(
+            Limit::new("api", q)
+                .cost(Cost::header("x-cost").default(20))
+                .quota_by(|_| Some(Quota::per_second(100)))
+                .validate()
+                .is_ok()
+        );
     }
 
     #[test]

@@ -262,10 +262,12 @@ impl fmt::Display for Quota {
 
 /// Parses `"<rate>/<period>[; burst=<n>]"`, the form used in configuration files.
 ///
-/// The period is a unit (`ms`, `s`, `sec`, `second`, `m`, `min`, `minute`, `h`, `hour`,
-/// `d`, `day`, plurals allowed) optionally preceded by a positive number: `"100/min"`,
-/// `"5/30s"`, `"2/1.5h"`, `"10/s; burst=20"`. Whitespace around the parts is ignored.
-/// Errors name the part that is wrong (`rate`, `period` or `burst`).
+/// The period is a unit (`ns`, `us` or `µs`, `ms`, `s`, `sec`, `second`, `m`, `min`,
+/// `minute`, `h`, `hour`, `d`, `day`, plurals allowed) optionally preceded by a positive
+/// decimal number: `"100/min"`, `"5/30s"`, `"2/1.5h"`, `"10/s; burst=20"`. Numbers are ASCII
+/// digits. Whitespace around the parts is ignored. Errors name the part that is wrong
+/// (`rate`, `period` or `burst`) and quote it as written. The [`Display`](fmt::Display)
+/// form parses back to the same quota.
 impl FromStr for Quota {
     type Err = ConfigError;
 
@@ -277,13 +279,24 @@ impl FromStr for Quota {
                     .strip_prefix("burst")
                     .map(str::trim_start)
                     .and_then(|r| r.strip_prefix('='))
-                    .ok_or_else(|| ConfigError::new("burst", "expected `burst=<n>` after `;`"))?;
+                    .ok_or_else(|| {
+                        ConfigError::new(
+                            "burst",
+                            format!("expected `burst=<n>` after `;`, found `{rest}`"),
+                        )
+                    })?;
                 (rp, Some(parse_u64(value, "burst")?))
             }
             None => (s, None),
         };
         let (rate, period) = rate_period.split_once('/').ok_or_else(|| {
-            ConfigError::new("rate", "expected `<rate>/<period>`, e.g. `100/min`")
+            ConfigError::new(
+                "rate",
+                format!(
+                    "expected `<rate>/<period>`, e.g. `100/min`, found `{}`",
+                    s.trim()
+                ),
+            )
         })?;
         let rate = parse_u64(rate, "rate")?;
         let period = parse_period(period.trim())?;
@@ -298,47 +311,79 @@ impl FromStr for Quota {
 fn parse_u64(s: &str, field: &'static str) -> Result<u64, ConfigError> {
     let s = s.trim();
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(ConfigError::new(field, "must be a whole number"));
-    }
-    s.parse()
-        .map_err(|_| ConfigError::new(field, "is too large"))
-}
-
-fn parse_period(s: &str) -> Result<Duration, ConfigError> {
-    let split = s
-        .find(|c: char| c.is_ascii_alphabetic())
-        .ok_or_else(|| ConfigError::new("period", "needs a unit such as `s` or `min`"))?;
-    let (count, unit) = s.split_at(split);
-    let unit_secs: f64 = match unit.trim() {
-        "ms" => 0.001,
-        "s" | "sec" | "secs" | "second" | "seconds" => 1.0,
-        "m" | "min" | "mins" | "minute" | "minutes" => 60.0,
-        "h" | "hour" | "hours" => 3_600.0,
-        "d" | "day" | "days" => 86_400.0,
-        other => {
-            return Err(ConfigError::new(
-                "period",
-                format!("unknown unit `{other}`; use ms, s, min, h or d"),
-            ));
-        }
-    };
-    let count = count.trim();
-    let count: f64 = if count.is_empty() {
-        1.0
-    } else {
-        count
-            .parse()
-            .map_err(|_| ConfigError::new("period", "must be a positive number and a unit"))?
-    };
-    let secs = count * unit_secs;
-    if !secs.is_finite() || secs <= 0.0 {
         return Err(ConfigError::new(
-            "period",
-            "must be a positive, finite length",
+            field,
+            format!("`{s}` is not a whole number in ASCII digits"),
         ));
     }
-    Duration::try_from_secs_f64(secs)
-        .map_err(|_| ConfigError::new("period", "must not exceed 100 years"))
+    s.parse()
+        .map_err(|_| ConfigError::new(field, format!("`{s}` is too large")))
+}
+
+/// `<count><unit>`: the unit is everything after the last ASCII digit or `.`, so that it is
+/// reported exactly as written whatever it is made of.
+fn parse_period(s: &str) -> Result<Duration, ConfigError> {
+    let err = |reason: String| ConfigError::new("period", reason);
+    // Digits and `.` are one byte each: `i + 1` is a character boundary.
+    let split = s
+        .rfind(|c: char| c.is_ascii_digit() || c == '.')
+        .map_or(0, |i| i + 1);
+    let (count, unit) = (s[..split].trim(), s[split..].trim());
+    if unit.is_empty() {
+        return Err(err(format!(
+            "`{s}` needs a unit such as `s` or `min` after the number"
+        )));
+    }
+    let unit_ns: u128 = match unit {
+        "ns" => 1,
+        "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+        "ms" => 1_000_000,
+        "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000_000,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000_000,
+        "h" | "hour" | "hours" => 3_600_000_000_000,
+        "d" | "day" | "days" => 86_400_000_000_000,
+        _ if unit.contains(char::is_numeric) => {
+            return Err(err(format!(
+                "`{unit}` is not a unit; write numbers in ASCII digits"
+            )));
+        }
+        _ => {
+            return Err(err(format!(
+                "unknown unit `{unit}`; use ms, s, min, h or d"
+            )));
+        }
+    };
+    let ns = if count.is_empty() {
+        Some(unit_ns)
+    } else {
+        let not_a_number = || err(format!("`{count}` is not a positive decimal number"));
+        let (int, frac) = count.split_once('.').unwrap_or((count, ""));
+        let frac = frac.trim_end_matches('0');
+        if !count.bytes().any(|b| b.is_ascii_digit())
+            || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
+        {
+            return Err(not_a_number());
+        }
+        if frac.len() > 18 {
+            return Err(err(format!(
+                "`{count}` has more decimals than a period can use"
+            )));
+        }
+        // `count × unit`, exactly, rounded up to the nanosecond.
+        let scale = 10u128.pow(frac.len() as u32);
+        int.bytes()
+            .chain(frac.bytes())
+            .try_fold(0u128, |n, d| {
+                n.checked_mul(10)?.checked_add(u128::from(d - b'0'))
+            })
+            .and_then(|mantissa| mantissa.checked_mul(unit_ns))
+            .map(|scaled| scaled.div_ceil(scale))
+    };
+    match ns.map(u64::try_from) {
+        Some(Ok(0)) => Err(err(format!("`{s}` must be longer than zero"))),
+        Some(Ok(ns)) => Ok(Duration::from_nanos(ns)),
+        _ => Err(err(format!("`{s}` must not exceed 100 years"))),
+    }
 }
 
 #[cfg(test)]
@@ -449,7 +494,110 @@ mod tests {
 
     #[test]
     fn display_round_trips_through_debug_friendly_form() {
-        let q = Quota::per_second(10).burst(20);
-        assert_eq!(q.to_string(), "10/1s; burst=20");
+        let day = Duration::from_secs(86_400);
+        for q in [
+            Quota::per_second(10).burst(20),
+            Quota::per_minute(100),
+            Quota::per_day(1),
+            Quota::new(2, Duration::from_secs(5_400)).unwrap(),
+            Quota::new(1, Duration::from_millis(250)).unwrap().burst(3),
+            Quota::new(1, Duration::from_micros(10)).unwrap(),
+            Quota::new(3, Duration::from_nanos(1_000_000_001)).unwrap(),
+            Quota::new(1, 36_500 * day).unwrap(),
+            Quota::per_second(1_000_000),
+        ] {
+            let shown = q.to_string();
+            assert_eq!(shown.parse::<Quota>(), Ok(q), "{shown}");
+        }
+        assert_eq!(
+            Quota::per_second(10).burst(20).to_string(),
+            "10/1s; burst=20"
+        );
+        assert_eq!(
+            Quota::new(1, Duration::from_micros(1_500))
+                .unwrap()
+                .to_string(),
+            "1/1.5ms; burst=1"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_displayed_quota_parses_back(
+            rate in 1u64..=1_000_000,
+            period_ns in 1_000u64..=3_000_000_000_000_000_000,
+            burst in 1u64..=1_000_000,
+        ) {
+            let Ok(q) = Quota::new(rate, Duration::from_nanos(period_ns))
+                .and_then(|q| q.try_burst(burst))
+            else {
+                return Ok(());
+            };
+            let shown = q.to_string();
+            proptest::prop_assert_eq!(shown.parse::<Quota>(), Ok(q), "{}", shown);
+        }
+
+        #[test]
+        fn any_input_is_an_answer_not_a_panic(input in "\\PC{0,12}(/\\PC{0,12}(;\\PC{0,12})?)?") {
+            if let Err(e) = input.parse::<Quota>() {
+                proptest::prop_assert!(["rate", "period", "burst"].contains(&e.field()), "{}", e);
+            }
+        }
+
+        #[test]
+        fn an_unknown_unit_is_quoted_as_written(unit in "[^0-9./;]{1,8}") {
+            let trimmed = unit.trim();
+            proptest::prop_assume!(!trimmed.is_empty());
+            if let Err(e) = format!("5/{unit}").parse::<Quota>() {
+                proptest::prop_assert_eq!(e.field(), "period");
+                proptest::prop_assert!(e.reason().contains(&format!("`{trimmed}`")), "{}", e);
+            }
+        }
+    }
+
+    #[test]
+    fn odd_characters_are_reported_as_written() {
+        for (input, field, quoted) in [
+            ("100/\u{ff4d}in", "period", "`\u{ff4d}in`"), // full-width m
+            (
+                "100/\u{ff4d}\u{ff49}\u{ff4e}",
+                "period",
+                "`\u{ff4d}\u{ff49}\u{ff4e}`",
+            ),
+            (
+                "\u{ff11}\u{ff10}\u{ff10}/min",
+                "rate",
+                "`\u{ff11}\u{ff10}\u{ff10}`",
+            ), // full-width 100
+            ("100/\u{ff11}min", "period", "`\u{ff11}min`"),
+            ("100/1\u{ff4d}in", "period", "`\u{ff4d}in`"),
+            ("5/s\u{301}", "period", "`s\u{301}`"), // s and a combining acute
+            ("5/\u{301}s", "period", "`\u{301}s`"),
+            ("5/\u{1f40c}", "period", "`\u{1f40c}`"), // a snail
+            ("5/1\u{1f40c}", "period", "`\u{1f40c}`"),
+            ("\u{1f40c}/s", "rate", "`\u{1f40c}`"),
+            ("5/s;burst=\u{663}", "burst", "`\u{663}`"), // Arabic-Indic 3
+            ("5/\u{663}s", "period", "`\u{663}s`"),
+            ("5/s; burst=\u{ff13}", "burst", "`\u{ff13}`"),
+            ("5/s; bürst=3", "burst", "`bürst=3`"),
+            ("5/1.5.5s", "period", "`1.5.5`"),
+            ("5/-1s", "period", "`-1`"),
+            ("5/1e3s", "period", "`1e3`"),
+            ("5\u{a0}s", "rate", "`5\u{a0}s`"),
+        ] {
+            let err = input.parse::<Quota>().unwrap_err();
+            assert_eq!(err.field(), field, "{input:?}: {err}");
+            assert!(err.reason().contains(quoted), "{input:?}: {err}");
+        }
+        // Whitespace around a part is ignored, even before the unit.
+        assert_eq!("5/ s".parse::<Quota>(), Ok(Quota::per_second(5)));
+        assert_eq!(
+            "5 / 1 s ; burst = 7".parse::<Quota>(),
+            Ok(Quota::per_second(5).burst(7))
+        );
+        assert_eq!(
+            "1/1µs".parse::<Quota>().unwrap().period(),
+            Duration::from_micros(1)
+        );
     }
 }

@@ -3,8 +3,17 @@
 //! Every outcome is a response, never an error: [`Rejection`] says why a request is
 //! refused, and an [`OnRejection`] turns it into a response. The default,
 //! [`DefaultOnRejection`], answers with an `application/problem+json` body (RFC 9457).
-//! Whatever the response, the layer then adds what is missing of the rate-limit fields,
-//! `Retry-After` (when a wait helps) and `Cache-Control: no-store`.
+//! Whatever the response, the layer then adds its rate-limit fields, `Retry-After` (when a
+//! wait helps) and `Cache-Control: no-store`:
+//!
+//! - in the IETF style ([`HeaderStyle::Ietf`](crate::HeaderStyle)), `RateLimit` and
+//!   `RateLimit-Policy` are lists, and the layer's members are *appended*: a response that
+//!   already carries these fields (set by your [`OnRejection`]) ends up with both your
+//!   members and the layer's, as separate field lines of one list. Leave these fields to
+//!   the layer, or use [`HeaderStyle::None`](crate::HeaderStyle) and write your own;
+//! - in the other styles the fields hold one value, and each is set only if the response
+//!   does not have it already;
+//! - `Retry-After` and `Cache-Control` are set only if the response does not have them.
 //!
 //! ```
 //! use axum::{body::Body, http::{Response, StatusCode}};

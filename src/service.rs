@@ -151,14 +151,16 @@ fn group_for<St: Store, R>(shared: &Shared<St, R>, parts: &Parts) -> usize {
     if shared.routes.is_empty() {
         return 0;
     }
+    // After axum's router, its matched template names the route; elsewhere (`Router::layer`,
+    // plain hyper) the request path is matched against the templates.
     #[cfg(feature = "axum")]
-    let path = parts
-        .extensions
-        .get::<axum::extract::MatchedPath>()
-        .map_or(parts.uri.path(), |p| p.as_str());
+    let entries = match parts.extensions.get::<axum::extract::MatchedPath>() {
+        Some(matched) => shared.routes.for_template(matched.as_str()),
+        None => shared.routes.for_path(parts.uri.path()),
+    };
     #[cfg(not(feature = "axum"))]
-    let path = parts.uri.path();
-    let Some(entries) = shared.routes.get(path) else {
+    let entries = shared.routes.for_path(parts.uri.path());
+    let Some(entries) = entries else {
         return 0;
     };
     let with = |m: &Method| entries.iter().find(|(em, _)| em.as_ref() == Some(m));
@@ -439,25 +441,76 @@ mod tests {
             .build()
             .unwrap();
         let shared = &*layer.shared;
-        let name = |method: Method, path: &str| {
-            let (parts, _) = Request::builder()
-                .method(method)
-                .uri(path)
-                .body(())
-                .unwrap()
-                .into_parts();
-            let g = group_for(shared, &parts);
-            shared.groups[g]
-                .limits
-                .iter()
-                .map(|&i| shared.bounds[i].limit.name().to_owned())
-                .collect::<Vec<_>>()
-        };
+        let name = |m: Method, p: &str| names_for(shared, m, p);
         assert_eq!(name(Method::POST, "/login"), ["login-post"]);
         assert_eq!(name(Method::GET, "/login"), ["login-any"]);
         assert_eq!(name(Method::GET, "/items"), ["items"]);
         assert_eq!(name(Method::HEAD, "/items"), ["items"]);
         assert_eq!(name(Method::POST, "/items"), ["other"]);
         assert_eq!(name(Method::GET, "/elsewhere"), ["other"]);
+    }
+
+    /// The names of the limits a request gets, without axum's `MatchedPath`.
+    fn names_for(
+        shared: &Shared<MemoryStore, crate::response::DefaultOnRejection>,
+        method: Method,
+        path: &str,
+    ) -> Vec<String> {
+        let (parts, _) = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(())
+            .unwrap()
+            .into_parts();
+        let g = group_for(shared, &parts);
+        shared.groups[g]
+            .limits
+            .iter()
+            .map(|&i| shared.bounds[i].limit.name().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn without_a_matched_path_templates_match_the_request_path() {
+        let q = Quota::per_second(1);
+        let layer = RateLimitLayer::builder(MemoryStore::new())
+            .route("/users/{id}", Limit::new("user", q))
+            .route("POST /users/{id}", Limit::new("user-post", q))
+            .route("GET /users/me", Limit::new("me", q))
+            .route("/files/{*rest}", Limit::new("files", q))
+            .route("/orgs/{org}/repos/{repo}", Limit::new("repo", q))
+            .route("/plain", Limit::new("plain", q))
+            .route_default(Limit::new("other", q))
+            .build()
+            .unwrap();
+        let shared = &*layer.shared;
+        let name = |m: Method, p: &str| names_for(shared, m, p);
+        assert_eq!(name(Method::GET, "/users/7"), ["user"]);
+        assert_eq!(name(Method::GET, "/users/8"), ["user"]);
+        assert_eq!(name(Method::DELETE, "/users/8"), ["user"]);
+        assert_eq!(name(Method::POST, "/users/7"), ["user-post"]);
+        assert_eq!(name(Method::GET, "/users/me"), ["me"], "static wins");
+        assert_eq!(name(Method::HEAD, "/users/me"), ["me"], "HEAD uses GET");
+        assert_eq!(name(Method::POST, "/users/me"), ["other"]);
+        assert_eq!(name(Method::GET, "/files/a/b.txt"), ["files"]);
+        assert_eq!(name(Method::GET, "/orgs/x/repos/y"), ["repo"]);
+        assert_eq!(name(Method::GET, "/plain"), ["plain"]);
+        assert_eq!(
+            name(Method::GET, "/plain?q=1"),
+            ["plain"],
+            "the query is not the path"
+        );
+        for unmatched in [
+            "/users",
+            "/users/7/x",
+            "/users/",
+            "/files/",
+            "/plain/",
+            "/x",
+        ] {
+            assert_eq!(name(Method::GET, unmatched), ["other"], "{unmatched}");
+        }
+        // The template itself, as a raw path, is just a path like any other.
+        assert_eq!(name(Method::GET, "/users/%7Bid%7D"), ["user"]);
     }
 }

@@ -14,7 +14,7 @@ use support::{
     body_json, count, get as req, header, send, sf_names, sf_param, statuses, with_peer,
 };
 use tollgate::clock::FakeClock;
-use tollgate::key::{Header, PeerIp};
+use tollgate::key::{Header, KeyExtractor, PeerIp};
 use tollgate::response::Rejection;
 use tollgate::store::MemoryStore;
 use tollgate::{
@@ -110,19 +110,73 @@ async fn burst_then_429_with_standard_headers() {
 
 #[tokio::test]
 async fn a_full_bucket_has_no_t_parameter() {
-    let (_, store) = store();
-    let app = quickstart(store);
-    // A peek: cost 0 through a closure, so the bucket stays full.
-    let layer = RateLimitLayer::builder(MemoryStore::with_clock(FakeClock::new()))
-        .limit(Limit::new("peek", Quota::per_second(5)).cost(Cost::from_fn(|_| Some(0))))
+    let (clock, store) = store();
+    // `/peek` costs 0 (through a closure): it reports the bucket without changing it.
+    let layer = RateLimitLayer::builder(store)
+        .limit(
+            Limit::new("peek", Quota::per_second(5))
+                .cost(Cost::from_fn(|p| (p.uri.path() == "/peek").then_some(0))),
+        )
         .build()
         .unwrap();
-    let peek_app = Router::new()
+    let app = Router::new()
+        .route("/peek", get(|| async { "" }))
+        .route("/take", get(|| async { "" }))
+        .route_layer(layer);
+    let ratelimit = |r: Response<Body>| header(r.headers(), "ratelimit").unwrap();
+    assert_eq!(
+        ratelimit(send(&app, req("/peek", "192.0.2.1")).await),
+        r#""peek";r=5"#,
+        "full: no t"
+    );
+    assert_eq!(
+        ratelimit(send(&app, req("/take", "192.0.2.1")).await),
+        r#""peek";r=4;t=1"#,
+        "one token short: t until it is back"
+    );
+    assert_eq!(
+        ratelimit(send(&app, req("/peek", "192.0.2.1")).await),
+        r#""peek";r=4;t=1"#
+    );
+    clock.advance(Duration::from_millis(200));
+    assert_eq!(
+        ratelimit(send(&app, req("/peek", "192.0.2.1")).await),
+        r#""peek";r=5"#,
+        "full again: no t"
+    );
+}
+
+#[tokio::test]
+async fn or_inside_a_composite_key_keeps_tenants_apart() {
+    let (_, store) = store();
+    let per_caller = (
+        Header::new("x-tenant"),
+        Header::new("x-api-key").or(Header::new("x-user")),
+    );
+    let layer = RateLimitLayer::builder(store)
+        .limit(Limit::new("per-caller", Quota::per_minute(1)).key(per_caller))
+        .build()
+        .unwrap();
+    let app = Router::new()
         .route("/", get(|| async { "" }))
         .route_layer(layer);
-    let r = send(&peek_app, req("/", "192.0.2.1")).await;
-    assert_eq!(header(r.headers(), "ratelimit").unwrap(), r#""peek";r=5"#);
-    drop(app);
+    let from = |tenant: &str| {
+        let mut r = req("/", "192.0.2.1");
+        r.headers_mut().insert("x-tenant", tenant.parse().unwrap());
+        r.headers_mut()
+            .insert("x-user", "same-user".parse().unwrap());
+        r
+    };
+    assert_eq!(send(&app, from("t1")).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, from("t2")).await.status(),
+        StatusCode::OK,
+        "another tenant's user of the same name has a bucket of its own"
+    );
+    assert_eq!(
+        send(&app, from("t1")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
@@ -418,6 +472,51 @@ async fn route_table_in_one_layer() {
 }
 
 #[tokio::test]
+async fn route_table_under_router_layer_matches_templates_on_the_path() {
+    let (_, store) = store();
+    let layer = RateLimitLayer::builder(store)
+        .route(
+            "/users/{id}",
+            Limit::new("users", Quota::per_minute(3)).key(PeerIp::new()),
+        )
+        .route_default(Limit::new("default", Quota::per_minute(100)).key(PeerIp::new()))
+        .build()
+        .unwrap();
+    // Router::layer runs before routing: no MatchedPath, the raw path is matched.
+    let app = Router::new()
+        .route("/users/{id}", get(|| async { "" }))
+        .route("/other", get(|| async { "" }))
+        .layer(layer);
+    let ip = "192.0.2.78";
+    let mut seen = Vec::new();
+    for path in ["/users/7", "/users/8", "/users/7", "/users/8"] {
+        let r = send(&app, req(path, ip)).await;
+        assert_eq!(
+            sf_names(&header(r.headers(), "ratelimit").unwrap()),
+            ["users"],
+            "{path}"
+        );
+        seen.push(r.status());
+    }
+    assert_eq!(
+        seen,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ],
+        "/users/7 and /users/8 share the route's limit"
+    );
+    let r = send(&app, req("/other", ip)).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        sf_names(&header(r.headers(), "ratelimit").unwrap()),
+        ["default"]
+    );
+}
+
+#[tokio::test]
 async fn missing_keys_share_a_bucket_by_default_or_are_rejected_or_skipped() {
     let (_, store) = store();
     let shared = RateLimitLayer::builder(store.clone())
@@ -485,6 +584,40 @@ async fn the_429_response_is_replaceable_and_still_gets_the_headers() {
     assert_eq!(header(r.headers(), "retry-after").unwrap(), "60");
     assert!(r.headers().get("ratelimit").is_some());
     assert_eq!(support::body_text(r).await, "wait 60000 ms");
+}
+
+#[tokio::test]
+async fn a_rejection_with_its_own_fields_gets_the_layers_appended_as_documented() {
+    let (_, store) = store();
+    let layer = RateLimitLayer::builder(store)
+        .limit(Limit::new("per-ip", Quota::per_minute(1)).key(PeerIp::new()))
+        .on_rejection(|_: &Rejection<'_>| {
+            Response::builder()
+                .status(StatusCode::TOO_MANY_REQUESTS)
+                .header("ratelimit", r#""mine";r=0"#)
+                .header("retry-after", "5")
+                .header("cache-control", "private")
+                .body(Body::empty())
+                .unwrap()
+        })
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "" }))
+        .route_layer(layer);
+    send(&app, req("/", "192.0.2.1")).await;
+    let r = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = r.headers();
+    // IETF fields are lists: the layer's members are appended to the response's own.
+    assert_eq!(h.get_all("ratelimit").iter().count(), 2);
+    assert_eq!(
+        sf_names(&header(h, "ratelimit").unwrap()),
+        ["mine", "per-ip"]
+    );
+    // Single-valued fields the response already has are left alone.
+    assert_eq!(header(h, "retry-after").unwrap(), "5");
+    assert_eq!(header(h, "cache-control").unwrap(), "private");
 }
 
 #[tokio::test]

@@ -84,3 +84,49 @@ async fn a_plain_hyper_server_is_limited_and_gets_the_headers() {
         ]
     );
 }
+
+#[tokio::test]
+async fn plain_hyper_routes_match_templates_on_the_path() {
+    let limits = RateLimitLayer::builder(MemoryStore::new())
+        .route(
+            "/users/{id}",
+            Limit::new("users", Quota::per_minute(2)).key(PeerIp::new()),
+        )
+        .route_default(Limit::new("default", Quota::per_minute(100)).key(PeerIp::new()))
+        .build()
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, limits));
+
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .build_http::<Empty<Bytes>>();
+    let mut seen = Vec::new();
+    for path in ["/users/7", "/users/8", "/users/7", "/elsewhere"] {
+        let r = client
+            .request(
+                Request::get(format!("http://{addr}{path}"))
+                    .body(Empty::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let policy = r.headers()["ratelimit-policy"].to_str().unwrap().to_owned();
+        seen.push((path, r.status(), policy));
+    }
+    let users = r#""users";q=2;w=60"#;
+    assert_eq!(
+        seen,
+        [
+            ("/users/7", StatusCode::OK, users.to_owned()),
+            ("/users/8", StatusCode::OK, users.to_owned()),
+            ("/users/7", StatusCode::TOO_MANY_REQUESTS, users.to_owned()),
+            (
+                "/elsewhere",
+                StatusCode::OK,
+                r#""default";q=100;w=60"#.to_owned()
+            ),
+        ],
+        "/users/7 and /users/8 share the route's limit"
+    );
+}

@@ -223,6 +223,30 @@ impl KeyBuilder {
         *self = Self::new();
     }
 
+    /// The state of the builder now, to go back to with [`rollback`](Self::rollback).
+    /// Copies a few bytes, and the digest state only once the key is long enough to be
+    /// hashed; never allocates.
+    #[inline]
+    pub(crate) fn mark(&self) -> Mark {
+        Mark {
+            parts: self.parts,
+            ip: self.ip,
+            len: self.len,
+            overflow: self.overflow.clone(),
+        }
+    }
+
+    /// Forgets what was written since `mark` was taken, keeping what was written before.
+    #[inline]
+    pub(crate) fn rollback(&mut self, mark: Mark) {
+        // Writes only append, and once the digest has started they no longer touch `buf`:
+        // `buf[..mark.len]` still holds what it held at the mark.
+        self.parts = mark.parts;
+        self.ip = mark.ip;
+        self.len = mark.len;
+        self.overflow = mark.overflow;
+    }
+
     /// Adds an IP address, masked to `prefix` bits (IPv4 prefixes count IPv4 bits).
     /// IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`) are treated as the IPv4 address.
     #[inline(always)]
@@ -290,12 +314,18 @@ impl KeyBuilder {
             Some(h) => Key {
                 repr: Repr::Digest(h.finalize().into()),
             },
-            None => Key {
-                repr: Repr::Text {
-                    len: self.len as u8,
-                    buf: self.buf,
-                },
-            },
+            None => {
+                // Only the written bytes: what lies beyond them (left by a rollback or an
+                // earlier key) must not make equal keys compare unequal.
+                let mut buf = [0; INLINE];
+                buf[..self.len].copy_from_slice(&self.buf[..self.len]);
+                Key {
+                    repr: Repr::Text {
+                        len: self.len as u8,
+                        buf,
+                    },
+                }
+            }
         }
     }
 
@@ -337,6 +367,14 @@ impl KeyBuilder {
             self.overflow = Some(h);
         }
     }
+}
+
+/// A [`KeyBuilder`]'s state at one moment (see [`KeyBuilder::mark`]).
+pub(crate) struct Mark {
+    parts: u8,
+    ip: Option<([u8; 16], u8)>,
+    len: usize,
+    overflow: Option<Sha256>,
 }
 
 /// Writes characters as they are (for address text, which is plain by construction).

@@ -14,7 +14,7 @@
 //! | [`Route`] | the matched route and method (feature `axum`) |
 //! | closures | `Fn(&Parts) -> Option<impl KeyPart>` |
 //! | `(a, b)` | a composite key: both parts |
-//! | `a.or(b)` | `a`, or `b` when the request has no `a` |
+//! | `a.or(b)` | `a`, or `b` when the request has no `a` (`a` must be authenticated, see below) |
 //!
 //! A request for which an extractor finds nothing is not let through silently: by default it
 //! is counted in one bucket shared by all such requests (see
@@ -22,16 +22,40 @@
 //!
 //! ```
 //! use http::request::Parts;
-//! use tollgate::key::{Header, KeyExtractor, PeerIp};
+//! use tollgate::key::{Extension, KeyBuilder, KeyExtractor, KeyPart, PeerIp};
 //!
-//! // An API key when there is one, the client address otherwise.
-//! let by_api_key_or_ip = Header::new("x-api-key").or(PeerIp::new());
-//! // The user id an authentication layer put in the extensions, per route.
-//! # #[derive(Clone)] struct UserId(u64);
+//! // The user id an authentication layer put in the extensions (so only after it checked
+//! // the credentials), the client address for anonymous requests.
+//! #[derive(Clone)]
+//! struct UserId(u64);
+//! impl KeyPart for UserId {
+//!     fn write_key(&self, key: &mut KeyBuilder) { key.push_display(self.0) }
+//! }
+//! let per_user_or_ip = Extension::<UserId>::new().or(PeerIp::new());
+//! // The same user id from a closure.
 //! let per_user = |parts: &Parts| parts.extensions.get::<UserId>().map(|u| u.0);
 //! # fn is_extractor(_: impl KeyExtractor) {}
-//! # is_extractor(by_api_key_or_ip);
+//! # is_extractor(per_user_or_ip);
 //! # is_extractor(per_user);
+//! ```
+//!
+//! # `or` needs an authenticated first choice
+//!
+//! `a.or(b)` limits a request by `a` alone whenever `a` is present, so `b` binds only the
+//! requests without an `a`. If clients choose `a` freely, they choose their bucket:
+//! `Header::new("x-api-key").or(PeerIp::new())` lets a client escape its per-address limit
+//! by sending a new made-up API key with each request. Use `or` only when `a` is checked
+//! before the limit runs (an extension set by an authentication layer, as above), or use two
+//! limits, which every request must pass:
+//!
+//! ```
+//! use tollgate::{key::{Header, PeerIp}, Limit, MissingKey, Quota};
+//!
+//! let per_ip = Limit::new("per-ip", Quota::per_second(20)).key(PeerIp::new());
+//! let per_key = Limit::new("per-key", Quota::per_second(5))
+//!     .key(Header::new("x-api-key"))
+//!     .on_missing_key(MissingKey::Skip); // anonymous requests: per-ip only
+//! # let _ = (per_ip, per_key);
 //! ```
 
 mod builder;
@@ -84,6 +108,13 @@ pub trait KeyExtractor: Send + Sync + 'static {
     fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError>;
 
     /// This extractor, or `other` when this one finds no key.
+    ///
+    /// The request is then limited by this extractor's key alone: use it only when that
+    /// key cannot be invented by the client (see [the module docs](crate::key#or-needs-an-authenticated-first-choice)).
+    ///
+    /// Inside a composite key only what this extractor wrote is undone before `other`
+    /// runs: `(Header::new("x-tenant"), Header::new("x-api-key").or(Header::new("x-user")))`
+    /// keeps the tenant in every key.
     ///
     /// Misconfiguration is not masked: if this extractor reports
     /// [`KeyError::Misconfigured`], so does the chain.
@@ -283,9 +314,12 @@ pub struct Or<A, B> {
 
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
     fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
+        // `first` may write some parts before it finds one missing (a tuple); only those
+        // are undone, not what the parts before this `or` wrote.
+        let mark = key.mark();
         match self.first.extract(parts, key) {
             Err(KeyError::Missing) => {
-                key.clear();
+                key.rollback(mark);
                 self.second.extract(parts, key)
             }
             other => other,
@@ -364,13 +398,145 @@ pub(crate) mod tests {
         let p = parts(Request::get("/").header("x-b", "bee").body(()).unwrap());
         let chain = Header::new("x-a").or(Header::new("x-b"));
         assert_eq!(extract(&chain, &p).unwrap(), "bee");
-        let misconfigured = |_: &Parts| -> Option<u8> { None };
-        assert_eq!(extract(&misconfigured.or(Global), &p).unwrap(), "");
+        let found_first = Header::new("x-b").or(Header::new("x-a"));
+        assert_eq!(extract(&found_first, &p).unwrap(), "bee");
+        let missing = |_: &Parts| -> Option<u8> { None };
+        assert_eq!(extract(&missing.or(Global), &p).unwrap(), "");
+        // Misconfiguration is reported, not replaced by the fallback.
         let loud = PeerIp::new().or(Global);
         assert!(matches!(
             extract(&loud, &p),
             Err(KeyError::Misconfigured(_))
         ));
+        struct Broken;
+        impl KeyExtractor for Broken {
+            fn extract(&self, _: &Parts, _: &mut KeyBuilder) -> Result<(), KeyError> {
+                Err(KeyError::Misconfigured("broken on purpose"))
+            }
+        }
+        assert_eq!(
+            extract(&Broken.or(Header::new("x-b")), &p),
+            Err(KeyError::Misconfigured("broken on purpose"))
+        );
+    }
+
+    fn h(name: &'static str) -> Header {
+        Header::new(name)
+    }
+
+    /// A request with these headers.
+    fn with_headers(headers: &[(&'static str, &str)]) -> Parts {
+        let mut req = Request::get("/").body(()).unwrap();
+        for &(name, value) in headers {
+            req.headers_mut().insert(name, value.parse().unwrap());
+        }
+        parts(req)
+    }
+
+    fn key_of(e: &impl KeyExtractor, p: &Parts) -> Result<Key, KeyError> {
+        let mut b = KeyBuilder::new();
+        e.extract(p, &mut b)?;
+        Ok(b.finish())
+    }
+
+    /// `with_or` builds exactly the key `plain` builds, for both tenants, and the two
+    /// tenants' keys differ.
+    #[track_caller]
+    fn same_key_per_tenant(
+        with_or: &impl KeyExtractor,
+        plain: &impl KeyExtractor,
+        t1: &str,
+        t2: &str,
+    ) {
+        let user = "u-42";
+        let p1 = with_headers(&[("x-tenant", t1), ("x-user", user), ("x-z", "z")]);
+        let p2 = with_headers(&[("x-tenant", t2), ("x-user", user), ("x-z", "z")]);
+        let (k1, k2) = (key_of(with_or, &p1).unwrap(), key_of(with_or, &p2).unwrap());
+        assert_eq!(k1, key_of(plain, &p1).unwrap());
+        assert_eq!(k1.to_string(), key_of(plain, &p1).unwrap().to_string());
+        assert_eq!(k2, key_of(plain, &p2).unwrap());
+        assert_ne!(k1, k2, "two tenants, one bucket");
+    }
+
+    #[test]
+    fn or_inside_a_tuple_keeps_earlier_parts() {
+        let (t, z, u) = (h("x-tenant"), h("x-z"), h("x-user"));
+        let or = || h("x-api-key").or(h("x-user"));
+        for (t1, t2) in [
+            ("t1", "t2"),
+            (&*"a".repeat(70), &*"b".repeat(70)),
+            (&*"{".repeat(30), &*"}".repeat(30)),
+        ] {
+            // 2-tuples: the `or` first and last.
+            same_key_per_tenant(&(t.clone(), or()), &(t.clone(), u.clone()), t1, t2);
+            same_key_per_tenant(&(or(), t.clone()), &(u.clone(), t.clone()), t1, t2);
+            // 3-tuples: first, middle, last.
+            let plain = (t.clone(), u.clone(), z.clone());
+            same_key_per_tenant(&(t.clone(), or(), z.clone()), &plain, t1, t2);
+            let plain = (z.clone(), t.clone(), u.clone());
+            same_key_per_tenant(&(z.clone(), t.clone(), or()), &plain, t1, t2);
+            let plain = (u.clone(), z.clone(), t.clone());
+            same_key_per_tenant(&(or(), z.clone(), t.clone()), &plain, t1, t2);
+            // 4-tuples: second and last.
+            let plain = (t.clone(), u.clone(), z.clone(), z.clone());
+            same_key_per_tenant(&(t.clone(), or(), z.clone(), z.clone()), &plain, t1, t2);
+            let plain = (z.clone(), t.clone(), z.clone(), u.clone());
+            same_key_per_tenant(&(z.clone(), t.clone(), z.clone(), or()), &plain, t1, t2);
+        }
+    }
+
+    #[test]
+    fn nested_ors_undo_only_their_own_parts() {
+        let (t, u) = (h("x-tenant"), h("x-user"));
+        let plain = (t.clone(), u.clone());
+        for (t1, t2) in [("t1", "t2"), (&*"a".repeat(80), &*"b".repeat(80))] {
+            let left = h("x-a").or(h("x-b")).or(h("x-user"));
+            same_key_per_tenant(&(t.clone(), left), &plain, t1, t2);
+            let right = h("x-a").or(h("x-b").or(h("x-user")));
+            same_key_per_tenant(&(t.clone(), right), &plain, t1, t2);
+            // The first alternative is a tuple that writes a part, then finds one missing.
+            let half_way = (h("x-tenant"), h("x-missing")).or(h("x-user"));
+            same_key_per_tenant(&(t.clone(), half_way), &plain, t1, t2);
+            let deeper = (h("x-tenant"), h("x-z"), h("x-missing"))
+                .or((h("x-z"), h("x-missing")).or(h("x-user")));
+            same_key_per_tenant(&(t.clone(), deeper), &plain, t1, t2);
+        }
+    }
+
+    #[test]
+    fn or_undoes_long_hashed_parts_and_addresses() {
+        let long = "l".repeat(100);
+        let p = with_headers(&[("x-tenant", "t1"), ("x-long", &long), ("x-user", "u")]);
+        let plain = key_of(&(h("x-tenant"), h("x-user")), &p).unwrap();
+        assert_eq!(plain.to_string(), "t1:u", "stays inline");
+        // The first alternative pushes the key past 64 bytes (hashed), then fails.
+        let spills = (h("x-long"), h("x-missing")).or(h("x-user"));
+        assert_eq!(key_of(&(h("x-tenant"), spills), &p).unwrap(), plain);
+        // Hashed before the `or`, and more hashed material undone.
+        let plain = key_of(&(h("x-long"), h("x-user")), &p).unwrap();
+        assert!(plain.to_string().starts_with('~'));
+        let spills = (h("x-long"), h("x-missing")).or(h("x-user"));
+        assert_eq!(key_of(&(h("x-long"), spills), &p).unwrap(), plain);
+        // An address: the builder's fast path for a lone address, before and inside.
+        let ip = |_: &Parts| Some(std::net::IpAddr::from([192, 0, 2, 1]));
+        let alone = key_of(&ip, &p).unwrap();
+        assert_eq!(alone.ip(), Some([192, 0, 2, 1].into()));
+        let with_or = key_of(&(ip, h("x-missing").or(h("x-user"))), &p).unwrap();
+        assert_eq!(with_or, key_of(&(ip, h("x-user")), &p).unwrap());
+        assert_eq!(with_or.to_string(), "@192.0.2.1:u");
+        let after_ip = (ip, (h("x-tenant"), h("x-missing")).or(h("x-user")));
+        assert_eq!(key_of(&after_ip, &p).unwrap(), with_or);
+        let undone_ip = (ip, h("x-missing")).or(h("x-user"));
+        assert_eq!(
+            key_of(&undone_ip, &p).unwrap(),
+            key_of(&h("x-user"), &p).unwrap()
+        );
+        let ip_fallback = h("x-missing").or(ip);
+        assert_eq!(
+            key_of(&(ip_fallback), &p).unwrap(),
+            alone,
+            "still an address key"
+        );
     }
 
     #[test]
