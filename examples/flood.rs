@@ -87,7 +87,9 @@ fn at_the_cap() {
             n += 1;
         }
         let mean = start.elapsed() / n;
-        println!("at a 1,000,000-key cap, {label}: mean {mean:?} per check, worst {worst:?} ({n} checks)");
+        println!(
+            "at a 1,000,000-key cap, {label}: mean {mean:?} per check, worst {worst:?} ({n} checks)"
+        );
     };
     measure("known keys", &mut (0..200_000u64));
     measure("new keys  ", &mut (10_000_000..10_200_000u64));
@@ -100,8 +102,10 @@ struct Lines(Arc<AtomicU64>);
 
 impl io::Write for Lines {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0
-            .fetch_add(buf.iter().filter(|&&b| b == b'\n').count() as u64, Ordering::Relaxed);
+        self.0.fetch_add(
+            buf.iter().filter(|&&b| b == b'\n').count() as u64,
+            Ordering::Relaxed,
+        );
         Ok(buf.len())
     }
     fn flush(&mut self) -> io::Result<()> {

@@ -376,8 +376,9 @@ fn log_shadow_refusal<St: Store>(bound: &Bound<St>, parts: &Parts) {
     }
 }
 
-/// The rejection response, completed with what it lacks of the rate-limit fields,
-/// `Retry-After` and `Cache-Control`.
+/// The rejection response with the layer's rate-limit fields (IETF lists appended to any
+/// the response has; single-valued styles only if absent), and `Retry-After` and
+/// `Cache-Control` if absent.
 fn refuse<St: Store, R, B>(
     shared: &Shared<St, R>,
     rejection: &Rejection<'_>,
