@@ -22,20 +22,21 @@
 //!   offset (`t * 100,000 / threads`). The quota is one token a second with a bucket of
 //!   three billion (95 years of tokens, near the most either limiter accepts): every
 //!   bucket stays partly drained, so every key stays resident in both stores, and nothing
-//!   is refused before a key has been checked three billion times. A fast
-//!   quota would not do: a bucket refilled at a million a second is full again a
-//!   microsecond after a check, whatever its size, and with a million a second and a
-//!   bucket of `u32::MAX` tollgate's store (as of this example) held about 150 of the
-//!   100,000 keys at the end of a cell. The 100-a-second quota of `benches/memory.rs`
-//!   kept all of them on a 2-core VM, though one thread took about as long as one token
-//!   (10 ms) to go round 100,000 keys, so that the buckets refilled between visits. The
-//!   `tollgate keys` column shows how many keys tollgate's store holds at the end of each
-//!   cell. `hot_key` uses the same quota, so a `hot_key` cell fails after three billion
-//!   checks (over a minute at 40 M/s).
+//!   is refused before a key has been checked three billion times, whatever the store
+//!   does with full buckets. A fast quota would not do: a bucket refilled at a million a
+//!   second is full again a microsecond after a check, whatever its size; with a million
+//!   a second and a bucket of `u32::MAX`, the store of commit 21c99cf (which drops full
+//!   buckets when a shard grows) held about 150 of the 100,000 keys at the end of a cell.
+//!   `hot_key` uses the same quota, so a `hot_key` cell fails after three billion checks
+//!   (over a minute at 40 M/s).
 //! - `many_keys_refilled`: the same 100,000 addresses under a million tokens a second with
 //!   a bucket of a million: every bucket is full again when its key comes back round, so
-//!   nothing is refused; governor keeps every key, while tollgate drops full buckets (a
-//!   full bucket is the same as no entry) and inserts the key again.
+//!   nothing is refused. governor keeps every key; a store that drops full buckets (a
+//!   full bucket is the same as no entry), as tollgate's did at commit 21c99cf, inserts
+//!   the key again on most checks.
+//!
+//! The `tollgate keys` column shows how many keys tollgate's store holds at the end of
+//! each cell: 100,000 when every key stayed resident.
 //!
 //! Method, per cell (case × threads × implementation): a fresh limiter; for the `many_keys*`
 //! cases every key checked once beforehand, untimed; then the threads start together
