@@ -47,10 +47,24 @@ pub enum Verdict {
 }
 
 impl Outcome {
-    /// The outcome of the pure algorithm, whose unit of time is `unit_ns` nanoseconds, for a
-    /// bucket whose TAT after the request is `reset_after` units from now.
+    /// The outcome of the pure algorithm ([`gcra`]), whose unit of time is `unit_ns`
+    /// nanoseconds, for a bucket whose TAT after the request is `reset_after` units from
+    /// now: what a [`Store`](crate::store::Store) answers for one item.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{gcra::{self, Params}, Outcome};
+    ///
+    /// // T = 100 ms, burst 10, in microseconds: a full bucket, one request of cost 1.
+    /// let params = Params::new(100_000, 10);
+    /// let d = gcra::check(params, 0, 5_000_000, 1);
+    /// let o = Outcome::new(d.verdict, d.reset_after, params, 1_000);
+    /// assert!(o.is_allowed());
+    /// assert_eq!(o.remaining(), 9);
+    /// assert_eq!(o.reset_after(), Duration::from_millis(100));
+    /// ```
     #[inline]
-    pub(crate) fn new(
+    pub fn new(
         verdict: gcra::Verdict,
         reset_after: u64,
         params: gcra::Params,

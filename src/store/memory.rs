@@ -11,11 +11,10 @@ use std::time::Duration;
 use hashbrown::HashTable;
 use smallvec::SmallVec;
 
-use super::{Checked, Item, Statuses, Store};
+use super::{Checked, Item, Op, Statuses, Store};
 use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Outcome, Status};
 use crate::gcra::{self, Params};
-#[cfg(feature = "redis")]
 use crate::key::Key;
 use crate::limit::Mode;
 
@@ -552,6 +551,51 @@ impl<C: Clock> MemoryStore<C> {
         ))
     }
 
+    /// Applies an operation other than a check to one bucket (design brief §10), in one
+    /// compare-and-swap, and reports the bucket as it is afterwards.
+    fn update_one(&self, op: Op, item: &Item<'_, MemoryTable>, now: u64) -> Status {
+        let table = &*item.table.table;
+        let params = params(item);
+        let cost_time = u64::from(item.cost).saturating_mul(params.t());
+        let slot = self.slot(item);
+        let set = |tat: &AtomicU64, f: &dyn Fn(u64) -> u64| -> u64 {
+            let mut cur = tat.load(Ordering::Acquire);
+            loop {
+                let new = f(cur);
+                match tat.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return new,
+                    Err(actual) => cur = actual,
+                }
+            }
+        };
+        let after = match op {
+            Op::Refund => self
+                .with_existing(table, slot, |tat| {
+                    set(tat, &|cur| cur.saturating_sub(cost_time).max(now))
+                })
+                .unwrap_or_else(|| table.initial_tat()),
+            Op::Penalize => self.with_entry(table, slot, |tat| {
+                set(tat, &|cur| cur.max(now).saturating_add(cost_time))
+            }),
+            Op::Block(d) => {
+                let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+                // A cost-1 request passes when TAT + T - tau <= now + d.
+                let until = now
+                    .saturating_add(d)
+                    .saturating_add(params.tau())
+                    .saturating_sub(params.t());
+                self.with_entry(table, slot, |tat| set(tat, &|cur| cur.max(until)))
+            }
+            Op::Reset => {
+                self.with_existing(table, slot, |tat| tat.store(0, Ordering::Release));
+                0
+            }
+            Op::Check => unreachable!("checks take the check path"),
+        };
+        let o = gcra::peek(params, after, now);
+        Status::Checked(Outcome::new(o.verdict, o.reset_after, params, 1))
+    }
+
     /// Checks several limits all or nothing: look at every bucket first, and consume only
     /// if all enforcing limits pass; a concurrent request that took the last token between
     /// the look and the consume makes this one give back what it took.
@@ -671,10 +715,9 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
-/// Per-key timestamps that are forgotten once in the past: the Redis store's deny cache
-/// ("this key is refused until ...") kept in a memory store's tables, which sweep them like
-/// full buckets.
-#[cfg(feature = "redis")]
+/// Per-key timestamps that are forgotten once in the past: the deny cache of
+/// [`Resilient`](super::Resilient) ("this key is refused until ...") kept in a memory
+/// store's tables, which sweep them like full buckets.
 impl<C: Clock> MemoryStore<C> {
     fn marker_slot(&self, key: &Key, salt: u64) -> Slot {
         let k = key.compact(&self.inner.secret);
@@ -711,6 +754,12 @@ impl<C: Clock> MemoryStore<C> {
         if self.with_existing(table, slot, raise).is_none() && !self.at_or_over_cap() {
             let _ = self.insert_with(table, slot, || 0, raise);
         }
+    }
+
+    /// Forgets the marker of `key`.
+    pub(crate) fn clear_marker(&self, table: &MemoryTable, key: &Key, salt: u64) {
+        let slot = self.marker_slot(key, salt);
+        self.with_existing(&table.table, slot, |v| v.store(0, Ordering::Release));
     }
 }
 
@@ -771,6 +820,14 @@ impl<C: Clock> Store for MemoryStore<C> {
             .or_insert_with(|| Arc::new(Table::new(name)))
             .clone();
         MemoryTable { table }
+    }
+
+    fn apply(&self, op: Op, items: &[Item<'_, MemoryTable>]) -> Checked<Self::Future> {
+        if op == Op::Check {
+            return self.check(items);
+        }
+        let now = self.inner.clock.now();
+        Checked::Ready(items.iter().map(|i| self.update_one(op, i, now)).collect())
     }
 
     #[inline]

@@ -2,19 +2,38 @@
 //!
 //! | store | state | failure |
 //! |---|---|---|
-//! | [`MemoryStore`] | in this process, lock-free per key, evicted when idle | cannot fail |
-//! | `RedisStore` (feature `redis`) | in Redis, shared by every instance, one atomic script per request | per-limit [`FailurePolicy`] |
+//! | [`MemoryStore`] | in this process, lock-free per key, bounded, swept when idle | cannot fail |
+//! | `RedisStore` (feature `redis`) | in Redis, shared by every instance, one atomic script per call | per-limit [`FailurePolicy`] |
+//! | [`Resilient`]`<B>` | any [`Backend`] (a store that can fail) | per-limit [`FailurePolicy`] |
 //!
-//! A store checks all the limits of one request at once and makes the result all or
-//! nothing: a request refused by one enforcing limit consumes nothing from any limit.
+//! # The contract
+//!
+//! A [`Store`] applies one [`Op`] to the buckets of one call's [`Item`]s and answers each
+//! item's [`Status`]: the state of its bucket afterwards. For [`Op::Check`] the answer is
+//! all or nothing: if any [`Mode::Enforce`] item is refused, nothing is consumed anywhere
+//! and the other items report their unchanged state; otherwise every passing item consumes
+//! its cost (shadow items too) and a shadow item that would refuse consumes nothing. The
+//! other operations never refuse and apply to each item. A store that never fails (the
+//! memory store) implements [`Store`] directly.
+//!
+//! A store that can fail (a network service) implements [`Backend`] instead: the same
+//! operations, answering `Result`, and on an error having changed nothing. [`Resilient`]
+//! turns any backend into a [`Store`] with what every remote store needs: a timeout per
+//! call, a circuit breaker, each limit's [`FailurePolicy`] (a local fallback limiter,
+//! fail open, or fail closed), a local cache of denials, and one log line per state
+//! change. `RedisStore` is `Resilient<RedisBackend>`.
 //!
 //! [`FailurePolicy`]: crate::FailurePolicy
 
+mod breaker;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+mod resilient;
 
+use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use smallvec::SmallVec;
 
@@ -22,11 +41,60 @@ pub use crate::decision::Status;
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis::{RedisStore, RedisTable};
+pub use redis::{RedisBackend, RedisStore, RedisTable};
+pub use resilient::{Resilient, ResilientTable};
 
 use crate::key::Key;
 use crate::limit::{FailurePolicy, Mode};
 use crate::quota::Quota;
+
+/// What to do to the buckets of a call (design brief §10). Each is one atomic step per
+/// bucket.
+///
+/// | operation | bucket afterwards |
+/// |---|---|
+/// | `Check` | `cost` tokens taken if they are all there (cost 0: a look that creates nothing); all or nothing over the items |
+/// | `Refund` | `cost` tokens given back, never beyond a full bucket; an absent key stays absent |
+/// | `Penalize` | `cost` tokens taken whatever is left: the bucket may go into debt, and the next request passes once the debt has refilled |
+/// | `Block(d)` | a request of cost 1 is refused until `d` from now, whatever the tokens; then one token is there and the bucket refills from it |
+/// | `Reset` | a full bucket, unblocked (the key is forgotten) |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Op {
+    /// Take each item's cost, all or nothing.
+    Check,
+    /// Give each item's cost back.
+    Refund,
+    /// Take each item's cost, into debt if need be.
+    Penalize,
+    /// Refuse each item's key for this long.
+    Block(Duration),
+    /// Forget each item's key.
+    Reset,
+}
+
+/// Why a [`Backend`] could not answer: the message of the underlying error.
+#[derive(Debug)]
+pub struct StoreError(Box<dyn std::error::Error + Send + Sync>);
+
+impl StoreError {
+    /// Wraps any error (or message).
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self(error.into())
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
 
 /// One limit of one request, as the store sees it.
 #[derive(Debug)]
@@ -101,22 +169,50 @@ pub enum Checked<F> {
     Pending(F),
 }
 
-/// Where bucket state lives, and how a request's limits are checked against it.
-///
-/// `check` must decide the request all or nothing: if any [`Mode::Enforce`] item is
-/// refused ([`Status::Checked`] or [`Status::Fallback`] with a denial, or
-/// [`Status::FailedClosed`]), nothing is consumed and the items that would have passed
-/// report their unchanged state; otherwise every passing item consumes its cost (shadow
-/// items too), and a shadow item that would refuse consumes nothing.
+/// Where bucket state lives, and how the operations of one call apply to it (see the
+/// [module docs](self) for the contract).
 pub trait Store: Clone + Send + Sync + 'static {
-    /// A handle to one limit's buckets, made once when the layer is built.
+    /// A handle to one limit's buckets, made once when a layer or limiter is built.
     type Table: Send + Sync + 'static;
-    /// The answer of a check that needs I/O.
+    /// The answer of a call that needs I/O.
     type Future: Future<Output = Statuses> + Send + 'static;
 
     /// The table of the limit called `name` (the same name gives the same buckets).
     fn table(&self, name: &str) -> Self::Table;
 
-    /// Checks one request against each of its limits.
-    fn check(&self, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future>;
+    /// Applies `op` to the bucket of each item; answers one [`Status`] per item, in order.
+    fn apply(&self, op: Op, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future>;
+
+    /// [`Op::Check`]: one request against each of its limits, all or nothing.
+    #[inline]
+    fn check(&self, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future> {
+        self.apply(Op::Check, items)
+    }
+}
+
+/// A store that can fail, such as a network service; [`Resilient`] makes it a [`Store`].
+///
+/// `apply` has the contract of [`Store::apply`] and answers [`Status::Checked`] for every
+/// item, or an error, in which case the call must have changed nothing (a backend that
+/// changed some buckets before failing gives them back first). It copies what it needs
+/// from the items before returning its future.
+///
+/// A backend in a few lines, with the pure algorithm ([`gcra`](crate::gcra)) doing the
+/// arithmetic, is in `tests/backend.rs`.
+pub trait Backend: Clone + Send + Sync + 'static {
+    /// A handle to one limit's buckets.
+    type Table: Send + Sync + 'static;
+    /// The answer of one call.
+    type Future: Future<Output = Result<Statuses, StoreError>> + Send + 'static;
+
+    /// The table of the limit called `name`.
+    fn table(&self, name: &str) -> Self::Table;
+
+    /// Applies `op` to the bucket of each item.
+    fn apply(&self, op: Op, items: &[Item<'_, Self::Table>]) -> Self::Future;
+
+    /// The backend's name in logs (`"Redis"`).
+    fn name(&self) -> &'static str {
+        "the store"
+    }
 }

@@ -1,0 +1,488 @@
+//! [`Resilient`]: any [`Backend`] made a [`Store`] that never fails a request: a timeout
+//! per call, a circuit breaker, each limit's failure policy with a local fallback limiter,
+//! and a local cache of denials.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::breaker::{Breaker, Permit};
+use super::memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
+use super::{Backend, Checked, Item, Op, Statuses, Store, StoreError};
+use crate::clock::{Clock, SharedClock};
+use crate::decision::{Outcome, Status};
+use crate::gcra::{self, Params};
+use crate::key::Key;
+use crate::limit::{FailurePolicy, Mode};
+use crate::quota::Quota;
+
+/// Keys the deny cache remembers at most.
+const DENY_CACHE_MAX_KEYS: usize = 100_000;
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+const DEFAULT_BREAKER_FAILURES: u32 = 3;
+const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(1);
+
+/// A [`Backend`] (a store that can fail) made a [`Store`] whose every answer is a decision.
+///
+/// - **Timeout**: each call has one (default 50 ms); running out counts as a failure.
+/// - **Breaker**: after 3 consecutive failures (default) the backend is skipped for a
+///   cool-down (default 1 s), then one request probes it; success closes the breaker.
+///   Opening and closing are logged once each (`WARN` / `INFO`), single failures at
+///   `DEBUG`. While it is open a failing backend costs microseconds per request.
+/// - **Failure policies**: when the backend fails, each limit's [`FailurePolicy`] decides:
+///   `Fallback` (default) applies the same operation to a local [`MemoryStore`] with the
+///   same quota (bounded like any memory store, see
+///   [`fallback_max_keys`](Self::fallback_max_keys)), `Allow` lets the request pass,
+///   `Deny` refuses it (503). A refused request consumes nothing anywhere.
+/// - **Deny cache** (on by default, up to 100,000 keys): a key the backend refused is
+///   refused locally, without a call, until it could pass a request of cost 1. The
+///   deadline is counted from the moment the call was sent, so it is never later than the
+///   backend's. Tokens given back meanwhile (a refund or a reset on another instance) can
+///   make the backend allow earlier: the key then waits at most until the deadline. A
+///   reset, refund or block through *this* store updates the cache at once.
+///
+/// The breaker, the fallback and the deny cache run on one clock, by default the monotonic
+/// clock; [`clock`](Self::clock) injects another (a
+/// [`FakeClock`](crate::clock::FakeClock) in tests, which then need no sleeps).
+///
+/// ```
+/// use std::time::Duration;
+/// # use tollgate::store::{Backend, Item, Op, Statuses, StoreError};
+/// # #[derive(Clone)] struct MyBackend;
+/// # impl Backend for MyBackend {
+/// #     type Table = ();
+/// #     type Future = std::future::Ready<Result<Statuses, StoreError>>;
+/// #     fn table(&self, _: &str) {}
+/// #     fn apply(&self, _: Op, _: &[Item<'_, ()>]) -> Self::Future {
+/// #         std::future::ready(Err(StoreError::new("down")))
+/// #     }
+/// # }
+/// use tollgate::store::Resilient;
+///
+/// let store = Resilient::new(MyBackend)
+///     .timeout(Duration::from_millis(20))
+///     .breaker(5, Duration::from_secs(2));
+/// # let _ = store;
+/// ```
+///
+/// Configure the store before building layers or limiters with it: their tables are made
+/// then, and clones made earlier keep the earlier settings.
+///
+/// [`FailurePolicy`]: crate::FailurePolicy
+pub struct Resilient<B> {
+    inner: Arc<Inner<B>>,
+}
+
+impl<B: Clone> Clone for Resilient<B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(super) struct Inner<B> {
+    pub(super) backend: B,
+    /// The clock of the breaker and the local stores.
+    pub(super) clock: SharedClock,
+    timeout: Duration,
+    breaker: Arc<Breaker>,
+    fallback_max_keys: usize,
+    fallback: MemoryStore<SharedClock>,
+    deny_cache: Option<MemoryStore<SharedClock>>,
+}
+
+impl<B> Inner<B> {
+    fn fallback_store(&self) -> MemoryStore<SharedClock> {
+        MemoryStore::with_clock(self.clock.clone()).max_keys(self.fallback_max_keys)
+    }
+
+    fn deny_cache_store(&self) -> MemoryStore<SharedClock> {
+        MemoryStore::with_clock(self.clock.clone()).max_keys(DENY_CACHE_MAX_KEYS)
+    }
+}
+
+/// One limit's buckets in a [`Resilient`] store: the backend's table, and the local ones.
+pub struct ResilientTable<T> {
+    inner: T,
+    fallback: MemoryTable,
+    deny: Option<MemoryTable>,
+}
+
+impl<T: fmt::Debug> fmt::Debug for ResilientTable<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResilientTable")
+            .field("backend", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for Resilient<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Resilient")
+            .field("backend", &self.inner.backend)
+            .field("timeout", &self.inner.timeout)
+            .field("deny_cache", &self.inner.deny_cache.is_some())
+            .field("breaker_open", &self.inner.breaker.is_open())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> Resilient<B> {
+    /// `backend` with the default timeout (50 ms), breaker (3 failures, 1 s cool-down),
+    /// fallback store and deny cache, on the monotonic clock.
+    pub fn new(backend: B) -> Self {
+        let clock = SharedClock::default();
+        Self {
+            inner: Arc::new(Inner {
+                backend,
+                timeout: DEFAULT_TIMEOUT,
+                breaker: Arc::new(Breaker::new(DEFAULT_BREAKER_FAILURES, DEFAULT_COOL_DOWN)),
+                fallback_max_keys: DEFAULT_MAX_KEYS,
+                fallback: MemoryStore::with_clock(clock.clone()),
+                deny_cache: Some(
+                    MemoryStore::with_clock(clock.clone()).max_keys(DENY_CACHE_MAX_KEYS),
+                ),
+                clock,
+            }),
+        }
+    }
+
+    pub(super) fn configure(mut self, f: impl FnOnce(&mut Inner<B>)) -> Self {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => f(inner),
+            None => {
+                let mut inner = (*self.inner).clone();
+                f(&mut inner);
+                self.inner = Arc::new(inner);
+            }
+        }
+        self
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.inner.backend
+    }
+
+    /// Runs the breaker, the fallback limiter and the deny cache on `clock` (default: the
+    /// monotonic clock).
+    pub fn clock(self, clock: impl Clock) -> Self {
+        let clock = SharedClock::new(clock);
+        self.configure(|i| {
+            i.clock = clock;
+            i.fallback = i.fallback_store();
+            i.deny_cache = i.deny_cache.is_some().then(|| i.deny_cache_store());
+        })
+    }
+
+    /// How long one call may take before it counts as a failure (default 50 ms).
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.configure(|i| i.timeout = timeout)
+    }
+
+    /// After `failures` consecutive failures (default 3), skip the backend for `cool_down`
+    /// (default 1 s), then let one request probe it.
+    pub fn breaker(self, failures: u32, cool_down: Duration) -> Self {
+        let breaker = Arc::new(Breaker::new(failures, cool_down));
+        self.configure(|i| i.breaker = breaker)
+    }
+
+    /// Whether denials are remembered locally until they expire (default: yes, up to
+    /// 100,000 keys).
+    pub fn deny_cache(self, enabled: bool) -> Self {
+        self.configure(|i| i.deny_cache = enabled.then(|| i.deny_cache_store()))
+    }
+
+    /// The key cap of the local limiter used by limits whose policy is
+    /// [`FailurePolicy::Fallback`] while the backend fails (default
+    /// [`DEFAULT_MAX_KEYS`](super::DEFAULT_MAX_KEYS), as any [`MemoryStore`]).
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0.
+    pub fn fallback_max_keys(self, n: usize) -> Self {
+        assert!(n > 0, "fallback_max_keys must be at least 1");
+        self.configure(|i| {
+            i.fallback_max_keys = n;
+            i.fallback = i.fallback_store();
+        })
+    }
+
+    /// `true` while the breaker skips the backend.
+    pub fn is_unavailable(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+}
+
+/// What one item of a call needs once the backend answers.
+struct Part {
+    key: Key,
+    quota: Quota,
+    cost: u32,
+    mode: Mode,
+    policy: FailurePolicy,
+    fallback: MemoryTable,
+    deny: Option<MemoryTable>,
+}
+
+/// A fingerprint of a quota: a denial remembered under one quota says nothing about
+/// another (after a plan upgrade the key may pass at once).
+fn quota_salt(q: &Quota) -> u64 {
+    q.t_ns().wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ q.burst_size().rotate_left(29)
+}
+
+/// What a remembered denial tells the client: no token for `wait_ns`.
+fn cached_outcome(quota: &Quota, cost: u32, wait_ns: u64) -> Outcome {
+    let params = Params::new(quota.t_ns(), quota.burst_size());
+    let verdict = if u64::from(cost) > quota.burst_size() {
+        gcra::Verdict::Never
+    } else {
+        gcra::Verdict::Denied {
+            retry_after: wait_ns + u64::from(cost - 1) * params.t(),
+        }
+    };
+    // One token is free at TAT + T - tau, `wait_ns` from now: the TAT is this far off.
+    let reset_after = (wait_ns + params.tau()).saturating_sub(params.t());
+    Outcome::new(verdict, reset_after, params, 1)
+}
+
+/// Whether an item refuses the call, given its status.
+fn refuses(status: &Status, mode: Mode) -> bool {
+    mode == Mode::Enforce
+        && match status {
+            Status::Checked(o) | Status::Fallback(o) => !o.is_allowed(),
+            Status::FailedClosed => true,
+            _ => false,
+        }
+}
+
+impl<B: Backend> Resilient<B> {
+    /// The statuses of a call refused by a remembered denial, without asking the backend.
+    fn cached_denial(&self, items: &[Item<'_, ResilientTable<B::Table>>]) -> Option<Statuses> {
+        let cache = self.inner.deny_cache.as_ref()?;
+        let mut refused = false;
+        let statuses = items
+            .iter()
+            .map(|item| {
+                let table = item.table.deny.as_ref()?;
+                if item.mode != Mode::Enforce || item.cost == 0 {
+                    return None;
+                }
+                let (until, now) = cache.marker(table, &item.key, quota_salt(&item.quota));
+                if until <= now {
+                    return None;
+                }
+                refused = true;
+                Some(Status::Checked(cached_outcome(
+                    &item.quota,
+                    item.cost,
+                    until - now,
+                )))
+            })
+            .map(|s| s.unwrap_or(Status::Unchecked))
+            .collect();
+        refused.then_some(statuses)
+    }
+
+    /// Keeps the deny cache true to an operation other than a check made through this
+    /// store: tokens given back clear a remembered denial, a block is remembered.
+    fn update_deny_cache(&self, op: Op, items: &[Item<'_, ResilientTable<B::Table>>]) {
+        let Some(cache) = &self.inner.deny_cache else {
+            return;
+        };
+        for item in items {
+            let Some(table) = &item.table.deny else {
+                continue;
+            };
+            let salt = quota_salt(&item.quota);
+            match op {
+                Op::Refund | Op::Reset => cache.clear_marker(table, &item.key, salt),
+                Op::Block(d) => {
+                    let now = self.inner.clock.now();
+                    let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+                    cache.raise_marker(table, &item.key, salt, now.saturating_add(d));
+                }
+                Op::Check | Op::Penalize => {}
+            }
+        }
+    }
+
+    /// Remembers that `part` cannot pass a request of cost 1 for the outcome's wait,
+    /// counted from `sent_at`.
+    fn remember_denial(&self, part: &Part, sent_at: u64, o: &Outcome) {
+        let (Some(cache), Some(table)) = (&self.inner.deny_cache, &part.deny) else {
+            return;
+        };
+        if o.remaining() > 0 {
+            return; // a smaller request could pass
+        }
+        if let Some(wait) = o.next_after() {
+            let wait = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+            cache.raise_marker(
+                table,
+                &part.key,
+                quota_salt(&part.quota),
+                sent_at.saturating_add(wait),
+            );
+        }
+    }
+
+    /// The statuses of a call the backend did not answer: each item's policy.
+    fn on_failure(&self, op: Op, parts: &[Part]) -> Statuses {
+        let mut statuses: Statuses = parts
+            .iter()
+            .map(|p| match p.policy {
+                FailurePolicy::Allow => Status::FailedOpen,
+                FailurePolicy::Deny => Status::FailedClosed,
+                _ => Status::Unchecked, // the fallback, below
+            })
+            .collect();
+        let refused =
+            op == Op::Check && statuses.iter().zip(parts).any(|(s, p)| refuses(s, p.mode));
+        let fallback: SmallVec<[usize; 4]> = (0..parts.len())
+            .filter(|&i| parts[i].policy == FailurePolicy::Fallback)
+            .collect();
+        if fallback.is_empty() || refused {
+            // A refused check consumes nothing, not even locally.
+            return statuses;
+        }
+        let items: SmallVec<[Item<'_, MemoryTable>; 4]> = fallback
+            .iter()
+            .map(|&i| {
+                let p = &parts[i];
+                Item::new(&p.fallback, p.key.clone(), p.quota, p.cost).mode(p.mode)
+            })
+            .collect();
+        let Checked::Ready(local) = self.inner.fallback.apply(op, &items) else {
+            unreachable!("the memory store answers at once")
+        };
+        for (&i, s) in fallback.iter().zip(local) {
+            statuses[i] = match s {
+                Status::Checked(o) => Status::Fallback(o),
+                other => other,
+            };
+        }
+        statuses
+    }
+
+    async fn run(self, op: Op, parts: SmallVec<[Part; 4]>, call: B::Future) -> Statuses {
+        let inner = &*self.inner;
+        let sent_at = inner.clock.now();
+        let result = match tokio::time::timeout(inner.timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::new(format!(
+                "no answer within {:?}",
+                inner.timeout
+            ))),
+        };
+        let name = inner.backend.name();
+        match result {
+            Ok(statuses) if statuses.len() == parts.len() => {
+                inner.breaker.success(name);
+                if op == Op::Check {
+                    for (p, s) in parts.iter().zip(&statuses) {
+                        if let Status::Checked(o) = s
+                            && p.mode == Mode::Enforce
+                            && !o.is_allowed()
+                        {
+                            self.remember_denial(p, sent_at, o);
+                        }
+                    }
+                }
+                statuses
+            }
+            Ok(statuses) => {
+                let error = format!("{} statuses for {} items", statuses.len(), parts.len());
+                tracing::debug!(%error, "tollgate: {name} answered wrongly");
+                inner.breaker.failure(inner.clock.now(), name, &error);
+                self.on_failure(op, &parts)
+            }
+            Err(error) => {
+                tracing::debug!(%error, "tollgate: {name} call failed");
+                inner.breaker.failure(inner.clock.now(), name, &error);
+                self.on_failure(op, &parts)
+            }
+        }
+    }
+}
+
+impl<B: Backend> Store for Resilient<B> {
+    type Table = ResilientTable<B::Table>;
+    type Future = Pin<Box<dyn Future<Output = Statuses> + Send>>;
+
+    fn table(&self, name: &str) -> Self::Table {
+        ResilientTable {
+            inner: self.inner.backend.table(name),
+            fallback: self.inner.fallback.table(name),
+            deny: self.inner.deny_cache.as_ref().map(|c| c.table(name)),
+        }
+    }
+
+    fn apply(&self, op: Op, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future> {
+        if items.is_empty() {
+            return Checked::Ready(Statuses::new());
+        }
+        if op == Op::Check {
+            if let Some(statuses) = self.cached_denial(items) {
+                return Checked::Ready(statuses);
+            }
+        } else {
+            self.update_deny_cache(op, items);
+        }
+        let parts: SmallVec<[Part; 4]> = items
+            .iter()
+            .map(|item| Part {
+                key: item.key.clone(),
+                quota: item.quota,
+                cost: item.cost,
+                mode: item.mode,
+                policy: item.on_failure,
+                fallback: item.table.fallback.clone(),
+                deny: item.table.deny.clone(),
+            })
+            .collect();
+        if self.inner.breaker.permit(self.inner.clock.now()) == Permit::Skip {
+            return Checked::Ready(self.on_failure(op, &parts));
+        }
+        let backend_items: SmallVec<[Item<'_, B::Table>; 4]> = items
+            .iter()
+            .map(|item| Item {
+                table: &item.table.inner,
+                key: item.key.clone(),
+                quota: item.quota,
+                cost: item.cost,
+                mode: item.mode,
+                on_failure: item.on_failure,
+            })
+            .collect();
+        let call = self.inner.backend.apply(op, &backend_items);
+        Checked::Pending(Box::pin(self.clone().run(op, parts, call)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::Verdict;
+
+    #[test]
+    fn cached_denials_report_the_remembered_wait() {
+        let q = Quota::per_second(10); // T = 100 ms, burst 10
+        let o = cached_outcome(&q, 3, 40_000_000);
+        assert_eq!(
+            o.verdict(),
+            Verdict::Denied {
+                retry_after: Duration::from_millis(240)
+            }
+        );
+        assert_eq!(o.next_after(), Some(Duration::from_millis(40)));
+        assert_eq!(o.reset_after(), Duration::from_millis(940));
+        assert_eq!(cached_outcome(&q, 11, 1).verdict(), Verdict::Never);
+    }
+}
