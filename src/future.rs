@@ -11,10 +11,11 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::charge::PendingCharge;
+use crate::engine::Prepared;
 use crate::headers::Fields;
-use crate::layer::Shared;
+use crate::layer::{Shared, proceed};
 use crate::response::OnRejection;
-use crate::service::{Next, Plan, finish};
 use crate::store::Store;
 
 pin_project! {
@@ -41,8 +42,7 @@ pin_project! {
         check: St::Future,
         service: Option<S>,
         shared: Arc<Shared<St, R>>,
-        group: usize,
-        plan: Plan,
+        prepared: Option<Prepared>,
         request: Option<(Parts, ReqBody)>,
     }
 }
@@ -61,6 +61,8 @@ pin_project! {
             #[pin]
             future: S::Future,
             fields: Fields,
+            // The costs to give back if the response does not count (or never comes).
+            charge: PendingCharge<St, R>,
         },
         Done {
             response: Option<S::Response>,
@@ -81,9 +83,13 @@ where
         }
     }
 
-    pub(crate) fn calling(future: S::Future, fields: Fields) -> Self {
+    pub(crate) fn calling(future: S::Future, fields: Fields, charge: PendingCharge<St, R>) -> Self {
         Self {
-            state: State::Calling { future, fields },
+            state: State::Calling {
+                future,
+                fields,
+                charge,
+            },
         }
     }
 
@@ -91,8 +97,7 @@ where
         check: St::Future,
         service: S,
         shared: Arc<Shared<St, R>>,
-        group: usize,
-        plan: Plan,
+        prepared: Prepared,
         parts: Parts,
         body: ReqBody,
     ) -> Self {
@@ -102,8 +107,7 @@ where
                     check,
                     service: Some(service),
                     shared,
-                    group,
-                    plan,
+                    prepared: Some(prepared),
                     request: Some((parts, body)),
                 }),
             },
@@ -115,7 +119,7 @@ impl<S, St, R, ReqBody, ResBody> Future for ResponseFuture<S, St, R, ReqBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     St: Store,
-    R: OnRejection<ResBody>,
+    R: OnRejection<ResBody> + Send + Sync + 'static,
 {
     type Output = Result<Response<ResBody>, S::Error>;
 
@@ -130,20 +134,33 @@ where
                         .request
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    match finish(w.shared, *w.group, w.plan, statuses, &mut parts) {
-                        Next::Proceed(fields) => {
+                    let prepared = w.prepared.take().expect("prepared once");
+                    match proceed(w.shared, prepared, statuses, &mut parts) {
+                        Ok((fields, charge)) => {
                             let mut service = w.service.take().expect("service taken once");
                             let future = service.call(Request::from_parts(parts, body));
-                            state.set(State::Calling { future, fields });
+                            state.set(State::Calling {
+                                future,
+                                fields,
+                                charge,
+                            });
                         }
-                        Next::Refuse(response) => {
+                        Err(response) => {
                             state.set(State::Done { response: None });
                             return Poll::Ready(Ok(response));
                         }
                     }
                 }
-                StateProj::Calling { future, fields } => {
+                StateProj::Calling {
+                    future,
+                    fields,
+                    charge,
+                } => {
+                    // An error drops the charge guard, which gives the costs back.
                     let mut response = ready!(future.poll(cx))?;
+                    if let Some(charge) = charge.take() {
+                        charge.settle(response.status(), response.headers());
+                    }
                     std::mem::take(fields).apply(response.headers_mut());
                     return Poll::Ready(Ok(response));
                 }

@@ -3,22 +3,29 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use http::Method;
-use http::header::HeaderValue;
+use http::Response;
+use http::header::{CACHE_CONTROL, HeaderValue};
+use http::request::Parts;
+use ipnet::IpNet;
 use smallvec::SmallVec;
 use tower_layer::Layer;
 
+use crate::charge::{ChargeGuard, PendingCharge};
+use crate::decision::Decision;
+use crate::engine::{Bound, Engine, Group, Next, Observer, Prepared};
 use crate::error::ConfigError;
-use crate::headers::{self, HeaderStyle, RetryAfterFormat};
-use crate::key::KeyExtractor;
+use crate::headers::{self, Fields, HeaderStyle, RetryAfterFormat};
+use crate::key::{ClientIp, KeyExtractor};
 use crate::limit::{Limit, Mode};
+use crate::limiter::Limiter;
+use crate::lists::{Address, Lists, Predicate};
 use crate::quota::Quota;
-use crate::response::DefaultOnRejection;
+use crate::response::{DefaultOnRejection, OnRejection, Rejection};
+use crate::routes::{RouteTable, parse_route};
 use crate::service::RateLimit;
-use crate::store::Store;
-use crate::throttle::LogThrottle;
+use crate::store::{Statuses, Store};
 
 /// Applies [`RateLimit`] to services: the rate limiting middleware.
 ///
@@ -46,113 +53,110 @@ impl<St: Store, R> fmt::Debug for RateLimitLayer<St, R> {
                 "limits",
                 &self
                     .shared
+                    .engine
                     .bounds
                     .iter()
                     .map(|b| &b.limit)
                     .collect::<Vec<_>>(),
             )
-            .field("routes", &self.shared.routes.len())
-            .field("headers", &self.shared.style)
+            .field("routes", &self.shared.engine.routes.len())
+            .field("headers", &self.shared.engine.style)
             .finish_non_exhaustive()
     }
 }
 
-/// One limit, bound to its table in the store.
-pub(crate) struct Bound<St: Store> {
-    pub(crate) limit: Limit,
-    pub(crate) table: St::Table,
-    /// The start of this limit's `RateLimit` member, `"name";r=`.
-    pub(crate) ietf_prefix: Box<str>,
-    /// Misconfigurations hit by requests: logged once a minute.
-    pub(crate) misconfigured_log: LogThrottle,
-    /// Shadow "would refuse"s: logged once per [`SHADOW_LOG_EVERY`], with a count.
-    pub(crate) shadow_log: LogThrottle,
+/// Everything a layer and its services share: the engine, and the rejection responses.
+pub(crate) struct Shared<St: Store, R> {
+    pub(crate) engine: Engine<St>,
+    pub(crate) on_rejection: R,
 }
 
-/// The limits that apply to one kind of request.
-pub(crate) struct Group {
-    pub(crate) limits: SmallVec<[usize; 4]>,
-    /// `RateLimit-Policy` for the usual case: every reported limit with its own quota.
-    pub(crate) policy: Option<HeaderValue>,
-    /// How many limits that usual case reports.
-    pub(crate) reported: usize,
-    /// Whether a limit of the group chooses its quota per request.
-    pub(crate) dynamic_quota: bool,
-    /// Whether a limit of the group is in shadow mode.
-    pub(crate) shadow: bool,
-}
-
-/// A route's entries: (method, or any method; group of limits).
-pub(crate) type Entries = SmallVec<[(Option<Method>, usize); 2]>;
-
-/// The routes of a layer: found by their template (axum's `MatchedPath`), or by matching a
-/// request path against the templates, with axum's syntax and priorities (`matchit`).
-#[derive(Default)]
-pub(crate) struct RouteTable {
-    /// Template to its index in `entries`.
-    by_template: HashMap<Box<str>, usize>,
-    /// The same templates, for request paths.
-    matcher: matchit::Router<usize>,
-    entries: Vec<Entries>,
-}
-
-impl RouteTable {
-    /// How many route templates there are.
-    pub(crate) fn len(&self) -> usize {
-        self.entries.len()
+impl<St: Store, R> Shared<St, R> {
+    /// The response to a request refused before the store was asked.
+    pub(crate) fn early<B>(&self, rejection: &Rejection<'_>) -> Response<B>
+    where
+        R: OnRejection<B>,
+    {
+        self.on_rejection.on_rejection(rejection)
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// The entries of the route whose template is `template` (a router's matched path).
-    #[cfg(feature = "axum")]
-    pub(crate) fn for_template(&self, template: &str) -> Option<&Entries> {
-        self.by_template.get(template).map(|&i| &self.entries[i])
-    }
-
-    /// The entries of the route whose template matches the request path `path`.
-    pub(crate) fn for_path(&self, path: &str) -> Option<&Entries> {
-        self.matcher.at(path).ok().map(|m| &self.entries[*m.value])
-    }
-
-    /// The entries of `template`, added if new; matchit's error if the template is not
-    /// valid or conflicts with another one.
-    fn entries_mut(&mut self, template: &str) -> Result<&mut Entries, matchit::InsertError> {
-        let index = match self.by_template.get(template) {
-            Some(&i) => i,
-            None => {
-                let i = self.entries.len();
-                self.matcher.insert(template, i)?;
-                self.by_template.insert(template.into(), i);
-                self.entries.push(Entries::new());
-                i
+    /// The response to a refused request, with the layer's rate-limit fields (IETF lists
+    /// appended to any the response has; single-valued styles only if absent), and
+    /// `Retry-After` and `Cache-Control` if absent.
+    pub(crate) fn refuse<B>(
+        &self,
+        decision: &Decision,
+        unavailable: bool,
+        wait: Option<Duration>,
+        fields: Fields,
+    ) -> Response<B>
+    where
+        R: OnRejection<B>,
+    {
+        let rejection = if unavailable {
+            Rejection::Unavailable {
+                decision,
+                retry_after: wait.unwrap_or(self.engine.unavailable_retry),
+            }
+        } else {
+            Rejection::Limited {
+                decision,
+                retry_after: wait,
             }
         };
-        Ok(&mut self.entries[index])
+        let mut response = self.on_rejection.on_rejection(&rejection);
+        let headers = response.headers_mut();
+        fields.apply(headers);
+        if let Some(wait) = wait
+            && !headers.contains_key(headers::RETRY_AFTER_NAME)
+        {
+            headers.insert(
+                headers::RETRY_AFTER_NAME,
+                headers::retry_after(wait, self.engine.retry_format, SystemTime::now),
+            );
+        }
+        if !headers.contains_key(CACHE_CONTROL) {
+            headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        }
+        response
     }
 }
 
-/// A function told every decision (see [`RateLimitBuilder::on_decision`]).
-pub(crate) type Observer = Arc<dyn Fn(&crate::Decision, &http::request::Parts) + Send + Sync>;
+/// What follows the store's answer: the fields for the response and the charges to
+/// settle when it comes, or the refusal.
+pub(crate) fn proceed<St, R, B>(
+    shared: &Arc<Shared<St, R>>,
+    prepared: Prepared,
+    statuses: Statuses,
+    parts: &mut Parts,
+) -> Result<(Fields, PendingCharge<St, R>), Response<B>>
+where
+    St: Store,
+    R: OnRejection<B> + Send + Sync + 'static,
+{
+    match shared.engine.finish(&prepared, statuses, parts) {
+        Next::Proceed { fields, charged } => {
+            insert_limiter(shared, parts);
+            let charge = ChargeGuard::new(shared, &prepared.plan, prepared.charge_keys, &charged);
+            Ok((fields, charge))
+        }
+        Next::Refuse {
+            decision,
+            unavailable,
+            wait,
+            fields,
+        } => Err(shared.refuse(&decision, unavailable, wait, fields)),
+    }
+}
 
-/// Everything a layer and its services share.
-pub(crate) struct Shared<St: Store, R> {
-    pub(crate) store: St,
-    pub(crate) bounds: Vec<Bound<St>>,
-    /// Group 0 applies to requests that match no route entry.
-    pub(crate) groups: Vec<Group>,
-    /// Route template to (method or any, group).
-    pub(crate) routes: RouteTable,
-    pub(crate) style: HeaderStyle,
-    pub(crate) shadow_headers: bool,
-    pub(crate) retry_format: RetryAfterFormat,
-    pub(crate) jitter: f64,
-    pub(crate) unavailable_retry: Duration,
-    pub(crate) decision_extension: bool,
-    pub(crate) observer: Option<Observer>,
-    pub(crate) on_rejection: R,
+/// Puts the [`Limiter`] in the request's extensions, if the layer does.
+pub(crate) fn insert_limiter<St: Store, R: Send + Sync + 'static>(
+    shared: &Arc<Shared<St, R>>,
+    parts: &mut Parts,
+) {
+    if shared.engine.limiter_extension {
+        parts.extensions.insert(Limiter::new(shared.clone()));
+    }
 }
 
 impl<St: Store> RateLimitLayer<St> {
@@ -176,18 +180,19 @@ impl<St: Store> RateLimitLayer<St> {
     pub fn builder(store: St) -> RateLimitBuilder<St> {
         RateLimitBuilder {
             store,
-            always: Vec::new(),
-            routes: Vec::new(),
-            route_default: Vec::new(),
-            style: HeaderStyle::Ietf,
-            shadow_headers: false,
-            retry_format: RetryAfterFormat::Seconds,
-            jitter: 0.0,
-            unavailable_retry: Duration::from_secs(1),
-            decision_extension: true,
-            observer: None,
+            settings: Settings::default(),
             on_rejection: DefaultOnRejection::new(),
         }
+    }
+}
+
+impl<St: Store, R: Send + Sync + 'static> RateLimitLayer<St, R> {
+    /// The [`Limiter`] handle on this layer's limits and store: what handlers, background
+    /// jobs and other stacks use to peek, check, refund, penalize, block and reset the
+    /// same buckets. With the default settings it is also in every request's extensions
+    /// (see [`RateLimitBuilder::limiter_extension`]).
+    pub fn limiter(&self) -> Limiter {
+        Limiter::new(self.shared.clone())
     }
 }
 
@@ -223,26 +228,58 @@ impl<S, St: Store, R> Layer<S> for RateLimitLayer<St, R> {
 /// ```
 pub struct RateLimitBuilder<St: Store, R = DefaultOnRejection> {
     store: St,
-    always: Vec<Limit>,
-    routes: Vec<(String, Limit)>,
-    route_default: Vec<Limit>,
-    style: HeaderStyle,
-    shadow_headers: bool,
-    retry_format: RetryAfterFormat,
-    jitter: f64,
-    unavailable_retry: Duration,
-    decision_extension: bool,
-    observer: Option<Observer>,
+    settings: Settings,
     on_rejection: R,
+}
+
+/// Everything a builder collects besides the store and the rejection responses.
+pub(crate) struct Settings {
+    pub(crate) always: Vec<Limit>,
+    pub(crate) routes: Vec<(String, Limit)>,
+    pub(crate) route_default: Vec<Limit>,
+    pub(crate) style: HeaderStyle,
+    pub(crate) shadow_headers: bool,
+    pub(crate) retry_format: RetryAfterFormat,
+    pub(crate) jitter: f64,
+    pub(crate) unavailable_retry: Duration,
+    pub(crate) decision_extension: bool,
+    pub(crate) limiter_extension: bool,
+    pub(crate) observer: Option<Observer>,
+    pub(crate) allow: Vec<String>,
+    pub(crate) deny: Vec<String>,
+    pub(crate) allow_if: Option<Predicate>,
+    pub(crate) address: Address,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            always: Vec::new(),
+            routes: Vec::new(),
+            route_default: Vec::new(),
+            style: HeaderStyle::Ietf,
+            shadow_headers: false,
+            retry_format: RetryAfterFormat::Seconds,
+            jitter: 0.0,
+            unavailable_retry: Duration::from_secs(1),
+            decision_extension: true,
+            limiter_extension: true,
+            observer: None,
+            allow: Vec::new(),
+            deny: Vec::new(),
+            allow_if: None,
+            address: Address::Peer,
+        }
+    }
 }
 
 impl<St: Store, R> fmt::Debug for RateLimitBuilder<St, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitBuilder")
-            .field("limits", &self.always)
-            .field("routes", &self.routes)
-            .field("route_default", &self.route_default)
-            .field("headers", &self.style)
+            .field("limits", &self.settings.always)
+            .field("routes", &self.settings.routes)
+            .field("route_default", &self.settings.route_default)
+            .field("headers", &self.settings.style)
             .finish_non_exhaustive()
     }
 }
@@ -250,7 +287,7 @@ impl<St: Store, R> fmt::Debug for RateLimitBuilder<St, R> {
 impl<St: Store, R> RateLimitBuilder<St, R> {
     /// A limit checked on every request.
     pub fn limit(mut self, limit: Limit) -> Self {
-        self.always.push(limit);
+        self.settings.always.push(limit);
         self
     }
 
@@ -275,32 +312,32 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     /// or two templates that conflict, such as `/users/{id}` and `/users/{name}`) is a
     /// [`ConfigError`] naming the route.
     pub fn route(mut self, route: impl Into<String>, limit: Limit) -> Self {
-        self.routes.push((route.into(), limit));
+        self.settings.routes.push((route.into(), limit));
         self
     }
 
     /// A limit checked on the requests that match no [`route`](Self::route) entry.
     pub fn route_default(mut self, limit: Limit) -> Self {
-        self.route_default.push(limit);
+        self.settings.route_default.push(limit);
         self
     }
 
     /// Which rate-limit fields responses carry (default [`HeaderStyle::Ietf`]).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
-        self.style = style;
+        self.settings.style = style;
         self
     }
 
     /// Whether shadow limits appear in the rate-limit fields (default: no, since they do
     /// not limit the client).
     pub fn shadow_headers(mut self, show: bool) -> Self {
-        self.shadow_headers = show;
+        self.settings.shadow_headers = show;
         self
     }
 
     /// How `Retry-After` is written (default: whole seconds).
     pub fn retry_after_format(mut self, format: RetryAfterFormat) -> Self {
-        self.retry_format = format;
+        self.settings.retry_format = format;
         self
     }
 
@@ -309,21 +346,21 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     /// key, so a client always gets the same offset. Never shorter than the real wait.
     /// Must be within `0.0..=1.0`.
     pub fn retry_after_jitter(mut self, fraction: f64) -> Self {
-        self.jitter = fraction;
+        self.settings.jitter = fraction;
         self
     }
 
     /// The `Retry-After` of a 503 when a store fails under
     /// [`FailurePolicy::Deny`](crate::FailurePolicy) (default 1 s).
     pub fn unavailable_retry_after(mut self, wait: Duration) -> Self {
-        self.unavailable_retry = wait;
+        self.settings.unavailable_retry = wait;
         self
     }
 
     /// Whether the [`Decision`](crate::Decision) is put in the request extensions for the
     /// handler (default: yes).
     pub fn decision_extension(mut self, insert: bool) -> Self {
-        self.decision_extension = insert;
+        self.settings.decision_extension = insert;
         self
     }
 
@@ -352,7 +389,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     where
         F: Fn(&crate::Decision, &http::request::Parts) + Send + Sync + 'static,
     {
-        self.observer = Some(Arc::new(observer));
+        self.settings.observer = Some(Arc::new(observer));
         self
     }
 
@@ -360,142 +397,182 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     pub fn on_rejection<R2>(self, on_rejection: R2) -> RateLimitBuilder<St, R2> {
         RateLimitBuilder {
             store: self.store,
-            always: self.always,
-            routes: self.routes,
-            route_default: self.route_default,
-            style: self.style,
-            shadow_headers: self.shadow_headers,
-            retry_format: self.retry_format,
-            jitter: self.jitter,
-            unavailable_retry: self.unavailable_retry,
-            decision_extension: self.decision_extension,
-            observer: self.observer,
+            settings: self.settings,
             on_rejection,
         }
     }
 
+    /// Whether the [`Limiter`] handle is put in the request extensions for the handler
+    /// (default: yes), where axum's `Extension<Limiter>` finds it.
+    pub fn limiter_extension(mut self, insert: bool) -> Self {
+        self.settings.limiter_extension = insert;
+        self
+    }
+
+    /// Clients in these networks (CIDRs such as `"10.0.0.0/8"` or single addresses) skip
+    /// every limit: no store call, no rate-limit fields. The address is the peer's unless
+    /// [`client_ip`](Self::client_ip) names trusted proxies (never a header a client can
+    /// forge). The allow list wins over the deny list. Bad entries are a [`ConfigError`] at
+    /// [`build`](Self::build) naming `allow[i]`.
+    pub fn allow_cidrs<I, S>(mut self, nets: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.settings.allow.extend(nets.into_iter().map(Into::into));
+        self
+    }
+
+    /// Clients in these networks are refused with `403 Forbidden` before any limit is
+    /// checked (see [`Rejection::Blocked`]). Same address rules as
+    /// [`allow_cidrs`](Self::allow_cidrs); bad entries name `deny[i]`.
+    pub fn deny_cidrs<I, S>(mut self, nets: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.settings.deny.extend(nets.into_iter().map(Into::into));
+        self
+    }
+
+    /// Requests for which `allow` is true skip every limit (e.g. health checks from an
+    /// internal network marked by an authenticated extension). It runs on every request:
+    /// keep it quick, and base it on nothing a client can forge.
+    pub fn allow_if<F>(mut self, allow: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> bool + Send + Sync + 'static,
+    {
+        self.settings.allow_if = Some(Arc::new(allow));
+        self
+    }
+
+    /// Where the allow and deny lists read the client's address: the client behind these
+    /// trusted proxies, instead of the connection's peer.
+    pub fn client_ip(mut self, client: ClientIp) -> Self {
+        self.settings.address = Address::Client(client);
+        self
+    }
+
     /// Checks the configuration and builds the layer, or names the first bad field.
     pub fn build(self) -> Result<RateLimitLayer<St, R>, ConfigError> {
-        if self.always.is_empty() && self.routes.is_empty() && self.route_default.is_empty() {
-            return Err(ConfigError::new("limits", "no limit is configured"));
-        }
-        if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(ConfigError::new(
-                "retry_after_jitter",
-                "must be a fraction within 0.0..=1.0",
-            ));
-        }
-        let mut bounds: Vec<Bound<St>> = Vec::new();
-        let mut bind = |limit: Limit| -> Result<usize, ConfigError> {
-            limit.validate()?;
-            let table = self.store.table(&limit.name);
-            bounds.push(Bound {
-                ietf_prefix: headers::limit_prefix(&limit.name),
-                limit,
-                table,
-                misconfigured_log: LogThrottle::new(),
-                shadow_log: LogThrottle::new(),
-            });
-            Ok(bounds.len() - 1)
-        };
-        let always = self
-            .always
-            .into_iter()
-            .map(&mut bind)
-            .collect::<Result<SmallVec<[usize; 4]>, _>>()?;
-        let mut group_limits = vec![always.clone()];
-        for limit in self.route_default {
-            group_limits[0].push(bind(limit)?);
-        }
-        let mut routes = RouteTable::default();
-        for (spec, limit) in self.routes {
-            let (method, path) = parse_route(&spec)?;
-            let entries = routes.entries_mut(path).map_err(|e| {
-                ConfigError::new(format!("routes[{spec:?}]"), format!("`{path}`: {e}"))
-            })?;
-            let group = match entries.iter().find(|(m, _)| *m == method) {
-                Some(&(_, g)) => g,
-                None => {
-                    group_limits.push(always.clone());
-                    entries.push((method, group_limits.len() - 1));
-                    group_limits.len() - 1
-                }
-            };
-            let index = bind(limit).map_err(|e| e.within(format!("routes[{spec:?}]")))?;
-            group_limits[group].push(index);
-        }
-        let groups = group_limits
-            .into_iter()
-            .map(|limits| {
-                check_unique(&bounds, &limits)?;
-                let reported: Vec<&Limit> = limits
-                    .iter()
-                    .map(|&i| &bounds[i].limit)
-                    .filter(|l| l.mode == Mode::Enforce || self.shadow_headers)
-                    .collect();
-                let policy = headers::static_policy(
-                    reported
-                        .iter()
-                        .map(|l| (&*l.name, l.quota.burst_size(), l.quota.window_secs())),
-                );
-                let limit = |&i: &usize| &bounds[i].limit;
-                Ok(Group {
-                    reported: reported.len(),
-                    policy,
-                    dynamic_quota: limits.iter().map(limit).any(|l| l.quota_fn.is_some()),
-                    shadow: limits.iter().map(limit).any(|l| l.mode == Mode::Shadow),
-                    limits,
-                })
-            })
-            .collect::<Result<Vec<_>, ConfigError>>()?;
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
-                store: self.store,
-                bounds,
-                groups,
-                routes,
-                style: self.style,
-                shadow_headers: self.shadow_headers,
-                retry_format: self.retry_format,
-                jitter: self.jitter,
-                unavailable_retry: self.unavailable_retry,
-                decision_extension: self.decision_extension,
-                observer: self.observer,
+                engine: compile(self.store, self.settings)?,
                 on_rejection: self.on_rejection,
             }),
         })
     }
 }
 
-/// `"POST /login"` or `"/login"`.
-fn parse_route(spec: &str) -> Result<(Option<Method>, &str), ConfigError> {
-    let field = || format!("routes[{spec:?}]");
-    let spec_trimmed = spec.trim();
-    let (method, path) = match spec_trimmed.split_once(char::is_whitespace) {
-        Some((m, p)) if !m.starts_with('/') => {
-            let m = Method::from_bytes(m.as_bytes())
-                .map_err(|_| ConfigError::new(field(), format!("`{m}` is not a method")))?;
-            (Some(m), p.trim())
-        }
-        _ => (None, spec_trimmed),
+/// Checks a configuration and compiles it into an engine.
+pub(crate) fn compile<St: Store>(store: St, s: Settings) -> Result<Engine<St>, ConfigError> {
+    if s.always.is_empty() && s.routes.is_empty() && s.route_default.is_empty() {
+        return Err(ConfigError::new("limits", "no limit is configured"));
+    }
+    if !(0.0..=1.0).contains(&s.jitter) {
+        return Err(ConfigError::new(
+            "retry_after_jitter",
+            "must be a fraction within 0.0..=1.0",
+        ));
+    }
+    let mut bounds: Vec<Bound<St>> = Vec::new();
+    let mut bind = |limit: Limit| -> Result<usize, ConfigError> {
+        limit.validate()?;
+        bounds.push(Bound::new(limit, &store));
+        Ok(bounds.len() - 1)
     };
-    if !path.starts_with('/') {
-        return Err(ConfigError::new(
-            field(),
-            "expected a path starting with `/`, optionally after a method (`POST /login`)",
-        ));
+    let always = s
+        .always
+        .into_iter()
+        .map(&mut bind)
+        .collect::<Result<SmallVec<[usize; 4]>, _>>()?;
+    let mut group_limits = vec![always.clone()];
+    for limit in s.route_default {
+        group_limits[0].push(bind(limit)?);
     }
-    // A request path never contains whitespace: such a route could never match.
-    if path.contains(char::is_whitespace) {
-        return Err(ConfigError::new(
-            field(),
-            format!(
-                "the path `{path}` contains whitespace, which no request path can; \
-                 expected `<path>` or `<METHOD> <path>`"
-            ),
-        ));
+    let mut routes = RouteTable::default();
+    for (spec, limit) in s.routes {
+        let (method, path) = parse_route(&spec)?;
+        let entries = routes
+            .entries_mut(path)
+            .map_err(|e| ConfigError::new(format!("routes[{spec:?}]"), format!("`{path}`: {e}")))?;
+        let group = match entries.iter().find(|(m, _)| *m == method) {
+            Some(&(_, g)) => g,
+            None => {
+                group_limits.push(always.clone());
+                entries.push((method, group_limits.len() - 1));
+                group_limits.len() - 1
+            }
+        };
+        let index = bind(limit).map_err(|e| e.within(format!("routes[{spec:?}]")))?;
+        group_limits[group].push(index);
     }
-    Ok((method, path))
+    let shadow_headers = s.shadow_headers;
+    let groups = group_limits
+        .into_iter()
+        .map(|limits| {
+            check_unique(&bounds, &limits)?;
+            let reported: Vec<&Limit> = limits
+                .iter()
+                .map(|&i| &bounds[i].limit)
+                .filter(|l| l.mode == Mode::Enforce || shadow_headers)
+                .collect();
+            let policy = headers::static_policy(
+                reported
+                    .iter()
+                    .map(|l| (&*l.name, l.quota.burst_size(), l.quota.window_secs())),
+            );
+            let limit = |&i: &usize| &bounds[i].limit;
+            Ok(Group {
+                reported: reported.len(),
+                policy,
+                dynamic_quota: limits.iter().map(limit).any(|l| l.quota_fn.is_some()),
+                shadow: limits.iter().map(limit).any(|l| l.mode == Mode::Shadow),
+                charged: limits.iter().map(limit).any(|l| l.charge.is_conditional()),
+                limits,
+            })
+        })
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    let parse_nets = |field: &str, nets: Vec<String>| {
+        nets.iter()
+            .enumerate()
+            .map(|(i, n)| {
+                parse_net(n).map_err(|reason| ConfigError::new(format!("{field}[{i}]"), reason))
+            })
+            .collect::<Result<Vec<IpNet>, ConfigError>>()
+    };
+    let allow = parse_nets("allow", s.allow)?;
+    let deny = parse_nets("deny", s.deny)?;
+    let lists = (!allow.is_empty() || !deny.is_empty() || s.allow_if.is_some())
+        .then(|| Lists::new(allow, deny, s.allow_if, s.address));
+    let mut by_name = HashMap::new();
+    for (i, b) in bounds.iter().enumerate() {
+        by_name.entry(b.limit.name.clone()).or_insert(i);
+    }
+    Ok(Engine {
+        store,
+        bounds,
+        by_name,
+        groups,
+        routes,
+        lists,
+        style: s.style,
+        shadow_headers,
+        retry_format: s.retry_format,
+        jitter: s.jitter,
+        unavailable_retry: s.unavailable_retry,
+        decision_extension: s.decision_extension,
+        limiter_extension: s.limiter_extension,
+        observer: s.observer,
+    })
+}
+
+/// A CIDR (`10.0.0.0/8`) or a single address.
+fn parse_net(text: &str) -> Result<IpNet, String> {
+    let t = text.trim();
+    t.parse::<IpNet>()
+        .or_else(|_| t.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("`{text}` is neither a CIDR (`10.0.0.0/8`) nor an address"))
 }
 
 /// Two limits of one request must not share a name: their headers and buckets would mix.

@@ -85,9 +85,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+mod charge;
 pub mod clock;
 mod cost;
 mod decision;
+mod engine;
 mod error;
 mod future;
 pub mod gcra;
@@ -95,12 +97,16 @@ pub mod headers;
 pub mod key;
 mod layer;
 mod limit;
+mod limiter;
+mod lists;
 mod quota;
 pub mod response;
+mod routes;
 mod service;
 pub mod store;
 mod throttle;
 
+pub use charge::Charge;
 pub use cost::Cost;
 pub use decision::{Decision, LimitDecision, Outcome, Overall, Status, Verdict};
 pub use error::ConfigError;
@@ -108,5 +114,6 @@ pub use future::ResponseFuture;
 pub use headers::{HeaderStyle, ResetFormat, RetryAfterFormat};
 pub use layer::{RateLimitBuilder, RateLimitLayer};
 pub use limit::{FailurePolicy, Limit, MissingKey, Mode};
+pub use limiter::{Limiter, LimiterBuilder, LimiterError};
 pub use quota::Quota;
 pub use service::RateLimit;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use http::StatusCode;
 use http::request::Parts;
 
+use crate::charge::Charge;
 use crate::cost::Cost;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor};
@@ -89,6 +90,7 @@ pub struct Limit {
     pub(crate) mode: Mode,
     pub(crate) missing: MissingKey,
     pub(crate) on_failure: FailurePolicy,
+    pub(crate) charge: Charge,
 }
 
 impl Limit {
@@ -103,6 +105,7 @@ impl Limit {
             mode: Mode::Enforce,
             missing: MissingKey::SharedBucket,
             on_failure: FailurePolicy::Fallback,
+            charge: Charge::always(),
         }
     }
 
@@ -168,6 +171,26 @@ impl Limit {
     /// What to do when the store fails. Default: [`FailurePolicy::Fallback`].
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.on_failure = policy;
+        self
+    }
+
+    /// Which responses count (default: all, [`Charge::always`]). With
+    /// [`Charge::when`] the cost is still taken before the service runs — so parallel
+    /// attempts cannot all pass — and given back when the response does not count, when
+    /// the service fails, or when the client goes away before the response (design brief
+    /// §11).
+    ///
+    /// ```
+    /// use tollgate::{key::PeerIp, Charge, Limit, Quota};
+    ///
+    /// // 3 failed logins a minute per client: only 401s count.
+    /// let failed = Limit::new("login-basic", Quota::per_minute(3))
+    ///     .key(PeerIp::new())
+    ///     .charge(Charge::when(|status, _| status == 401));
+    /// # let _ = failed;
+    /// ```
+    pub fn charge(mut self, charge: Charge) -> Self {
+        self.charge = charge;
         self
     }
 
@@ -256,6 +279,7 @@ impl fmt::Debug for Limit {
             .field("mode", &self.mode)
             .field("missing", &self.missing)
             .field("on_failure", &self.on_failure)
+            .field("charge", &self.charge)
             .finish_non_exhaustive()
     }
 }

@@ -69,6 +69,13 @@ pub enum Rejection<'a> {
         /// The status configured for this case.
         status: StatusCode,
     },
+    /// The client is on the layer's deny list
+    /// ([`RateLimitBuilder::deny_cidrs`](crate::RateLimitBuilder::deny_cidrs)): 403,
+    /// before any limit is checked.
+    Blocked {
+        /// The status (403).
+        status: StatusCode,
+    },
     /// The application is set up so that a limit cannot work, e.g. peer addresses without
     /// connection info (500). The reason, naming the fix, is logged.
     Misconfigured {
@@ -85,7 +92,7 @@ impl Rejection<'_> {
         match self {
             Rejection::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Rejection::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Rejection::MissingKey { status, .. } => *status,
+            Rejection::MissingKey { status, .. } | Rejection::Blocked { status } => *status,
             Rejection::Misconfigured { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -239,6 +246,9 @@ impl DefaultOnRejection {
                 doc.text(" is keyed by.");
                 doc.close();
             }
+            Rejection::Blocked { .. } => {
+                doc.string("detail", "This client is not allowed to use this service.");
+            }
             Rejection::Misconfigured { .. } => {}
         }
         doc.finish()
@@ -366,6 +376,7 @@ impl fmt::Display for Rejection<'_> {
             }
             Rejection::Unavailable { .. } => f.write_str("rate limit store unavailable"),
             Rejection::MissingKey { limit, .. } => write!(f, "no key for limit {limit:?}"),
+            Rejection::Blocked { .. } => f.write_str("client on the deny list"),
             Rejection::Misconfigured { limit, reason } => write!(f, "limit {limit:?}: {reason}"),
         }
     }

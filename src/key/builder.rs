@@ -417,6 +417,32 @@ pub(crate) fn masked(ip: IpAddr, prefix: u8) -> ([u8; 16], u8) {
     ((bits & mask).to_be_bytes(), prefix)
 }
 
+/// What names a bucket for the [`Limiter`](crate::Limiter) handle: a [`Key`], or any
+/// [`KeyPart`] (`&str`, `String`, bytes, an `IpAddr`, a number, ...), which becomes the
+/// key the extractors would make of it.
+pub trait IntoKey {
+    /// The key.
+    fn into_key(self) -> Key;
+}
+
+impl IntoKey for Key {
+    fn into_key(self) -> Key {
+        self
+    }
+}
+
+impl IntoKey for &Key {
+    fn into_key(self) -> Key {
+        self.clone()
+    }
+}
+
+impl<T: KeyPart> IntoKey for T {
+    fn into_key(self) -> Key {
+        Key::from_part(self)
+    }
+}
+
 /// A value that can be (part of) a key: strings, bytes, integers, addresses, tuples of
 /// these, and references to them.
 ///

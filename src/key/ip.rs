@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use smallvec::SmallVec;
 
 use super::forwarded::{forwarded_elements, parse_xff_entry};
-use super::{KeyBuilder, KeyError, KeyExtractor};
+use super::{Key, KeyBuilder, KeyError, KeyExtractor};
 use crate::error::ConfigError;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -28,6 +28,13 @@ const NO_PEER: &str = "no peer address on the request: insert `tollgate::key::Pe
 /// servers insert it per connection; see the `hyper_server` example).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PeerAddr(pub SocketAddr);
+
+/// The peer's address, or the misconfiguration that leaves it unknown.
+pub(crate) fn peer_ip(parts: &Parts) -> Result<IpAddr, KeyError> {
+    peer_addr(parts)
+        .map(|a| a.ip())
+        .ok_or(KeyError::Misconfigured(NO_PEER))
+}
 
 fn peer_addr(parts: &Parts) -> Option<SocketAddr> {
     #[cfg(feature = "axum")]
@@ -116,6 +123,25 @@ impl PeerIp {
     pub const fn ipv4_prefix(mut self, bits: u8) -> Self {
         self.prefixes.v4 = checked_v4(bits);
         self
+    }
+}
+
+impl PeerIp {
+    /// The key this extractor makes for a client at `ip` (masked to its prefix): what the
+    /// [`Limiter`](crate::Limiter) handle takes to reach the same bucket.
+    ///
+    /// ```
+    /// use tollgate::key::{Key, PeerIp};
+    ///
+    /// let ip = "2001:db8:1:2::7".parse().unwrap();
+    /// // One bucket per /56 by default: another address of the same /56 shares it.
+    /// assert_eq!(PeerIp::new().key(ip), PeerIp::new().key("2001:db8:1:ff::1".parse().unwrap()));
+    /// assert_ne!(PeerIp::new().key(ip), Key::from_part(ip));
+    /// ```
+    pub fn key(&self, ip: IpAddr) -> Key {
+        let mut b = KeyBuilder::new();
+        self.prefixes.push(ip, &mut b);
+        b.finish()
     }
 }
 
@@ -289,6 +315,14 @@ impl ClientIp {
     pub const fn ipv4_prefix(mut self, bits: u8) -> Self {
         self.prefixes.v4 = checked_v4(bits);
         self
+    }
+
+    /// The key this extractor makes for a client at `ip` (masked to its prefix): what the
+    /// [`Limiter`](crate::Limiter) handle takes to reach the same bucket.
+    pub fn key(&self, ip: IpAddr) -> Key {
+        let mut b = KeyBuilder::new();
+        self.prefixes.push(ip, &mut b);
+        b.finish()
     }
 
     /// The client address for a request, or why there is none.

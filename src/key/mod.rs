@@ -68,7 +68,8 @@ use std::marker::PhantomData;
 use http::HeaderName;
 use http::request::Parts;
 
-pub use builder::{Key, KeyBuilder, KeyPart};
+pub use builder::{IntoKey, Key, KeyBuilder, KeyPart};
+pub(crate) use ip::peer_ip;
 pub use ip::{ClientIp, PeerAddr, PeerIp, TrustedProxies};
 
 use crate::error::ConfigError;

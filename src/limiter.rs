@@ -1,0 +1,341 @@
+//! [`Limiter`]: the engine from code — peek, check, refund, penalize, block and reset the
+//! buckets the middleware fills, from handlers, background jobs or other stacks.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::decision::{Decision, LimitDecision};
+use crate::engine::Engine;
+use crate::error::ConfigError;
+use crate::key::{IntoKey, Key};
+use crate::layer::{Settings, Shared, compile};
+use crate::limit::{Limit, Mode};
+use crate::quota::Quota;
+use crate::store::{Checked, Item, Op, Statuses, Store};
+
+/// Why a [`Limiter`] call was not made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LimiterError {
+    /// No limit of this name is configured.
+    UnknownLimit(String),
+}
+
+impl fmt::Display for LimiterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimiterError::UnknownLimit(name) => write!(f, "no limit is called {name:?}"),
+        }
+    }
+}
+
+impl std::error::Error for LimiterError {}
+
+/// The calls of one operation: (limit, key, cost).
+type Calls<'a> = SmallVec<[(&'a str, Key, u32); 2]>;
+
+/// What one item was: limit name, quota, cost, mode.
+type Meta = (Arc<str>, Quota, u32, Mode);
+
+/// What each item was, and the store's answer (now or later).
+struct Applied {
+    meta: SmallVec<[Meta; 2]>,
+    checked: Checked<Pin<Box<dyn Future<Output = Statuses> + Send>>>,
+}
+
+/// An engine reached by limit names, whatever its store.
+trait Handle: Send + Sync + 'static {
+    fn apply(&self, op: Op, calls: Calls<'_>) -> Result<Applied, LimiterError>;
+    fn names(&self) -> Vec<Arc<str>>;
+}
+
+impl<St: Store> Handle for Engine<St> {
+    fn apply(&self, op: Op, calls: Calls<'_>) -> Result<Applied, LimiterError> {
+        let mut items: SmallVec<[Item<'_, St::Table>; 4]> = SmallVec::new();
+        let mut meta = SmallVec::new();
+        for (name, key, cost) in calls {
+            let index = self
+                .find(name)
+                .ok_or_else(|| LimiterError::UnknownLimit(name.to_owned()))?;
+            let bound = &self.bounds[index];
+            let limit = &bound.limit;
+            items.push(
+                Item::new(&bound.table, key, limit.quota, cost)
+                    .mode(limit.mode)
+                    .on_failure(limit.on_failure),
+            );
+            meta.push((limit.name.clone(), limit.quota, cost, limit.mode));
+        }
+        let checked = if items.is_empty() {
+            Checked::Ready(Statuses::new())
+        } else {
+            match self.store.apply(op, &items) {
+                Checked::Ready(s) => Checked::Ready(s),
+                Checked::Pending(f) => Checked::Pending(Box::pin(f) as Pin<Box<_>>),
+            }
+        };
+        Ok(Applied { meta, checked })
+    }
+
+    fn names(&self) -> Vec<Arc<str>> {
+        let mut names: Vec<Arc<str>> = self.by_name.keys().cloned().collect();
+        names.sort();
+        names
+    }
+}
+
+impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
+    fn apply(&self, op: Op, calls: Calls<'_>) -> Result<Applied, LimiterError> {
+        self.engine.apply(op, calls)
+    }
+
+    fn names(&self) -> Vec<Arc<str>> {
+        self.engine.names()
+    }
+}
+
+/// A cheap, clonable handle to a limiter's engine and store: the operations of the
+/// middleware, and more, from code.
+///
+/// Made by [`RateLimitLayer::limiter`](crate::RateLimitLayer::limiter) (sharing the layer's
+/// limits and store; the layer also puts it in every request's extensions, for axum's
+/// `Extension<Limiter>`), or on its own by [`Limiter::builder`].
+///
+/// Limits are named as configured; the handle uses each limit's own quota, mode and
+/// failure policy (a store failure is answered as in the middleware: a fallback decision,
+/// [`Status::FailedOpen`](crate::Status::FailedOpen) or
+/// [`Status::FailedClosed`](crate::Status::FailedClosed)). Keys are what the extractors
+/// make: `limiter.reset("login", "alice")` reaches the bucket that
+/// [`Header::new("x-user")`](crate::key::Header) fills for `x-user: alice`; for addresses
+/// use [`PeerIp::key`](crate::key::PeerIp::key) to get the same prefix grouping. Every
+/// method returns a `'static` future that can be spawned.
+///
+/// The failed-login pattern: look first, try the login, then reset on success or charge
+/// the failure:
+///
+/// ```
+/// use tollgate::{store::MemoryStore, Limit, Limiter, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = Limiter::builder(MemoryStore::new())
+///     .limit(Limit::new("login-failures", Quota::per_minute(1).burst(5)))
+///     .build()?;
+/// let user = "alice";
+/// if !limiter.peek("login-failures", user).await?.allowed() {
+///     return Ok(()); // 429: too many failures
+/// }
+/// let password_ok = false;
+/// if password_ok {
+///     limiter.reset("login-failures", user).await?;
+/// } else {
+///     let left = limiter.check("login-failures", user, 1).await?;
+///     assert_eq!(left.remaining(), Some(4));
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<dyn Handle>,
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("limits", &self.inner.names())
+            .finish()
+    }
+}
+
+impl Limiter {
+    pub(crate) fn new<St: Store, R: Send + Sync + 'static>(shared: Arc<Shared<St, R>>) -> Self {
+        Self { inner: shared }
+    }
+
+    /// A limiter of its own, without a layer: for background jobs, outbound calls, or
+    /// anything that is not an HTTP request.
+    pub fn builder<St: Store>(store: St) -> LimiterBuilder<St> {
+        LimiterBuilder {
+            store,
+            limits: Vec::new(),
+        }
+    }
+
+    /// The names of the limits this handle reaches.
+    pub fn limits(&self) -> Vec<Arc<str>> {
+        self.inner.names()
+    }
+
+    fn one(
+        &self,
+        op: Op,
+        limit: &str,
+        key: Key,
+        cost: u32,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        let applied = self
+            .inner
+            .apply(op, smallvec::smallvec![(limit, key, cost)]);
+        async move {
+            let mut decision = settle(applied?).await;
+            Ok(decision.limits.remove(0))
+        }
+    }
+
+    /// Takes `cost` tokens if they are there (a shadow limit never refuses): the limit's
+    /// decision, as the middleware would make it.
+    pub fn check(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        cost: u32,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Check, limit, key.into_key(), cost)
+    }
+
+    /// The bucket's state, without consuming and without creating the key: whether a
+    /// request of cost 0 passes, the tokens left, the time to the next one.
+    pub fn peek(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Check, limit, key.into_key(), 0)
+    }
+
+    /// Several checks, all or nothing as in the middleware: if an enforcing limit
+    /// refuses, nothing is taken from any of them.
+    ///
+    /// ```
+    /// # use tollgate::{store::MemoryStore, Limit, Limiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .limit(Limit::new("per-user", Quota::per_minute(10)))
+    ///     .limit(Limit::new("per-tenant", Quota::per_minute(2)))
+    ///     .build()?;
+    /// let calls = [("per-user", "alice", 1), ("per-tenant", "acme", 1)];
+    /// assert!(limiter.check_all(calls).await?.allowed());
+    /// assert!(limiter.check_all(calls).await?.allowed());
+    /// assert!(!limiter.check_all(calls).await?.allowed()); // the tenant is out
+    /// // ... and the refused call took nothing from the user's bucket.
+    /// assert_eq!(limiter.peek("per-user", "alice").await?.remaining(), Some(8));
+    /// # Ok(()) }
+    /// ```
+    pub fn check_all<'a, K: IntoKey>(
+        &self,
+        calls: impl IntoIterator<Item = (&'a str, K, u32)>,
+    ) -> impl Future<Output = Result<Decision, LimiterError>> + Send + 'static {
+        let calls: Calls<'a> = calls
+            .into_iter()
+            .map(|(l, k, c)| (l, k.into_key(), c))
+            .collect();
+        let applied = self.inner.apply(Op::Check, calls);
+        async move { Ok(settle(applied?).await) }
+    }
+
+    /// Gives `cost` tokens back, never beyond a full bucket (a key the store does not
+    /// hold is already full, and stays absent).
+    pub fn refund(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        cost: u32,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Refund, limit, key.into_key(), cost)
+    }
+
+    /// Takes `cost` tokens whatever is left: the bucket may go into debt, and the next
+    /// request passes only once the debt has refilled.
+    pub fn penalize(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        cost: u32,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Penalize, limit, key.into_key(), cost)
+    }
+
+    /// Refuses the key for `duration`, whatever its tokens; then one token is there and the
+    /// bucket refills from it. [`reset`](Self::reset) lifts it.
+    pub fn block(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        duration: Duration,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Block(duration), limit, key.into_key(), 0)
+    }
+
+    /// Makes the key a full bucket again, and unblocks it.
+    pub fn reset(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Reset, limit, key.into_key(), 0)
+    }
+}
+
+/// Waits for the store and names each status.
+async fn settle(applied: Applied) -> Decision {
+    let statuses = match applied.checked {
+        Checked::Ready(s) => s,
+        Checked::Pending(f) => f.await,
+    };
+    let limits = applied
+        .meta
+        .into_iter()
+        .zip(statuses)
+        .map(|((name, quota, cost, mode), status)| LimitDecision {
+            name,
+            quota,
+            cost,
+            mode,
+            status,
+        })
+        .collect();
+    Decision { limits }
+}
+
+/// Builds a [`Limiter`] without a layer (see [`Limiter::builder`]).
+pub struct LimiterBuilder<St: Store> {
+    store: St,
+    limits: Vec<Limit>,
+}
+
+impl<St: Store> fmt::Debug for LimiterBuilder<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimiterBuilder")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store> LimiterBuilder<St> {
+    /// A limit the handle reaches by its name. Its key extractor and cost rule are not
+    /// used: the caller gives keys and costs.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// Checks the limits (as a layer does; names must differ) and builds the handle.
+    pub fn build(self) -> Result<Limiter, ConfigError> {
+        let engine = compile(
+            self.store,
+            Settings {
+                always: self.limits,
+                ..Settings::default()
+            },
+        )?;
+        Ok(Limiter {
+            inner: Arc::new(engine),
+        })
+    }
+}
