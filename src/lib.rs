@@ -47,6 +47,14 @@
 //!   (feature `redis`) shared by every instance, with Redis Cluster (feature
 //!   `redis-cluster`). Several limits of one request are checked all or nothing: a request
 //!   refused by one limit consumes nothing from the others.
+//! - A [`Limiter`] handle reaches the same limits and buckets from code (handlers,
+//!   background jobs): `peek`, `check`, `check_all`, `refund`, `penalize`, `block`,
+//!   `reset` — e.g. the failed-login pattern. A limit can also count only some outcomes
+//!   ([`Charge::when`]), and a layer can skip or refuse clients by address before any
+//!   limit ([`RateLimitBuilder::allow_cidrs`], [`RateLimitBuilder::deny_cidrs`]).
+//! - Stores follow one contract ([`store::Store`], operations [`store::Op`]); a store that
+//!   can fail implements [`store::Backend`] and gets the timeout, breaker, failure
+//!   policies, fallback and deny cache of [`store::Resilient`].
 //! - Each request's [`Decision`] is put in its extensions (handlers read it with
 //!   `Extension<Decision>`) and given to [`on_decision`](RateLimitBuilder::on_decision) for
 //!   metrics.
