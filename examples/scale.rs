@@ -10,6 +10,8 @@
 //! - `tollgate`: a [`Key`] built from the address with [`Key::from_part`], one [`Item`], and
 //!   [`MemoryStore::check`] (default clock, `std::time::Instant`), as `benches/memory.rs`
 //!   does;
+//! - `tollgate-coarse`: the same store on the opt-in [`CoarseClock`] (a cached monotonic
+//!   time refreshed every 100 µs by a thread: one atomic load per read);
 //! - `governor`: `DefaultKeyedRateLimiter<IpAddr>::check_key` (its DashMap store and its
 //!   default TSC-based `quanta` clock);
 //! - `governor-std`: the same limiter on `std::time::Instant` (governor's
@@ -57,7 +59,7 @@
 //!
 //! Options: `--threads 1,2,4` (any counts, not capped), `--seconds S` (default 1.0),
 //! `--warmup S` (default 0.2), `--cases a,b` and `--impls a,b` (filters, names as above),
-//! `--tollgate-clock NAME` (the clock of tollgate's store; only `default` today), `--csv`
+//! `--csv`
 //! (one line per cell on stdout instead of the table).
 //!
 //! To run it on another machine, build it here and copy the binary (it runs as is on
@@ -78,7 +80,7 @@ use std::time::{Duration, Instant};
 
 use governor::{DefaultKeyedRateLimiter, RateLimiter};
 use tollgate::Quota;
-use tollgate::clock::Clock;
+use tollgate::clock::{Clock, CoarseClock};
 use tollgate::key::Key;
 use tollgate::store::{Checked, Item, MemoryStore, MemoryTable, Store};
 
@@ -132,37 +134,25 @@ impl Case {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Impl {
     Tollgate,
+    TollgateCoarse,
     Governor,
     GovernorStd,
 }
 
 impl Impl {
-    const ALL: [Impl; 3] = [Impl::Tollgate, Impl::Governor, Impl::GovernorStd];
+    const ALL: [Impl; 4] = [
+        Impl::Tollgate,
+        Impl::TollgateCoarse,
+        Impl::Governor,
+        Impl::GovernorStd,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Impl::Tollgate => "tollgate",
+            Impl::TollgateCoarse => "tollgate-coarse",
             Impl::Governor => "governor",
             Impl::GovernorStd => "governor-std",
-        }
-    }
-}
-
-/// The clock of tollgate's store, chosen with `--tollgate-clock`: the place to add a
-/// variant (and its arm in [`run_cell`]) to compare another clock.
-#[derive(Clone, Copy, Debug)]
-enum TollgateClock {
-    /// `MemoryStore::new()`: `std::time::Instant`.
-    Default,
-}
-
-impl TollgateClock {
-    fn parse(name: &str) -> Result<Self, String> {
-        match name {
-            "default" => Ok(TollgateClock::Default),
-            other => Err(format!(
-                "--tollgate-clock: unknown clock {other:?} (known: default)"
-            )),
         }
     }
 }
@@ -252,13 +242,12 @@ struct Args {
     warmup: f64,
     cases: Vec<Case>,
     impls: Vec<Impl>,
-    clock: TollgateClock,
     csv: bool,
 }
 
 const USAGE: &str = "usage: scale [--threads 1,2,4] [--seconds S] [--warmup S] \
     [--cases hot_key,many_keys,many_keys_refilled] [--impls tollgate,governor,governor-std] \
-    [--tollgate-clock default] [--csv]";
+    [--csv]";
 
 fn parse_list<T: Copy>(
     flag: &str,
@@ -306,7 +295,6 @@ fn parse_args(available: usize) -> Result<Args, String> {
         warmup: 0.2,
         cases: Case::ALL.to_vec(),
         impls: Impl::ALL.to_vec(),
-        clock: TollgateClock::Default,
         csv: false,
     };
     let mut it = std::env::args().skip(1);
@@ -333,7 +321,6 @@ fn parse_args(available: usize) -> Result<Args, String> {
             "--warmup" => args.warmup = parse_seconds(&flag, &value)?,
             "--cases" => args.cases = parse_list(&flag, &value, &Case::ALL, Case::name)?,
             "--impls" => args.impls = parse_list(&flag, &value, &Impl::ALL, Impl::name)?,
-            "--tollgate-clock" => args.clock = TollgateClock::parse(&value)?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -441,11 +428,13 @@ fn measure(limiter: impl Limiter, keys: &[IpAddr], threads: usize, args: &Args) 
 fn run_cell(which: Impl, case: Case, keys: &[IpAddr], threads: usize, args: &Args) -> Cell {
     let rate = case.rate();
     match which {
-        Impl::Tollgate => match args.clock {
-            TollgateClock::Default => {
-                measure(Tollgate::new(MemoryStore::new(), rate), keys, threads, args)
-            }
-        },
+        Impl::Tollgate => measure(Tollgate::new(MemoryStore::new(), rate), keys, threads, args),
+        Impl::TollgateCoarse => measure(
+            Tollgate::new(MemoryStore::with_clock(CoarseClock::default()), rate),
+            keys,
+            threads,
+            args,
+        ),
         Impl::Governor => measure(
             Governor(RateLimiter::keyed(governor_quota(rate))),
             keys,
@@ -505,8 +494,8 @@ fn main() -> ExitCode {
             print!(" {name:>12}");
         }
         print!(
-            " {:>17} {:>21}",
-            "tollgate/governor", "tollgate/governor-std"
+            " {:>17} {:>21} {:>16}",
+            "tollgate/governor", "tollgate/governor-std", "coarse/governor"
         );
         println!(" {:>14}", "tollgate keys");
     }
@@ -562,6 +551,11 @@ fn main() -> ExitCode {
                 let width = if other == Impl::Governor { 17 } else { 21 };
                 print!(" {ratio:>width$}");
             }
+            let coarse = match (of(Impl::TollgateCoarse), of(Impl::Governor)) {
+                (Some(t), Some(o)) => format!("{:.2}", t.per_second() / o.per_second()),
+                _ => "-".into(),
+            };
+            print!(" {coarse:>16}");
             let keys = tollgate.map_or("-".into(), |t| t.keys.to_string());
             println!(" {keys:>14}");
         }
