@@ -1,7 +1,6 @@
 //! [`Decision`]: what the limiter decided for one request, limit by limit.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -178,7 +177,7 @@ impl Status {
 /// One limit's part in a [`Decision`].
 #[derive(Clone)]
 pub struct LimitDecision {
-    pub(crate) name: Arc<str>,
+    pub(crate) name: &'static str,
     pub(crate) quota: Quota,
     pub(crate) cost: u32,
     pub(crate) mode: Mode,
@@ -188,7 +187,7 @@ pub struct LimitDecision {
 impl LimitDecision {
     /// The limit's name, as in the `RateLimit` headers.
     pub fn name(&self) -> &str {
-        &self.name
+        self.name
     }
 
     /// The quota applied to this request (which may have been chosen per request).
@@ -317,7 +316,7 @@ impl Decision {
 
     /// The limit called `name`, if it applied to the request.
     pub fn limit(&self, name: &str) -> Option<&LimitDecision> {
-        self.limits.iter().find(|l| &*l.name == name)
+        self.limits.iter().find(|l| l.name == name)
     }
 
     /// The enforcing limits that refused the request.

@@ -5,8 +5,8 @@
 //! from requests) and the [`Limiter`](crate::Limiter) handle (keys from code). It builds
 //! no responses: the middleware turns what it decides into responses.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
@@ -31,6 +31,8 @@ pub(crate) const SHADOW_LOG_EVERY: Duration = Duration::from_secs(10);
 /// One limit, bound to its table in the store.
 pub(crate) struct Bound<St: Store> {
     pub(crate) limit: Limit,
+    /// The limit's name, interned: decisions carry it without touching a shared count.
+    pub(crate) name: &'static str,
     pub(crate) table: St::Table,
     /// The start of this limit's `RateLimit` member, `"name";r=`.
     pub(crate) ietf_prefix: Box<str>,
@@ -43,6 +45,7 @@ pub(crate) struct Bound<St: Store> {
 impl<St: Store> Bound<St> {
     pub(crate) fn new(limit: Limit, store: &St) -> Self {
         Self {
+            name: intern(&limit.name),
             ietf_prefix: headers::limit_prefix(&limit.name),
             table: store.table(&limit.name),
             limit,
@@ -76,7 +79,7 @@ pub(crate) struct Engine<St: Store> {
     pub(crate) store: St,
     pub(crate) bounds: Vec<Bound<St>>,
     /// The first limit of each name: what the handle reaches by name.
-    pub(crate) by_name: HashMap<Arc<str>, usize>,
+    pub(crate) by_name: HashMap<&'static str, usize>,
     /// Group 0 applies to requests that match no route entry.
     pub(crate) groups: Vec<Group>,
     pub(crate) routes: RouteTable,
@@ -248,9 +251,10 @@ impl<St: Store> Engine<St> {
             .iter()
             .zip(statuses)
             .map(|(p, status)| {
-                let limit = &self.bounds[p.bound].limit;
+                let bound = &self.bounds[p.bound];
+                let limit = &bound.limit;
                 LimitDecision {
-                    name: limit.name.clone(),
+                    name: bound.name,
                     quota: p.quota,
                     cost: p.cost,
                     mode: limit.mode,
@@ -404,6 +408,19 @@ impl<St: Store> Engine<St> {
     pub(crate) fn find(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
     }
+}
+
+/// The one `&'static` copy of a limit name. Names come from configuration, never from
+/// requests, so the set stays as small as the configurations the process has built.
+fn intern(name: &str) -> &'static str {
+    static NAMES: LazyLock<Mutex<HashSet<&'static str>>> = LazyLock::new(Default::default);
+    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(&known) = names.get(name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.into());
+    names.insert(leaked);
+    leaked
 }
 
 /// Logs a misconfiguration at most once a minute per limit.

@@ -547,7 +547,7 @@ pub(crate) fn compile<St: Store>(store: St, s: Settings) -> Result<Engine<St>, C
         .then(|| Lists::new(allow, deny, s.allow_if, s.address));
     let mut by_name = HashMap::new();
     for (i, b) in bounds.iter().enumerate() {
-        by_name.entry(b.limit.name.clone()).or_insert(i);
+        by_name.entry(b.name).or_insert(i);
     }
     Ok(Engine {
         store,

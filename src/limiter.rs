@@ -40,7 +40,7 @@ impl std::error::Error for LimiterError {}
 type Calls<'a> = SmallVec<[(&'a str, Key, u32); 2]>;
 
 /// What one item was: limit name, quota, cost, mode.
-type Meta = (Arc<str>, Quota, u32, Mode);
+type Meta = (&'static str, Quota, u32, Mode);
 
 /// What each item was, and the store's answer (now or later).
 struct Applied {
@@ -51,7 +51,7 @@ struct Applied {
 /// An engine reached by limit names, whatever its store.
 trait Handle: Send + Sync + 'static {
     fn apply(&self, op: Op, calls: Calls<'_>) -> Result<Applied, LimiterError>;
-    fn names(&self) -> Vec<Arc<str>>;
+    fn names(&self) -> Vec<&'static str>;
 }
 
 impl<St: Store> Handle for Engine<St> {
@@ -69,7 +69,7 @@ impl<St: Store> Handle for Engine<St> {
                     .mode(limit.mode)
                     .on_failure(limit.on_failure),
             );
-            meta.push((limit.name.clone(), limit.quota, cost, limit.mode));
+            meta.push((bound.name, limit.quota, cost, limit.mode));
         }
         let checked = if items.is_empty() {
             Checked::Ready(Statuses::new())
@@ -82,8 +82,8 @@ impl<St: Store> Handle for Engine<St> {
         Ok(Applied { meta, checked })
     }
 
-    fn names(&self) -> Vec<Arc<str>> {
-        let mut names: Vec<Arc<str>> = self.by_name.keys().cloned().collect();
+    fn names(&self) -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = self.by_name.keys().copied().collect();
         names.sort();
         names
     }
@@ -94,7 +94,7 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
         self.engine.apply(op, calls)
     }
 
-    fn names(&self) -> Vec<Arc<str>> {
+    fn names(&self) -> Vec<&'static str> {
         self.engine.names()
     }
 }
@@ -167,7 +167,7 @@ impl Limiter {
     }
 
     /// The names of the limits this handle reaches.
-    pub fn limits(&self) -> Vec<Arc<str>> {
+    pub fn limits(&self) -> Vec<&'static str> {
         self.inner.names()
     }
 

@@ -390,10 +390,10 @@ mod tests {
     use crate::limit::Mode;
     use crate::quota::Quota;
 
-    fn denied(name: &str, verdict: Verdict) -> Decision {
+    fn denied(name: &'static str, verdict: Verdict) -> Decision {
         Decision {
             limits: smallvec::smallvec![LimitDecision {
-                name: name.into(),
+                name,
                 quota: Quota::per_minute(10),
                 cost: 12,
                 mode: Mode::Enforce,
