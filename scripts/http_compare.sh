@@ -79,9 +79,15 @@ else
   echo "redis-server or redis-cli not found: skipping tollgate-redis" >&2
 fi
 
-echo "==> cargo build --release --example http_bench_server ${features[*]}"
-cargo build --release --quiet --example http_bench_server "${features[@]}"
-server=target/release/examples/http_bench_server
+# BIN_DIR: a folder with a prebuilt http_bench_server (e.g. copied to a machine without
+# cargo); otherwise it is built here.
+if [ -n "${BIN_DIR:-}" ]; then
+  server="$BIN_DIR/http_bench_server"
+else
+  echo "==> cargo build --release --example http_bench_server ${features[*]}"
+  cargo build --release --quiet --example http_bench_server "${features[@]}"
+  server=target/release/examples/http_bench_server
+fi
 
 # Runs one config once; appends "config requests/s non2xx responses" to $dir/results.
 run_one() {
@@ -106,7 +112,11 @@ run_one() {
     exit 1
   fi
   # One probe: the status the config must answer (tollgate-deny's first request passes).
-  code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/")
+  code=$(python3 -c 'import sys, urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen(sys.argv[1]).status)
+except urllib.error.HTTPError as e:
+    print(e.code)' "http://127.0.0.1:$port/")
   [ "$code" = 200 ] || { echo "$mode: first response $code, expected 200" >&2; exit 1; }
   out=$(pinned "$WRK_CPUS" wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$port/")
   kill "$server_pid"

@@ -21,8 +21,13 @@ redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$d
 trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
-cargo build --release --quiet --example redis_bench --features redis
-bench=target/release/examples/redis_bench
+# BIN_DIR: a folder with a prebuilt redis_bench (e.g. copied to a machine without cargo).
+if [ -n "${BIN_DIR:-}" ]; then
+  bench="$BIN_DIR/redis_bench"
+else
+  cargo build --release --quiet --example redis_bench --features redis
+  bench=target/release/examples/redis_bench
+fi
 
 sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/gcra.lua)")
 # As many requests as the store is likely to make in `seconds`, for a similar duration.
