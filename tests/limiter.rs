@@ -19,7 +19,9 @@ use support::{body_text, send, with_peer};
 use tollgate::clock::FakeClock;
 use tollgate::key::Header;
 use tollgate::store::{MemoryStore, Store};
-use tollgate::{Limit, LimitDecision, Limiter, LimiterError, Mode, Overall, Quota, RateLimitLayer};
+use tollgate::{
+    Limit, LimitDecision, Limiter, LimiterError, Mode, Overall, Quota, RateLimitLayer, Status,
+};
 
 /// 6 per minute, burst 5: T = 10 s, tau = 50 s.
 const Q: Quota = Quota::per_minute(6).burst(5);
@@ -443,6 +445,7 @@ macro_rules! cases {
             reset_lifts_a_block_and_fills_the_bucket,
             the_layer_and_the_handle_share_buckets,
             an_unknown_limit_is_an_error,
+            a_block_for_duration_max_blocks_for_good,
         );
     };
     (@each $make:expr; $($case:ident),* $(,)?) => {
@@ -636,5 +639,36 @@ async fn a_block_holds_across_instances<H: Harness>(a: &H, b: &H) {
             .await
             .remaining(),
         Some(4)
+    );
+}
+
+/// A block for `Duration::MAX` ("for good") is answered by the store itself, and the key
+/// stays readable. (Redis once wrote such a TAT beyond 2^53 µs: the reply overflowed, the
+/// block fell back to the local limiter, and every later call on the key failed over.)
+async fn a_block_for_duration_max_blocks_for_good<H: Harness>(h: &H) {
+    let limiter = h.limiter([Limit::new("forever", Q)]);
+    let century = Duration::from_secs(100 * 365 * 86_400);
+    let d = ok(limiter.block("forever", "mallory", Duration::MAX)).await;
+    assert!(matches!(d.status(), Status::Checked(_)), "{d:?}");
+    assert_eq!(d.remaining(), Some(0));
+    assert!(d.outcome().unwrap().next_after().unwrap() > century);
+    // A fresh limiter on the same store (no remembered denial) asks the store.
+    let other = h.limiter([Limit::new("forever", Q)]);
+    let look = ok(other.peek("forever", "mallory")).await;
+    assert!(matches!(look.status(), Status::Checked(_)), "{look:?}");
+    assert_eq!(look.remaining(), Some(0));
+    h.advance(century);
+    let refused = ok(other.check("forever", "mallory", 1)).await;
+    assert!(
+        matches!(refused.status(), Status::Checked(_)),
+        "{refused:?}"
+    );
+    assert!(!refused.allowed());
+    assert!(refused.retry_after().unwrap() > century);
+    // A reset still lifts it.
+    ok(limiter.reset("forever", "mallory")).await;
+    assert_eq!(
+        ok(other.check("forever", "mallory", 1)).await.remaining(),
+        Some(BURST - 1)
     );
 }
