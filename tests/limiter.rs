@@ -446,6 +446,7 @@ macro_rules! cases {
             the_layer_and_the_handle_share_buckets,
             an_unknown_limit_is_an_error,
             a_block_for_duration_max_blocks_for_good,
+            the_failed_login_pattern_locks_out_after_the_burst,
         );
     };
     (@each $make:expr; $($case:ident),* $(,)?) => {
@@ -669,6 +670,41 @@ async fn a_block_for_duration_max_blocks_for_good<H: Harness>(h: &H) {
     ok(limiter.reset("forever", "mallory")).await;
     assert_eq!(
         ok(other.check("forever", "mallory", 1)).await.remaining(),
+        Some(BURST - 1)
+    );
+}
+
+/// The failed-login pattern of `Limiter`'s docs locks a user out after `burst` failures.
+/// (Its look once tested `peek(..).allowed()`, which is `true` at an empty bucket — a peek
+/// costs nothing — so it never refused an attempt.)
+async fn the_failed_login_pattern_locks_out_after_the_burst<H: Harness>(h: &H) {
+    let limiter = h.limiter([Limit::new("login-failures", Q)]);
+    let attempt = async |password_ok: bool| -> Option<bool> {
+        let look = ok(limiter.peek("login-failures", "alice")).await;
+        if look.remaining() == Some(0) || !look.allowed() {
+            return None;
+        }
+        if password_ok {
+            ok(limiter.reset("login-failures", "alice")).await;
+        } else {
+            ok(limiter.check("login-failures", "alice", 1)).await;
+        }
+        Some(password_ok)
+    };
+    for _ in 0..BURST {
+        assert_eq!(attempt(false).await, Some(false));
+    }
+    // The empty bucket's look passes (cost 0) with no token left.
+    let look = ok(limiter.peek("login-failures", "alice")).await;
+    assert_eq!(state(&look), (true, Some(0), None));
+    assert_eq!(attempt(true).await, None);
+    h.advance(T);
+    assert_eq!(attempt(true).await, Some(true));
+    assert_eq!(attempt(false).await, Some(false));
+    assert_eq!(
+        ok(limiter.peek("login-failures", "alice"))
+            .await
+            .remaining(),
         Some(BURST - 1)
     );
 }
