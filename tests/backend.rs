@@ -496,3 +496,24 @@ async fn the_deny_cache_remembers_a_block_made_through_the_store() {
     );
     assert_eq!(s.backend.calls(), 2);
 }
+
+#[tokio::test]
+async fn a_block_the_backend_did_not_apply_is_not_remembered_by_the_deny_cache() {
+    let s = setup();
+    let limiter = s.limiter(FailurePolicy::Allow);
+    s.backend.set_down(true);
+    let d = limiter
+        .block("api", "mallory", Duration::from_secs(3_600))
+        .await
+        .unwrap();
+    assert_eq!(state(&d), ("failed-open", true, None, None));
+    assert!(!s.backend.holds("api:mallory"));
+    // The backend is back and holds no block: it decides, and lets the key pass.
+    s.backend.set_down(false);
+    let calls = s.backend.calls();
+    assert_eq!(
+        state(&check(&limiter, "mallory").await),
+        ("checked", true, Some(BURST - 1), None)
+    );
+    assert_eq!(s.backend.calls(), calls + 1);
+}
