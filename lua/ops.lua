@@ -21,6 +21,10 @@ Then three arguments per key (ARGV[3i] ... ARGV[3i+2]):
 A written key expires when its bucket is full again (PX = TAT - now in milliseconds,
 rounded up, + 1), as gcra.lua's keys do.
 
+A TAT is at most 2^53 - 1 microseconds (the year 2255): Lua numbers are doubles, and a
+larger one (a block for Duration::MAX, a huge penalty) would be written and answered
+inexactly, as a float the client cannot read. Capped there, it is still "for good".
+
 Reply: an array of 1 + #KEYS integers: now, then each bucket's TAT afterwards (0: absent).
 ]]
 
@@ -32,6 +36,7 @@ else
   now = tonumber(ARGV[1])
 end
 local op = ARGV[2]
+local MAX_TAT = 9007199254740991
 
 local reply = { now }
 for i = 1, #KEYS do
@@ -57,6 +62,9 @@ for i = 1, #KEYS do
     new = math.max(tat or 0, now + amount + burst * t - t)
   else
     return redis.error_reply('tollgate ops.lua: unknown operation ' .. tostring(op))
+  end
+  if new > MAX_TAT then
+    new = MAX_TAT
   end
   if op ~= 'reset' then
     if new > now then

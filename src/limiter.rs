@@ -116,27 +116,38 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
 /// method returns a `'static` future that can be spawned.
 ///
 /// The failed-login pattern: look first, try the login, then reset on success or charge
-/// the failure:
+/// the failure. The look refuses when no token is left: a peek costs nothing, so it
+/// *passes* at an empty bucket (`allowed()` is `false` only for a bucket in debt or
+/// blocked) — test `remaining()`, or an attacker gets every attempt they like:
 ///
 /// ```
-/// use tollgate::{store::MemoryStore, Limit, Limiter, Quota};
+/// use tollgate::{store::MemoryStore, Limit, Limiter, LimiterError, Quota};
+///
+/// /// `None`: refused (429) without trying the password.
+/// async fn login(limiter: &Limiter, user: &str, password_ok: bool) -> Result<Option<bool>, LimiterError> {
+///     let look = limiter.peek("login-failures", user).await?;
+///     if look.remaining() == Some(0) || !look.allowed() {
+///         return Ok(None); // 429: too many failures (or the store is down, failing closed)
+///     }
+///     if password_ok {
+///         limiter.reset("login-failures", user).await?;
+///     } else {
+///         limiter.check("login-failures", user, 1).await?;
+///     }
+///     Ok(Some(password_ok))
+/// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let limiter = Limiter::builder(MemoryStore::new())
 ///     .limit(Limit::new("login-failures", Quota::per_minute(1).burst(5)))
 ///     .build()?;
-/// let user = "alice";
-/// if !limiter.peek("login-failures", user).await?.allowed() {
-///     return Ok(()); // 429: too many failures
+/// for _ in 0..5 {
+///     assert_eq!(login(&limiter, "alice", false).await?, Some(false));
 /// }
-/// let password_ok = false;
-/// if password_ok {
-///     limiter.reset("login-failures", user).await?;
-/// } else {
-///     let left = limiter.check("login-failures", user, 1).await?;
-///     assert_eq!(left.remaining(), Some(4));
-/// }
+/// // Five failures: the sixth attempt is not even tried, right password or not.
+/// assert_eq!(login(&limiter, "alice", true).await?, None);
+/// assert_eq!(login(&limiter, "bob", true).await?, Some(true));
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -43,7 +43,8 @@ const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(1);
 ///   deadline is counted from the moment the call was sent, so it is never later than the
 ///   backend's. Tokens given back meanwhile (a refund or a reset on another instance) can
 ///   make the backend allow earlier: the key then waits at most until the deadline. A
-///   reset, refund or block through *this* store updates the cache at once.
+///   reset or refund through *this* store updates the cache at once, a block once the
+///   backend has applied it.
 ///
 /// The breaker, the fallback and the deny cache run on one clock, by default the monotonic
 /// clock; [`clock`](Self::clock) injects another (a
@@ -291,26 +292,35 @@ impl<B: Backend> Resilient<B> {
     }
 
     /// Keeps the deny cache true to an operation other than a check made through this
-    /// store: tokens given back clear a remembered denial, a block is remembered.
+    /// store, before it is sent: tokens given back clear a remembered denial. (A block is
+    /// remembered once the backend has applied it, see [`run`](Self::run).)
     fn update_deny_cache(&self, op: Op, items: &[Item<'_, ResilientTable<B::Table>>]) {
         let Some(cache) = &self.inner.deny_cache else {
             return;
         };
+        if !matches!(op, Op::Refund | Op::Reset) {
+            return;
+        }
         for item in items {
-            let Some(table) = &item.table.deny else {
-                continue;
-            };
-            let salt = quota_salt(&item.quota);
-            match op {
-                Op::Refund | Op::Reset => cache.clear_marker(table, &item.key, salt),
-                Op::Block(d) => {
-                    let now = self.inner.clock.now();
-                    let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-                    cache.raise_marker(table, &item.key, salt, now.saturating_add(d));
-                }
-                Op::Check | Op::Penalize => {}
+            if let Some(table) = &item.table.deny {
+                cache.clear_marker(table, &item.key, quota_salt(&item.quota));
             }
         }
+    }
+
+    /// Remembers a block the backend applied: refused until `d` from `sent_at` (never
+    /// later than the backend's own end of the block).
+    fn remember_block(&self, part: &Part, sent_at: u64, d: Duration) {
+        let (Some(cache), Some(table)) = (&self.inner.deny_cache, &part.deny) else {
+            return;
+        };
+        let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        cache.raise_marker(
+            table,
+            &part.key,
+            quota_salt(&part.quota),
+            sent_at.saturating_add(d),
+        );
     }
 
     /// Remembers that `part` cannot pass a request of cost 1 for the outcome's wait,
@@ -385,15 +395,25 @@ impl<B: Backend> Resilient<B> {
         match result {
             Ok(statuses) if statuses.len() == parts.len() => {
                 inner.breaker.success(name);
-                if op == Op::Check {
-                    for (p, s) in parts.iter().zip(&statuses) {
-                        if let Status::Checked(o) = s
-                            && p.mode == Mode::Enforce
-                            && !o.is_allowed()
-                        {
-                            self.remember_denial(p, sent_at, o);
+                match op {
+                    Op::Check => {
+                        for (p, s) in parts.iter().zip(&statuses) {
+                            if let Status::Checked(o) = s
+                                && p.mode == Mode::Enforce
+                                && !o.is_allowed()
+                            {
+                                self.remember_denial(p, sent_at, o);
+                            }
                         }
                     }
+                    // Only once applied: a block the backend did not make must not refuse
+                    // a key the backend lets pass.
+                    Op::Block(d) => {
+                        for p in &parts {
+                            self.remember_block(p, sent_at, d);
+                        }
+                    }
+                    _ => {}
                 }
                 statuses
             }
