@@ -276,6 +276,52 @@ mod redis_store {
         assert_eq!(entered.load(Ordering::SeqCst), 5);
         assert_eq!(remaining(&limiter, "failures", PEER).await, 0);
     }
+
+    /// Bug: a denial answered by Redis before a refund, but processed after it, was
+    /// remembered by the local deny cache, which then refused the key for up to one
+    /// emission interval although its bucket in Redis was full.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refund_clears_a_denial_remembered_from_a_check_answered_before_it() {
+        let server = RedisServer::start();
+        let conn = server.client().get_connection_manager().await.unwrap();
+        let layer = RateLimitLayer::builder(RedisStore::new(conn).timeout(Duration::from_secs(2)))
+            .limit(
+                Limit::new("failures", Quota::per_hour(5))
+                    .key(PeerIp::new())
+                    .on_store_failure(tollgate::FailurePolicy::Deny)
+                    .charge(Charge::when(|status, _| status == StatusCode::UNAUTHORIZED)),
+            )
+            .build()
+            .unwrap();
+        let limiter = layer.limiter();
+        let app = login_app(layer, Arc::default());
+        // The refunds are calls of their own, made after each response: wait for them.
+        let full = async || {
+            for _ in 0..200 {
+                if remaining(&limiter, "failures", PEER).await == 5 {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            false
+        };
+        for round in 0..10 {
+            // 32 successes at once: some are refused while the first ones hold the
+            // tokens (charged before the handler runs), and every admitted one is
+            // given back.
+            let ok = concurrently(&app, 32, "/ok").await;
+            assert!(count(&ok, StatusCode::OK) >= 5, "round {round}: {ok:?}");
+            assert!(full().await, "round {round}: every success was given back");
+            assert_eq!(
+                send(&app, req("/ok", PEER)).await.status(),
+                StatusCode::OK,
+                "round {round}: a full bucket, and no remembered denial"
+            );
+            assert!(full().await);
+        }
+        let failed = statuses(&app, 6, || req("/fail", PEER)).await;
+        assert_eq!(count(&failed, StatusCode::UNAUTHORIZED), 5, "{failed:?}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
