@@ -517,3 +517,38 @@ fn a_bad_cidr_is_a_config_error_naming_the_entry() {
             .is_ok()
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// The handle
+
+/// Bug (documentation): the `Limiter` docs gated failed logins on `!peek(..).allowed()`,
+/// which never refuses: a look of cost 0 passes an empty bucket.
+#[tokio::test]
+async fn peek_is_no_gate_an_empty_bucket_passes_a_look_with_no_token_left() {
+    let limiter = Limiter::builder(store())
+        .limit(Limit::new("login-failures", Quota::per_hour(20).burst(5)))
+        .build()
+        .unwrap();
+    for left in (0..5).rev() {
+        let d = limiter.check("login-failures", "alice", 1).await.unwrap();
+        assert!(d.allowed());
+        assert_eq!(d.remaining(), Some(left));
+    }
+    let look = limiter.peek("login-failures", "alice").await.unwrap();
+    assert!(look.allowed(), "an empty bucket passes a look of cost 0");
+    assert_eq!(look.remaining(), Some(0));
+    assert_eq!(look.retry_after(), None);
+    let refused = limiter.check("login-failures", "alice", 1).await.unwrap();
+    assert!(!refused.allowed(), "only a check refuses");
+    assert_eq!(refused.retry_after(), Some(Duration::from_secs(180)));
+    // In debt, a look is refused, one emission interval sooner than a request.
+    let debt = limiter
+        .penalize("login-failures", "alice", 1)
+        .await
+        .unwrap();
+    assert!(!debt.allowed());
+    let look = limiter.peek("login-failures", "alice").await.unwrap();
+    assert_eq!(look.retry_after(), Some(Duration::from_secs(180)));
+    let refused = limiter.check("login-failures", "alice", 1).await.unwrap();
+    assert_eq!(refused.retry_after(), Some(Duration::from_secs(360)));
+}
