@@ -23,8 +23,9 @@ type Counts = Arc<dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync>;
 /// use http::StatusCode;
 /// use tollgate::{key::PeerIp, Charge, Limit, Quota};
 ///
-/// // Failed logins: 5 per 15 minutes per client; successful ones do not count.
-/// let failures = Limit::new("login-failures", Quota::per_minute(1).burst(5))
+/// // Failed logins: 5 per 15 minutes per client (a bucket of 5, one back every 3
+/// // minutes); successful ones do not count.
+/// let failures = Limit::new("login-failures", Quota::per_hour(20).burst(5))
 ///     .key(PeerIp::new())
 ///     .charge(Charge::when(|status, _headers| status == StatusCode::UNAUTHORIZED));
 /// # let _ = failures;

@@ -115,39 +115,41 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
 /// use [`PeerIp::key`](crate::key::PeerIp::key) to get the same prefix grouping. Every
 /// method returns a `'static` future that can be spawned.
 ///
-/// The failed-login pattern: look first, try the login, then reset on success or charge
-/// the failure. The look refuses when no token is left: a peek costs nothing, so it
-/// *passes* at an empty bucket (`allowed()` is `false` only for a bucket in debt or
-/// blocked) — test `remaining()`, or an attacker gets every attempt they like:
+/// The failed-login pattern: take the failure token *before* trying the password, keep it
+/// when the password is wrong, and reset the user's bucket on success. Taking it first is
+/// one atomic step, so N parallel guesses with one failure left cannot all try a password
+/// (design brief §11). A [`peek`](Self::peek) is no gate: an empty bucket still passes a
+/// look of cost 0 (with no token left); only a bucket in debt refuses it.
 ///
 /// ```
 /// use tollgate::{store::MemoryStore, Limit, Limiter, LimiterError, Quota};
 ///
-/// /// `None`: refused (429) without trying the password.
-/// async fn login(limiter: &Limiter, user: &str, password_ok: bool) -> Result<Option<bool>, LimiterError> {
-///     let look = limiter.peek("login-failures", user).await?;
-///     if look.remaining() == Some(0) || !look.allowed() {
-///         return Ok(None); // 429: too many failures (or the store is down, failing closed)
+/// async fn login(limiter: &Limiter, user: &str, password_ok: bool) -> Result<u16, LimiterError> {
+///     let charged = limiter.check("login-failures", user, 1).await?;
+///     if !charged.allowed() {
+///         return Ok(429); // too many failures: Retry-After from charged.retry_after()
 ///     }
 ///     if password_ok {
-///         limiter.reset("login-failures", user).await?;
+///         limiter.reset("login-failures", user).await?; // gives this token back too
+///         Ok(200)
 ///     } else {
-///         limiter.check("login-failures", user, 1).await?;
+///         Ok(401) // the token stays taken
 ///     }
-///     Ok(Some(password_ok))
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // 5 failures per 15 minutes: a bucket of 5, one back every 3 minutes.
 /// let limiter = Limiter::builder(MemoryStore::new())
-///     .limit(Limit::new("login-failures", Quota::per_minute(1).burst(5)))
+///     .limit(Limit::new("login-failures", Quota::per_hour(20).burst(5)))
 ///     .build()?;
 /// for _ in 0..5 {
-///     assert_eq!(login(&limiter, "alice", false).await?, Some(false));
+///     assert_eq!(login(&limiter, "alice", false).await?, 401);
 /// }
-/// // Five failures: the sixth attempt is not even tried, right password or not.
-/// assert_eq!(login(&limiter, "alice", true).await?, None);
-/// assert_eq!(login(&limiter, "bob", true).await?, Some(true));
+/// assert_eq!(login(&limiter, "alice", true).await?, 429); // even the right password
+/// assert_eq!(login(&limiter, "bob", true).await?, 200);
+/// let look = limiter.peek("login-failures", "alice").await?;
+/// assert!(look.allowed() && look.remaining() == Some(0)); // a look passes: no gate
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -211,6 +213,13 @@ impl Limiter {
 
     /// The bucket's state, without consuming and without creating the key: whether a
     /// request of cost 0 passes, the tokens left, the time to the next one.
+    ///
+    /// A request of cost 0 passes an empty bucket: only a bucket in debt (after
+    /// [`penalize`](Self::penalize) or [`block`](Self::block)) refuses it, and the wait it
+    /// reports is until the debt is paid, one emission interval short of the wait of a
+    /// request of cost 1. Whether one more request would pass is `remaining() > Some(0)`;
+    /// and to admit it, [`check`](Self::check) rather than peek-then-check, which lets
+    /// parallel callers all pass the look.
     pub fn peek(
         &self,
         limit: &str,

@@ -390,7 +390,7 @@ async fn the_layer_and_the_handle_share_buckets<H: Harness>(h: &H) {
         send(&app, alice()).await.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
-    assert_eq!(limiter.limits(), [std::sync::Arc::<str>::from("login")]);
+    assert_eq!(limiter.limits(), ["login"]);
 }
 
 /// An unknown limit is an error from every method, not a panic, and a call naming one

@@ -238,6 +238,9 @@ fn quota_salt(q: &Quota) -> u64 {
     q.t_ns().wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ q.burst_size().rotate_left(29)
 }
 
+/// Salts a key's "tokens given back at" marker apart from its denial marker.
+const GIVEN_BACK: u64 = 0x6a09_e667_f3bc_c909;
+
 /// What a remembered denial tells the client: no token for `wait_ns`.
 fn cached_outcome(quota: &Quota, cost: u32, wait_ns: u64) -> Outcome {
     let params = Params::new(quota.t_ns(), quota.burst_size());
@@ -303,7 +306,7 @@ impl<B: Backend> Resilient<B> {
         }
         for item in items {
             if let Some(table) = &item.table.deny {
-                cache.clear_marker(table, &item.key, quota_salt(&item.quota));
+                self.given_back(cache, table, &item.key, quota_salt(&item.quota));
             }
         }
     }
@@ -323,8 +326,31 @@ impl<B: Backend> Resilient<B> {
         );
     }
 
+    /// Tokens of `key` are being given back (when the refund or reset is issued, and again
+    /// when the backend has applied it): forgets its remembered denial, and notes the time,
+    /// so that a denial the backend decided before the tokens came back, but whose answer
+    /// is processed after, is not remembered (see [`remember_denial`](Self::remember_denial)).
+    fn given_back(
+        &self,
+        cache: &MemoryStore<SharedClock>,
+        table: &MemoryTable,
+        key: &Key,
+        salt: u64,
+    ) {
+        cache.clear_marker(table, key, salt);
+        // Kept for one timeout: an answer to a check sent before now comes within it, or
+        // is dropped.
+        let until = self.inner.clock.now().saturating_add(self.timeout_ns());
+        cache.raise_marker(table, key, salt ^ GIVEN_BACK, until);
+    }
+
+    fn timeout_ns(&self) -> u64 {
+        u64::try_from(self.inner.timeout.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// Remembers that `part` cannot pass a request of cost 1 for the outcome's wait,
-    /// counted from `sent_at`.
+    /// counted from `sent_at` — unless tokens of the key were given back since `sent_at`:
+    /// the backend may have decided before they came back.
     fn remember_denial(&self, part: &Part, sent_at: u64, o: &Outcome) {
         let (Some(cache), Some(table)) = (&self.inner.deny_cache, &part.deny) else {
             return;
@@ -332,14 +358,14 @@ impl<B: Backend> Resilient<B> {
         if o.remaining() > 0 {
             return; // a smaller request could pass
         }
+        let salt = quota_salt(&part.quota);
+        let (given_back_until, _) = cache.marker(table, &part.key, salt ^ GIVEN_BACK);
+        if given_back_until != 0 && sent_at <= given_back_until.saturating_sub(self.timeout_ns()) {
+            return;
+        }
         if let Some(wait) = o.next_after() {
             let wait = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
-            cache.raise_marker(
-                table,
-                &part.key,
-                quota_salt(&part.quota),
-                sent_at.saturating_add(wait),
-            );
+            cache.raise_marker(table, &part.key, salt, sent_at.saturating_add(wait));
         }
     }
 
@@ -392,6 +418,16 @@ impl<B: Backend> Resilient<B> {
             ))),
         };
         let name = inner.backend.name();
+        if matches!(op, Op::Refund | Op::Reset)
+            && let Some(cache) = &inner.deny_cache
+        {
+            // Applied (or not): checks sent until now may have been decided before it.
+            for p in &parts {
+                if let Some(table) = &p.deny {
+                    self.given_back(cache, table, &p.key, quota_salt(&p.quota));
+                }
+            }
+        }
         match result {
             Ok(statuses) if statuses.len() == parts.len() => {
                 inner.breaker.success(name);
