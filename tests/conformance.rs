@@ -187,8 +187,10 @@ async fn suite<S: Store>(redis: &S, clock: &FakeClock, label: &str) {
 async fn memory_and_redis_decide_alike() {
     let server = RedisServer::start();
     let clock = FakeClock::new();
+    // A generous timeout: a call slowed by a loaded machine must not fall back locally.
     let store = RedisStore::new(server.client().get_connection_manager().await.unwrap())
         .caller_time(clock.clone())
+        .timeout(Duration::from_secs(5))
         .deny_cache(false);
     suite(&store, &clock, "single").await;
 }
@@ -200,6 +202,7 @@ async fn memory_and_redis_cluster_decide_alike() {
     let clock = FakeClock::new();
     let store = RedisStore::cluster(cluster.connection().await)
         .caller_time(clock.clone())
+        .timeout(Duration::from_secs(5))
         .deny_cache(false);
     suite(&store, &clock, "cluster").await;
 }
@@ -212,6 +215,7 @@ async fn redis_is_never_more_generous_when_units_differ() {
     let clock = FakeClock::at(Duration::from_secs(1_700_000_000));
     let redis = RedisStore::new(server.client().get_connection_manager().await.unwrap())
         .caller_time(clock.clone())
+        .timeout(Duration::from_secs(5))
         .deny_cache(false);
     let memory = MemoryStore::with_clock(clock.clone());
     let q = Quota::per_second(3); // T = 333,333.33 µs

@@ -543,7 +543,9 @@ mod redis_harness {
                 #[cfg(feature = "redis-cluster")]
                 Conn::Cluster(c) => RedisStore::cluster(c.clone()),
             }
-            .caller_time(clock.clone());
+            .caller_time(clock.clone())
+            // A loaded machine must not turn a slow call into a local fallback decision.
+            .timeout(std::time::Duration::from_secs(5));
             Self { clock, store, conn }
         }
 

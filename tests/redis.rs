@@ -17,8 +17,11 @@ use tollgate::key::{Header, Key, PeerIp};
 use tollgate::store::{Checked, Item, RedisStore, Statuses, Store};
 use tollgate::{FailurePolicy, Limit, Quota, RateLimitLayer, Status};
 
+/// A store with a generous timeout: a call slowed by a loaded machine must not fall back
+/// locally in tests that are not about timeouts (those set their own).
 async fn store(server: &RedisServer) -> RedisStore {
     RedisStore::new(server.client().get_connection_manager().await.unwrap())
+        .timeout(Duration::from_secs(2))
 }
 
 async fn check<S: Store>(store: &S, items: &[Item<'_, S::Table>]) -> Statuses {
@@ -530,7 +533,9 @@ mod cluster {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn limits_across_slots_are_all_or_nothing() {
         let cluster = RedisCluster::start(3);
-        let store = RedisStore::cluster(cluster.connection().await).deny_cache(false);
+        let store = RedisStore::cluster(cluster.connection().await)
+            .timeout(Duration::from_secs(5))
+            .deny_cache(false);
         let names = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
         let tables: Vec<_> = names.iter().map(|n| store.table(n)).collect();
         // Make sure the keys really spread over the nodes.
@@ -574,7 +579,9 @@ mod cluster {
     #[tokio::test]
     async fn a_hash_tag_prefix_keeps_a_request_in_one_slot() {
         let cluster = RedisCluster::start(3);
-        let store = RedisStore::cluster(cluster.connection().await).prefix("{rl}:");
+        let store = RedisStore::cluster(cluster.connection().await)
+            .timeout(Duration::from_secs(5))
+            .prefix("{rl}:");
         let a = store.table("a");
         let b = store.table("b");
         let s = check(
