@@ -5,8 +5,8 @@
 //! from requests) and the [`Limiter`](crate::Limiter) handle (keys from code). It builds
 //! no responses: the middleware turns what it decides into responses.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
@@ -16,6 +16,7 @@ use smallvec::SmallVec;
 
 use crate::decision::{Decision, LimitDecision, Overall};
 use crate::headers::{self, Fields, HeaderStyle, Report, RetryAfterFormat};
+use crate::intern::intern;
 use crate::key::{Key, KeyBuilder, KeyError};
 use crate::limit::{Limit, MissingKey, Mode};
 use crate::lists::Lists;
@@ -408,19 +409,6 @@ impl<St: Store> Engine<St> {
     pub(crate) fn find(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
     }
-}
-
-/// The one `&'static` copy of a limit name. Names come from configuration, never from
-/// requests, so the set stays as small as the configurations the process has built.
-fn intern(name: &str) -> &'static str {
-    static NAMES: LazyLock<Mutex<HashSet<&'static str>>> = LazyLock::new(Default::default);
-    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(&known) = names.get(name) {
-        return known;
-    }
-    let leaked: &'static str = Box::leak(name.into());
-    names.insert(leaked);
-    leaked
 }
 
 /// Logs a misconfiguration at most once a minute per limit.

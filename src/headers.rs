@@ -375,15 +375,21 @@ pub(crate) fn rate_limit_fields(
 }
 
 /// The pre-rendered IETF policy field for a fixed list of limits.
+///
+/// The value is `'static` (interned: one copy per distinct value the process has built):
+/// cloning it per response touches no shared reference count, which a shared `Bytes`
+/// would on every core.
 pub(crate) fn static_policy<'a>(
     items: impl IntoIterator<Item = (&'a str, u64, u64)>,
 ) -> Option<HeaderValue> {
-    ietf_policy(items.into_iter().map(|(name, quota, window)| PolicyItem {
+    let text = ietf_policy(items.into_iter().map(|(name, quota, window)| PolicyItem {
         name,
         quota,
         window,
-    }))
-    .and_then(value)
+    }))?;
+    // Only visible ASCII and spaces are rendered; check like `HeaderValue::try_from`.
+    HeaderValue::try_from(text.as_str()).ok()?;
+    Some(HeaderValue::from_static(crate::intern::intern(&text)))
 }
 
 /// The name of `Retry-After`.

@@ -102,6 +102,7 @@ mod error;
 mod future;
 pub mod gcra;
 pub mod headers;
+mod intern;
 pub mod key;
 mod layer;
 mod limit;
