@@ -101,12 +101,20 @@ mod engine;
 mod error;
 mod future;
 pub mod gcra;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc;
 pub mod headers;
 pub mod key;
 mod layer;
 mod limit;
 mod limiter;
 mod lists;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+mod observe;
+mod offenders;
 mod quota;
 pub mod response;
 mod routes;
@@ -123,5 +131,7 @@ pub use headers::{HeaderStyle, ResetFormat, RetryAfterFormat};
 pub use layer::{RateLimitBuilder, RateLimitLayer};
 pub use limit::{FailurePolicy, Limit, MissingKey, Mode};
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
+pub use observe::RefusalLog;
+pub use offenders::{OffenderTracking, RefusedKey};
 pub use quota::Quota;
 pub use service::RateLimit;
