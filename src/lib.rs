@@ -56,8 +56,11 @@
 //!   can fail implements [`store::Backend`] and gets the timeout, breaker, failure
 //!   policies, fallback and deny cache of [`store::Resilient`].
 //! - Each request's [`Decision`] is put in its extensions (handlers read it with
-//!   `Extension<Decision>`) and given to [`on_decision`](RateLimitBuilder::on_decision) for
-//!   metrics.
+//!   `Extension<Decision>`) and given to [`on_decision`](RateLimitBuilder::on_decision).
+//!   Refusals are `tracing` events (target `tollgate::refused`, throttled: see
+//!   [`RefusalLog`]); the most refused keys are kept in a bounded summary
+//!   ([`RateLimitBuilder::track_offenders`], [`Limiter::top_refused`]); feature `metrics`
+//!   reports a fixed metrics schema; feature `grpc` answers refused gRPC calls the gRPC way.
 //!
 //! # Where to put the layer
 //!
@@ -87,6 +90,8 @@
 //! | `axum` | yes | peer addresses from axum's `ConnectInfo`, the matched route (`MatchedPath`) for route tables and [`key::Route`] |
 //! | `redis` | no | `store::RedisStore` on the `redis` crate's `ConnectionManager` |
 //! | `redis-cluster` | no | `RedisStore::cluster` for Redis Cluster |
+//! | `metrics` | no | metrics through the `metrics` facade, a fixed schema (module `metrics` when enabled) |
+//! | `grpc` | no | gRPC refusals for tonic services, `PeerIp` from tonic's `TcpConnectInfo` (`grpc` module when enabled) |
 //!
 //! Without `axum` the layer works with any tower/hyper stack: peer addresses come from a
 //! [`key::PeerAddr`] extension and route templates are matched against the request path.
