@@ -33,7 +33,7 @@ pub(crate) const SHARDS: usize = 8;
 ///
 /// let tracking = OffenderTracking::new()
 ///     .capacity(1_000)
-///     .report_every(Duration::from_secs(60));
+///     .report_every(Some(Duration::from_secs(60)));
 /// # let _ = tracking;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
