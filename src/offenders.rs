@@ -9,6 +9,12 @@
 //! not counted (a sample is dropped rather than a request made to wait): under a flood
 //! the heavy hitters are the keys that keep coming, so they keep being counted.
 //!
+//! Under a flood even an uncontended lock is a cache line that two cores pass back and
+//! forth for every refusal of the same hot key, so each thread samples: while it refuses
+//! more than [`FLOOD_RATE`] requests a second, it counts one refusal in [`STRIDE`], with
+//! weight [`STRIDE`] (weighted Space-Saving keeps its guarantees, in units of the
+//! weight). Below that rate every refusal is counted exactly.
+//!
 //! Memory is fixed at build time: `capacity` counters per limit (each a [`Key`], two
 //! counts and an index entry, about 100 bytes).
 
@@ -23,6 +29,34 @@ use crate::key::Key;
 
 /// Shards per limit.
 pub(crate) const SHARDS: usize = 8;
+/// Refusals per second and thread above which a thread samples.
+pub(crate) const FLOOD_RATE: u64 = 25_600;
+/// Under a flood, one refusal in `STRIDE` is counted, with this weight.
+pub(crate) const STRIDE: u32 = 16;
+/// Refusals between two looks at the clock.
+const WINDOW: u32 = 256;
+
+thread_local! {
+    /// This thread's refusals counted, its stride, and when its window started (ms).
+    static SAMPLER: std::cell::Cell<(u32, u32, u64)> = const { std::cell::Cell::new((0, 1, 0)) };
+}
+
+/// The weight of this refusal in the summaries, or `None` if the thread's sampling leaves
+/// it out. One clock read per [`WINDOW`] refusals.
+pub(crate) fn sample() -> Option<u64> {
+    SAMPLER.with(|s| {
+        let (mut n, mut stride, mut start) = s.get();
+        n = n.wrapping_add(1);
+        if n % WINDOW == 0 {
+            let now = crate::throttle::now_ms();
+            let fast = now.saturating_sub(start) * FLOOD_RATE < u64::from(WINDOW) * 1_000;
+            stride = if fast { STRIDE } else { 1 };
+            start = now;
+        }
+        s.set((n, stride, start));
+        (n % stride == 0).then_some(u64::from(stride))
+    })
+}
 
 /// How a layer keeps its top refused keys (see
 /// [`RateLimitBuilder::track_offenders`](crate::RateLimitBuilder::track_offenders)).
@@ -137,8 +171,9 @@ impl TopRefused {
         }
     }
 
-    /// Counts one refusal of `key`; dropped if another thread is counting in the same shard.
-    pub(crate) fn record(&self, key: &Key) {
+    /// Counts `weight` refusals of `key`; dropped if another thread is counting in the
+    /// same shard.
+    pub(crate) fn record(&self, key: &Key, weight: u64) {
         let hash = self.hasher.hash_one(key);
         // High bits for the shard; the summary's table uses the low ones.
         let shard = &self.shards[(hash >> 58) as usize % SHARDS];
@@ -147,7 +182,7 @@ impl TopRefused {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return,
         };
-        summary.offer(key, hash);
+        summary.offer(key, hash, weight);
     }
 
     /// The `n` keys with the highest counts, highest first.
@@ -194,10 +229,10 @@ impl Summary {
         }
     }
 
-    fn offer(&mut self, key: &Key, hash: u64) {
+    fn offer(&mut self, key: &Key, hash: u64, weight: u64) {
         let slots = &self.slots;
         if let Some(&i) = self.index.find(hash, |&i| slots[i as usize].key == *key) {
-            self.slots[i as usize].count += 1;
+            self.slots[i as usize].count += weight;
             self.sift_down(self.pos[i as usize] as usize);
             return;
         }
@@ -206,7 +241,7 @@ impl Summary {
             self.slots.push(Slot {
                 key: key.clone(),
                 hash,
-                count: 1,
+                count: weight,
                 error: 0,
             });
             self.heap.push(i);
@@ -214,7 +249,6 @@ impl Summary {
             let slots = &self.slots;
             self.index
                 .insert_unique(hash, i, |&j| slots[j as usize].hash);
-            // A new count of 1 is the smallest possible: the heap stays valid at the end.
             self.sift_up(self.heap.len() - 1);
             return;
         }
@@ -229,7 +263,7 @@ impl Summary {
         *slot = Slot {
             key: key.clone(),
             hash,
-            count: min + 1,
+            count: min + weight,
             error: min,
         };
         let slots = &self.slots;
@@ -318,7 +352,7 @@ mod tests {
             let u = rng.unit() * total;
             let rank = cdf.partition_point(|&c| c < u).min(n - 1);
             exact[rank] += 1;
-            top.record(&keys[rank]);
+            top.record(&keys[rank], 1);
         }
         let mut expected: Vec<usize> = (0..n).collect();
         expected.sort_by(|&a, &b| exact[b].cmp(&exact[a]));
@@ -343,7 +377,7 @@ mod tests {
     fn memory_is_fixed_whatever_the_number_of_keys() {
         let top = TopRefused::new(64);
         for i in 0..100_000 {
-            top.record(&Key::from_part(i as u64));
+            top.record(&Key::from_part(i as u64), 1);
         }
         let all = top.top(usize::MAX);
         assert_eq!(all.len(), 64);
