@@ -34,7 +34,8 @@
 //!
 //! A refused request gets `429 Too Many Requests` with `Retry-After`,
 //! `Cache-Control: no-store` and an `application/problem+json` body.
-//! Run with `RUST_LOG=tollgate=debug` to see each refusal logged.
+//! Refusals are logged at `INFO` (target `tollgate::refused`), at most one line every
+//! 100 ms with the count of the others.
 
 use std::net::SocketAddr;
 

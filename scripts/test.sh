@@ -32,6 +32,8 @@ cargo check --no-default-features
 cargo check --no-default-features --features axum
 cargo check --no-default-features --features redis
 cargo check --no-default-features --features redis-cluster
+cargo check --no-default-features --features metrics
+cargo check --no-default-features --features grpc
 
 step "build every target"
 cargo build --all-targets --all-features

@@ -93,6 +93,8 @@ pub(crate) struct Engine<St: Store> {
     pub(crate) decision_extension: bool,
     pub(crate) limiter_extension: bool,
     pub(crate) observer: Option<Observer>,
+    /// Refusal events, offenders, metrics, gRPC settings (observe.rs).
+    pub(crate) hooks: crate::observe::Hooks,
 }
 
 /// What is remembered of each checked limit while the store answers.
@@ -272,6 +274,8 @@ impl<St: Store> Engine<St> {
                 }
             }
         }
+        #[cfg(feature = "metrics")]
+        self.hooks.decided(plan, &decision);
         if let Some(observer) = &self.observer {
             observer(&decision, parts);
         }
@@ -308,15 +312,13 @@ impl<St: Store> Engine<St> {
                 }
                 Next::Proceed { fields, charged }
             }
-            Overall::Limited => {
-                tracing::debug!(method = %parts.method, path = parts.uri.path(), retry_after = ?wait, "request rate limited");
-                Next::Refuse {
-                    decision,
-                    unavailable: false,
-                    wait,
-                    fields,
-                }
-            }
+            // Logged by the refusal path (observe.rs), throttled.
+            Overall::Limited => Next::Refuse {
+                decision,
+                unavailable: false,
+                wait,
+                fields,
+            },
             Overall::Unavailable => Next::Refuse {
                 decision,
                 unavailable: true,

@@ -18,6 +18,8 @@ use crate::layer::{Shared, proceed};
 use crate::response::OnRejection;
 use crate::store::Store;
 
+type KeptKeys = smallvec::SmallVec<[crate::key::Key; 4]>;
+
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): waits for the store when it
     /// needs I/O, then for the service, and adds the rate-limit fields to its response.
@@ -43,6 +45,8 @@ pin_project! {
         service: Option<S>,
         shared: Arc<Shared<St, R>>,
         prepared: Option<Prepared>,
+        // The keys of the request's limits, if its refusal is logged or tracked.
+        keys: KeptKeys,
         request: Option<(Parts, ReqBody)>,
     }
 }
@@ -98,6 +102,7 @@ where
         service: S,
         shared: Arc<Shared<St, R>>,
         prepared: Prepared,
+        keys: KeptKeys,
         parts: Parts,
         body: ReqBody,
     ) -> Self {
@@ -108,6 +113,7 @@ where
                     service: Some(service),
                     shared,
                     prepared: Some(prepared),
+                    keys,
                     request: Some((parts, body)),
                 }),
             },
@@ -135,7 +141,7 @@ where
                         .take()
                         .expect("ResponseFuture polled after completion");
                     let prepared = w.prepared.take().expect("prepared once");
-                    match proceed(w.shared, prepared, statuses, &mut parts) {
+                    match proceed(w.shared, prepared, statuses, &mut parts, &w.keys[..]) {
                         Ok((fields, charge)) => {
                             let mut service = w.service.take().expect("service taken once");
                             let future = service.call(Request::from_parts(parts, body));

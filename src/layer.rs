@@ -21,6 +21,7 @@ use crate::key::{ClientIp, KeyExtractor};
 use crate::limit::{Limit, Mode};
 use crate::limiter::Limiter;
 use crate::lists::{Address, Lists, Predicate};
+use crate::observe::{HookSettings, Hooks, Keys};
 use crate::quota::Quota;
 use crate::response::{DefaultOnRejection, OnRejection, Rejection};
 use crate::routes::{RouteTable, parse_route};
@@ -129,6 +130,7 @@ pub(crate) fn proceed<St, R, B>(
     prepared: Prepared,
     statuses: Statuses,
     parts: &mut Parts,
+    keys: &(impl Keys + ?Sized),
 ) -> Result<(Fields, PendingCharge<St, R>), Response<B>>
 where
     St: Store,
@@ -145,7 +147,24 @@ where
             unavailable,
             wait,
             fields,
-        } => Err(shared.refuse(&decision, unavailable, wait, fields)),
+        } => {
+            if !unavailable {
+                let hooks = &shared.engine.hooks;
+                hooks.refused(&prepared.plan, &decision, wait, parts, keys);
+            }
+            #[cfg(feature = "grpc")]
+            if let Some(content_type) = shared.engine.hooks.settings.grpc.answer_type(parts) {
+                return Err(crate::grpc::refuse(
+                    shared,
+                    content_type,
+                    &decision,
+                    unavailable,
+                    wait,
+                    fields,
+                ));
+            }
+            Err(shared.refuse(&decision, unavailable, wait, fields))
+        }
     }
 }
 
@@ -228,7 +247,7 @@ impl<S, St: Store, R> Layer<S> for RateLimitLayer<St, R> {
 /// ```
 pub struct RateLimitBuilder<St: Store, R = DefaultOnRejection> {
     store: St,
-    settings: Settings,
+    pub(crate) settings: Settings,
     on_rejection: R,
 }
 
@@ -249,6 +268,8 @@ pub(crate) struct Settings {
     pub(crate) deny: Vec<String>,
     pub(crate) allow_if: Option<Predicate>,
     pub(crate) address: Address,
+    /// Refusal events, offenders, metrics and gRPC settings.
+    pub(crate) hooks: HookSettings,
 }
 
 impl Default for Settings {
@@ -269,6 +290,7 @@ impl Default for Settings {
             deny: Vec::new(),
             allow_if: None,
             address: Address::Peer,
+            hooks: HookSettings::default(),
         }
     }
 }
@@ -549,6 +571,15 @@ pub(crate) fn compile<St: Store>(store: St, s: Settings) -> Result<Engine<St>, C
     for (i, b) in bounds.iter().enumerate() {
         by_name.entry(b.name).or_insert(i);
     }
+    #[cfg(feature = "metrics")]
+    if !(0.0..=1.0).contains(&s.hooks.near_limit) {
+        return Err(ConfigError::new(
+            "near_limit_fraction",
+            "must be a fraction within 0.0..=1.0",
+        ));
+    }
+    let names: Vec<&'static str> = bounds.iter().map(|b| b.name).collect();
+    let hooks = Hooks::new(s.hooks, &names);
     Ok(Engine {
         store,
         bounds,
@@ -564,6 +595,7 @@ pub(crate) fn compile<St: Store>(store: St, s: Settings) -> Result<Engine<St>, C
         decision_extension: s.decision_extension,
         limiter_extension: s.limiter_extension,
         observer: s.observer,
+        hooks,
     })
 }
 

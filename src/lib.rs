@@ -56,8 +56,11 @@
 //!   can fail implements [`store::Backend`] and gets the timeout, breaker, failure
 //!   policies, fallback and deny cache of [`store::Resilient`].
 //! - Each request's [`Decision`] is put in its extensions (handlers read it with
-//!   `Extension<Decision>`) and given to [`on_decision`](RateLimitBuilder::on_decision) for
-//!   metrics.
+//!   `Extension<Decision>`) and given to [`on_decision`](RateLimitBuilder::on_decision).
+//!   Refusals are `tracing` events (target `tollgate::refused`, throttled: see
+//!   [`RefusalLog`]); the most refused keys are kept in a bounded summary
+//!   ([`RateLimitBuilder::track_offenders`], [`Limiter::top_refused`]); feature `metrics`
+//!   reports a fixed metrics schema; feature `grpc` answers refused gRPC calls the gRPC way.
 //!
 //! # Where to put the layer
 //!
@@ -87,6 +90,8 @@
 //! | `axum` | yes | peer addresses from axum's `ConnectInfo`, the matched route (`MatchedPath`) for route tables and [`key::Route`] |
 //! | `redis` | no | `store::RedisStore` on the `redis` crate's `ConnectionManager` |
 //! | `redis-cluster` | no | `RedisStore::cluster` for Redis Cluster |
+//! | `metrics` | no | metrics through the `metrics` facade, a fixed schema (module `metrics` when enabled) |
+//! | `grpc` | no | gRPC refusals for tonic services, `PeerIp` from tonic's `TcpConnectInfo` (`grpc` module when enabled) |
 //!
 //! Without `axum` the layer works with any tower/hyper stack: peer addresses come from a
 //! [`key::PeerAddr`] extension and route templates are matched against the request path.
@@ -101,6 +106,9 @@ mod engine;
 mod error;
 mod future;
 pub mod gcra;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc;
 pub mod headers;
 mod intern;
 pub mod key;
@@ -108,6 +116,11 @@ mod layer;
 mod limit;
 mod limiter;
 mod lists;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+mod observe;
+mod offenders;
 mod quota;
 pub mod response;
 mod routes;
@@ -124,5 +137,7 @@ pub use headers::{HeaderStyle, ResetFormat, RetryAfterFormat};
 pub use layer::{RateLimitBuilder, RateLimitLayer};
 pub use limit::{FailurePolicy, Limit, MissingKey, Mode};
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
+pub use observe::RefusalLog;
+pub use offenders::{OffenderTracking, RefusedKey};
 pub use quota::Quota;
 pub use service::RateLimit;

@@ -15,6 +15,7 @@ use crate::error::ConfigError;
 use crate::key::{IntoKey, Key};
 use crate::layer::{Settings, Shared, compile};
 use crate::limit::{Limit, Mode};
+use crate::offenders::RefusedKey;
 use crate::quota::Quota;
 use crate::store::{Checked, Item, Op, Statuses, Store};
 
@@ -52,6 +53,7 @@ struct Applied {
 trait Handle: Send + Sync + 'static {
     fn apply(&self, op: Op, calls: Calls<'_>) -> Result<Applied, LimiterError>;
     fn names(&self) -> Vec<&'static str>;
+    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError>;
 }
 
 impl<St: Store> Handle for Engine<St> {
@@ -87,6 +89,13 @@ impl<St: Store> Handle for Engine<St> {
         names.sort();
         names
     }
+
+    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
+        let index = self
+            .find(limit)
+            .ok_or_else(|| LimiterError::UnknownLimit(limit.to_owned()))?;
+        Ok(self.hooks.top_refused(index, n))
+    }
 }
 
 impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
@@ -96,6 +105,10 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
 
     fn names(&self) -> Vec<&'static str> {
         self.engine.names()
+    }
+
+    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
+        self.engine.top_refused(limit, n)
     }
 }
 
@@ -299,6 +312,15 @@ impl Limiter {
         key: impl IntoKey,
     ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
         self.one(Op::Reset, limit, key.into_key(), 0)
+    }
+
+    /// The `n` keys the layer refused most often for `limit`, most refused first, from its
+    /// bounded summary (see
+    /// [`RateLimitBuilder::track_offenders`](crate::RateLimitBuilder::track_offenders);
+    /// empty when the layer does not track offenders). Counts are upper bounds, off by at
+    /// most each entry's `error`; keys are hashed if the layer redacts them.
+    pub fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
+        self.inner.top_refused(limit, n)
     }
 }
 

@@ -124,6 +124,16 @@ impl Rejection<'_> {
 pub trait OnRejection<B>: Clone + Send + Sync + 'static {
     /// The response for `rejection`.
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<B>;
+
+    /// The response for a refused gRPC call (feature `grpc`, see [`crate::grpc`]). The
+    /// layer makes it a Trailers-Only gRPC answer (status `200`, `content-type`, the
+    /// `grpc-*` fields), so its **body must be empty**. The default is
+    /// [`on_rejection`](Self::on_rejection)'s response: a closure used in front of gRPC
+    /// services should answer with an empty body. [`DefaultOnRejection`] answers with an
+    /// empty body here.
+    fn on_grpc_rejection(&self, rejection: &Rejection<'_>) -> Response<B> {
+        self.on_rejection(rejection)
+    }
 }
 
 impl<B, F> OnRejection<B> for F
@@ -360,6 +370,13 @@ impl<B: From<Bytes>> OnRejection<B> for DefaultOnRejection {
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        response
+    }
+
+    fn on_grpc_rejection(&self, rejection: &Rejection<'_>) -> Response<B> {
+        let mut response = Response::new(B::from(Bytes::new()));
+        *response.status_mut() = rejection.status();
+        *response.headers_mut() = http::HeaderMap::with_capacity(8);
         response
     }
 }

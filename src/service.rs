@@ -93,8 +93,9 @@ where
         };
         match engine.check(&items) {
             Checked::Ready(statuses) => {
+                let next = proceed(shared, prepared, statuses, &mut parts, &items[..]);
                 drop(items);
-                match proceed(shared, prepared, statuses, &mut parts) {
+                match next {
                     Ok((fields, charge)) => {
                         let future = self.inner.call(Request::from_parts(parts, body));
                         ResponseFuture::calling(future, fields, charge)
@@ -103,11 +104,20 @@ where
                 }
             }
             Checked::Pending(check) => {
+                let keys = engine.hooks.keep_keys(&items);
                 drop(items);
                 // Take the service that was made ready; leave a clone for the next call.
                 let clone = self.inner.clone();
                 let service = mem::replace(&mut self.inner, clone);
-                ResponseFuture::checking(check, service, self.shared.clone(), prepared, parts, body)
+                ResponseFuture::checking(
+                    check,
+                    service,
+                    self.shared.clone(),
+                    prepared,
+                    keys,
+                    parts,
+                    body,
+                )
             }
         }
     }

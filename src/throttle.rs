@@ -18,6 +18,11 @@ pub(crate) struct LogThrottle {
 
 static START: LazyLock<Instant> = LazyLock::new(Instant::now);
 
+/// Milliseconds on the throttles' clock (+ 1, so that 0 can mean "not yet").
+pub(crate) fn now_ms() -> u64 {
+    START.elapsed().as_millis() as u64 + 1
+}
+
 impl LogThrottle {
     pub(crate) const fn new() -> Self {
         Self {
@@ -29,8 +34,7 @@ impl LogThrottle {
     /// `Some(n)` if a line may be written now (`n` events were left out since the last
     /// one), `None` if this event is only counted.
     pub(crate) fn permit(&self, every: Duration) -> Option<u64> {
-        let now = START.elapsed().as_millis() as u64 + 1;
-        self.permit_at(now, every.as_millis() as u64)
+        self.permit_at(now_ms(), every.as_millis() as u64)
     }
 
     fn permit_at(&self, now_ms: u64, every_ms: u64) -> Option<u64> {

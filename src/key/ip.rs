@@ -48,7 +48,18 @@ fn peer_addr(parts: &Parts) -> Option<SocketAddr> {
             return Some(mock.0);
         }
     }
-    parts.extensions.get::<PeerAddr>().map(|p| p.0)
+    if let Some(peer) = parts.extensions.get::<PeerAddr>() {
+        return Some(peer.0);
+    }
+    // tonic's server (`tonic::transport::Server`) puts the peer here.
+    #[cfg(feature = "grpc")]
+    if let Some(info) = parts
+        .extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+    {
+        return info.remote_addr();
+    }
+    None
 }
 
 /// How addresses are grouped into buckets: IPv4 by `/v4` (32 by default, one bucket per

@@ -90,6 +90,9 @@ struct Inner<C> {
     at_cap: AtomicBool,
     /// Whether a background task sweeps the tables (else requests do).
     background: AtomicBool,
+    /// Whether tables report `tollgate_keys` (not the local stores of `Resilient`).
+    #[cfg(feature = "metrics")]
+    key_metrics: AtomicBool,
 }
 
 /// One limit's buckets in a [`MemoryStore`] (see [`Store::table`]).
@@ -114,6 +117,9 @@ struct Table {
     cursor: AtomicUsize,
     /// The bucket shared by keys that arrive while the store is at its cap.
     overflow: AtomicU64,
+    /// `tollgate_keys{limit}`: moved on insertion and by sweeps, never per request.
+    #[cfg(feature = "metrics")]
+    keys: Option<::metrics::Gauge>,
 }
 
 /// A shard on its own cache lines, so that two threads on two shards do not contend.
@@ -136,8 +142,10 @@ impl Shard {
 }
 
 impl Table {
-    fn new(name: &str) -> Self {
+    fn new(name: &str, _key_metrics: bool) -> Self {
         Self {
+            #[cfg(feature = "metrics")]
+            keys: _key_metrics.then(|| crate::metrics::keys(name)),
             name: name.into(),
             shards: (0..SHARDS)
                 .map(|_| Shard(RwLock::new(HashTable::new())))
@@ -211,7 +219,7 @@ impl<C: Clock> Inner<C> {
 
     /// Drops the entries of one shard whose bucket has been full for the grace period (or
     /// is full at all, under pressure). Returns how many.
-    fn sweep_shard(&self, shard: &Shard, now: u64) -> usize {
+    fn sweep_shard(&self, _table: &Table, shard: &Shard, now: u64) -> usize {
         let grace = if self.under_pressure() {
             0
         } else {
@@ -228,6 +236,10 @@ impl<C: Clock> Inner<C> {
         }
         drop(map);
         if removed > 0 {
+            #[cfg(feature = "metrics")]
+            if let Some(keys) = &_table.keys {
+                keys.decrement(removed as f64);
+            }
             let len = self.len.fetch_sub(removed, Ordering::Relaxed) - removed;
             if len < self.max_keys.load(Ordering::Relaxed) / 10 * 9
                 && self.at_cap.swap(false, Ordering::Relaxed)
@@ -244,7 +256,7 @@ impl<C: Clock> Inner<C> {
     /// Sweeps the next shard of `table`.
     fn sweep_next(&self, table: &Table, now: u64) -> usize {
         let i = table.cursor.fetch_add(1, Ordering::Relaxed) % SHARDS;
-        self.sweep_shard(&table.shards[i], now)
+        self.sweep_shard(table, &table.shards[i], now)
     }
 
     fn tables(&self) -> Vec<Arc<Table>> {
@@ -309,6 +321,8 @@ impl<C: Clock> MemoryStore<C> {
                 grace_ns: AtomicU64::new(DEFAULT_IDLE_GRACE.as_nanos() as u64),
                 at_cap: AtomicBool::new(false),
                 background: AtomicBool::new(false),
+                #[cfg(feature = "metrics")]
+                key_metrics: AtomicBool::new(true),
             }),
         }
     }
@@ -379,10 +393,27 @@ impl<C: Clock> MemoryStore<C> {
         let mut removed = 0;
         for table in inner.tables() {
             for shard in table.shards.iter() {
-                removed += inner.sweep_shard(shard, inner.clock.now());
+                removed += inner.sweep_shard(&table, shard, inner.clock.now());
             }
         }
         removed
+    }
+
+    /// Whether new tables report `tollgate_keys` (feature `metrics`).
+    fn key_metrics(&self) -> bool {
+        #[cfg(feature = "metrics")]
+        return self.inner.key_metrics.load(Ordering::Relaxed);
+        #[cfg(not(feature = "metrics"))]
+        false
+    }
+
+    /// A store whose tables do not report `tollgate_keys` (the local stores of
+    /// `Resilient`, whose tables carry the same limit names as the remote store's).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn without_key_metrics(self) -> Self {
+        #[cfg(feature = "metrics")]
+        self.inner.key_metrics.store(false, Ordering::Relaxed);
+        self
     }
 
     /// Starts the background sweeper if none runs and a Tokio runtime is at hand.
@@ -518,6 +549,10 @@ impl<C: Clock> MemoryStore<C> {
         );
         let r = f(&entry.get().tat);
         drop(map);
+        #[cfg(feature = "metrics")]
+        if let Some(keys) = &table.keys {
+            keys.increment(1.0);
+        }
         self.ensure_sweeper();
         Ok(r)
     }
@@ -817,7 +852,7 @@ impl<C: Clock> Store for MemoryStore<C> {
             .unwrap_or_else(PoisonError::into_inner);
         let table = tables
             .entry(name.into())
-            .or_insert_with(|| Arc::new(Table::new(name)))
+            .or_insert_with(|| Arc::new(Table::new(name, self.key_metrics())))
             .clone();
         MemoryTable { table }
     }

@@ -96,15 +96,21 @@ pub(super) struct Inner<B> {
     fallback_max_keys: usize,
     fallback: MemoryStore<SharedClock>,
     deny_cache: Option<MemoryStore<SharedClock>>,
+    #[cfg(feature = "metrics")]
+    metrics: crate::metrics::StoreMetrics,
 }
 
 impl<B> Inner<B> {
     fn fallback_store(&self) -> MemoryStore<SharedClock> {
-        MemoryStore::with_clock(self.clock.clone()).max_keys(self.fallback_max_keys)
+        MemoryStore::with_clock(self.clock.clone())
+            .without_key_metrics()
+            .max_keys(self.fallback_max_keys)
     }
 
     fn deny_cache_store(&self) -> MemoryStore<SharedClock> {
-        MemoryStore::with_clock(self.clock.clone()).max_keys(DENY_CACHE_MAX_KEYS)
+        MemoryStore::with_clock(self.clock.clone())
+            .without_key_metrics()
+            .max_keys(DENY_CACHE_MAX_KEYS)
     }
 }
 
@@ -113,6 +119,9 @@ pub struct ResilientTable<T> {
     inner: T,
     fallback: MemoryTable,
     deny: Option<MemoryTable>,
+    /// `tollgate_deny_cache_hits_total{limit}`.
+    #[cfg(feature = "metrics")]
+    deny_hits: ::metrics::Counter,
 }
 
 impl<T: fmt::Debug> fmt::Debug for ResilientTable<T> {
@@ -141,14 +150,18 @@ impl<B: Backend> Resilient<B> {
         let clock = SharedClock::default();
         Self {
             inner: Arc::new(Inner {
-                backend,
                 timeout: DEFAULT_TIMEOUT,
                 breaker: Arc::new(Breaker::new(DEFAULT_BREAKER_FAILURES, DEFAULT_COOL_DOWN)),
                 fallback_max_keys: DEFAULT_MAX_KEYS,
-                fallback: MemoryStore::with_clock(clock.clone()),
+                fallback: MemoryStore::with_clock(clock.clone()).without_key_metrics(),
                 deny_cache: Some(
-                    MemoryStore::with_clock(clock.clone()).max_keys(DENY_CACHE_MAX_KEYS),
+                    MemoryStore::with_clock(clock.clone())
+                        .without_key_metrics()
+                        .max_keys(DENY_CACHE_MAX_KEYS),
                 ),
+                #[cfg(feature = "metrics")]
+                metrics: crate::metrics::StoreMetrics::new(backend.name()),
+                backend,
                 clock,
             }),
         }
@@ -283,6 +296,8 @@ impl<B: Backend> Resilient<B> {
                     return None;
                 }
                 refused = true;
+                #[cfg(feature = "metrics")]
+                item.table.deny_hits.increment(1);
                 Some(Status::Checked(cached_outcome(
                     &item.quota,
                     item.cost,
@@ -410,13 +425,28 @@ impl<B: Backend> Resilient<B> {
     async fn run(self, op: Op, parts: SmallVec<[Part; 4]>, call: B::Future) -> Statuses {
         let inner = &*self.inner;
         let sent_at = inner.clock.now();
-        let result = match tokio::time::timeout(inner.timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::new(format!(
-                "no answer within {:?}",
-                inner.timeout
-            ))),
+        let (result, _timed_out) = match tokio::time::timeout(inner.timeout, call).await {
+            Ok(result) => (result, false),
+            Err(_) => (
+                Err(StoreError::new(format!(
+                    "no answer within {:?}",
+                    inner.timeout
+                ))),
+                true,
+            ),
         };
+        #[cfg(feature = "metrics")]
+        {
+            use crate::metrics::ErrorKind;
+            let m = &inner.metrics;
+            m.duration(inner.clock.now().saturating_sub(sent_at));
+            match &result {
+                Err(_) if _timed_out => m.error(ErrorKind::Timeout),
+                Err(_) => m.error(ErrorKind::Backend),
+                Ok(s) if s.len() != parts.len() => m.error(ErrorKind::Protocol),
+                Ok(_) => {}
+            }
+        }
         let name = inner.backend.name();
         if matches!(op, Op::Refund | Op::Reset)
             && let Some(cache) = &inner.deny_cache
@@ -428,6 +458,21 @@ impl<B: Backend> Resilient<B> {
                 }
             }
         }
+        let statuses = self.settle(op, &parts, sent_at, result, name);
+        #[cfg(feature = "metrics")]
+        inner.metrics.breaker(inner.breaker.is_open());
+        statuses
+    }
+
+    fn settle(
+        &self,
+        op: Op,
+        parts: &[Part],
+        sent_at: u64,
+        result: Result<Statuses, StoreError>,
+        name: &'static str,
+    ) -> Statuses {
+        let inner = &*self.inner;
         match result {
             Ok(statuses) if statuses.len() == parts.len() => {
                 inner.breaker.success(name);
@@ -445,7 +490,7 @@ impl<B: Backend> Resilient<B> {
                     // Only once applied: a block the backend did not make must not refuse
                     // a key the backend lets pass.
                     Op::Block(d) => {
-                        for p in &parts {
+                        for p in parts {
                             self.remember_block(p, sent_at, d);
                         }
                     }
@@ -457,12 +502,12 @@ impl<B: Backend> Resilient<B> {
                 let error = format!("{} statuses for {} items", statuses.len(), parts.len());
                 tracing::debug!(%error, "tollgate: {name} answered wrongly");
                 inner.breaker.failure(inner.clock.now(), name, &error);
-                self.on_failure(op, &parts)
+                self.on_failure(op, parts)
             }
             Err(error) => {
                 tracing::debug!(%error, "tollgate: {name} call failed");
                 inner.breaker.failure(inner.clock.now(), name, &error);
-                self.on_failure(op, &parts)
+                self.on_failure(op, parts)
             }
         }
     }
@@ -477,6 +522,8 @@ impl<B: Backend> Store for Resilient<B> {
             inner: self.inner.backend.table(name),
             fallback: self.inner.fallback.table(name),
             deny: self.inner.deny_cache.as_ref().map(|c| c.table(name)),
+            #[cfg(feature = "metrics")]
+            deny_hits: crate::metrics::deny_cache_hits(name),
         }
     }
 

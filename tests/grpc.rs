@@ -1,0 +1,267 @@
+//! gRPC refusals (feature `grpc`), seen by a stock tonic client over TCP.
+#![cfg(feature = "grpc")]
+
+use std::future::Ready;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tollgate::clock::FakeClock;
+use tollgate::grpc::{Grpc, GrpcOnRejection};
+use tollgate::key::PeerIp;
+use tollgate::store::{Backend, Item, MemoryStore, Op, Resilient, Statuses, StoreError};
+use tollgate::{FailurePolicy, Limit, Quota, RateLimitLayer};
+use tonic::Code;
+use tonic::transport::{Channel, Server, server::TcpIncoming};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_types::StatusExt;
+
+/// A tonic server (Health, SERVING) behind `layer`, on a free port.
+async fn serve<St: tollgate::store::Store>(
+    layer: RateLimitLayer<St, GrpcOnRejection>,
+) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    tokio::spawn(async move {
+        let _keep = reporter;
+        Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+async fn client(addr: SocketAddr) -> HealthClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    HealthClient::new(channel)
+}
+
+#[tokio::test]
+async fn a_tonic_client_decodes_the_code_the_pushback_and_every_detail() {
+    // A frozen clock: the waits are exact.
+    let store = MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)));
+    let layer = RateLimitLayer::builder(store)
+        .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))
+        .on_rejection(GrpcOnRejection)
+        .build()
+        .unwrap();
+    let mut health = client(serve(layer).await).await;
+    for i in 0..10 {
+        let response = health
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e:?}"));
+        assert_eq!(response.get_ref().status, 1, "SERVING");
+        // Allowed calls carry the rate-limit fields as initial metadata.
+        let left = 9 - i;
+        let fields = response
+            .metadata()
+            .get("ratelimit")
+            .unwrap()
+            .to_str()
+            .unwrap();
+        assert!(
+            fields.starts_with(&format!("\"per-ip\";r={left};t=")),
+            "call {i}: {fields}"
+        );
+        assert_eq!(
+            response.metadata().get("ratelimit-policy").unwrap(),
+            "\"per-ip\";q=10;w=2"
+        );
+    }
+    for _ in 0..5 {
+        let status = health
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(
+            status.message(),
+            "rate limit \"per-ip\" exceeded; retry in 200 ms"
+        );
+        let md = status.metadata();
+        assert_eq!(md.get("grpc-retry-pushback-ms").unwrap(), "200");
+        assert_eq!(md.get("ratelimit").unwrap(), "\"per-ip\";r=0;t=1");
+        let details = status.get_error_details();
+        assert_eq!(
+            details.retry_info().unwrap().retry_delay,
+            Some(Duration::from_millis(200))
+        );
+        let violations = &details.quota_failure().unwrap().violations;
+        assert_eq!(violations.len(), 1);
+        assert_eq!(violations[0].subject, "per-ip");
+        assert_eq!(violations[0].quota_id, "per-ip");
+        assert_eq!(violations[0].quota_value, 10);
+        assert_eq!(
+            violations[0].description,
+            "rate limit \"per-ip\": burst 10, refilled over 2 s"
+        );
+        let info = details.error_info().unwrap();
+        assert_eq!(info.reason, "RATE_LIMIT_EXCEEDED");
+        assert_eq!(info.domain, "tollgate");
+        assert_eq!(info.metadata["limits"], "per-ip");
+    }
+}
+
+#[tokio::test]
+async fn the_code_is_configurable_and_a_cost_that_never_fits_has_no_pushback() {
+    let store = MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)));
+    let layer = RateLimitLayer::builder(store)
+        .limit(
+            Limit::new("tiny", Quota::per_second(1).burst(2))
+                .cost(tollgate::Cost::header("x-cost").default(1)),
+        )
+        .grpc(Grpc::new().code(Code::Unavailable).domain("example.com"))
+        .on_rejection(GrpcOnRejection)
+        .build()
+        .unwrap();
+    let mut health = client(serve(layer).await).await;
+    let mut request = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    request
+        .metadata_mut()
+        .insert("x-cost", "3".parse().unwrap());
+    let status = health.check(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(status.metadata().get("grpc-retry-pushback-ms").is_none());
+    let details = status.get_error_details();
+    assert!(details.retry_info().is_none());
+    assert_eq!(details.error_info().unwrap().domain, "example.com");
+    assert_eq!(
+        details.quota_failure().unwrap().violations[0].quota_id,
+        "tiny"
+    );
+}
+
+#[derive(Clone)]
+struct Down;
+
+impl Backend for Down {
+    type Table = ();
+    type Future = Ready<Result<Statuses, StoreError>>;
+    fn table(&self, _: &str) {}
+    fn apply(&self, _: Op, _: &[Item<'_, ()>]) -> Self::Future {
+        std::future::ready(Err(StoreError::new("down")))
+    }
+}
+
+#[tokio::test]
+async fn a_store_failure_under_deny_answers_unavailable() {
+    let layer = RateLimitLayer::builder(Resilient::new(Down))
+        .limit(Limit::new("shared", Quota::per_second(5)).on_store_failure(FailurePolicy::Deny))
+        .unavailable_retry_after(Duration::from_millis(1_500))
+        .on_rejection(GrpcOnRejection)
+        .build()
+        .unwrap();
+    let mut health = client(serve(layer).await).await;
+    let status = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), "rate limit store unavailable");
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "1500"
+    );
+    let details = status.get_error_details();
+    assert_eq!(
+        details.retry_info().unwrap().retry_delay,
+        Some(Duration::from_millis(1_500))
+    );
+    assert!(details.quota_failure().is_none());
+    let info = details.error_info().unwrap();
+    assert_eq!(info.reason, "RATE_LIMITER_UNAVAILABLE");
+    assert_eq!(info.metadata["limits"], "shared");
+}
+
+#[tokio::test]
+async fn http_and_grpc_routes_of_one_app_share_one_budget() {
+    use axum::routing::get;
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let store = MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)));
+    let layer = RateLimitLayer::builder(store)
+        .limit(Limit::new("per-ip", Quota::per_minute(4)).key(PeerIp::new()))
+        .build()
+        .unwrap();
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let app = axum::Router::new()
+        .route("/hello", get(|| async { "hello" }))
+        .merge(tonic::service::Routes::new(health).into_axum_router())
+        .layer(layer);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _keep = reporter;
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    let http = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+    let get_hello = || {
+        let http = http.clone();
+        async move {
+            let r = http
+                .get(format!("http://{addr}/hello").parse().unwrap())
+                .await
+                .unwrap();
+            let status = r.status();
+            let ct = r
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let _ = r.into_body().collect().await;
+            (status.as_u16(), ct)
+        }
+    };
+    let mut health = client(addr).await;
+    let check = |h: &mut HealthClient<Channel>| {
+        let mut h = h.clone();
+        async move {
+            h.check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .map(|_| ())
+            .map_err(|s| s.code())
+        }
+    };
+    // Four tokens for the client, whichever protocol spends them.
+    assert_eq!(get_hello().await.0, 200);
+    assert_eq!(check(&mut health).await, Ok(()));
+    assert_eq!(get_hello().await.0, 200);
+    assert_eq!(check(&mut health).await, Ok(()));
+    assert_eq!(check(&mut health).await, Err(Code::ResourceExhausted));
+    assert_eq!(
+        get_hello().await,
+        (429, Some("application/problem+json".to_owned()))
+    );
+}

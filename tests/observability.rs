@@ -1,0 +1,476 @@
+//! Observability: the metrics schema (feature `metrics`), label cardinality, refusal
+//! events under a flood, and the top refused keys.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use http::StatusCode;
+use support::{get as req, send};
+use tollgate::clock::FakeClock;
+use tollgate::key::PeerIp;
+use tollgate::store::MemoryStore;
+use tollgate::{Limit, OffenderTracking, Quota, RateLimitLayer, RefusalLog};
+
+/// Log lines written while a test runs (this thread's subscriber).
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    /// A subscriber at the default level (INFO) for the current thread.
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let lines = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || lines.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn matching(&self, text: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+fn store() -> MemoryStore<FakeClock> {
+    MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)))
+}
+
+fn app<St: tollgate::store::Store>(layer: RateLimitLayer<St>) -> Router {
+    Router::new()
+        .route("/items/{id}", get(|| async { "ok" }))
+        .route_layer(layer)
+}
+
+#[tokio::test]
+async fn a_flood_of_100k_refusals_writes_a_few_lines_with_the_fields() {
+    let lines = Lines::default();
+    let _guard = lines.capture();
+    let layer = RateLimitLayer::builder(store())
+        .limit(Limit::new("per-ip", Quota::per_minute(1)).key(PeerIp::new()))
+        .build()
+        .unwrap();
+    let app = app(layer);
+    assert_eq!(
+        send(&app, req("/items/1", "192.0.2.1")).await.status(),
+        StatusCode::OK
+    );
+    let started = Instant::now();
+    for _ in 0..100_000 {
+        let r = send(&app, req("/items/1", "192.0.2.1")).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    let elapsed = started.elapsed();
+    let logged = lines.matching("request refused");
+    // At most one line per 100 ms (plus the first): a count, not 100k lines.
+    let bound = 2 + elapsed.as_millis() as usize / 100;
+    assert!(
+        !logged.is_empty() && logged.len() <= bound,
+        "{} lines in {elapsed:?}",
+        logged.len()
+    );
+    let first = &logged[0];
+    assert!(first.contains("tollgate::refused"), "{first}");
+    assert!(first.contains("limit=\"per-ip\""), "{first}");
+    assert!(first.contains("key=\"@192.0.2.1\""), "{first}");
+    assert!(first.contains("retry_after_ms=60000"), "{first}");
+    assert!(first.contains("route=\"/items/{id}\""), "{first}");
+    assert!(first.contains("suppressed=0"), "{first}");
+    // Every refusal is accounted for: printed, or counted in a later line.
+    let suppressed: u64 = logged
+        .iter()
+        .map(|l| {
+            let at = l.find("suppressed=").unwrap() + "suppressed=".len();
+            l[at..].split(' ').next().unwrap().parse::<u64>().unwrap()
+        })
+        .sum();
+    assert!(suppressed + logged.len() as u64 <= 100_000);
+}
+
+#[tokio::test]
+async fn refusal_events_can_be_redacted_silenced_or_leveled() {
+    let lines = Lines::default();
+    let _guard = lines.capture();
+    let redacted = RateLimitLayer::builder(store())
+        .limit(Limit::new("a", Quota::per_minute(1)).key(PeerIp::new()))
+        .redact_keys(true)
+        .build()
+        .unwrap();
+    let app1 = app(redacted);
+    for _ in 0..2 {
+        send(&app1, req("/items/1", "192.0.2.9")).await;
+    }
+    let logged = lines.matching("limit=\"a\"");
+    assert_eq!(logged.len(), 1);
+    assert!(!logged[0].contains("192.0.2.9"), "{}", logged[0]);
+    assert!(logged[0].contains("key=\"#"), "{}", logged[0]);
+
+    let quiet = RateLimitLayer::builder(store())
+        .limit(Limit::new("b", Quota::per_minute(1)).key(PeerIp::new()))
+        .refusal_log(RefusalLog::off())
+        .build()
+        .unwrap();
+    let debug = RateLimitLayer::builder(store())
+        .limit(Limit::new("c", Quota::per_minute(1)).key(PeerIp::new()))
+        .refusal_log(RefusalLog::new().level(tracing::Level::DEBUG))
+        .build()
+        .unwrap();
+    for layer in [quiet, debug] {
+        let app = app(layer);
+        for _ in 0..3 {
+            send(&app, req("/items/1", "192.0.2.9")).await;
+        }
+    }
+    assert!(lines.matching("limit=\"b\"").is_empty());
+    assert!(
+        lines.matching("limit=\"c\"").is_empty(),
+        "DEBUG is below INFO"
+    );
+}
+
+#[tokio::test]
+async fn the_limiter_reads_the_top_refused_keys() {
+    let layer = RateLimitLayer::builder(store())
+        .limit(Limit::new("per-ip", Quota::per_minute(1)).key(PeerIp::new()))
+        .track_offenders(OffenderTracking::new().capacity(1_000))
+        .refusal_log(RefusalLog::off())
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let app = app(layer);
+    for (ip, n) in [("192.0.2.1", 51), ("192.0.2.2", 21), ("2001:db8::7", 6)] {
+        for _ in 0..n {
+            send(&app, req("/items/1", ip)).await;
+        }
+    }
+    let top = limiter.top_refused("per-ip", 10).unwrap();
+    let top: Vec<(String, u64, u64)> = top.into_iter().map(|e| (e.key, e.count, e.error)).collect();
+    assert_eq!(
+        top,
+        vec![
+            ("@192.0.2.1".to_owned(), 50, 0),
+            ("@192.0.2.2".to_owned(), 20, 0),
+            ("@[2001:db8::]/56".to_owned(), 5, 0),
+        ]
+    );
+    assert_eq!(limiter.top_refused("per-ip", 1).unwrap().len(), 1);
+    assert!(limiter.top_refused("nope", 1).is_err());
+}
+
+#[cfg(feature = "metrics")]
+mod schema {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use std::future::Ready;
+    use tollgate::store::{Backend, Item, Op, Resilient, Statuses, StoreError};
+    use tollgate::{FailurePolicy, Mode};
+
+    type Series = BTreeMap<String, f64>;
+
+    /// Every series as `name{label=value,...}` → value (histograms: their sample count).
+    fn series(snapshotter: &metrics_util::debugging::Snapshotter) -> Series {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let key = key.key();
+                let mut labels: Vec<String> = key
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                labels.sort();
+                let name = format!("{}{{{}}}", key.name(), labels.join(","));
+                let value = match value {
+                    DebugValue::Counter(c) => c as f64,
+                    DebugValue::Gauge(g) => g.into_inner(),
+                    DebugValue::Histogram(h) => h.len() as f64,
+                };
+                (name, value)
+            })
+            .collect()
+    }
+
+    /// A backend that always fails.
+    #[derive(Clone)]
+    struct Down;
+
+    impl Backend for Down {
+        type Table = ();
+        type Future = Ready<Result<Statuses, StoreError>>;
+        fn table(&self, _: &str) {}
+        fn apply(&self, _: Op, _: &[Item<'_, ()>]) -> Self::Future {
+            std::future::ready(Err(StoreError::new("down")))
+        }
+        fn name(&self) -> &'static str {
+            "Test Store"
+        }
+    }
+
+    /// A backend that refuses everything: one token every minute, none left.
+    #[derive(Clone)]
+    struct Refusing;
+
+    impl Backend for Refusing {
+        type Table = ();
+        type Future = Ready<Result<Statuses, StoreError>>;
+        fn table(&self, _: &str) {}
+        fn apply(&self, _: Op, items: &[Item<'_, ()>]) -> Self::Future {
+            let statuses = items
+                .iter()
+                .map(|i| {
+                    // Every limit here is `Quota::per_minute(1)`: T = 60 s, burst 1.
+                    let _ = i;
+                    let params = tollgate::gcra::Params::new(60_000_000_000, 1);
+                    tollgate::store::Status::Checked(tollgate::Outcome::new(
+                        tollgate::gcra::Verdict::Denied {
+                            retry_after: 60_000_000_000,
+                        },
+                        60_000_000_000,
+                        params,
+                        1,
+                    ))
+                })
+                .collect();
+            std::future::ready(Ok(statuses))
+        }
+        fn name(&self) -> &'static str {
+            "Refusing"
+        }
+    }
+
+    #[tokio::test]
+    async fn the_schema_counts_every_result() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let clock = FakeClock::at(Duration::from_secs(1_000));
+        let (memory, failing, refusing) = ::metrics::with_local_recorder(&recorder, || {
+            let memory = RateLimitLayer::builder(MemoryStore::with_clock(clock.clone()))
+                .limit(Limit::new("enforced", Quota::per_minute(10)).key(PeerIp::new()))
+                .limit(
+                    Limit::new("trial", Quota::per_minute(1))
+                        .key(PeerIp::new())
+                        .mode(Mode::Shadow),
+                )
+                .refusal_log(RefusalLog::off())
+                .build()
+                .unwrap();
+            let failing = RateLimitLayer::builder(Resilient::new(Down).clock(clock.clone()))
+                .route(
+                    "/fallback",
+                    Limit::new("fb", Quota::per_minute(1))
+                        .key(PeerIp::new())
+                        .on_store_failure(FailurePolicy::Fallback),
+                )
+                .route(
+                    "/open",
+                    Limit::new("open", Quota::per_minute(1)).on_store_failure(FailurePolicy::Allow),
+                )
+                .route(
+                    "/closed",
+                    Limit::new("closed", Quota::per_minute(1))
+                        .on_store_failure(FailurePolicy::Deny),
+                )
+                .refusal_log(RefusalLog::off())
+                .build()
+                .unwrap();
+            let refusing = RateLimitLayer::builder(Resilient::new(Refusing).clock(clock.clone()))
+                .limit(Limit::new("remote", Quota::per_minute(1)).key(PeerIp::new()))
+                .refusal_log(RefusalLog::off())
+                .build()
+                .unwrap();
+            (memory, failing, refusing)
+        });
+        let memory = app(memory);
+        // 10 allowed (the last two near the limit: fewer than 2 of 10 left), then denied.
+        // The shadow limit (burst 1) would refuse from the second on.
+        for i in 0..12 {
+            let r = send(&memory, req("/items/1", "192.0.2.1")).await;
+            let expected = if i < 10 {
+                StatusCode::OK
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            };
+            assert_eq!(r.status(), expected, "request {i}");
+        }
+        send(&memory, req("/items/1", "192.0.2.2")).await;
+        send(&memory, req("/items/1", "192.0.2.3")).await;
+
+        let failing = Router::new()
+            .route("/fallback", get(|| async { "ok" }))
+            .route("/open", get(|| async { "ok" }))
+            .route("/closed", get(|| async { "ok" }))
+            .route_layer(failing);
+        for (path, status) in [
+            ("/fallback", StatusCode::OK),
+            ("/fallback", StatusCode::TOO_MANY_REQUESTS),
+            ("/open", StatusCode::OK),
+            ("/closed", StatusCode::SERVICE_UNAVAILABLE),
+        ] {
+            assert_eq!(
+                send(&failing, req(path, "192.0.2.1")).await.status(),
+                status,
+                "{path}"
+            );
+        }
+
+        let refusing = app(refusing);
+        for _ in 0..3 {
+            let r = send(&refusing, req("/items/1", "192.0.2.1")).await;
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        }
+
+        let s = series(&snapshotter);
+        let expected: Series = [
+            (
+                "tollgate_requests_total{limit=enforced,result=allowed}",
+                12.0,
+            ),
+            ("tollgate_requests_total{limit=enforced,result=denied}", 2.0),
+            ("tollgate_requests_total{limit=trial,result=allowed}", 3.0),
+            (
+                "tollgate_requests_total{limit=trial,result=shadow_denied}",
+                11.0,
+            ),
+            ("tollgate_near_limit_total{limit=enforced}", 2.0),
+            ("tollgate_near_limit_total{limit=trial}", 3.0),
+            ("tollgate_keys{limit=enforced}", 3.0),
+            ("tollgate_keys{limit=trial}", 3.0),
+            (
+                "tollgate_requests_total{limit=fb,result=fallback_allowed}",
+                1.0,
+            ),
+            (
+                "tollgate_requests_total{limit=fb,result=fallback_denied}",
+                1.0,
+            ),
+            (
+                "tollgate_requests_total{limit=open,result=failed_open}",
+                1.0,
+            ),
+            (
+                "tollgate_requests_total{limit=closed,result=failed_closed}",
+                1.0,
+            ),
+            ("tollgate_near_limit_total{limit=fb}", 1.0),
+            // The third failure opens the breaker: the fourth request makes no call.
+            (
+                "tollgate_store_errors_total{kind=backend,store=test_store}",
+                3.0,
+            ),
+            ("tollgate_store_duration_seconds{store=test_store}", 3.0),
+            ("tollgate_breaker_open{store=test_store}", 1.0),
+            ("tollgate_requests_total{limit=remote,result=denied}", 3.0),
+            ("tollgate_deny_cache_hits_total{limit=remote}", 2.0),
+            ("tollgate_store_duration_seconds{store=refusing}", 1.0),
+            ("tollgate_breaker_open{store=refusing}", 0.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let nonzero: Series = s
+            .into_iter()
+            .filter(|(k, v)| *v != 0.0 || k.contains("breaker"))
+            .collect();
+        assert_eq!(nonzero, expected);
+    }
+
+    #[tokio::test]
+    async fn keys_leave_the_gauge_when_swept() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let clock = FakeClock::at(Duration::from_secs(1_000));
+        let store = MemoryStore::with_clock(clock.clone()).idle_grace(Duration::from_secs(1));
+        let layer = ::metrics::with_local_recorder(&recorder, || {
+            RateLimitLayer::builder(store.clone())
+                .limit(Limit::new("per-ip", Quota::per_second(10)).key(PeerIp::new()))
+                .build()
+                .unwrap()
+        });
+        let app = app(layer);
+        for ip in ["192.0.2.1", "192.0.2.2", "192.0.2.3"] {
+            send(&app, req("/items/1", ip)).await;
+        }
+        assert_eq!(series(&snapshotter)["tollgate_keys{limit=per-ip}"], 3.0);
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(store.sweep(), 3);
+        // The debugging recorder drains on each snapshot: this one shows the change.
+        assert_eq!(series(&snapshotter)["tollgate_keys{limit=per-ip}"], -3.0);
+    }
+
+    #[tokio::test]
+    async fn labels_stay_bounded_under_100k_distinct_keys() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let layer = ::metrics::with_local_recorder(&recorder, || {
+            RateLimitLayer::builder(store())
+                .limit(Limit::new("per-ip", Quota::per_minute(1)).key(PeerIp::new()))
+                .limit(Limit::new(
+                    "global",
+                    Quota::per_second(1_000_000).burst(1_000_000),
+                ))
+                .track_offenders(OffenderTracking::new())
+                .refusal_log(RefusalLog::off())
+                .build()
+                .unwrap()
+        });
+        let app = app(layer);
+        for i in 0..100_000u32 {
+            let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i / 2).to_string();
+            send(&app, req(&format!("/items/{i}"), &ip)).await;
+        }
+        let s = series(&snapshotter);
+        // 7 results + near-limit + keys, per limit: whatever the traffic.
+        assert!(
+            s.len() <= 2 * 9,
+            "{} series: {:?}",
+            s.len(),
+            s.keys().collect::<Vec<_>>()
+        );
+        let values: BTreeSet<String> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .flat_map(|(k, ..)| {
+                k.key()
+                    .labels()
+                    .map(|l| l.value().to_owned())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let allowed: BTreeSet<String> = ["per-ip", "global"]
+            .into_iter()
+            .chain(tollgate::metrics::RESULTS)
+            .map(str::to_owned)
+            .collect();
+        assert!(values.is_subset(&allowed), "{values:?}");
+        assert_eq!(
+            s["tollgate_requests_total{limit=per-ip,result=allowed}"],
+            50_000.0
+        );
+        assert_eq!(
+            s["tollgate_requests_total{limit=per-ip,result=denied}"],
+            50_000.0
+        );
+    }
+}
