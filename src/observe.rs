@@ -79,7 +79,8 @@ impl RefusalLog {
 #[derive(Clone)]
 pub(crate) struct HookSettings {
     pub(crate) refusal_log: RefusalLog,
-    pub(crate) redact_keys: bool,
+    /// `None`: the default (text keys hashed, addresses shown).
+    pub(crate) redact_keys: Option<bool>,
     pub(crate) offenders: Option<OffenderTracking>,
     #[cfg(feature = "metrics")]
     pub(crate) near_limit: f64,
@@ -91,7 +92,7 @@ impl Default for HookSettings {
     fn default() -> Self {
         Self {
             refusal_log: RefusalLog::new(),
-            redact_keys: false,
+            redact_keys: None,
             offenders: None,
             #[cfg(feature = "metrics")]
             near_limit: 0.2,
@@ -350,10 +351,12 @@ impl<St: crate::store::Store, R> crate::layer::RateLimitBuilder<St, R> {
     }
 
     /// Whether keys appear in refusal events and offender summaries as a hash (`#` and 16
-    /// hex digits, the same in every process) instead of their text (default: text). Keys
-    /// are never metric labels either way.
+    /// hex digits, the same in every process) instead of their text: `true` hashes every
+    /// key, `false` none. By default addresses are shown (`@203.0.113.7`) and every other
+    /// key is hashed, since a header or query key is often a credential (an API key) that
+    /// must not reach logs. Keys are never metric labels either way.
     pub fn redact_keys(mut self, redact: bool) -> Self {
-        self.settings.hooks.redact_keys = redact;
+        self.settings.hooks.redact_keys = Some(redact);
         self
     }
 

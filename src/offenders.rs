@@ -142,8 +142,10 @@ pub(crate) fn redacted(key: &Key) -> String {
 }
 
 /// Renders a key for logs and summaries.
-pub(crate) fn render(key: &Key, redact: bool) -> String {
-    if redact {
+/// A key for logs: hashed when `redact` says so; by default (`None`) addresses are shown
+/// and other keys, which may be credentials, are hashed.
+pub(crate) fn render(key: &Key, redact: Option<bool>) -> String {
+    if redact.unwrap_or(key.ip().is_none()) {
         redacted(key)
     } else {
         key.to_string()
@@ -315,6 +317,21 @@ impl Summary {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn by_default_addresses_are_shown_and_other_keys_hashed() {
+        let ip = Key::from_part("203.0.113.7".parse::<std::net::IpAddr>().unwrap());
+        let api_key = Key::from_part("sk_live_secret");
+        assert_eq!(render(&ip, None), "@203.0.113.7");
+        let hidden = render(&api_key, None);
+        assert!(
+            hidden.starts_with('#') && !hidden.contains("secret"),
+            "{hidden}"
+        );
+        assert_eq!(render(&api_key, Some(false)), "sk_live_secret");
+        assert!(render(&ip, Some(true)).starts_with('#'));
+    }
+
     use super::*;
 
     /// A small deterministic generator (xorshift64*).
