@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+use redis::aio::ConnectionLike;
 use support::redis::RedisServer;
 use tollgate::clock::FakeClock;
 use tollgate::key::Key;
@@ -42,11 +43,18 @@ async fn check<S: Store>(store: &S, items: &[Item<'_, S::Table>]) -> Statuses {
 }
 
 /// Runs `steps` through both stores and compares every status.
-async fn run_case<S: Store>(
+///
+/// Redis expires keys (`PX`) in real time, from reset times computed on the fake clock: on
+/// a loaded machine real time can run ahead of the fake clock between two steps, and a key
+/// would expire before its bucket is full on the fake clock. So the keys a step wrote are
+/// made persistent (`conn`): the suite compares decisions, and expiry has its own test
+/// (`tests/redis.rs`).
+async fn run_case<S: Store, C: ConnectionLike + Clone>(
     redis: &S,
     redis_clock: &FakeClock,
     steps: &[Step],
     prefix: &str,
+    conn: &C,
 ) -> Result<(), String> {
     let clock = FakeClock::at(Duration::from_secs(1_700_000_000));
     redis_clock.set(Duration::from_secs(1_700_000_000));
@@ -86,6 +94,14 @@ async fn run_case<S: Store>(
             .collect();
         let a = check(&memory, &mem_items).await;
         let b = check(redis, &redis_items).await;
+        for &(l, k, _, _) in &step.limits {
+            let key = format!("tollgate:{}:{}", names[l], Key::from_part(k));
+            let _: i64 = redis::cmd("PERSIST")
+                .arg(key)
+                .query_async(&mut conn.clone())
+                .await
+                .map_err(|e| format!("PERSIST: {e}"))?;
+        }
         if a != b {
             return Err(format!("step {n} {step:?}: memory {a:?} != redis {b:?}"));
         }
@@ -160,9 +176,14 @@ fn fixed_cases() -> Vec<Vec<Step>> {
     ]
 }
 
-async fn suite<S: Store>(redis: &S, clock: &FakeClock, label: &str) {
+async fn suite<S: Store, C: ConnectionLike + Clone>(
+    redis: &S,
+    clock: &FakeClock,
+    label: &str,
+    conn: C,
+) {
     for (i, case) in fixed_cases().iter().enumerate() {
-        run_case(redis, clock, case, &format!("{label}-fixed{i}"))
+        run_case(redis, clock, case, &format!("{label}-fixed{i}"), &conn)
             .await
             .unwrap();
     }
@@ -176,7 +197,13 @@ async fn suite<S: Store>(redis: &S, clock: &FakeClock, label: &str) {
         runner.run(&steps(), |steps| {
             let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             handle
-                .block_on(run_case(redis, clock, &steps, &format!("{label}-case{n}")))
+                .block_on(run_case(
+                    redis,
+                    clock,
+                    &steps,
+                    &format!("{label}-case{n}"),
+                    &conn,
+                ))
                 .map_err(TestCaseError::fail)
         })
     });
@@ -192,7 +219,7 @@ async fn memory_and_redis_decide_alike() {
         .caller_time(clock.clone())
         .timeout(Duration::from_secs(5))
         .deny_cache(false);
-    suite(&store, &clock, "single").await;
+    suite(&store, &clock, "single", server.connection().await).await;
 }
 
 #[cfg(feature = "redis-cluster")]
@@ -204,7 +231,7 @@ async fn memory_and_redis_cluster_decide_alike() {
         .caller_time(clock.clone())
         .timeout(Duration::from_secs(5))
         .deny_cache(false);
-    suite(&store, &clock, "cluster").await;
+    suite(&store, &clock, "cluster", cluster.connection().await).await;
 }
 
 /// Where T is not a whole number of microseconds, Redis rounds it up to the microsecond
