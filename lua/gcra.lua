@@ -12,18 +12,22 @@ KEYS[i]  the bucket of limit i. Its value is the theoretical arrival time (TAT) 
 
 ARGV[1]  now, in microseconds since the Unix epoch, or "" to use Redis TIME (one clock for
          every app instance).
-Then four arguments per limit, in KEYS order (ARGV[4i-2] ... ARGV[4i+1]):
-  t        emission interval in microseconds (>= 1)
-  burst    bucket capacity in tokens (>= 1)
+Then five arguments per limit, in KEYS order (ARGV[5i-3] ... ARGV[5i+1]):
+  t        emission interval in microseconds (>= 1); a window limit: the window (µs)
+  burst    bucket capacity in tokens (>= 1); a window limit: its limit
   cost     tokens this request takes (0 looks without consuming)
   enforce  1 if the limit may refuse the request, 0 for a shadow limit
+  kind     "" for GCRA; a window limit's kind (window.lua)
 
-Reply: an array of 1 + 3 * #KEYS integers:
+Reply: an array of integers:
   now            the time used, in microseconds
-  then, per limit, in KEYS order:
+  then, per GCRA limit, in KEYS order, three:
   verdict        0 allowed, 1 denied, 2 never (cost > burst)
   reset_after    microseconds until the bucket is full again, after this request
   previous       the TAT read (0 if absent), to undo a write exactly if needed
+  and per window limit eight: verdict, retry_after (0 unless denied), then remaining,
+  reset_after and next_after (0: none) after this request, then the same three for the
+  key as it stood (what a request refused elsewhere reports)
 
 The request proceeds only if no enforcing limit is denied or never. Only then are the
 consuming limits written (TAT = now + reset_after), each with PX = reset_after in
@@ -41,55 +45,147 @@ end
 
 local n = #KEYS
 local tats = redis.call('MGET', unpack(KEYS))
-local verdicts, afters, writes = {}, {}, {}
+local verdicts, afters, writes, wins = {}, {}, {}, {}
 local refused = false
 
 for i = 1, n do
-  local a = 4 * i - 2
+  local a = 5 * i - 3
   local t = tonumber(ARGV[a])
   local burst = tonumber(ARGV[a + 1])
   local cost = tonumber(ARGV[a + 2])
-  local tat = tonumber(tats[i]) or 0
-  tats[i] = tat
-  local base = now
-  if tat > now then
-    base = tat
-  end
-  local verdict, after = 0, base
-  if cost > burst then
-    verdict = 2
-  else
-    local new_tat = base + cost * t
-    if new_tat - now <= burst * t then
-      after = new_tat
-      if cost > 0 then
-        writes[i] = new_tat
-      end
-    else
-      verdict = 1
+  local kind = ARGV[a + 4]
+  local verdict = 0
+  if kind == '' then
+    local tat = tonumber(tats[i]) or 0
+    tats[i] = tat
+    local base = now
+    if tat > now then
+      base = tat
     end
+    local after = base
+    if cost > burst then
+      verdict = 2
+    else
+      local new_tat = base + cost * t
+      if new_tat - now <= burst * t then
+        after = new_tat
+        if cost > 0 then
+          writes[i] = new_tat
+        end
+      else
+        verdict = 1
+      end
+    end
+    afters[i] = after
+  else
+    local code, phase = win_kind(kind)
+    local len, limit = t, burst
+    local w = { code = code }
+    local retry = 0
+    if code == 'l' then
+      local ts, ns, used = log_read(tats[i], len, now)
+      w.urem, w.urst, w.unxt = log_report(limit, len, ts, used, now)
+      if cost > limit then
+        verdict = 2
+      elseif cost == 0 or used + cost <= limit then
+        if cost > 0 then
+          if ts[#ts] == now then
+            ns[#ns] = ns[#ns] + cost
+          else
+            ts[#ts + 1] = now
+            ns[#ns + 1] = cost
+          end
+          used = used + cost
+          writes[i] = true
+        end
+      else
+        verdict = 1
+        retry = log_wait(limit, len, ts, ns, used, cost, now)
+      end
+      w.rem, w.rst, w.nxt = log_report(limit, len, ts, used, now)
+      w.ts, w.ns, w.len = ts, ns, len
+    else
+      if code ~= 'f' then
+        phase = 0
+      end
+      local index, e, until_end = win_at(len, phase, now)
+      local cur, prev = win_read(code, tats[i], limit, index)
+      local report
+      if code == 'f' then
+        report = function(x) return fixed_report(limit, len, x, until_end) end
+      else
+        report = function(x) return sliding_report(limit, len, x, prev, e) end
+      end
+      w.urem, w.urst, w.unxt = report(cur)
+      local fits
+      if code == 'f' then
+        fits = cur + cost <= limit
+      else
+        fits = sliding_fits(limit, len, cur, prev, e, cost)
+      end
+      if cost > limit then
+        verdict = 2
+      elseif cost == 0 or fits then
+        if cost > 0 then
+          cur = cur + cost
+          writes[i] = true
+        end
+      else
+        verdict = 1
+        if code == 'f' then
+          retry = fixed_wait(limit, len, cur, until_end, cost)
+        else
+          retry = sliding_wait(limit, len, cur, prev, e, cost)
+        end
+      end
+      w.rem, w.rst, w.nxt = report(cur)
+      w.index, w.cur, w.prev = index, cur, prev
+    end
+    w.retry = retry
+    wins[i] = w
   end
   if verdict ~= 0 and ARGV[a + 3] == '1' then
     refused = true
   end
   verdicts[i] = verdict
-  afters[i] = after
 end
 
 local reply = { now }
 for i = 1, n do
-  local after = afters[i]
-  if refused then
-    if verdicts[i] == 0 then
-      -- nothing is consumed: report the bucket as it stands
-      after = math.max(tats[i], now)
+  local w = wins[i]
+  if w == nil then
+    local after = afters[i]
+    if refused then
+      if verdicts[i] == 0 then
+        -- nothing is consumed: report the bucket as it stands
+        after = math.max(tats[i], now)
+      end
+    elseif writes[i] then
+      local v = writes[i]
+      redis.call('SET', KEYS[i], v, 'PX', math.floor((v - now + 999) / 1000) + 1)
     end
-  elseif writes[i] then
-    local w = writes[i]
-    redis.call('SET', KEYS[i], w, 'PX', math.floor((w - now + 999) / 1000) + 1)
+    reply[#reply + 1] = verdicts[i]
+    reply[#reply + 1] = after - now
+    reply[#reply + 1] = tats[i]
+  else
+    if writes[i] and not refused then
+      if w.code == 'l' then
+        log_write(KEYS[i], w.ts, w.ns, w.len, now)
+      else
+        win_write(w.code, KEYS[i], w.index, w.cur, w.prev, w.rst)
+      end
+    end
+    reply[#reply + 1] = verdicts[i]
+    reply[#reply + 1] = w.retry
+    if refused then
+      w.rem, w.rst, w.nxt = w.urem, w.urst, w.unxt
+    end
+    reply[#reply + 1] = w.rem
+    reply[#reply + 1] = w.rst
+    reply[#reply + 1] = w.nxt
+    reply[#reply + 1] = w.urem
+    reply[#reply + 1] = w.urst
+    reply[#reply + 1] = w.unxt
   end
-  reply[3 * i - 1] = verdicts[i]
-  reply[3 * i] = after - now
-  reply[3 * i + 1] = tats[i]
 end
 return reply

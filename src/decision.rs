@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 use crate::gcra;
 use crate::limit::Mode;
 use crate::quota::Quota;
+use crate::window;
 
 /// The state of one limit's bucket as one check left it, in the units clients are told.
 ///
@@ -19,9 +20,12 @@ pub struct Outcome {
     verdict: Code,
     retry_after_ns: u64,
     reset_after_ns: u64,
-    /// The emission interval, in nanoseconds.
+    /// GCRA: the emission interval, in nanoseconds. Window algorithms: the time to the
+    /// next unit in nanoseconds, or `u64::MAX` for none.
     t_ns: u64,
+    /// GCRA: the bucket's capacity. Window algorithms: the units left.
     burst: u64,
+    window: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +85,41 @@ impl Outcome {
             reset_after_ns: ns(reset_after),
             t_ns: ns(params.t()),
             burst: params.burst(),
+            window: false,
+        }
+    }
+
+    /// The outcome of a window algorithm ([`window`](crate::window)), whose unit of time
+    /// is `unit_ns` nanoseconds: what a store answers for an item of a window limit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{window::{self, Geometry}, Outcome};
+    ///
+    /// // 10 per second, in microseconds: 9 used, 250 ms before the window ends.
+    /// let (r, _) = window::fixed_check(Geometry::new(10, 1_000_000, 0), 9, 250_000, 1);
+    /// let o = Outcome::window(r, 1_000);
+    /// assert!(o.is_allowed());
+    /// assert_eq!(o.remaining(), 0);
+    /// assert_eq!(o.next_after(), Some(Duration::from_millis(250)));
+    /// ```
+    #[inline]
+    pub fn window(report: window::Report, unit_ns: u64) -> Self {
+        let ns = |x: u64| x.saturating_mul(unit_ns);
+        let (verdict, retry_after_ns) = match report.verdict {
+            gcra::Verdict::Allowed => (Code::Allowed, 0),
+            gcra::Verdict::Denied { retry_after } => (Code::Denied, ns(retry_after)),
+            gcra::Verdict::Never => (Code::Never, 0),
+        };
+        Outcome {
+            verdict,
+            retry_after_ns,
+            reset_after_ns: ns(report.reset_after),
+            t_ns: report
+                .next_after
+                .map_or(u64::MAX, |n| ns(n).min(u64::MAX - 1)),
+            burst: report.remaining,
+            window: true,
         }
     }
 
@@ -128,6 +167,9 @@ impl Outcome {
 
     /// Tokens left and nanoseconds to the next token: [`gcra::Decided::report`].
     fn report(&self) -> (u64, Option<u64>) {
+        if self.window {
+            return (self.burst, (self.t_ns != u64::MAX).then_some(self.t_ns));
+        }
         let params = gcra::Params::new(self.t_ns, self.burst);
         let (t, tau) = (params.t(), params.tau());
         let reset = self.reset_after_ns;
