@@ -194,34 +194,47 @@ impl Algorithm {
     }
 }
 
-/// The phase of a [`Phase::Random`] window of `len_us` microseconds for `key` of the limit
-/// `name`: a hash that is the same in every process and store (the memory store uses it
-/// in microseconds too, so both stores place a key's windows alike).
-pub(crate) fn random_phase_us(name: &str, key: &crate::key::Key, len_us: u64) -> u64 {
+/// A stable hash of a limit's name, computed once per table: the seed of its keys'
+/// random phases.
+pub(crate) fn name_hash(name: &str) -> u64 {
     use std::hash::Hasher;
     let mut h =
         siphasher::sip::SipHasher13::new_with_keys(0x746f_6c6c_6761_7465, 0x7068_6173_6500_0001);
     h.write(name.as_bytes());
-    h.write_u8(0xff);
-    h.write_u64(key.stable_hash());
-    h.finish() % len_us.max(1)
+    h.finish()
 }
 
-/// A window limit's geometry in nanoseconds for one key of the limit `name`, and the
-/// phase in microseconds (what the Redis script is given).
-pub(crate) fn phase_us(
-    algorithm: Algorithm,
-    name: &str,
-    key: &crate::key::Key,
-    len_us: u64,
-) -> u64 {
+/// The phase, in microseconds, of a window of `len_us` for `key` of the limit whose
+/// [`name_hash`] is `name`: the configured offset of an aligned fixed window, or for a
+/// [`Phase::Random`] one a mix of the name's and the key's stable hashes — the same in
+/// every process and store (the memory store uses it in microseconds too, so both stores
+/// place a key's windows alike). 0 for the sliding algorithms.
+#[inline]
+pub(crate) fn phase_us(algorithm: Algorithm, name: u64, key: &crate::key::Key, len_us: u64) -> u64 {
+    let len_us = len_us.max(1);
     match algorithm {
         Algorithm::FixedWindow {
             phase: Phase::Aligned { offset },
-        } => (offset.as_micros() % u128::from(len_us.max(1))) as u64,
+        } => {
+            if offset.is_zero() {
+                return 0;
+            }
+            let us = offset
+                .as_secs()
+                .wrapping_mul(1_000_000)
+                .wrapping_add(u64::from(offset.subsec_micros()));
+            us % len_us
+        }
         Algorithm::FixedWindow {
             phase: Phase::Random,
-        } => random_phase_us(name, key, len_us),
+        } => {
+            // splitmix64's finalizer over the two hashes.
+            let mut x = name ^ key.phase_hash().rotate_left(32);
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            // Into 0..len_us by a multiplication (no division on the request path).
+            ((u128::from(x ^ (x >> 31)) * u128::from(len_us)) >> 64) as u64
+        }
         _ => 0,
     }
 }

@@ -88,7 +88,7 @@ pub const fn fixed_carry(limit: u64, used: u64, windows: u64) -> u64 {
 /// Checks a request of `cost` units against a fixed window whose use in the current window
 /// is `used` (after [`fixed_carry`]), `until_end` before the window ends. Returns the
 /// report and the use to store (`None`: unchanged).
-#[inline]
+#[inline(always)]
 pub fn fixed_check(g: Geometry, used: u64, until_end: u64, cost: u64) -> (Report, Option<u64>) {
     let (verdict, after, new) = if cost > g.limit {
         (Verdict::Never, used, None)
@@ -112,6 +112,7 @@ pub fn fixed_check(g: Geometry, used: u64, until_end: u64, cost: u64) -> (Report
 }
 
 /// What a fixed window with `used` units in the current window reports (verdict: allowed).
+#[inline(always)]
 pub fn fixed_report(g: Geometry, used: u64, until_end: u64) -> Report {
     let remaining = g.limit.saturating_sub(used);
     if used == 0 {
@@ -120,6 +121,15 @@ pub fn fixed_report(g: Geometry, used: u64, until_end: u64) -> Report {
             remaining,
             reset_after: 0,
             next_after: None,
+        };
+    }
+    if used <= g.limit {
+        // No debt (the usual case): all of it, and more, at the window's end.
+        return Report {
+            verdict: Verdict::Allowed,
+            remaining,
+            reset_after: until_end,
+            next_after: Some(until_end),
         };
     }
     let windows = used.div_ceil(g.limit.max(1));
@@ -154,8 +164,8 @@ pub fn fixed_block(g: Geometry, now: u64, d: u64) -> u64 {
 /// Whether `cost` more units fit a sliding window with counts `cur` (current window) and
 /// `prev` (previous window), `e` into the current window: `prev·(W − e) + (cur + cost)·W
 /// ≤ L·W`.
-#[inline]
-fn sliding_fits(g: Geometry, cur: u64, prev: u64, e: u64, cost: u64) -> bool {
+#[inline(always)]
+pub fn sliding_fits(g: Geometry, cur: u64, prev: u64, e: u64, cost: u64) -> bool {
     let w = u128::from(g.len);
     u128::from(prev) * (w - u128::from(e)) + (u128::from(cur) + u128::from(cost)) * w
         <= u128::from(g.limit) * w
@@ -164,7 +174,7 @@ fn sliding_fits(g: Geometry, cur: u64, prev: u64, e: u64, cost: u64) -> bool {
 /// Checks a request of `cost` units against a sliding window: `cur` units in the current
 /// window, `prev` in the one before, `e` (`< len`) into the current window. Returns the
 /// report and the current window's count to store (`None`: unchanged).
-#[inline]
+#[inline(always)]
 pub fn sliding_check(g: Geometry, cur: u64, prev: u64, e: u64, cost: u64) -> (Report, Option<u64>) {
     let (verdict, after, new) = if cost > g.limit {
         (Verdict::Never, cur, None)
@@ -188,11 +198,14 @@ pub fn sliding_check(g: Geometry, cur: u64, prev: u64, e: u64, cost: u64) -> (Re
 }
 
 /// What a sliding window reports (verdict: allowed).
+#[inline]
 pub fn sliding_report(g: Geometry, cur: u64, prev: u64, e: u64) -> Report {
     let w = u128::from(g.len);
     let used = u128::from(prev) * (w - u128::from(e)) + u128::from(cur) * w;
-    let remaining = (u128::from(g.limit) * w).saturating_sub(used) / w;
-    let remaining = remaining as u64; // <= limit
+    let remaining = div(
+        (u128::from(g.limit) * w).saturating_sub(used),
+        u128::from(g.len),
+    ) as u64; // <= limit
     let reset_after = if cur > 0 {
         g.len - e + g.len
     } else if prev > 0 {
@@ -218,18 +231,28 @@ fn sliding_wait(g: Geometry, cur: u64, prev: u64, e: u64, cost: u64) -> u64 {
     let (cur, prev, cost) = (u128::from(cur), u128::from(prev), u128::from(cost));
     // This window, at e1 > e: prev·(W − e1) ≤ (L − cur − cost)·W.
     if cur + cost <= limit && prev > 0 {
-        let slack = ((limit - cur - cost) * w / prev).min(w);
+        let slack = div((limit - cur - cost) * w, prev).min(w);
         let e1 = w - slack;
         if e1 < w {
             return (e1 as u64).saturating_sub(e).max(1);
         }
     }
     // The next window (prev := cur, cur := 0), at e2: cur·(W − e2) ≤ (L − cost)·W.
-    let e2 = match ((limit - cost.min(limit)) * w).checked_div(cur) {
-        None => 0, // nothing in this window: nothing weighs on the next
-        Some(slack) => w - slack.min(w),
+    let e2 = if cur == 0 {
+        0 // nothing in this window: nothing weighs on the next
+    } else {
+        w - div((limit - cost.min(limit)) * w, cur).min(w)
     };
     (g.len - e) + e2 as u64
+}
+
+/// `a / b` (`b > 0`), in 64 bits when both fit (a 128-bit division is a library call).
+#[inline]
+fn div(a: u128, b: u128) -> u128 {
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => u128::from(a / b),
+        _ => a / b,
+    }
 }
 
 /// Checks a request of `cost` units against a sliding log whose `entries` — `(instant,

@@ -112,12 +112,17 @@ impl fmt::Debug for MemoryTable {
 
 struct Table {
     name: Box<str>,
+    /// The stable hash of the name (random window phases).
+    name_hash: u64,
     shards: Box<[Shard]>,
     /// When requests next sweep a shard, if no background task does (store clock, ns).
     next_sweep: AtomicU64,
     cursor: AtomicUsize,
     /// The bucket shared by keys that arrive while the store is at its cap.
     overflow: AtomicU64,
+    /// The index of the epoch-aligned window last seen by a window item (µs windows): a
+    /// hint that saves the division of most checks, validated on each use.
+    aligned: AtomicU64,
     /// The window algorithm this table serves, once a window item has used it (none for
     /// GCRA): what the sweeper needs to know when an entry's state is worthless.
     spec: OnceLock<windows::Spec>,
@@ -150,12 +155,14 @@ impl Table {
     fn new(name: &str) -> Self {
         Self {
             name: name.into(),
+            name_hash: crate::algorithm::name_hash(name),
             shards: (0..SHARDS)
                 .map(|_| Shard(RwLock::new(HashTable::new())))
                 .collect(),
             next_sweep: AtomicU64::new(0),
             cursor: AtomicUsize::new(0),
             overflow: AtomicU64::new(0),
+            aligned: AtomicU64::new(0),
             spec: OnceLock::new(),
             logs: OnceLock::new(),
             log_overflow: Mutex::new(windows::Log::default()),

@@ -105,11 +105,14 @@ struct Ctx {
     /// Wall time, µs.
     t: u64,
     index: u64,
+    /// Time into the current window, µs.
+    e: u64,
 }
 
 impl Ctx {
     /// The state `word` brought to the current window: fixed `(used, 0)`, sliding
     /// `(cur, prev)`.
+    #[inline(always)]
     fn current(&self, algorithm: Algorithm, word: u64) -> (u64, u64) {
         if let Algorithm::FixedWindow { .. } = algorithm {
             let (i, used) = unpack_fixed(word);
@@ -127,6 +130,7 @@ impl Ctx {
         }
     }
 
+    #[inline(always)]
     fn pack(&self, algorithm: Algorithm, a: u64, b: u64) -> u64 {
         if let Algorithm::FixedWindow { .. } = algorithm {
             pack_fixed(self.index, a)
@@ -136,13 +140,14 @@ impl Ctx {
     }
 
     /// Checks `cost` against the packed state: the report and the word to store.
+    #[inline(always)]
     fn decide(&self, algorithm: Algorithm, word: u64, cost: u64) -> (Report, Option<u64>) {
         let (a, b) = self.current(algorithm, word);
         if let Algorithm::FixedWindow { .. } = algorithm {
-            let (r, new) = window::fixed_check(self.g, a, self.g.until_end(self.t), cost);
+            let (r, new) = window::fixed_check(self.g, a, self.g.len - self.e, cost);
             (r, new.map(|used| self.pack(algorithm, used, 0)))
         } else {
-            let (r, new) = window::sliding_check(self.g, a, b, self.g.elapsed(self.t), cost);
+            let (r, new) = window::sliding_check(self.g, a, b, self.e, cost);
             (r, new.map(|cur| self.pack(algorithm, cur, b)))
         }
     }
@@ -158,6 +163,7 @@ enum Undo {
 
 /// Applies `f` to the packed word with compare-and-swap until it sticks; returns the
 /// report and whether it wrote.
+#[inline(always)]
 fn update_packed(word: &AtomicU64, f: impl Fn(u64) -> (Report, Option<u64>)) -> (Report, bool) {
     let mut cur = word.load(Ordering::Acquire);
     loop {
@@ -246,10 +252,11 @@ impl<C: Clock> super::Inner<C> {
 
 impl<C: Clock> MemoryStore<C> {
     /// The window geometry of `item` at store time `now` (ns), in µs.
+    #[inline]
     fn ctx(&self, item: &Item<'_, MemoryTable>, now: u64) -> Ctx {
         let table = &*item.table.table;
         let len_us = (item.quota.period_ns() / 1_000).max(1);
-        let phase = phase_us(item.algorithm, &table.name, &item.key, len_us);
+        let phase = phase_us(item.algorithm, table.name_hash, &item.key, len_us);
         let unix_origin = self.inner.clock.unix_origin();
         table.spec.get_or_init(|| Spec {
             algorithm: item.algorithm,
@@ -264,13 +271,29 @@ impl<C: Clock> MemoryStore<C> {
             .then_some(phase),
             unix_origin,
         });
-        let g = Geometry::new(item.quota.rate(), len_us, phase);
+        let g = Geometry {
+            limit: item.quota.rate(),
+            len: len_us,
+            phase, // < len_us
+        };
         let t = now.saturating_add(unix_origin) / 1_000;
-        Ctx {
-            g,
-            t,
-            index: g.index(t),
+        // The aligned window holding `t`, from the table's hint when it still holds (no
+        // division), and from it the window of this key's phase.
+        let mut aligned = table.aligned.load(Ordering::Relaxed);
+        let mut r = t.wrapping_sub(aligned.wrapping_mul(len_us));
+        if r >= len_us {
+            aligned = t / len_us;
+            r = t - aligned * len_us;
+            table.aligned.store(aligned, Ordering::Relaxed);
         }
+        let (index, e) = if r >= phase {
+            (aligned, r - phase)
+        } else if aligned > 0 {
+            (aligned - 1, r + len_us - phase)
+        } else {
+            (0, 0) // before the first phase
+        };
+        Ctx { g, t, index, e }
     }
 
     fn log_shard<'t>(&self, table: &'t Table, slot: Slot) -> &'t LogShard {
@@ -374,9 +397,75 @@ impl<C: Clock> MemoryStore<C> {
         (r, wrote.then_some(Undo::Packed { index: ctx.index }))
     }
 
+    /// Checks one window item (a request of one limit): for fixed and sliding windows one
+    /// lookup and one compare-and-swap loop, as for GCRA.
+    #[inline]
     pub(super) fn window_check_one(&self, item: &Item<'_, MemoryTable>, now: u64) -> Status {
-        let (r, _) = self.window_check(item, now, u64::from(item.cost), true);
+        let cost = u64::from(item.cost);
+        let algorithm = item.algorithm;
+        if algorithm == Algorithm::SlidingLog {
+            let (r, _) = self.window_check(item, now, cost, true);
+            return Status::Checked(Outcome::window(r, 1_000));
+        }
+        let table = &*item.table.table;
+        let ctx = self.ctx(item, now);
+        let slot = self.slot(item);
+        if algorithm == Algorithm::SlidingWindow {
+            return self.sliding_check_one(table, slot, &ctx, cost);
+        }
+        let run = |word: &AtomicU64| update_packed(word, |w| ctx.decide(algorithm, w, cost)).0;
+        let r = match self.with_existing(table, slot, run) {
+            Some(r) => r,
+            None => {
+                let (r, new) = ctx.decide(algorithm, 0, cost);
+                if new.is_some() {
+                    self.with_entry(table, slot, run)
+                } else {
+                    r
+                }
+            }
+        };
         Status::Checked(Outcome::window(r, 1_000))
+    }
+
+    /// A sliding window's check: the compare-and-swap loop decides with the formula alone,
+    /// and an allowed check is reported lazily ([`Outcome`] derives the units left and the
+    /// time to the next unit when asked for).
+    #[inline(always)]
+    fn sliding_check_one(&self, table: &Table, slot: Slot, ctx: &Ctx, cost: u64) -> Status {
+        let algorithm = Algorithm::SlidingWindow;
+        let g = ctx.g;
+        let passes = |cur: u64, prev: u64| {
+            cost <= g.limit && (cost == 0 || window::sliding_fits(g, cur, prev, ctx.e, cost))
+        };
+        // Ok: (cur, prev) after the request; Err: the word that refused it.
+        let run = |word: &AtomicU64| -> Result<(u64, u64), u64> {
+            let mut w = word.load(Ordering::Acquire);
+            loop {
+                let (cur, prev) = ctx.current(algorithm, w);
+                if !passes(cur, prev) {
+                    return Err(w);
+                }
+                if cost == 0 {
+                    return Ok((cur, prev));
+                }
+                let new = ctx.pack(algorithm, cur + cost, prev);
+                match word.compare_exchange_weak(w, new, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Ok((cur + cost, prev)),
+                    Err(actual) => w = actual,
+                }
+            }
+        };
+        let result = match self.with_existing(table, slot, run) {
+            Some(r) => r,
+            None if cost > 0 && passes(0, 0) => self.with_entry(table, slot, run),
+            None if passes(0, 0) => Ok((0, 0)),
+            None => Err(0),
+        };
+        match result {
+            Ok((cur, prev)) => Status::Checked(Outcome::sliding_allowed(g, cur, prev, ctx.e)),
+            Err(w) => Status::Checked(Outcome::window(ctx.decide(algorithm, w, cost).0, 1_000)),
+        }
     }
 
     /// Gives back what `item` consumed at `now` (its check is `undo`).

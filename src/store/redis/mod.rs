@@ -158,8 +158,8 @@ impl fmt::Debug for RedisBackend {
 /// One limit's buckets in Redis: the key prefix of the limit.
 pub struct RedisTable {
     prefix: Box<[u8]>,
-    /// The limit's name (a random window phase hashes it with the key).
-    name: Box<str>,
+    /// The limit name's stable hash (a random window phase mixes it with the key's).
+    name_hash: u64,
 }
 
 impl fmt::Debug for RedisTable {
@@ -591,7 +591,7 @@ impl Backend for RedisBackend {
     fn table(&self, name: &str) -> RedisTable {
         RedisTable {
             prefix: keys::table_prefix(&self.prefix, name),
-            name: name.into(),
+            name_hash: crate::algorithm::name_hash(name),
         }
     }
 
@@ -606,7 +606,7 @@ impl Backend for RedisBackend {
                 algorithm: item.algorithm,
                 phase_us: phase_us(
                     item.algorithm,
-                    &item.table.name,
+                    item.table.name_hash,
                     &item.key,
                     item.quota.period_ns() / 1_000,
                 ),
