@@ -80,7 +80,9 @@ for i = 1, n do
   else
     local code, phase = win_kind(kind)
     local len, limit = t, burst
-    local w = { code = code }
+    -- (every field at once: one allocation, no rehash)
+    local w = { code = code, retry = 0, rem = 0, rst = 0, nxt = 0, urem = 0, urst = 0,
+      unxt = 0, index = 0, cur = 0, prev = 0, ts = false, ns = false, len = 0 }
     local retry = 0
     if code == 'l' then
       local ts, ns, used = log_read(tats[i], len, now)
@@ -110,17 +112,13 @@ for i = 1, n do
       end
       local index, e, until_end = win_at(len, phase, now)
       local cur, prev = win_read(code, tats[i], limit, index)
-      local report
-      if code == 'f' then
-        report = function(x) return fixed_report(limit, len, x, until_end) end
-      else
-        report = function(x) return sliding_report(limit, len, x, prev, e) end
-      end
-      w.urem, w.urst, w.unxt = report(cur)
+      local fixed = code == 'f'
       local fits
-      if code == 'f' then
+      if fixed then
+        w.urem, w.urst, w.unxt = fixed_report(limit, len, cur, until_end)
         fits = cur + cost <= limit
       else
+        w.urem, w.urst, w.unxt = sliding_report(limit, len, cur, prev, e)
         fits = sliding_fits(limit, len, cur, prev, e, cost)
       end
       if cost > limit then
@@ -138,7 +136,13 @@ for i = 1, n do
           retry = sliding_wait(limit, len, cur, prev, e, cost)
         end
       end
-      w.rem, w.rst, w.nxt = report(cur)
+      if not writes[i] then
+        w.rem, w.rst, w.nxt = w.urem, w.urst, w.unxt
+      elseif fixed then
+        w.rem, w.rst, w.nxt = fixed_report(limit, len, cur, until_end)
+      else
+        w.rem, w.rst, w.nxt = sliding_report(limit, len, cur, prev, e)
+      end
       w.index, w.cur, w.prev = index, cur, prev
     end
     w.retry = retry

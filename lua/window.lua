@@ -26,8 +26,9 @@ local function idiv(a, b)
 end
 
 local function win_kind(kind)
-  local code, phase, at = string.match(kind, '^(%a):(%d+):(%d+)$')
-  return code, tonumber(phase), tonumber(at)
+  local c = string.find(kind, ':', 3, true)
+  return string.sub(kind, 1, 1), tonumber(string.sub(kind, 3, c - 1)),
+    tonumber(string.sub(kind, c + 1))
 end
 
 -- The window holding `now`: index, time into it, time to its end.
@@ -48,6 +49,8 @@ local function fixed_report(limit, len, used, until_end)
   local remaining = math.max(limit - used, 0)
   if used == 0 then
     return remaining, 0, 0
+  elseif used <= limit then
+    return remaining, until_end, until_end
   end
   local windows = idiv(used + limit - 1, limit)
   return remaining, until_end + (windows - 1) * len,
@@ -150,15 +153,16 @@ local function win_read(code, value, limit, index)
   if not value then
     return 0, 0
   end
+  local c = string.find(value, ':', 1, true)
+  local i = tonumber(string.sub(value, 1, c - 1))
+  local k = math.max(index - i, 0)
   if code == 'f' then
-    local i, used = string.match(value, '^(%d+):(%d+)$')
-    i, used = tonumber(i), tonumber(used)
-    local k = math.max(index - i, 0)
+    local used = tonumber(string.sub(value, c + 1))
     return math.max(used - limit * k, 0), 0
   end
-  local i, cur, prev = string.match(value, '^(%d+):(%d+):(%d+)$')
-  i, cur, prev = tonumber(i), tonumber(cur), tonumber(prev)
-  local k = math.max(index - i, 0)
+  local d = string.find(value, ':', c + 1, true)
+  local cur = tonumber(string.sub(value, c + 1, d - 1))
+  local prev = tonumber(string.sub(value, d + 1))
   if k == 0 then
     return cur, prev
   elseif k == 1 then

@@ -318,15 +318,21 @@ impl Part {
         }
     }
 
-    /// The script's `kind` argument: "" for GCRA, `<code>:<phase>:<at>` for a window.
-    fn kind(&self, at: u64) -> String {
+    /// The script's `kind` argument: "" for GCRA, `<code>:<phase>:<at>` for a window
+    /// (written without allocating).
+    fn kind(&self, at: u64) -> SmallVec<[u8; 48]> {
         let code = match self.algorithm {
-            Algorithm::Gcra => return String::new(),
-            Algorithm::FixedWindow { .. } => 'f',
-            Algorithm::SlidingWindow => 's',
-            _ => 'l',
+            Algorithm::Gcra => return SmallVec::new(),
+            Algorithm::FixedWindow { .. } => b'f',
+            Algorithm::SlidingWindow => b's',
+            _ => b'l',
         };
-        format!("{code}:{}:{at}", self.phase_us)
+        let mut out = SmallVec::new();
+        out.extend_from_slice(&[code, b':']);
+        out.extend_from_slice(itoa::Buffer::new().format(self.phase_us).as_bytes());
+        out.push(b':');
+        out.extend_from_slice(itoa::Buffer::new().format(at).as_bytes());
+        out
     }
 
     fn width(&self) -> usize {
@@ -404,7 +410,7 @@ impl RedisBackend {
                 .arg(burst)
                 .arg(p.cost)
                 .arg(u8::from(p.mode == Mode::Enforce))
-                .arg(p.kind(0));
+                .arg(p.kind(0).as_slice());
         }
         let reply: Vec<i64> = self.conn.eval(&cmd, &GCRA).await.map_err(Failure::Redis)?;
         parse_reply(&reply, parts, group)
@@ -433,7 +439,10 @@ impl RedisBackend {
             for &i in &group {
                 let (p, a) = (&parts[i], answers[i].expect("answered"));
                 let (t, burst) = p.shape();
-                cmd.arg(t).arg(burst).arg(p.cost).arg(p.kind(a.now));
+                cmd.arg(t)
+                    .arg(burst)
+                    .arg(p.cost)
+                    .arg(p.kind(a.now).as_slice());
             }
             if self.conn.eval::<Vec<i64>>(&cmd, &OPS).await.is_err() {
                 tracing::warn!(
@@ -551,7 +560,10 @@ impl RedisBackend {
             for &i in &group {
                 let p = &parts[i];
                 let (t, burst) = p.shape();
-                cmd.arg(t).arg(burst).arg(amount(p)).arg(p.kind(0));
+                cmd.arg(t)
+                    .arg(burst)
+                    .arg(amount(p))
+                    .arg(p.kind(0).as_slice());
             }
             let reply: Vec<i64> = self
                 .conn
