@@ -25,9 +25,14 @@ Reply: an array of integers:
   verdict        0 allowed, 1 denied, 2 never (cost > burst)
   reset_after    microseconds until the bucket is full again, after this request
   previous       the TAT read (0 if absent), to undo a write exactly if needed
-  and per window limit eight: verdict, retry_after (0 unless denied), then remaining,
-  reset_after and next_after (0: none) after this request, then the same three for the
-  key as it stood (what a request refused elsewhere reports)
+  and per window limit five: verdict, retry_after (0 unless denied), then the state after
+  this request (as the key stands if the request is refused), from which the client
+  derives what it tells clients with `src/window.rs`, as the memory store does:
+    fixed window    used, time to the window's end, 0
+    sliding window  current count, previous count, time into the current window
+    sliding log     remaining, reset_after, next_after (0: none)
+  (a request refused by another slot of a cluster learns the state from ops.lua's
+  "undo", which gives its units back)
 
 The request proceeds only if no enforcing limit is denied or never. Only then are the
 consuming limits written (TAT = now + reset_after), each with PX = reset_after in
@@ -78,15 +83,17 @@ for i = 1, n do
     end
     afters[i] = after
   else
-    local code, phase = win_kind(kind)
+    local code, phase = kind, 0
+    if #kind > 1 then
+      code, phase = win_kind(kind)
+    end
     local len, limit = t, burst
-    -- (every field at once: one allocation, no rehash)
-    local w = { code = code, retry = 0, rem = 0, rst = 0, nxt = 0, urem = 0, urst = 0,
-      unxt = 0, index = 0, cur = 0, prev = 0, ts = false, ns = false, len = 0 }
     local retry = 0
+    -- One positional table per window limit: code, retry, the report after the request
+    -- (3), what to write (3), and what recomputes the report as the key stood (4).
     if code == 'l' then
       local ts, ns, used = log_read(tats[i], len, now)
-      w.urem, w.urst, w.unxt = log_report(limit, len, ts, used, now)
+      local urem, urst, unxt = log_report(limit, len, ts, used, now)
       if cost > limit then
         verdict = 2
       elseif cost == 0 or used + cost <= limit then
@@ -104,21 +111,19 @@ for i = 1, n do
         verdict = 1
         retry = log_wait(limit, len, ts, ns, used, cost, now)
       end
-      w.rem, w.rst, w.nxt = log_report(limit, len, ts, used, now)
-      w.ts, w.ns, w.len = ts, ns, len
+      local rem, rst, nxt = log_report(limit, len, ts, used, now)
+      wins[i] = { code, retry, rem, rst, nxt, ts, ns, len, urem, urst, unxt }
     else
-      if code ~= 'f' then
+      local fixed = code == 'f'
+      if not fixed then
         phase = 0
       end
       local index, e, until_end = win_at(len, phase, now)
       local cur, prev = win_read(code, tats[i], limit, index)
-      local fixed = code == 'f'
       local fits
       if fixed then
-        w.urem, w.urst, w.unxt = fixed_report(limit, len, cur, until_end)
         fits = cur + cost <= limit
       else
-        w.urem, w.urst, w.unxt = sliding_report(limit, len, cur, prev, e)
         fits = sliding_fits(limit, len, cur, prev, e, cost)
       end
       if cost > limit then
@@ -130,23 +135,18 @@ for i = 1, n do
         end
       else
         verdict = 1
-        if code == 'f' then
+        if fixed then
           retry = fixed_wait(limit, len, cur, until_end, cost)
         else
           retry = sliding_wait(limit, len, cur, prev, e, cost)
         end
       end
-      if not writes[i] then
-        w.rem, w.rst, w.nxt = w.urem, w.urst, w.unxt
-      elseif fixed then
-        w.rem, w.rst, w.nxt = fixed_report(limit, len, cur, until_end)
+      if fixed then
+        wins[i] = { code, retry, cur, until_end, 0, index, cur, 0, cost, len }
       else
-        w.rem, w.rst, w.nxt = sliding_report(limit, len, cur, prev, e)
+        wins[i] = { code, retry, cur, prev, e, index, cur, prev, cost, len }
       end
-      w.index, w.cur, w.prev = index, cur, prev
     end
-    w.retry = retry
-    wins[i] = w
   end
   if verdict ~= 0 and ARGV[a + 3] == '1' then
     refused = true
@@ -172,24 +172,33 @@ for i = 1, n do
     reply[#reply + 1] = after - now
     reply[#reply + 1] = tats[i]
   else
-    if writes[i] and not refused then
-      if w.code == 'l' then
-        log_write(KEYS[i], w.ts, w.ns, w.len, now)
+    local written = writes[i]
+    if written and not refused then
+      if w[1] == 'l' then
+        log_write(KEYS[i], w[6], w[7], w[8], now)
       else
-        win_write(w.code, KEYS[i], w.index, w.cur, w.prev, w.rst)
+        -- expires when worthless: the window's end (fixed, no debt, as checks never
+        -- make debt), or the next window's end (sliding)
+        local px = w[4]
+        if w[1] == 's' then
+          px = 2 * w[10] - w[5]
+        end
+        win_write(w[1], KEYS[i], w[6], w[7], w[8], px)
       end
     end
-    reply[#reply + 1] = verdicts[i]
-    reply[#reply + 1] = w.retry
-    if refused then
-      w.rem, w.rst, w.nxt = w.urem, w.urst, w.unxt
+    local r = #reply
+    reply[r + 1] = verdicts[i]
+    reply[r + 2] = w[2]
+    if refused and written then
+      -- nothing is consumed: report the key as it stands
+      if w[1] == 'l' then
+        reply[r + 3], reply[r + 4], reply[r + 5] = w[9], w[10], w[11]
+      else
+        reply[r + 3], reply[r + 4], reply[r + 5] = w[3] - w[9], w[4], w[5]
+      end
+    else
+      reply[r + 3], reply[r + 4], reply[r + 5] = w[3], w[4], w[5]
     end
-    reply[#reply + 1] = w.rem
-    reply[#reply + 1] = w.rst
-    reply[#reply + 1] = w.nxt
-    reply[#reply + 1] = w.urem
-    reply[#reply + 1] = w.urst
-    reply[#reply + 1] = w.unxt
   end
 end
 return reply

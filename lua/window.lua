@@ -3,9 +3,9 @@ tollgate: the window algorithms (design brief §12), `src/window.rs` line for li
 integer microseconds. Prepended to gcra.lua and ops.lua (one script text each).
 
 A window limit's arguments: len (W, µs), limit (L), and a kind string
-"<code>:<phase>:<at>": code f (fixed window), s (sliding window) or l (sliding log); phase
-the fixed window's phase in µs (< W); at the instant of the check being undone (ops.lua's
-"undo"), else 0. Every product stays below 2^53 (L × W < 2^52 is checked when the limit is
+"<code>:<phase>:<at>", or "<code>" alone when both are 0: code f (fixed window), s (sliding
+window) or l (sliding log); phase the fixed window's phase in µs (< W); at the instant of
+the check being undone (ops.lua's "undo"), else 0. Every product stays below 2^53 (L × W < 2^52 is checked when the limit is
 built), so doubles hold every value exactly; divisions go through `idiv`.
 
 State, one string per key:
@@ -26,6 +26,9 @@ local function idiv(a, b)
 end
 
 local function win_kind(kind)
+  if #kind == 1 then
+    return kind, 0, 0
+  end
   local c = string.find(kind, ':', 3, true)
   return string.sub(kind, 1, 1), tonumber(string.sub(kind, 3, c - 1)),
     tonumber(string.sub(kind, c + 1))
@@ -183,5 +186,6 @@ local function win_write(code, key, index, a, b, reset)
   else
     value = string.format('%d:%d:%d', index, a, b)
   end
-  redis.call('SET', key, value, 'PX', idiv(reset + 999, 1000) + 1)
+  -- (a millisecond more or less of life changes nothing: the state is worthless then)
+  redis.call('SET', key, value, 'PX', math.floor((reset + 999) / 1000) + 1)
 end

@@ -40,7 +40,7 @@ static OPS: LazyLock<Script> = LazyLock::new(|| {
 /// Integers per GCRA limit in a `gcra.lua` reply (after the leading `now`).
 const REPLY_WIDTH: usize = 3;
 /// Integers per window limit in a `gcra.lua` reply.
-const WINDOW_REPLY_WIDTH: usize = 8;
+const WINDOW_REPLY_WIDTH: usize = 5;
 
 #[derive(Clone)]
 enum Connection {
@@ -318,8 +318,8 @@ impl Part {
         }
     }
 
-    /// The script's `kind` argument: "" for GCRA, `<code>:<phase>:<at>` for a window
-    /// (written without allocating).
+    /// The script's `kind` argument: "" for GCRA, `<code>:<phase>:<at>` for a window, or
+    /// `<code>` when both are 0 (written without allocating).
     fn kind(&self, at: u64) -> SmallVec<[u8; 48]> {
         let code = match self.algorithm {
             Algorithm::Gcra => return SmallVec::new(),
@@ -328,6 +328,10 @@ impl Part {
             _ => b'l',
         };
         let mut out = SmallVec::new();
+        if self.phase_us == 0 && at == 0 {
+            out.push(code);
+            return out;
+        }
         out.extend_from_slice(&[code, b':']);
         out.extend_from_slice(itoa::Buffer::new().format(self.phase_us).as_bytes());
         out.push(b':');
@@ -356,8 +360,8 @@ struct Answer {
     previous: u64,
     /// Redis's `now` for this call.
     now: u64,
-    /// A window limit's report after this request, and as the key stood.
-    window: Option<(window::Report, window::Report)>,
+    /// A window limit's outcome after this request.
+    window: Option<Outcome>,
 }
 
 #[derive(Debug)]
@@ -417,7 +421,16 @@ impl RedisBackend {
     }
 
     /// Gives back what the consuming groups took for a refused (or failed) request.
-    async fn refund(&self, parts: &[Part], answers: &[Option<Answer>], now: &str) {
+    ///
+    /// Answers, for each window limit given back, its report afterwards: the state as it
+    /// stands (`None` where the give-back failed).
+    async fn refund(
+        &self,
+        parts: &[Part],
+        answers: &[Option<Answer>],
+        now: &str,
+    ) -> SmallVec<[Option<window::Report>; 4]> {
+        let mut reports = SmallVec::from_elem(None, parts.len());
         let mut groups = Groups::new();
         let mut windows = Groups::new();
         for (i, answer) in answers.iter().enumerate() {
@@ -444,11 +457,18 @@ impl RedisBackend {
                     .arg(p.cost)
                     .arg(p.kind(a.now).as_slice());
             }
-            if self.conn.eval::<Vec<i64>>(&cmd, &OPS).await.is_err() {
-                tracing::warn!(
+            match self.conn.eval::<Vec<i64>>(&cmd, &OPS).await {
+                Ok(reply)
+                    if reply.len() == 1 + 3 * group.len() && reply.iter().all(|&v| v >= 0) =>
+                {
+                    for (&i, r) in group.iter().zip(reply[1..].chunks_exact(3)) {
+                        reports[i] = Some(window_report(r, gcra::Verdict::Allowed));
+                    }
+                }
+                _ => tracing::warn!(
                     keys = group.len(),
                     "tollgate: could not give back units of a refused request; they return as the windows move on"
-                );
+                ),
             }
         }
         for (_, group) in groups {
@@ -470,6 +490,7 @@ impl RedisBackend {
                 );
             }
         }
+        reports
     }
 
     async fn check(self, parts: SmallVec<[Part; 4]>) -> Result<Statuses, StoreError> {
@@ -504,9 +525,10 @@ impl RedisBackend {
         let consumed = answers
             .iter()
             .any(|a| a.is_some_and(|a| a.written.is_some()));
+        let mut given_back = SmallVec::new();
         if (failure.is_some() || refused) && consumed {
             // Another slot refused or failed: what this request took elsewhere goes back.
-            self.refund(&parts, &answers, &now).await;
+            given_back = self.refund(&parts, &answers, &now).await;
         }
         if let Some(e) = failure {
             return Err(StoreError::new(e));
@@ -514,14 +536,19 @@ impl RedisBackend {
         Ok(parts
             .iter()
             .zip(&answers)
-            .map(|(p, a)| {
+            .enumerate()
+            .map(|(i, (p, a))| {
                 let a = a.expect("every group answered");
-                if let Some((after, unchanged)) = a.window {
-                    let report = match a.written {
-                        Some(_) if refused => unchanged,
+                if let Some(after) = a.window {
+                    // Given back: the key as it stands (if the give-back answered).
+                    return Status::Checked(match a.written {
+                        Some(_) if refused => given_back
+                            .get(i)
+                            .copied()
+                            .flatten()
+                            .map_or(after, |r| Outcome::window(r, 1_000)),
                         _ => after,
-                    };
-                    return Status::Checked(Outcome::window(report, 1_000));
+                    });
                 }
                 let (verdict, reset_after) = match a.written {
                     // Report a limit whose consumption was given back as it stands.
@@ -680,10 +707,7 @@ fn parse_reply(reply: &[i64], parts: &[Part], group: &[usize]) -> Result<Vec<Ans
                     written,
                     previous: 0,
                     now,
-                    window: Some((
-                        window_report(&r[2..5], verdict),
-                        window_report(&r[5..8], gcra::Verdict::Allowed),
-                    )),
+                    window: Some(window_outcome(p, verdict, &r[2..5])),
                 });
             }
             let params = p.params();
@@ -713,6 +737,22 @@ fn parse_reply(reply: &[i64], parts: &[Part], group: &[usize]) -> Result<Vec<Ans
             })
         })
         .collect()
+}
+
+/// A window limit's outcome from `gcra.lua`'s three state integers (see the script):
+/// derived with [`window`]'s functions, as the memory store derives it.
+fn window_outcome(p: &Part, verdict: gcra::Verdict, r: &[i64]) -> Outcome {
+    let (a, b, c) = (r[0] as u64, r[1] as u64, r[2] as u64);
+    let g = window::Geometry::new(p.quota.rate(), p.quota.period_ns() / 1_000, 0);
+    let report = match p.algorithm {
+        Algorithm::FixedWindow { .. } => window::fixed_report(g, a, b),
+        Algorithm::SlidingWindow if verdict.is_allowed() => {
+            return Outcome::sliding_allowed(g, a.min(0xffff), b.min(0xffff), c);
+        }
+        Algorithm::SlidingWindow => window::sliding_report(g, a, b, c),
+        _ => return Outcome::window(window_report(r, verdict), 1_000),
+    };
+    Outcome::window(window::Report { verdict, ..report }, 1_000)
 }
 
 /// A window limit's `remaining, reset_after, next_after (0: none)` from a script.
