@@ -25,7 +25,8 @@ fn check(store: &MemoryStore<FakeClock>, item: Item<'_, MemoryTable>) -> Outcome
 }
 
 /// Runs `reqs` against one key of a limit of `limit` per `len_us`: the admitted
-/// `(instant µs since the epoch, cost)`, checking on the way that a refusal changes nothing.
+/// `(instant µs since the epoch, cost)`, checking on the way that a refusal changes nothing
+/// (and sweeping the store before every request, with no idle grace).
 fn run(
     algorithm: Algorithm,
     limit: u64,
@@ -34,7 +35,8 @@ fn run(
     reqs: &[(u64, u64)],
 ) -> Result<Vec<(u64, u64)>, TestCaseError> {
     let clock = FakeClock::at(Duration::from_micros(EPOCH_US + start));
-    let store = MemoryStore::with_clock(clock.clone());
+    // No grace, and a sweep after every request: dropping state must change no decision.
+    let store = MemoryStore::with_clock(clock.clone()).idle_grace(Duration::ZERO);
     let table = store.table("w");
     let quota = Quota::new(limit, Duration::from_micros(len_us)).unwrap();
     let item = |cost| Item::new(&table, Key::from_part("k"), quota, cost).algorithm(algorithm);
@@ -43,6 +45,7 @@ fn run(
     for &(dt, cost) in reqs {
         now += dt;
         clock.advance(Duration::from_micros(dt));
+        store.sweep();
         let before = check(&store, item(0));
         let o = check(&store, item(cost as u32));
         if o.is_allowed() {

@@ -386,3 +386,44 @@ fn window_misconfigurations_are_config_errors() {
     .unwrap_err();
     assert!(e.contains("quota_by"), "{e}");
 }
+
+/// The memory store forgets a window key once its state is worth nothing (its window, or
+/// for a sliding window the next one, or for a log its newest entry's window, is over),
+/// after the idle grace (1 s here), and not before.
+#[test]
+fn the_memory_store_sweeps_window_state_once_it_is_worthless() {
+    use tollgate::key::Key;
+    use tollgate::store::{Checked, Item};
+    // (algorithm, seconds after the checks at which the keys must still be there, and
+    // at which they must be gone)
+    let cases = [
+        // The window [START, START + 60 s) ends 50 s after the checks; + the grace.
+        (Algorithm::fixed_window(), 50, 51),
+        // A sliding window weighs it until the end of the next window.
+        (Algorithm::SlidingWindow, 110, 111),
+        // A log entry counts for a minute.
+        (Algorithm::SlidingLog, 60, 61),
+        // A random phase: each key's window ends within the minute after the checks; the
+        // sweeper, not knowing the key's phase, may keep it one window longer.
+        (Algorithm::fixed_window_random(), 1, 121),
+    ];
+    for (algorithm, kept, gone) in cases {
+        let clock = FakeClock::at(START + 10 * S);
+        let store = MemoryStore::with_clock(clock.clone()).idle_grace(S);
+        let table = store.table("swept");
+        for k in 0..10 {
+            let item =
+                Item::new(&table, Key::from_part(k), Quota::per_minute(5), 1).algorithm(algorithm);
+            let Checked::Ready(s) = store.check(&[item]) else {
+                unreachable!()
+            };
+            assert!(s[0].outcome().unwrap().is_allowed());
+        }
+        assert_eq!(store.len(), 10);
+        clock.advance(kept * S);
+        assert_eq!(store.sweep(), 0, "{algorithm:?} after {kept} s");
+        clock.set(START + 10 * S + gone * S);
+        assert_eq!(store.sweep(), 10, "{algorithm:?} after {gone} s");
+        assert_eq!(store.len(), 0);
+    }
+}

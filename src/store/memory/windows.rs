@@ -242,9 +242,14 @@ impl<C: Clock> super::Inner<C> {
         };
         let mut map = shard.0.lock().unwrap_or_else(PoisonError::into_inner);
         let before = map.len();
+        // Entries are in µs of the store's clock; `now` and `grace` in ns.
         map.retain(|_, log| {
-            log.back()
-                .is_some_and(|&(t, _)| t.saturating_add(spec.len).saturating_add(grace) > now)
+            log.back().is_some_and(|&(t, _)| {
+                t.saturating_add(spec.len)
+                    .saturating_mul(1_000)
+                    .saturating_add(grace)
+                    > now
+            })
         });
         before - map.len()
     }
