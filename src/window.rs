@@ -262,9 +262,13 @@ pub fn log_check<I>(g: Geometry, entries: I, now: u64, cost: u64) -> Report
 where
     I: Iterator<Item = (u64, u64)> + Clone,
 {
-    let used: u64 = entries.clone().map(|(_, n)| n).sum();
-    let newest = entries.clone().last().map(|(t, _)| t);
-    let oldest = entries.clone().next().map(|(t, _)| t);
+    // One pass: the units in the window, the oldest and the newest instant.
+    let (mut used, mut oldest, mut newest) = (0u64, None, None);
+    for (t, n) in entries.clone() {
+        used += n;
+        oldest.get_or_insert(t);
+        newest = Some(t);
+    }
     let (verdict, after, newest) = if cost > g.limit {
         (Verdict::Never, used, newest)
     } else if cost == 0 || used + cost <= g.limit {
