@@ -26,6 +26,12 @@
 //! governor keeps every key, while tollgate drops full buckets (it sweeps a shard before
 //! growing it) and so inserts the key again on most checks.
 //!
+//! `memory/algorithm/<algorithm>` compares tollgate's algorithms on the `many_keys` set
+//! (10,000 keys round-robin, every check allowed): `gcra` (the `many_keys` quota),
+//! `fixed-window` and `fixed-window-random` (`u32::MAX` per day), `sliding-window` (65,535
+//! per 65.535 s, its largest limit) and `sliding-log-100` (100 per 10 ms: each key's log
+//! holds the checks of its last 10 ms, a few dozen entries).
+//!
 //! Run with `cargo bench --bench memory` (add e.g. `-- many_keys` to filter).
 
 // `criterion_group!` defines an undocumented public function.
@@ -40,9 +46,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, RateLimiter};
-use tollgate::Quota;
 use tollgate::key::Key;
 use tollgate::store::{Checked, Item, MemoryStore, MemoryTable, Store};
+use tollgate::{Algorithm, Quota};
 
 /// A deep bucket drained slowly: refilling it takes 1.4 years.
 const RESIDENT: (u32, u32) = (100, u32::MAX);
@@ -61,17 +67,26 @@ struct Tollgate {
     store: MemoryStore,
     table: MemoryTable,
     quota: Quota,
+    algorithm: Algorithm,
 }
 
 impl Tollgate {
     /// `rate` per second, bucket of `burst`.
     fn new((rate, burst): (u32, u32)) -> Self {
+        Self::with(
+            Quota::per_second(u64::from(rate)).burst(u64::from(burst)),
+            Algorithm::Gcra,
+        )
+    }
+
+    fn with(quota: Quota, algorithm: Algorithm) -> Self {
         let store = MemoryStore::new();
         let table = store.table("per-ip");
         Self {
             store,
             table,
-            quota: Quota::per_second(u64::from(rate)).burst(u64::from(burst)),
+            quota,
+            algorithm,
         }
     }
 }
@@ -79,7 +94,8 @@ impl Tollgate {
 impl Limiter for Tollgate {
     #[inline]
     fn check(&self, ip: IpAddr) -> bool {
-        let item = Item::new(&self.table, Key::from_part(ip), self.quota, 1);
+        let item =
+            Item::new(&self.table, Key::from_part(ip), self.quota, 1).algorithm(self.algorithm);
         match self.store.check(std::slice::from_ref(&item)) {
             Checked::Ready(statuses) => statuses[0].outcome().is_some_and(|o| o.is_allowed()),
             Checked::Pending(_) => unreachable!("the memory store answers at once"),
@@ -283,6 +299,42 @@ fn memory(c: &mut Criterion) {
         &GovernorStdClock::new(RESIDENT),
         &few,
     );
+    group.finish();
+
+    let mut group = c.benchmark_group("memory/algorithm");
+    group.throughput(Throughput::Elements(1));
+    let q = |n, d: Duration| Quota::new(n, d).unwrap();
+    let day = Duration::from_secs(86_400);
+    for (name, quota, algorithm) in [
+        (
+            "gcra",
+            Quota::per_second(u64::from(RESIDENT.0)).burst(u64::from(RESIDENT.1)),
+            Algorithm::Gcra,
+        ),
+        (
+            "fixed-window",
+            q(u64::from(u32::MAX), day),
+            Algorithm::fixed_window(),
+        ),
+        (
+            "fixed-window-random",
+            q(u64::from(u32::MAX), day),
+            Algorithm::fixed_window_random(),
+        ),
+        (
+            "sliding-window",
+            q(65_535, Duration::from_millis(65_535)),
+            Algorithm::SlidingWindow,
+        ),
+        (
+            "sliding-log-100",
+            q(100, Duration::from_millis(10)),
+            Algorithm::SlidingLog,
+        ),
+    ] {
+        let limiter = Tollgate::with(quota, algorithm);
+        bench_single(&mut group, "algorithm", name, &limiter, &many);
+    }
     group.finish();
 
     let case = "many_keys_idle";

@@ -2,8 +2,12 @@
 //!
 //! ```text
 //! cargo run --release --example redis_bench --features redis -- \
-//!     --url redis://127.0.0.1:6379 --tasks 64 --seconds 5 --limits 3
+//!     --url redis://127.0.0.1:6379 --tasks 64 --seconds 5 --limits 3 --algorithm gcra
 //! ```
+//!
+//! `--algorithm` is `gcra` (default; 10^6 per second, burst 10^9), `fixed-window`
+//! (2^32 − 1 per day), `sliding-window` (65,535 per 65.535 s) or `sliding-log` (1,000 per
+//! 10 s: a key's log holds a few dozen entries at the usual rates).
 //!
 //! Each of `--tasks` tasks checks requests of `--limits` limits each (keys drawn from a pool
 //! of 10,000 per limit, quotas so large every request passes, so every decision writes),
@@ -17,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tollgate::key::Key;
 use tollgate::store::{Checked, Item, RedisStore, Store};
-use tollgate::{Quota, Status};
+use tollgate::{Algorithm, Quota, Status};
 
 struct Args {
     url: String,
@@ -25,6 +29,7 @@ struct Args {
     seconds: u64,
     limits: usize,
     prefix: String,
+    algorithm: String,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -34,6 +39,7 @@ fn parse_args() -> Result<Args, String> {
         seconds: 5,
         limits: 1,
         prefix: "tollgate-bench:".into(),
+        algorithm: "gcra".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -46,6 +52,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--limits" => args.limits = value()?.parse().map_err(|e| format!("--limits: {e}"))?,
             "--prefix" => args.prefix = value()?,
+            "--algorithm" => args.algorithm = value()?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -58,7 +65,7 @@ fn parse_args() -> Result<Args, String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args().map_err(|e| {
-        format!("{e}\nusage: redis_bench --url URL --tasks N --seconds S --limits L [--prefix P]")
+        format!("{e}\nusage: redis_bench --url URL --tasks N --seconds S --limits L [--prefix P] [--algorithm A]")
     })?;
     let conn = redis::Client::open(args.url.as_str())?
         .get_connection_manager()
@@ -71,10 +78,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|i| store.table(&format!("l{i}")))
         .collect();
     let tables = std::sync::Arc::new(tables);
-    let quota = Quota::per_second(1_000_000).burst(1_000_000_000);
+    let q = |n, secs| Quota::new(n, Duration::from_millis(secs)).expect("a valid quota");
+    let (quota, algorithm) = match args.algorithm.as_str() {
+        "gcra" => (
+            Quota::per_second(1_000_000).burst(1_000_000_000),
+            Algorithm::Gcra,
+        ),
+        "fixed-window" => (
+            q(u64::from(u32::MAX), 86_400_000),
+            Algorithm::fixed_window(),
+        ),
+        "sliding-window" => (q(65_535, 65_535), Algorithm::SlidingWindow),
+        "sliding-log" => (q(1_000, 10_000), Algorithm::SlidingLog),
+        other => return Err(format!("unknown --algorithm {other}").into()),
+    };
 
     // Warm up: load the script, open the connection.
-    let warm = Item::new(&tables[0], Key::global(), quota, 0);
+    let warm = Item::new(&tables[0], Key::global(), quota, 0).algorithm(algorithm);
     if let Checked::Pending(f) = store.check(std::slice::from_ref(&warm)) {
         f.await;
     }
@@ -95,6 +115,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         .enumerate()
                         .map(|(i, t)| {
                             Item::new(t, Key::from_part(((n + i * 31) % 10_000) as u32), quota, 1)
+                                .algorithm(algorithm)
                         })
                         .collect();
                     let t0 = Instant::now();
@@ -125,10 +146,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     latencies.sort_unstable();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     println!(
-        "url={} tasks={} limits={} seconds={:.2} decisions={} not_allowed={failures}",
+        "url={} tasks={} limits={} algorithm={} seconds={:.2} decisions={} not_allowed={failures}",
         args.url,
         args.tasks,
         args.limits,
+        args.algorithm,
         elapsed,
         latencies.len()
     );

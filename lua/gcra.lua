@@ -12,18 +12,27 @@ KEYS[i]  the bucket of limit i. Its value is the theoretical arrival time (TAT) 
 
 ARGV[1]  now, in microseconds since the Unix epoch, or "" to use Redis TIME (one clock for
          every app instance).
-Then four arguments per limit, in KEYS order (ARGV[4i-2] ... ARGV[4i+1]):
-  t        emission interval in microseconds (>= 1)
-  burst    bucket capacity in tokens (>= 1)
+Then five arguments per limit, in KEYS order (ARGV[5i-3] ... ARGV[5i+1]):
+  t        emission interval in microseconds (>= 1); a window limit: the window (µs)
+  burst    bucket capacity in tokens (>= 1); a window limit: its limit
   cost     tokens this request takes (0 looks without consuming)
   enforce  1 if the limit may refuse the request, 0 for a shadow limit
+  kind     "" for GCRA; a window limit's kind (window.lua)
 
-Reply: an array of 1 + 3 * #KEYS integers:
+Reply: an array of integers:
   now            the time used, in microseconds
-  then, per limit, in KEYS order:
+  then, per GCRA limit, in KEYS order, three:
   verdict        0 allowed, 1 denied, 2 never (cost > burst)
   reset_after    microseconds until the bucket is full again, after this request
   previous       the TAT read (0 if absent), to undo a write exactly if needed
+  and per window limit five: verdict, retry_after (0 unless denied), then the state after
+  this request (as the key stands if the request is refused), from which the client
+  derives what it tells clients with `src/window.rs`, as the memory store does:
+    fixed window    used, time to the window's end, 0
+    sliding window  current count, previous count, time into the current window
+    sliding log     remaining, reset_after, next_after (0: none)
+  (a request refused by another slot of a cluster learns the state from ops.lua's
+  "undo", which gives its units back)
 
 The request proceeds only if no enforcing limit is denied or never. Only then are the
 consuming limits written (TAT = now + reset_after), each with PX = reset_after in
@@ -41,55 +50,155 @@ end
 
 local n = #KEYS
 local tats = redis.call('MGET', unpack(KEYS))
-local verdicts, afters, writes = {}, {}, {}
+local verdicts, afters, writes, wins = {}, {}, {}, {}
 local refused = false
 
 for i = 1, n do
-  local a = 4 * i - 2
+  local a = 5 * i - 3
   local t = tonumber(ARGV[a])
   local burst = tonumber(ARGV[a + 1])
   local cost = tonumber(ARGV[a + 2])
-  local tat = tonumber(tats[i]) or 0
-  tats[i] = tat
-  local base = now
-  if tat > now then
-    base = tat
-  end
-  local verdict, after = 0, base
-  if cost > burst then
-    verdict = 2
-  else
-    local new_tat = base + cost * t
-    if new_tat - now <= burst * t then
-      after = new_tat
-      if cost > 0 then
-        writes[i] = new_tat
-      end
+  local kind = ARGV[a + 4]
+  local verdict = 0
+  if kind == '' then
+    local tat = tonumber(tats[i]) or 0
+    tats[i] = tat
+    local base = now
+    if tat > now then
+      base = tat
+    end
+    local after = base
+    if cost > burst then
+      verdict = 2
     else
-      verdict = 1
+      local new_tat = base + cost * t
+      if new_tat - now <= burst * t then
+        after = new_tat
+        if cost > 0 then
+          writes[i] = new_tat
+        end
+      else
+        verdict = 1
+      end
+    end
+    afters[i] = after
+  else
+    local code, phase = kind, 0
+    if #kind > 1 then
+      code, phase = win_kind(kind)
+    end
+    local len, limit = t, burst
+    local retry = 0
+    -- One positional table per window limit: code, retry, the report after the request
+    -- (3), what to write (3), and what recomputes the report as the key stood (4).
+    if code == 'l' then
+      local ts, ns, used = log_read(tats[i], len, now)
+      local urem, urst, unxt = log_report(limit, len, ts, used, now)
+      if cost > limit then
+        verdict = 2
+      elseif cost == 0 or used + cost <= limit then
+        if cost > 0 then
+          if ts[#ts] == now then
+            ns[#ns] = ns[#ns] + cost
+          else
+            ts[#ts + 1] = now
+            ns[#ns + 1] = cost
+          end
+          used = used + cost
+          writes[i] = true
+        end
+      else
+        verdict = 1
+        retry = log_wait(limit, len, ts, ns, used, cost, now)
+      end
+      local rem, rst, nxt = log_report(limit, len, ts, used, now)
+      wins[i] = { code, retry, rem, rst, nxt, ts, ns, len, urem, urst, unxt }
+    else
+      local fixed = code == 'f'
+      if not fixed then
+        phase = 0
+      end
+      local index, e, until_end = win_at(len, phase, now)
+      local cur, prev = win_read(code, tats[i], limit, index)
+      local fits
+      if fixed then
+        fits = cur + cost <= limit
+      else
+        fits = sliding_fits(limit, len, cur, prev, e, cost)
+      end
+      if cost > limit then
+        verdict = 2
+      elseif cost == 0 or fits then
+        if cost > 0 then
+          cur = cur + cost
+          writes[i] = true
+        end
+      else
+        verdict = 1
+        if fixed then
+          retry = fixed_wait(limit, len, cur, until_end, cost)
+        else
+          retry = sliding_wait(limit, len, cur, prev, e, cost)
+        end
+      end
+      if fixed then
+        wins[i] = { code, retry, cur, until_end, 0, index, cur, 0, cost, len }
+      else
+        wins[i] = { code, retry, cur, prev, e, index, cur, prev, cost, len }
+      end
     end
   end
   if verdict ~= 0 and ARGV[a + 3] == '1' then
     refused = true
   end
   verdicts[i] = verdict
-  afters[i] = after
 end
 
 local reply = { now }
 for i = 1, n do
-  local after = afters[i]
-  if refused then
-    if verdicts[i] == 0 then
-      -- nothing is consumed: report the bucket as it stands
-      after = math.max(tats[i], now)
+  local w = wins[i]
+  if w == nil then
+    local after = afters[i]
+    if refused then
+      if verdicts[i] == 0 then
+        -- nothing is consumed: report the bucket as it stands
+        after = math.max(tats[i], now)
+      end
+    elseif writes[i] then
+      local v = writes[i]
+      redis.call('SET', KEYS[i], v, 'PX', math.floor((v - now + 999) / 1000) + 1)
     end
-  elseif writes[i] then
-    local w = writes[i]
-    redis.call('SET', KEYS[i], w, 'PX', math.floor((w - now + 999) / 1000) + 1)
+    reply[#reply + 1] = verdicts[i]
+    reply[#reply + 1] = after - now
+    reply[#reply + 1] = tats[i]
+  else
+    local written = writes[i]
+    if written and not refused then
+      if w[1] == 'l' then
+        log_write(KEYS[i], w[6], w[7], w[8], now)
+      else
+        -- expires when worthless: the window's end (fixed, no debt, as checks never
+        -- make debt), or the next window's end (sliding)
+        local px = w[4]
+        if w[1] == 's' then
+          px = 2 * w[10] - w[5]
+        end
+        win_write(w[1], KEYS[i], w[6], w[7], w[8], px)
+      end
+    end
+    local r = #reply
+    reply[r + 1] = verdicts[i]
+    reply[r + 2] = w[2]
+    if refused and written then
+      -- nothing is consumed: report the key as it stands
+      if w[1] == 'l' then
+        reply[r + 3], reply[r + 4], reply[r + 5] = w[9], w[10], w[11]
+      else
+        reply[r + 3], reply[r + 4], reply[r + 5] = w[3] - w[9], w[4], w[5]
+      end
+    else
+      reply[r + 3], reply[r + 4], reply[r + 5] = w[3], w[4], w[5]
+    end
   end
-  reply[3 * i - 1] = verdicts[i]
-  reply[3 * i] = after - now
-  reply[3 * i + 1] = tats[i]
 end
 return reply

@@ -5,11 +5,13 @@ KEYS[i]  a bucket: its value is the TAT in microseconds since the Unix epoch; an
          is a full bucket.
 
 ARGV[1]  now, in microseconds since the Unix epoch, or "" to use Redis TIME
-ARGV[2]  the operation: "refund", "penalize", "block" or "reset"
-Then three arguments per key (ARGV[3i] ... ARGV[3i+2]):
-  t        emission interval in microseconds (>= 1)
-  burst    bucket capacity in tokens (>= 1)
-  amount   refund, penalize: tokens; block: microseconds; reset: unused
+ARGV[2]  the operation: "refund", "penalize", "block", "reset" or "undo" (windows only:
+         give back a consumption made at the kind's `at`, for Redis Cluster)
+Then four arguments per key (ARGV[4i-1] ... ARGV[4i+2]):
+  t        emission interval in microseconds (>= 1); a window limit: the window (µs)
+  burst    bucket capacity in tokens (>= 1); a window limit: its limit
+  amount   refund, penalize, undo: tokens; block: microseconds; reset: unused
+  kind     "" for GCRA; a window limit's kind (window.lua)
 
   refund    TAT := max(now, TAT - amount * t): never beyond a full bucket; an absent key
             stays absent (a full bucket is deleted)
@@ -25,7 +27,16 @@ A TAT is at most 2^53 - 1 microseconds (the year 2255): Lua numbers are doubles,
 larger one (a block for Duration::MAX, a huge penalty) would be written and answered
 inexactly, as a float the client cannot read. Capped there, it is still "for good".
 
-Reply: an array of 1 + #KEYS integers: now, then each bucket's TAT afterwards (0: absent).
+Window limits (window.lua): refund gives back up to `amount` units (fixed: of the current
+window's use; sliding window: of the current window's count; sliding log: the newest
+units); undo gives back exactly what a check at `at` took (fixed: as refund; sliding
+window: from the window it went into, if it is the current or the previous one; sliding
+log: the units at `at`); penalize (fixed: use += amount, up to 2^32 - 1) and block (fixed:
+every window that [now, now + amount) touches is full) apply to fixed windows only and
+change nothing in the sliding ones; reset deletes.
+
+Reply: now, then per key: GCRA, the TAT afterwards (0: absent); a window limit, three
+integers: remaining, reset_after, next_after (0: none) afterwards.
 ]]
 
 local now
@@ -38,13 +49,104 @@ end
 local op = ARGV[2]
 local MAX_TAT = 9007199254740991
 
+local MAX_USED = 4294967295
+
+-- One operation on a window limit's key; appends its report to `reply`.
+local function window_op(reply, key, len, limit, amount, kind)
+  local code, phase, at = win_kind(kind)
+  if op == 'reset' then
+    redis.call('DEL', key)
+    reply[#reply + 1] = limit
+    reply[#reply + 1] = 0
+    reply[#reply + 1] = 0
+    return
+  end
+  local value = redis.call('GET', key)
+  if code == 'l' then
+    local ts, ns, used = log_read(value, len, now)
+    if value and (op == 'refund' or op == 'undo') then
+      local left = amount
+      for j = #ts, 1, -1 do
+        if left > 0 and (op == 'refund' or ts[j] == at) then
+          local take = math.min(left, ns[j])
+          ns[j] = ns[j] - take
+          left = left - take
+          used = used - take
+        end
+      end
+      local kt, kn = {}, {}
+      for j = 1, #ts do
+        if ns[j] > 0 then
+          kt[#kt + 1] = ts[j]
+          kn[#kn + 1] = ns[j]
+        end
+      end
+      ts, ns = kt, kn
+      log_write(key, ts, ns, len, now)
+    end
+    local rem, rst, nxt = log_report(limit, len, ts, used, now)
+    reply[#reply + 1] = rem
+    reply[#reply + 1] = rst
+    reply[#reply + 1] = nxt
+    return
+  end
+  if code ~= 'f' then
+    phase = 0
+  end
+  local index, e, until_end = win_at(len, phase, now)
+  local cur, prev = win_read(code, value, limit, index)
+  local changed = false
+  if code == 'f' then
+    if (op == 'refund' or op == 'undo') and value then
+      cur = math.max(cur - amount, 0)
+      changed = true
+    elseif op == 'penalize' then
+      cur = math.min(cur + amount, MAX_USED)
+      changed = true
+    elseif op == 'block' and amount > 0 then
+      local last = idiv(math.max(now + amount - 1 - phase, 0), len)
+      cur = math.max(cur, math.min(limit * (last - index + 1), MAX_USED))
+      changed = true
+    end
+  elseif value then
+    if op == 'refund' then
+      cur = math.max(cur - amount, 0)
+      changed = true
+    elseif op == 'undo' then
+      local k = index - win_at(len, 0, at)
+      if k == 0 then
+        cur = math.max(cur - amount, 0)
+      elseif k == 1 then
+        prev = math.max(prev - amount, 0)
+      end
+      changed = true
+    end
+  end
+  local rem, rst, nxt
+  if code == 'f' then
+    rem, rst, nxt = fixed_report(limit, len, cur, until_end)
+  else
+    rem, rst, nxt = sliding_report(limit, len, cur, prev, e)
+  end
+  if changed then
+    win_write(code, key, index, cur, prev, rst)
+  end
+  reply[#reply + 1] = rem
+  reply[#reply + 1] = rst
+  reply[#reply + 1] = nxt
+end
+
 local reply = { now }
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local a = 3 * i
+  local a = 4 * i - 1
   local t = tonumber(ARGV[a])
   local burst = tonumber(ARGV[a + 1])
   local amount = tonumber(ARGV[a + 2])
+  local kind = ARGV[a + 3]
+  if kind ~= '' then
+    window_op(reply, key, t, burst, amount, kind)
+  else
   local tat = tonumber(redis.call('GET', key))
   local new
   if op == 'reset' then
@@ -74,6 +176,7 @@ for i = 1, #KEYS do
       new = 0
     end
   end
-  reply[i + 1] = new
+  reply[#reply + 1] = new
+  end
 end
 return reply

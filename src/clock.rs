@@ -27,12 +27,29 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub trait Clock: Clone + Send + Sync + 'static {
     /// Nanoseconds since the clock's own origin.
     fn now(&self) -> u64;
+
+    /// Nanoseconds from the Unix epoch to this clock's origin: `now() + unix_origin()` is
+    /// wall time. Window limits aligned to the epoch (a fixed window per calendar minute
+    /// or day) use it. Monotonic clocks read the wall clock once, when they are created;
+    /// clocks that count from the epoch ([`SystemClock`]), and [`FakeClock`] (whose time
+    /// *is* wall time, so tests place it where they want), answer 0, the default.
+    fn unix_origin(&self) -> u64 {
+        0
+    }
+}
+
+/// Wall time now, in nanoseconds since the Unix epoch (0 before it).
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// `std::time::Instant`, counted from the moment the clock was created.
 #[derive(Clone, Copy, Debug)]
 pub struct MonotonicClock {
     origin: Instant,
+    unix_origin: u64,
 }
 
 impl MonotonicClock {
@@ -40,6 +57,7 @@ impl MonotonicClock {
     pub fn new() -> Self {
         Self {
             origin: Instant::now(),
+            unix_origin: unix_now(),
         }
     }
 }
@@ -55,6 +73,10 @@ impl Clock for MonotonicClock {
     fn now(&self) -> u64 {
         // u64 nanoseconds last 584 years from the origin.
         self.origin.elapsed().as_nanos() as u64
+    }
+
+    fn unix_origin(&self) -> u64 {
+        self.unix_origin
     }
 }
 
@@ -91,6 +113,7 @@ pub struct CoarseClock {
 
 struct Coarse {
     origin: Instant,
+    unix_origin: u64,
     now: AtomicU64,
     resolution: Duration,
 }
@@ -105,6 +128,7 @@ impl CoarseClock {
         let resolution = resolution.max(Duration::from_micros(1));
         let inner = Arc::new(Coarse {
             origin: Instant::now(),
+            unix_origin: unix_now(),
             now: AtomicU64::new(0),
             resolution,
         });
@@ -142,6 +166,10 @@ impl Clock for CoarseClock {
     fn now(&self) -> u64 {
         self.inner.now.load(Ordering::Acquire)
     }
+
+    fn unix_origin(&self) -> u64 {
+        self.inner.unix_origin
+    }
 }
 
 impl fmt::Debug for CoarseClock {
@@ -163,9 +191,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
+        unix_now()
     }
 }
 
@@ -182,12 +208,13 @@ impl Clock for SystemClock {
 /// assert_eq!(shared.now(), 5);
 /// ```
 #[derive(Clone)]
-pub struct SharedClock(Arc<dyn Fn() -> u64 + Send + Sync>);
+pub struct SharedClock(Arc<dyn Fn() -> u64 + Send + Sync>, u64);
 
 impl SharedClock {
     /// `clock`, type-erased.
     pub fn new(clock: impl Clock) -> Self {
-        Self(Arc::new(move || clock.now()))
+        let unix_origin = clock.unix_origin();
+        Self(Arc::new(move || clock.now()), unix_origin)
     }
 }
 
@@ -202,6 +229,10 @@ impl Clock for SharedClock {
     #[inline]
     fn now(&self) -> u64 {
         (self.0)()
+    }
+
+    fn unix_origin(&self) -> u64 {
+        self.1
     }
 }
 

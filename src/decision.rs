@@ -8,21 +8,48 @@ use smallvec::SmallVec;
 use crate::gcra;
 use crate::limit::Mode;
 use crate::quota::Quota;
+use crate::window;
 
 /// The state of one limit's bucket as one check left it, in the units clients are told.
 ///
 /// It keeps the time until the bucket is full and the bucket's geometry; the whole tokens
 /// left and the time to the next token are derived from them when asked for (they take a
 /// division, which the allowed path of a store need not pay).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Outcome {
     verdict: Code,
     retry_after_ns: u64,
     reset_after_ns: u64,
-    /// The emission interval, in nanoseconds.
+    /// GCRA: the emission interval, in nanoseconds. Window algorithms: the time to the
+    /// next unit in nanoseconds, or `u64::MAX` for none.
     t_ns: u64,
+    /// GCRA: the bucket's capacity. Window algorithms: the units left. A sliding
+    /// window reported lazily: `limit << 32 | cur << 16 | prev`.
     burst: u64,
+    kind: Kind,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Bucket,
+    Window,
+    /// An allowed sliding-window check whose units left and time to the next unit are
+    /// derived when asked for (two divisions the store's allowed path need not pay):
+    /// `t_ns` holds the window and `retry_after_ns` the time into it, in µs.
+    Sliding,
+}
+
+/// Two outcomes are equal when they say the same: verdict, wait, time to full, units
+/// left and time to the next unit (however each is stored).
+impl PartialEq for Outcome {
+    fn eq(&self, other: &Self) -> bool {
+        self.verdict() == other.verdict()
+            && self.reset_after_ns == other.reset_after_ns
+            && self.report() == other.report()
+    }
+}
+
+impl Eq for Outcome {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Code {
@@ -81,6 +108,62 @@ impl Outcome {
             reset_after_ns: ns(reset_after),
             t_ns: ns(params.t()),
             burst: params.burst(),
+            kind: Kind::Bucket,
+        }
+    }
+
+    /// The outcome of a window algorithm ([`window`](crate::window)), whose unit of time
+    /// is `unit_ns` nanoseconds: what a store answers for an item of a window limit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{window::{self, Geometry}, Outcome};
+    ///
+    /// // 10 per second, in microseconds: 9 used, 250 ms before the window ends.
+    /// let (r, _) = window::fixed_check(Geometry::new(10, 1_000_000, 0), 9, 250_000, 1);
+    /// let o = Outcome::window(r, 1_000);
+    /// assert!(o.is_allowed());
+    /// assert_eq!(o.remaining(), 0);
+    /// assert_eq!(o.next_after(), Some(Duration::from_millis(250)));
+    /// ```
+    #[inline(always)]
+    pub fn window(report: window::Report, unit_ns: u64) -> Self {
+        let ns = |x: u64| x.saturating_mul(unit_ns);
+        let (verdict, retry_after_ns) = match report.verdict {
+            gcra::Verdict::Allowed => (Code::Allowed, 0),
+            gcra::Verdict::Denied { retry_after } => (Code::Denied, ns(retry_after)),
+            gcra::Verdict::Never => (Code::Never, 0),
+        };
+        Outcome {
+            verdict,
+            retry_after_ns,
+            reset_after_ns: ns(report.reset_after),
+            t_ns: report
+                .next_after
+                .map_or(u64::MAX, |n| ns(n).min(u64::MAX - 1)),
+            burst: report.remaining,
+            kind: Kind::Window,
+        }
+    }
+
+    /// An allowed sliding-window check in µs, reported lazily (see [`Kind::Sliding`]):
+    /// `cur` and `prev` at most 65,535, `limit` too.
+    #[inline(always)]
+    pub(crate) fn sliding_allowed(g: window::Geometry, cur: u64, prev: u64, e: u64) -> Self {
+        let reset_after = if cur > 0 {
+            2 * g.len - e
+        } else if prev > 0 {
+            g.len - e
+        } else {
+            0
+        };
+        Outcome {
+            verdict: Code::Allowed,
+            retry_after_ns: e,
+            reset_after_ns: reset_after.saturating_mul(1_000),
+            t_ns: g.len,
+            burst: g.limit << 32 | cur << 16 | prev,
+            kind: Kind::Sliding,
         }
     }
 
@@ -128,6 +211,17 @@ impl Outcome {
 
     /// Tokens left and nanoseconds to the next token: [`gcra::Decided::report`].
     fn report(&self) -> (u64, Option<u64>) {
+        match self.kind {
+            Kind::Window => return (self.burst, (self.t_ns != u64::MAX).then_some(self.t_ns)),
+            Kind::Sliding => {
+                let b = self.burst;
+                let g = window::Geometry::new(b >> 32, self.t_ns, 0);
+                let r =
+                    window::sliding_report(g, (b >> 16) & 0xffff, b & 0xffff, self.retry_after_ns);
+                return (r.remaining, r.next_after.map(|n| n.saturating_mul(1_000)));
+            }
+            Kind::Bucket => {}
+        }
         let params = gcra::Params::new(self.t_ns, self.burst);
         let (t, tau) = (params.t(), params.tau());
         let reset = self.reset_after_ns;

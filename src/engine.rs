@@ -225,7 +225,8 @@ impl<St: Store> Engine<St> {
             items.push(
                 Item::new(&bound.table, key, quota, cost)
                     .mode(limit.mode)
-                    .on_failure(limit.on_failure),
+                    .on_failure(limit.on_failure)
+                    .algorithm(limit.algorithm),
             );
         }
         Ok(prepared)
@@ -347,7 +348,7 @@ impl<St: Store> Engine<St> {
                     name: l.name(),
                     prefix: &self.bounds[p.bound].ietf_prefix,
                     burst: l.quota.burst_size(),
-                    window: l.quota.window_secs(),
+                    window: self.bounds[p.bound].limit.algorithm.window_secs(&l.quota),
                     remaining: o.remaining(),
                     next_after: o.next_after(),
                     reset_after: o.reset_after(),
@@ -392,6 +393,7 @@ impl<St: Store> Engine<St> {
                 Item::new(&self.bounds[p.bound].table, key.clone(), p.quota, p.cost)
                     .mode(limit.mode)
                     .on_failure(limit.on_failure)
+                    .algorithm(limit.algorithm)
             })
             .collect();
         match self.store.apply(Op::Refund, &items) {

@@ -500,6 +500,20 @@ pub(crate) fn compile<St: Store>(store: St, s: Settings) -> Result<Engine<St>, C
     let mut bounds: Vec<Bound<St>> = Vec::new();
     let mut bind = |limit: Limit| -> Result<usize, ConfigError> {
         limit.validate()?;
+        // A table (one name) serves one algorithm: its state means nothing to another.
+        if let Some(other) = bounds
+            .iter()
+            .find(|b| b.limit.name == limit.name && b.limit.algorithm != limit.algorithm)
+        {
+            return Err(ConfigError::new(
+                "algorithm",
+                format!(
+                    "{:?} here, {:?} in another limit of the same name: limits that share buckets must count alike",
+                    limit.algorithm, other.limit.algorithm
+                ),
+            )
+            .within(format!("limits[{:?}]", &*limit.name)));
+        }
         bounds.push(Bound::new(limit, &store));
         Ok(bounds.len() - 1)
     };
@@ -539,11 +553,13 @@ pub(crate) fn compile<St: Store>(store: St, s: Settings) -> Result<Engine<St>, C
                 .map(|&i| &bounds[i].limit)
                 .filter(|l| l.mode == Mode::Enforce || shadow_headers)
                 .collect();
-            let policy = headers::static_policy(
-                reported
-                    .iter()
-                    .map(|l| (&*l.name, l.quota.burst_size(), l.quota.window_secs())),
-            );
+            let policy = headers::static_policy(reported.iter().map(|l| {
+                (
+                    &*l.name,
+                    l.quota.burst_size(),
+                    l.algorithm.window_secs(&l.quota),
+                )
+            }));
             let limit = |&i: &usize| &bounds[i].limit;
             Ok(Group {
                 reported: reported.len(),

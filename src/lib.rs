@@ -98,6 +98,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+mod algorithm;
 mod charge;
 pub mod clock;
 mod cost;
@@ -127,7 +128,11 @@ mod routes;
 mod service;
 pub mod store;
 mod throttle;
+pub mod window;
 
+pub use algorithm::{
+    Algorithm, FIXED_WINDOW_MAX_LIMIT, Phase, SLIDING_LOG_MAX_LIMIT, SLIDING_WINDOW_MAX_LIMIT,
+};
 pub use charge::Charge;
 pub use cost::Cost;
 pub use decision::{Decision, LimitDecision, Outcome, Overall, Status, Verdict};

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use http::StatusCode;
 use http::request::Parts;
 
+use crate::algorithm::Algorithm;
 use crate::charge::Charge;
 use crate::cost::Cost;
 use crate::error::ConfigError;
@@ -91,6 +92,7 @@ pub struct Limit {
     pub(crate) missing: MissingKey,
     pub(crate) on_failure: FailurePolicy,
     pub(crate) charge: Charge,
+    pub(crate) algorithm: Algorithm,
 }
 
 impl Limit {
@@ -106,7 +108,24 @@ impl Limit {
             missing: MissingKey::SharedBucket,
             on_failure: FailurePolicy::Fallback,
             charge: Charge::always(),
+            algorithm: Algorithm::Gcra,
         }
+    }
+
+    /// How the limit counts: [`Algorithm::Gcra`] (the default, a token bucket), or a
+    /// fixed window, a sliding window or a sliding log, for which the quota's rate is the
+    /// window's limit and its period the window's length (see [`Algorithm`]).
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Limit, Quota};
+    ///
+    /// // 100 per calendar minute.
+    /// let per_minute = Limit::new("api", Quota::per_minute(100)).algorithm(Algorithm::fixed_window());
+    /// # let _ = per_minute;
+    /// ```
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
     }
 
     /// The key extractor: what a bucket is (per IP, per API key, ...). Default: [`Global`].
@@ -218,6 +237,16 @@ impl Limit {
         validate_name(&self.name)?;
         let at = || format!("limits[{:?}]", &*self.name);
         self.cost.validate().map_err(|e| e.within(at()))?;
+        self.algorithm
+            .validate(&self.quota)
+            .map_err(|(field, reason)| ConfigError::new(field, reason).within(at()))?;
+        if self.algorithm.is_window() && self.quota_fn.is_some() {
+            return Err(ConfigError::new(
+                "quota_by",
+                "a window limit takes one quota (its window's length is part of its state)",
+            )
+            .within(at()));
+        }
         // With a quota chosen per request the burst is not known here.
         if self.quota_fn.is_none() {
             self.cost

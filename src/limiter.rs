@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use crate::algorithm::Algorithm;
 use crate::decision::{Decision, LimitDecision};
 use crate::engine::Engine;
 use crate::error::ConfigError;
@@ -25,12 +26,24 @@ use crate::store::{Checked, Item, Op, Statuses, Store};
 pub enum LimiterError {
     /// No limit of this name is configured.
     UnknownLimit(String),
+    /// The operation means nothing to the limit's algorithm: a penalty or a block on a
+    /// sliding window or sliding log (fixed windows and GCRA take every operation).
+    Unsupported {
+        /// The limit's name.
+        limit: String,
+        /// The operation (`"penalize"`, `"block"`).
+        operation: &'static str,
+    },
 }
 
 impl fmt::Display for LimiterError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LimiterError::UnknownLimit(name) => write!(f, "no limit is called {name:?}"),
+            LimiterError::Unsupported { limit, operation } => write!(
+                f,
+                "the limit {limit:?} counts with a sliding window or log, which has no {operation}"
+            ),
         }
     }
 }
@@ -66,10 +79,27 @@ impl<St: Store> Handle for Engine<St> {
                 .ok_or_else(|| LimiterError::UnknownLimit(name.to_owned()))?;
             let bound = &self.bounds[index];
             let limit = &bound.limit;
+            if matches!(
+                limit.algorithm,
+                Algorithm::SlidingWindow | Algorithm::SlidingLog
+            ) {
+                let operation = match op {
+                    Op::Penalize => Some("penalize"),
+                    Op::Block(_) => Some("block"),
+                    _ => None,
+                };
+                if let Some(operation) = operation {
+                    return Err(LimiterError::Unsupported {
+                        limit: name.to_owned(),
+                        operation,
+                    });
+                }
+            }
             items.push(
                 Item::new(&bound.table, key, limit.quota, cost)
                     .mode(limit.mode)
-                    .on_failure(limit.on_failure),
+                    .on_failure(limit.on_failure)
+                    .algorithm(limit.algorithm),
             );
             meta.push((bound.name, limit.quota, cost, limit.mode));
         }

@@ -229,6 +229,11 @@ impl Quota {
         if secs == 0 { 1 } else { secs }
     }
 
+    /// The period in nanoseconds.
+    pub(crate) const fn period_ns(&self) -> u64 {
+        self.period_ns
+    }
+
     pub(crate) const fn t_ns(&self) -> u64 {
         self.t_ns
     }

@@ -14,7 +14,7 @@ use support::redis::RedisServer;
 use tollgate::clock::FakeClock;
 use tollgate::key::Key;
 use tollgate::store::{Checked, Item, MemoryStore, RedisStore, Statuses, Store};
-use tollgate::{Mode, Quota, Status};
+use tollgate::{Algorithm, Mode, Quota, Status};
 
 /// One request of a case: advance the clock, then check these limits.
 #[derive(Debug, Clone)]
@@ -25,15 +25,31 @@ struct Step {
 }
 
 /// Quotas whose emission interval is a whole number of microseconds, where both stores
-/// compute with the same T (see ARCHITECTURE.md, "Units of time").
-fn quotas() -> Vec<Quota> {
+/// compute with the same T (see ARCHITECTURE.md, "Units of time"), and window limits of
+/// every algorithm (windows are whole microseconds).
+fn limits() -> Vec<(Quota, Algorithm)> {
+    let q = |n, ms| Quota::new(n, Duration::from_millis(ms)).unwrap();
     vec![
-        Quota::per_second(10),
-        Quota::per_second(4).burst(3),
-        Quota::per_minute(120).burst(5),
-        Quota::new(3, Duration::from_millis(30)).unwrap().burst(7),
+        (Quota::per_second(10), Algorithm::Gcra),
+        (Quota::per_second(4).burst(3), Algorithm::Gcra),
+        (Quota::per_minute(120).burst(5), Algorithm::Gcra),
+        (
+            Quota::new(3, Duration::from_millis(30)).unwrap().burst(7),
+            Algorithm::Gcra,
+        ),
+        (q(5, 100), Algorithm::fixed_window()),
+        (q(3, 50), Algorithm::fixed_window_random()),
+        (
+            q(4, 70),
+            Algorithm::fixed_window_at(Duration::from_micros(12_345)),
+        ),
+        (q(6, 100), Algorithm::SlidingWindow),
+        (q(4, 80), Algorithm::SlidingLog),
     ]
 }
+
+/// How many limits [`limits`] has.
+const LIMITS: usize = 9;
 
 async fn check<S: Store>(store: &S, items: &[Item<'_, S::Table>]) -> Statuses {
     match store.check(items) {
@@ -59,8 +75,8 @@ async fn run_case<S: Store, C: ConnectionLike + Clone>(
     let clock = FakeClock::at(Duration::from_secs(1_700_000_000));
     redis_clock.set(Duration::from_secs(1_700_000_000));
     let memory = MemoryStore::with_clock(clock.clone());
-    let quotas = quotas();
-    let names: Vec<String> = (0..quotas.len())
+    let limits = limits();
+    let names: Vec<String> = (0..limits.len())
         .map(|i| format!("{prefix}-l{i}"))
         .collect();
     let mem_tables: Vec<_> = names.iter().map(|n| memory.table(n)).collect();
@@ -71,7 +87,7 @@ async fn run_case<S: Store, C: ConnectionLike + Clone>(
         let item = |(l, k, cost, enforce): (usize, u8, u32, bool)| {
             (
                 Key::from_part(k),
-                quotas[l],
+                limits[l],
                 cost,
                 if enforce { Mode::Enforce } else { Mode::Shadow },
             )
@@ -80,16 +96,18 @@ async fn run_case<S: Store, C: ConnectionLike + Clone>(
             .limits
             .iter()
             .map(|&x| {
-                let (key, q, c, m) = item(x);
-                Item::new(&mem_tables[x.0], key, q, c).mode(m)
+                let (key, (q, a), c, m) = item(x);
+                Item::new(&mem_tables[x.0], key, q, c).mode(m).algorithm(a)
             })
             .collect();
         let redis_items: Vec<_> = step
             .limits
             .iter()
             .map(|&x| {
-                let (key, q, c, m) = item(x);
-                Item::new(&redis_tables[x.0], key, q, c).mode(m)
+                let (key, (q, a), c, m) = item(x);
+                Item::new(&redis_tables[x.0], key, q, c)
+                    .mode(m)
+                    .algorithm(a)
             })
             .collect();
         let a = check(&memory, &mem_items).await;
@@ -115,7 +133,7 @@ async fn run_case<S: Store, C: ConnectionLike + Clone>(
 }
 
 fn steps() -> impl Strategy<Value = Vec<Step>> {
-    let limit = (0usize..4, 0u8..3, 0u32..4, prop::bool::weighted(0.85));
+    let limit = (0usize..LIMITS, 0u8..3, 0u32..5, prop::bool::weighted(0.85));
     let limits = prop::collection::vec(limit, 1..4).prop_map(|mut v| {
         // One request names each limit at most once.
         v.sort_by_key(|l| l.0);
@@ -160,6 +178,47 @@ fn fixed_cases() -> Vec<Vec<Step>> {
             Step {
                 advance_us: 0,
                 limits: vec![(0, 0, 1, true), (1, 0, 1, true), (2, 0, 1, false)],
+            },
+        ],
+        // Each window algorithm: the limit, a refusal, the moment it passes again; a cost
+        // above the limit (never); a peek.
+        (4..LIMITS)
+            .flat_map(|l| {
+                (0..7)
+                    .map(move |_| one(0, l, 0, 1))
+                    .chain([one(0, l, 0, 7), one(0, l, 0, 0)])
+                    .chain((0..12).map(move |_| one(9_999, l, 0, 1)))
+                    .chain([one(49_999, l, 0, 2), one(1, l, 0, 2), one(1, l, 1, 3)])
+            })
+            .collect(),
+        // Mixed algorithms in one request, one refusing: nothing consumed anywhere.
+        vec![
+            Step {
+                advance_us: 0,
+                limits: vec![
+                    (0, 0, 1, true),
+                    (4, 0, 4, true),
+                    (7, 0, 5, true),
+                    (8, 0, 3, true),
+                ],
+            },
+            Step {
+                advance_us: 0,
+                limits: vec![
+                    (0, 0, 1, true),
+                    (4, 0, 2, true),
+                    (7, 0, 1, true),
+                    (8, 0, 1, true),
+                ],
+            },
+            Step {
+                advance_us: 0,
+                limits: vec![
+                    (4, 0, 1, true),
+                    (5, 0, 1, true),
+                    (6, 0, 1, true),
+                    (8, 0, 1, true),
+                ],
             },
         ],
         // A shadow limit that would refuse does not stop the others.

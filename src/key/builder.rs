@@ -115,6 +115,37 @@ impl Key {
         h.finish()
     }
 
+    /// A cheap hash that is the same in every process and version of this crate (its
+    /// definition is part of the stored format): the seed of a key's random window phase,
+    /// computed on every check of such a limit. Not for adversarial use (it chooses a
+    /// phase, nothing a collision could exploit).
+    #[inline]
+    pub(crate) fn phase_hash(&self) -> u64 {
+        #[inline(always)]
+        fn mix(h: u64, word: u64) -> u64 {
+            let m = u128::from(h ^ word) * 0x9e37_79b9_7f4a_7c15;
+            (m as u64) ^ ((m >> 64) as u64)
+        }
+        fn words(mut h: u64, bytes: &[u8]) -> u64 {
+            let mut chunks = bytes.chunks_exact(8);
+            for c in &mut chunks {
+                h = mix(h, u64::from_le_bytes(c.try_into().expect("8 bytes")));
+            }
+            let mut last = [0u8; 8];
+            last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+            mix(h, u64::from_le_bytes(last) ^ (bytes.len() as u64) << 56)
+        }
+        match &self.repr {
+            Repr::Ip { addr, prefix } => {
+                let hi = u64::from_le_bytes(addr[..8].try_into().expect("8 bytes"));
+                let lo = u64::from_le_bytes(addr[8..].try_into().expect("8 bytes"));
+                mix(mix(u64::from(*prefix), hi), lo)
+            }
+            Repr::Text { len, buf } => words(0x7465_7874, &buf[..*len as usize]),
+            Repr::Digest(d) => words(0x6469_6765_7374, d),
+        }
+    }
+
     /// Appends the rendered form (the [`Display`](fmt::Display) form) to `out`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn render_into(&self, out: &mut Vec<u8>) {

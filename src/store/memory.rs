@@ -5,7 +5,9 @@ use std::fmt;
 use std::future::Ready;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{
+    Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
+};
 use std::time::Duration;
 
 use hashbrown::HashTable;
@@ -17,6 +19,8 @@ use crate::decision::{Outcome, Status};
 use crate::gcra::{self, Params};
 use crate::key::Key;
 use crate::limit::Mode;
+
+mod windows;
 
 const SHARDS: usize = 64;
 /// Shards are chosen by hash bits that hashbrown uses for neither the bucket index (low
@@ -111,6 +115,8 @@ impl fmt::Debug for MemoryTable {
 
 struct Table {
     name: Box<str>,
+    /// The stable hash of the name (random window phases).
+    name_hash: u64,
     shards: Box<[Shard]>,
     /// When requests next sweep a shard, if no background task does (store clock, ns).
     next_sweep: AtomicU64,
@@ -120,6 +126,16 @@ struct Table {
     /// `tollgate_keys{limit}`: moved on insertion and by sweeps, never per request.
     #[cfg(feature = "metrics")]
     keys: Option<::metrics::Gauge>,
+    /// The index of the epoch-aligned window last seen by a window item (µs windows): a
+    /// hint that saves the division of most checks, validated on each use.
+    aligned: AtomicU64,
+    /// The window algorithm this table serves, once a window item has used it (none for
+    /// GCRA): what the sweeper needs to know when an entry's state is worthless.
+    spec: OnceLock<windows::Spec>,
+    /// Sliding logs (variable state), sharded like the entries; made on first use.
+    logs: OnceLock<Box<[windows::LogShard]>>,
+    /// The log shared by keys that arrive while the store is at its cap.
+    log_overflow: Mutex<windows::Log>,
 }
 
 /// A shard on its own cache lines, so that two threads on two shards do not contend.
@@ -147,12 +163,17 @@ impl Table {
             #[cfg(feature = "metrics")]
             keys: _key_metrics.then(|| crate::metrics::keys(name)),
             name: name.into(),
+            name_hash: crate::algorithm::name_hash(name),
             shards: (0..SHARDS)
                 .map(|_| Shard(RwLock::new(HashTable::new())))
                 .collect(),
             next_sweep: AtomicU64::new(0),
             cursor: AtomicUsize::new(0),
             overflow: AtomicU64::new(0),
+            aligned: AtomicU64::new(0),
+            spec: OnceLock::new(),
+            logs: OnceLock::new(),
+            log_overflow: Mutex::new(windows::Log::default()),
         }
     }
 
@@ -219,15 +240,28 @@ impl<C: Clock> Inner<C> {
 
     /// Drops the entries of one shard whose bucket has been full for the grace period (or
     /// is full at all, under pressure). Returns how many.
-    fn sweep_shard(&self, _table: &Table, shard: &Shard, now: u64) -> usize {
+    fn sweep_shard(&self, table: &Table, i: usize, now: u64) -> usize {
         let grace = if self.under_pressure() {
             0
         } else {
             self.grace_ns.load(Ordering::Relaxed)
         };
+        let shard = &table.shards[i];
+        let logs = table
+            .logs
+            .get()
+            .map_or(0, |logs| self.sweep_logs(table, &logs[i], now, grace));
         let mut map = shard.write();
         let before = map.len();
-        map.retain(|e| e.tat.load(Ordering::Relaxed).saturating_add(grace) > now);
+        match table.spec.get() {
+            // GCRA: the TAT is the instant the bucket is full again.
+            None => map.retain(|e| e.tat.load(Ordering::Relaxed).saturating_add(grace) > now),
+            Some(spec) => map.retain(|e| {
+                spec.expiry(e.tat.load(Ordering::Relaxed), now)
+                    .saturating_add(grace)
+                    > now
+            }),
+        }
         let removed = before - map.len();
         let left = map.len();
         if map.capacity() > 64 && left * 4 < map.capacity() {
@@ -235,6 +269,11 @@ impl<C: Clock> Inner<C> {
             map.shrink_to(left * 2, |e| hasher.hash_one(e.key));
         }
         drop(map);
+        self.forget(table, removed + logs)
+    }
+
+    /// Counts `removed` entries of `table` out of the store; answers `removed`.
+    fn forget(&self, _table: &Table, removed: usize) -> usize {
         if removed > 0 {
             #[cfg(feature = "metrics")]
             if let Some(keys) = &_table.keys {
@@ -256,7 +295,7 @@ impl<C: Clock> Inner<C> {
     /// Sweeps the next shard of `table`.
     fn sweep_next(&self, table: &Table, now: u64) -> usize {
         let i = table.cursor.fetch_add(1, Ordering::Relaxed) % SHARDS;
-        self.sweep_shard(table, &table.shards[i], now)
+        self.sweep_shard(table, i, now)
     }
 
     fn tables(&self) -> Vec<Arc<Table>> {
@@ -392,8 +431,8 @@ impl<C: Clock> MemoryStore<C> {
         let inner = &*self.inner;
         let mut removed = 0;
         for table in inner.tables() {
-            for shard in table.shards.iter() {
-                removed += inner.sweep_shard(&table, shard, inner.clock.now());
+            for i in 0..SHARDS {
+                removed += inner.sweep_shard(&table, i, inner.clock.now());
             }
         }
         removed
@@ -560,6 +599,9 @@ impl<C: Clock> MemoryStore<C> {
     /// Checks a single limit: one lookup and one CAS loop.
     #[inline]
     fn check_one(&self, item: &Item<'_, MemoryTable>, now: u64) -> Status {
+        if item.algorithm.is_window() {
+            return self.window_check_one(item, now);
+        }
         let table = &*item.table.table;
         let params = params(item);
         let cost = u64::from(item.cost);
@@ -589,6 +631,9 @@ impl<C: Clock> MemoryStore<C> {
     /// Applies an operation other than a check to one bucket (design brief §10), in one
     /// compare-and-swap, and reports the bucket as it is afterwards.
     fn update_one(&self, op: Op, item: &Item<'_, MemoryTable>, now: u64) -> Status {
+        if item.algorithm.is_window() {
+            return self.window_update_one(op, item, now);
+        }
         let table = &*item.table.table;
         let params = params(item);
         let cost_time = u64::from(item.cost).saturating_mul(params.t());
@@ -635,6 +680,9 @@ impl<C: Clock> MemoryStore<C> {
     /// if all enforcing limits pass; a concurrent request that took the last token between
     /// the look and the consume makes this one give back what it took.
     fn check_all(&self, items: &[Item<'_, MemoryTable>], now: u64) -> Statuses {
+        if items.iter().any(|i| i.algorithm.is_window()) {
+            return self.check_mixed(items, now);
+        }
         let slots: SmallVec<[Slot; 4]> = items.iter().map(|i| self.slot(i)).collect();
         // Look.
         let looked: SmallVec<[gcra::Outcome; 4]> = items

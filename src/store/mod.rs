@@ -44,6 +44,7 @@ pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 pub use redis::{RedisBackend, RedisStore, RedisTable};
 pub use resilient::{Resilient, ResilientTable};
 
+use crate::algorithm::Algorithm;
 use crate::key::Key;
 use crate::limit::{FailurePolicy, Mode};
 use crate::quota::Quota;
@@ -112,6 +113,9 @@ pub struct Item<'a, T> {
     pub mode: Mode,
     /// What to do if the store fails.
     pub on_failure: FailurePolicy,
+    /// How the limit counts ([`Algorithm::Gcra`] unless set). A table serves one
+    /// algorithm: the items of one table must all have the same.
+    pub algorithm: Algorithm,
 }
 
 impl<'a, T> Item<'a, T> {
@@ -138,7 +142,15 @@ impl<'a, T> Item<'a, T> {
             cost,
             mode: Mode::Enforce,
             on_failure: FailurePolicy::Fallback,
+            algorithm: Algorithm::Gcra,
         }
+    }
+
+    /// Sets how the limit counts (see [`Algorithm`]; the quota's rate and period are a
+    /// window's limit and length).
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
     }
 
     /// Sets whether the limit may refuse (see [`Mode`]).

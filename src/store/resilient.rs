@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 use super::breaker::{Breaker, Permit};
 use super::memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 use super::{Backend, Checked, Item, Op, Statuses, Store, StoreError};
+use crate::algorithm::Algorithm;
 use crate::clock::{Clock, SharedClock};
 use crate::decision::{Outcome, Status};
 use crate::gcra::{self, Params};
@@ -241,6 +242,7 @@ struct Part {
     cost: u32,
     mode: Mode,
     policy: FailurePolicy,
+    algorithm: Algorithm,
     fallback: MemoryTable,
     deny: Option<MemoryTable>,
 }
@@ -332,6 +334,9 @@ impl<B: Backend> Resilient<B> {
         let (Some(cache), Some(table)) = (&self.inner.deny_cache, &part.deny) else {
             return;
         };
+        if part.algorithm.is_window() {
+            return; // window denials are not remembered (see `remember_denial`)
+        }
         let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         cache.raise_marker(
             table,
@@ -370,8 +375,11 @@ impl<B: Backend> Resilient<B> {
         let (Some(cache), Some(table)) = (&self.inner.deny_cache, &part.deny) else {
             return;
         };
-        if o.remaining() > 0 {
-            return; // a smaller request could pass
+        if o.remaining() > 0 || part.algorithm.is_window() {
+            // A smaller request could pass; or a window limit, whose denials are not
+            // remembered (its wait depends on the cost and, for a sliding window, on
+            // how the previous window's weight decays).
+            return;
         }
         let salt = quota_salt(&part.quota);
         let (given_back_until, _) = cache.marker(table, &part.key, salt ^ GIVEN_BACK);
@@ -407,7 +415,9 @@ impl<B: Backend> Resilient<B> {
             .iter()
             .map(|&i| {
                 let p = &parts[i];
-                Item::new(&p.fallback, p.key.clone(), p.quota, p.cost).mode(p.mode)
+                Item::new(&p.fallback, p.key.clone(), p.quota, p.cost)
+                    .mode(p.mode)
+                    .algorithm(p.algorithm)
             })
             .collect();
         let Checked::Ready(local) = self.inner.fallback.apply(op, &items) else {
@@ -546,6 +556,7 @@ impl<B: Backend> Store for Resilient<B> {
                 cost: item.cost,
                 mode: item.mode,
                 policy: item.on_failure,
+                algorithm: item.algorithm,
                 fallback: item.table.fallback.clone(),
                 deny: item.table.deny.clone(),
             })
@@ -562,6 +573,7 @@ impl<B: Backend> Store for Resilient<B> {
                 cost: item.cost,
                 mode: item.mode,
                 on_failure: item.on_failure,
+                algorithm: item.algorithm,
             })
             .collect();
         let call = self.inner.backend.apply(op, &backend_items);

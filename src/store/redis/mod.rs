@@ -14,20 +14,33 @@ use smallvec::SmallVec;
 use self::keys::{Groups, push_grouped};
 use super::resilient::{Resilient, ResilientTable};
 use super::{Backend, Checked, Item, Op, Statuses, Store, StoreError};
+use crate::algorithm::{Algorithm, phase_us};
 use crate::clock::{Clock, SharedClock};
 use crate::decision::{Outcome, Status};
 use crate::gcra::{self, Params};
 use crate::limit::Mode;
 use crate::quota::Quota;
+use crate::window;
 
-static GCRA: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/gcra.lua")));
+static GCRA: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/window.lua"),
+        include_str!("../../../lua/gcra.lua")
+    ))
+});
 static REFUND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/refund.lua")));
-static OPS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/ops.lua")));
+static OPS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/window.lua"),
+        include_str!("../../../lua/ops.lua")
+    ))
+});
 
-/// Integers per limit in a `gcra.lua` reply (after the leading `now`).
+/// Integers per GCRA limit in a `gcra.lua` reply (after the leading `now`).
 const REPLY_WIDTH: usize = 3;
+/// Integers per window limit in a `gcra.lua` reply.
+const WINDOW_REPLY_WIDTH: usize = 5;
 
 #[derive(Clone)]
 enum Connection {
@@ -145,6 +158,8 @@ impl fmt::Debug for RedisBackend {
 /// One limit's buckets in Redis: the key prefix of the limit.
 pub struct RedisTable {
     prefix: Box<[u8]>,
+    /// The limit name's stable hash (a random window phase mixes it with the key's).
+    name_hash: u64,
 }
 
 impl fmt::Debug for RedisTable {
@@ -283,11 +298,53 @@ struct Part {
     quota: Quota,
     cost: u32,
     mode: Mode,
+    algorithm: Algorithm,
+    /// A fixed window's phase, µs.
+    phase_us: u64,
 }
 
 impl Part {
     fn params(&self) -> Params {
         Params::new(self.quota.t_us(), self.quota.burst_size())
+    }
+
+    /// The script's first two arguments of this limit: `t` and `burst`, or a window's
+    /// length and limit.
+    fn shape(&self) -> (u64, u64) {
+        if self.algorithm.is_window() {
+            (self.quota.period_ns() / 1_000, self.quota.rate())
+        } else {
+            (self.quota.t_us(), self.quota.burst_size())
+        }
+    }
+
+    /// The script's `kind` argument: "" for GCRA, `<code>:<phase>:<at>` for a window, or
+    /// `<code>` when both are 0 (written without allocating).
+    fn kind(&self, at: u64) -> SmallVec<[u8; 48]> {
+        let code = match self.algorithm {
+            Algorithm::Gcra => return SmallVec::new(),
+            Algorithm::FixedWindow { .. } => b'f',
+            Algorithm::SlidingWindow => b's',
+            _ => b'l',
+        };
+        let mut out = SmallVec::new();
+        if self.phase_us == 0 && at == 0 {
+            out.push(code);
+            return out;
+        }
+        out.extend_from_slice(&[code, b':']);
+        out.extend_from_slice(itoa::Buffer::new().format(self.phase_us).as_bytes());
+        out.push(b':');
+        out.extend_from_slice(itoa::Buffer::new().format(at).as_bytes());
+        out
+    }
+
+    fn width(&self) -> usize {
+        if self.algorithm.is_window() {
+            WINDOW_REPLY_WIDTH
+        } else {
+            REPLY_WIDTH
+        }
     }
 }
 
@@ -303,6 +360,8 @@ struct Answer {
     previous: u64,
     /// Redis's `now` for this call.
     now: u64,
+    /// A window limit's outcome after this request.
+    window: Option<Outcome>,
 }
 
 #[derive(Debug)]
@@ -350,21 +409,66 @@ impl RedisBackend {
         cmd.arg(now);
         for &i in group {
             let p = &parts[i];
-            cmd.arg(p.quota.t_us())
-                .arg(p.quota.burst_size())
+            let (t, burst) = p.shape();
+            cmd.arg(t)
+                .arg(burst)
                 .arg(p.cost)
-                .arg(u8::from(p.mode == Mode::Enforce));
+                .arg(u8::from(p.mode == Mode::Enforce))
+                .arg(p.kind(0).as_slice());
         }
         let reply: Vec<i64> = self.conn.eval(&cmd, &GCRA).await.map_err(Failure::Redis)?;
         parse_reply(&reply, parts, group)
     }
 
     /// Gives back what the consuming groups took for a refused (or failed) request.
-    async fn refund(&self, parts: &[Part], answers: &[Option<Answer>], now: &str) {
+    ///
+    /// Answers, for each window limit given back, its report afterwards: the state as it
+    /// stands (`None` where the give-back failed).
+    async fn refund(
+        &self,
+        parts: &[Part],
+        answers: &[Option<Answer>],
+        now: &str,
+    ) -> SmallVec<[Option<window::Report>; 4]> {
+        let mut reports = SmallVec::from_elem(None, parts.len());
         let mut groups = Groups::new();
+        let mut windows = Groups::new();
         for (i, answer) in answers.iter().enumerate() {
             if answer.is_some_and(|a| a.written.is_some()) {
-                push_grouped(&mut groups, &parts[i].redis_key, i);
+                let target = if parts[i].algorithm.is_window() {
+                    &mut windows
+                } else {
+                    &mut groups
+                };
+                push_grouped(target, &parts[i].redis_key, i);
+            }
+        }
+        for (_, group) in windows {
+            let mut cmd = evalsha(&OPS, group.len());
+            for &i in &group {
+                cmd.arg(parts[i].redis_key.as_slice());
+            }
+            cmd.arg(now).arg("undo");
+            for &i in &group {
+                let (p, a) = (&parts[i], answers[i].expect("answered"));
+                let (t, burst) = p.shape();
+                cmd.arg(t)
+                    .arg(burst)
+                    .arg(p.cost)
+                    .arg(p.kind(a.now).as_slice());
+            }
+            match self.conn.eval::<Vec<i64>>(&cmd, &OPS).await {
+                Ok(reply)
+                    if reply.len() == 1 + 3 * group.len() && reply.iter().all(|&v| v >= 0) =>
+                {
+                    for (&i, r) in group.iter().zip(reply[1..].chunks_exact(3)) {
+                        reports[i] = Some(window_report(r, gcra::Verdict::Allowed));
+                    }
+                }
+                _ => tracing::warn!(
+                    keys = group.len(),
+                    "tollgate: could not give back units of a refused request; they return as the windows move on"
+                ),
             }
         }
         for (_, group) in groups {
@@ -386,6 +490,7 @@ impl RedisBackend {
                 );
             }
         }
+        reports
     }
 
     async fn check(self, parts: SmallVec<[Part; 4]>) -> Result<Statuses, StoreError> {
@@ -420,9 +525,10 @@ impl RedisBackend {
         let consumed = answers
             .iter()
             .any(|a| a.is_some_and(|a| a.written.is_some()));
+        let mut given_back = SmallVec::new();
         if (failure.is_some() || refused) && consumed {
             // Another slot refused or failed: what this request took elsewhere goes back.
-            self.refund(&parts, &answers, &now).await;
+            given_back = self.refund(&parts, &answers, &now).await;
         }
         if let Some(e) = failure {
             return Err(StoreError::new(e));
@@ -430,8 +536,20 @@ impl RedisBackend {
         Ok(parts
             .iter()
             .zip(&answers)
-            .map(|(p, a)| {
+            .enumerate()
+            .map(|(i, (p, a))| {
                 let a = a.expect("every group answered");
+                if let Some(after) = a.window {
+                    // Given back: the key as it stands (if the give-back answered).
+                    return Status::Checked(match a.written {
+                        Some(_) if refused => given_back
+                            .get(i)
+                            .copied()
+                            .flatten()
+                            .map_or(after, |r| Outcome::window(r, 1_000)),
+                        _ => after,
+                    });
+                }
                 let (verdict, reset_after) = match a.written {
                     // Report a limit whose consumption was given back as it stands.
                     Some(_) if refused => {
@@ -468,24 +586,37 @@ impl RedisBackend {
             cmd.arg(now.as_str()).arg(name);
             for &i in &group {
                 let p = &parts[i];
-                cmd.arg(p.quota.t_us())
-                    .arg(p.quota.burst_size())
-                    .arg(amount(p));
+                let (t, burst) = p.shape();
+                cmd.arg(t)
+                    .arg(burst)
+                    .arg(amount(p))
+                    .arg(p.kind(0).as_slice());
             }
             let reply: Vec<i64> = self
                 .conn
                 .eval(&cmd, &OPS)
                 .await
                 .map_err(|e| StoreError::new(Failure::Redis(e)))?;
-            if reply.len() != group.len() + 1 || reply.iter().any(|&v| v < 0) {
+            let width = |i: usize| if parts[i].algorithm.is_window() { 3 } else { 1 };
+            let expected = 1 + group.iter().map(|&i| width(i)).sum::<usize>();
+            if reply.len() != expected || reply.iter().any(|&v| v < 0) {
                 return Err(StoreError::new(Failure::Reply(reply.len())));
             }
             let redis_now = reply[0] as u64;
-            for (&i, &tat) in group.iter().zip(&reply[1..]) {
-                let params = parts[i].params();
-                let o = gcra::peek(params, tat as u64, redis_now);
-                statuses[i] =
-                    Status::Checked(Outcome::new(o.verdict, o.reset_after, params, 1_000));
+            let mut rest = &reply[1..];
+            for &i in &group {
+                let (r, tail) = rest.split_at(width(i));
+                rest = tail;
+                statuses[i] = if parts[i].algorithm.is_window() {
+                    Status::Checked(Outcome::window(
+                        window_report(r, gcra::Verdict::Allowed),
+                        1_000,
+                    ))
+                } else {
+                    let params = parts[i].params();
+                    let o = gcra::peek(params, r[0] as u64, redis_now);
+                    Status::Checked(Outcome::new(o.verdict, o.reset_after, params, 1_000))
+                };
             }
         }
         Ok(statuses)
@@ -499,6 +630,7 @@ impl Backend for RedisBackend {
     fn table(&self, name: &str) -> RedisTable {
         RedisTable {
             prefix: keys::table_prefix(&self.prefix, name),
+            name_hash: crate::algorithm::name_hash(name),
         }
     }
 
@@ -510,6 +642,13 @@ impl Backend for RedisBackend {
                 quota: item.quota,
                 cost: item.cost,
                 mode: item.mode,
+                algorithm: item.algorithm,
+                phase_us: phase_us(
+                    item.algorithm,
+                    item.table.name_hash,
+                    &item.key,
+                    item.quota.period_ns() / 1_000,
+                ),
             })
             .collect();
         let backend = self.clone();
@@ -530,21 +669,48 @@ impl Backend for RedisBackend {
 fn parse_reply(reply: &[i64], parts: &[Part], group: &[usize]) -> Result<Vec<Answer>, Failure> {
     let malformed = || Failure::Reply(reply.len());
     let (&now, rest) = reply.split_first().ok_or_else(malformed)?;
-    if rest.len() != group.len() * REPLY_WIDTH || reply.iter().any(|&v| v < 0) {
+    let expected: usize = group.iter().map(|&i| parts[i].width()).sum();
+    if rest.len() != expected || reply.iter().any(|&v| v < 0) {
         return Err(malformed());
     }
     let now = now as u64;
+    let mut chunks: SmallVec<[&[i64]; 4]> = SmallVec::new();
+    let mut tail = rest;
+    for &i in group {
+        let (r, t) = tail.split_at(parts[i].width());
+        chunks.push(r);
+        tail = t;
+    }
     let refused = group
         .iter()
-        .zip(rest.chunks_exact(REPLY_WIDTH))
+        .zip(&chunks)
         .any(|(&i, r)| parts[i].mode == Mode::Enforce && r[0] != 0);
     group
         .iter()
-        .zip(rest.chunks_exact(REPLY_WIDTH))
+        .zip(&chunks)
         .map(|(&i, r)| {
             let p = &parts[i];
-            let params = p.params();
             let cost = u64::from(p.cost);
+            if p.algorithm.is_window() {
+                let verdict = match r[0] {
+                    0 => gcra::Verdict::Allowed,
+                    1 if r[1] > 0 => gcra::Verdict::Denied {
+                        retry_after: r[1] as u64,
+                    },
+                    2 => gcra::Verdict::Never,
+                    _ => return Err(malformed()),
+                };
+                let written = (verdict.is_allowed() && cost > 0 && !refused).then_some(now);
+                return Ok(Answer {
+                    verdict,
+                    reset_after: r[3] as u64,
+                    written,
+                    previous: 0,
+                    now,
+                    window: Some(window_outcome(p, verdict, &r[2..5])),
+                });
+            }
+            let params = p.params();
             let reset_after = r[1] as u64;
             let verdict = match r[0] {
                 0 => gcra::Verdict::Allowed,
@@ -567,9 +733,36 @@ fn parse_reply(reply: &[i64], parts: &[Part], group: &[usize]) -> Result<Vec<Ans
                 written,
                 previous: r[2] as u64,
                 now,
+                window: None,
             })
         })
         .collect()
+}
+
+/// A window limit's outcome from `gcra.lua`'s three state integers (see the script):
+/// derived with [`window`]'s functions, as the memory store derives it.
+fn window_outcome(p: &Part, verdict: gcra::Verdict, r: &[i64]) -> Outcome {
+    let (a, b, c) = (r[0] as u64, r[1] as u64, r[2] as u64);
+    let g = window::Geometry::new(p.quota.rate(), p.quota.period_ns() / 1_000, 0);
+    let report = match p.algorithm {
+        Algorithm::FixedWindow { .. } => window::fixed_report(g, a, b),
+        Algorithm::SlidingWindow if verdict.is_allowed() => {
+            return Outcome::sliding_allowed(g, a.min(0xffff), b.min(0xffff), c);
+        }
+        Algorithm::SlidingWindow => window::sliding_report(g, a, b, c),
+        _ => return Outcome::window(window_report(r, verdict), 1_000),
+    };
+    Outcome::window(window::Report { verdict, ..report }, 1_000)
+}
+
+/// A window limit's `remaining, reset_after, next_after (0: none)` from a script.
+fn window_report(r: &[i64], verdict: gcra::Verdict) -> window::Report {
+    window::Report {
+        verdict,
+        remaining: r[0] as u64,
+        reset_after: r[1] as u64,
+        next_after: (r[2] > 0).then_some(r[2] as u64),
+    }
 }
 
 #[cfg(test)]
@@ -584,6 +777,8 @@ mod tests {
             quota: Quota::per_second(10),
             cost,
             mode,
+            algorithm: Algorithm::Gcra,
+            phase_us: 0,
         };
         let parts = [part(2, Mode::Enforce), part(1, Mode::Shadow)];
         let now = 1_700_000_000_000_000i64;

@@ -1,0 +1,191 @@
+--[[
+tollgate: the window algorithms (design brief §12), `src/window.rs` line for line, in
+integer microseconds. Prepended to gcra.lua and ops.lua (one script text each).
+
+A window limit's arguments: len (W, µs), limit (L), and a kind string
+"<code>:<phase>:<at>", or "<code>" alone when both are 0: code f (fixed window), s (sliding
+window) or l (sliding log); phase the fixed window's phase in µs (< W); at the instant of
+the check being undone (ops.lua's "undo"), else 0. Every product stays below 2^53 (L × W < 2^52 is checked when the limit is
+built), so doubles hold every value exactly; divisions go through `idiv`.
+
+State, one string per key:
+  fixed window    "<index>:<used>"
+  sliding window  "<index>:<cur>:<prev>"
+  sliding log     "<t> <n> <t> <n> ..."  (instants in µs and units, oldest first)
+Absent: an empty window. A key expires when its state is worthless (PX = reset_after).
+]]
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function win_kind(kind)
+  if #kind == 1 then
+    return kind, 0, 0
+  end
+  local c = string.find(kind, ':', 3, true)
+  return string.sub(kind, 1, 1), tonumber(string.sub(kind, 3, c - 1)),
+    tonumber(string.sub(kind, c + 1))
+end
+
+-- The window holding `now`: index, time into it, time to its end.
+local function win_at(len, phase, now)
+  local x = math.max(now - phase, 0)
+  local index = idiv(x, len)
+  local e = x - index * len
+  return index, e, len - e
+end
+
+local function fixed_wait(limit, len, used, until_end, need)
+  local k = math.max(idiv(used + need - limit + limit - 1, limit), 1)
+  return until_end + (k - 1) * len
+end
+
+-- remaining, reset_after, next_after (0: none)
+local function fixed_report(limit, len, used, until_end)
+  local remaining = math.max(limit - used, 0)
+  if used == 0 then
+    return remaining, 0, 0
+  elseif used <= limit then
+    return remaining, until_end, until_end
+  end
+  local windows = idiv(used + limit - 1, limit)
+  return remaining, until_end + (windows - 1) * len,
+    fixed_wait(limit, len, used, until_end, remaining + 1)
+end
+
+local function sliding_fits(limit, len, cur, prev, e, cost)
+  return prev * (len - e) + (cur + cost) * len <= limit * len
+end
+
+local function sliding_wait(limit, len, cur, prev, e, cost)
+  if cur + cost <= limit and prev > 0 then
+    local slack = math.min(idiv((limit - cur - cost) * len, prev), len)
+    local e1 = len - slack
+    if e1 < len then
+      return math.max(e1 - e, 1)
+    end
+  end
+  local e2 = 0
+  if cur > 0 then
+    e2 = len - math.min(idiv((limit - math.min(cost, limit)) * len, cur), len)
+  end
+  return (len - e) + e2
+end
+
+local function sliding_report(limit, len, cur, prev, e)
+  local used = prev * (len - e) + cur * len
+  local remaining = idiv(math.max(limit * len - used, 0), len)
+  local reset = 0
+  if cur > 0 then
+    reset = 2 * len - e
+  elseif prev > 0 then
+    reset = len - e
+  end
+  local nxt = 0
+  if remaining < limit and (cur > 0 or prev > 0) then
+    nxt = sliding_wait(limit, len, cur, prev, e, remaining + 1)
+  end
+  return remaining, reset, nxt
+end
+
+-- The log of `value`, trimmed to (now - len, now]: instants, units, their sum.
+local function log_read(value, len, now)
+  local ts, ns, sum = {}, {}, 0
+  if value then
+    local t = nil
+    for num in string.gmatch(value, '%d+') do
+      if t == nil then
+        t = tonumber(num)
+      else
+        local n = tonumber(num)
+        if t + len > now then
+          ts[#ts + 1] = t
+          ns[#ns + 1] = n
+          sum = sum + n
+        end
+        t = nil
+      end
+    end
+  end
+  return ts, ns, sum
+end
+
+local function log_report(limit, len, ts, used, now)
+  local remaining = math.max(limit - used, 0)
+  if used == 0 or #ts == 0 then
+    return remaining, 0, 0
+  end
+  return remaining, ts[#ts] + len - now, math.max(ts[1] + len - now, 1)
+end
+
+local function log_wait(limit, len, ts, ns, used, cost, now)
+  local free = used + cost - limit
+  local wait = 0
+  for j = 1, #ts do
+    wait = math.max(ts[j] + len - now, 1)
+    free = free - ns[j]
+    if free <= 0 then
+      break
+    end
+  end
+  return wait
+end
+
+local function log_write(key, ts, ns, len, now)
+  if #ts == 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local parts = {}
+  for j = 1, #ts do
+    parts[#parts + 1] = string.format('%d %d', ts[j], ns[j])
+  end
+  local px = ts[#ts] + len - now
+  redis.call('SET', key, table.concat(parts, ' '), 'PX', idiv(px + 999, 1000) + 1)
+end
+
+-- The state of a fixed (a = used) or sliding (a = cur, b = prev) window at `index`.
+local function win_read(code, value, limit, index)
+  if not value then
+    return 0, 0
+  end
+  local c = string.find(value, ':', 1, true)
+  local i = tonumber(string.sub(value, 1, c - 1))
+  local k = math.max(index - i, 0)
+  if code == 'f' then
+    local used = tonumber(string.sub(value, c + 1))
+    return math.max(used - limit * k, 0), 0
+  end
+  local d = string.find(value, ':', c + 1, true)
+  local cur = tonumber(string.sub(value, c + 1, d - 1))
+  local prev = tonumber(string.sub(value, d + 1))
+  if k == 0 then
+    return cur, prev
+  elseif k == 1 then
+    return 0, cur
+  end
+  return 0, 0
+end
+
+-- Writes a fixed or sliding window's state, expiring when it is worthless (`reset`).
+local function win_write(code, key, index, a, b, reset)
+  if a == 0 and b == 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local value
+  if code == 'f' then
+    value = string.format('%d:%d', index, a)
+  else
+    value = string.format('%d:%d:%d', index, a, b)
+  end
+  -- (a millisecond more or less of life changes nothing: the state is worthless then)
+  redis.call('SET', key, value, 'PX', math.floor((reset + 999) / 1000) + 1)
+end

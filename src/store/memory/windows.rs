@@ -1,0 +1,657 @@
+//! The window algorithms in the memory store (design brief §12).
+//!
+//! A fixed window packs `(window index mod 2^32, used)` and a sliding window
+//! `(window index mod 2^32, current count, previous count)` into the entry's `AtomicU64`,
+//! updated by compare-and-swap under the shard's read lock like a GCRA TAT: same table,
+//! same key cap, same overflow entry at the cap, no allocation. The index is kept modulo
+//! 2^32 (an entry is swept long before 2^32 windows pass). A sliding log has variable
+//! state (at most `L` timestamps): a per-table sharded map of logs under mutexes,
+//! counted against the same key cap. Time is the store clock plus its
+//! [`unix_origin`](crate::clock::Clock::unix_origin): windows are aligned to the Unix
+//! epoch, as in Redis. Window arithmetic counts whole microseconds, as Redis does, so
+//! both stores report the same waits (a window is a whole number of microseconds).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use smallvec::SmallVec;
+
+use super::{MemoryStore, MemoryTable, SHARD_SHIFT, SHARDS, Slot, Table};
+use crate::algorithm::{Algorithm, phase_us};
+use crate::clock::Clock;
+use crate::decision::{Outcome, Status};
+use crate::gcra;
+use crate::limit::Mode;
+use crate::store::{Item, Op, Statuses};
+use crate::window::{self, Geometry, Report};
+
+/// What the sweeper needs to know about the entries of a window table.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Spec {
+    algorithm: Algorithm,
+    /// µs.
+    len: u64,
+    limit: u64,
+    /// The phase shared by every key (aligned windows), µs; `None` when it is per key.
+    phase: Option<u64>,
+    /// ns.
+    unix_origin: u64,
+}
+
+impl Spec {
+    /// The store-clock instant at which the state `word` is worth nothing (an empty
+    /// window), at the latest.
+    pub(super) fn expiry(&self, word: u64, now: u64) -> u64 {
+        let t = now.saturating_add(self.unix_origin) / 1_000;
+        // Without the key's phase, assume the latest one: windows end up to `len` later.
+        let (phase, slack) = self.phase.map_or((0, self.len), |p| (p, 0));
+        let g = Geometry::new(self.limit, self.len, phase);
+        let idx = g.index(t);
+        let (stored, windows) = match self.algorithm {
+            Algorithm::FixedWindow { .. } => {
+                let (i, used) = unpack_fixed(word);
+                (i, used.div_ceil(self.limit.max(1)).max(1))
+            }
+            _ => (unpack_sliding(word).0, 2),
+        };
+        let behind = (idx as u32).wrapping_sub(stored) as i32;
+        if behind < 0 {
+            return u64::MAX; // written by a clock ahead of ours: keep
+        }
+        let end_index = (idx - behind as u64).saturating_add(windows);
+        let end = end_index
+            .saturating_mul(self.len)
+            .saturating_add(phase)
+            .saturating_add(slack);
+        end.saturating_mul(1_000).saturating_sub(self.unix_origin)
+    }
+}
+
+/// A sliding log: `(store instant, units)`, oldest first.
+pub(super) type Log = VecDeque<(u64, u64)>;
+
+/// One shard of a table's sliding logs.
+#[repr(align(128))]
+pub(super) struct LogShard(Mutex<HashMap<[u64; 2], Log, foldhash::fast::RandomState>>);
+
+fn unpack_fixed(word: u64) -> (u32, u64) {
+    ((word >> 32) as u32, word & 0xffff_ffff)
+}
+
+fn pack_fixed(index: u64, used: u64) -> u64 {
+    (index as u32 as u64) << 32 | used.min(u64::from(u32::MAX))
+}
+
+fn unpack_sliding(word: u64) -> (u32, u64, u64) {
+    ((word >> 32) as u32, (word >> 16) & 0xffff, word & 0xffff)
+}
+
+fn pack_sliding(index: u64, cur: u64, prev: u64) -> u64 {
+    (index as u32 as u64) << 32 | cur.min(0xffff) << 16 | prev.min(0xffff)
+}
+
+/// Windows from the stored index to the current one (0 if the stored one is ahead).
+fn behind(index: u64, stored: u32) -> u64 {
+    let k = (index as u32).wrapping_sub(stored) as i32;
+    k.max(0) as u64
+}
+
+/// One window item at one instant.
+#[derive(Clone, Copy)]
+struct Ctx {
+    /// In µs.
+    g: Geometry,
+    /// Wall time, µs.
+    t: u64,
+    index: u64,
+    /// Time into the current window, µs.
+    e: u64,
+}
+
+impl Ctx {
+    /// The state `word` brought to the current window: fixed `(used, 0)`, sliding
+    /// `(cur, prev)`.
+    #[inline(always)]
+    fn current(&self, algorithm: Algorithm, word: u64) -> (u64, u64) {
+        if let Algorithm::FixedWindow { .. } = algorithm {
+            let (i, used) = unpack_fixed(word);
+            (
+                window::fixed_carry(self.g.limit, used, behind(self.index, i)),
+                0,
+            )
+        } else {
+            let (i, cur, prev) = unpack_sliding(word);
+            match behind(self.index, i) {
+                0 => (cur, prev),
+                1 => (0, cur),
+                _ => (0, 0),
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn pack(&self, algorithm: Algorithm, a: u64, b: u64) -> u64 {
+        if let Algorithm::FixedWindow { .. } = algorithm {
+            pack_fixed(self.index, a)
+        } else {
+            pack_sliding(self.index, a, b)
+        }
+    }
+
+    /// Checks `cost` against the packed state: the report and the word to store.
+    #[inline(always)]
+    fn decide(&self, algorithm: Algorithm, word: u64, cost: u64) -> (Report, Option<u64>) {
+        let (a, b) = self.current(algorithm, word);
+        if let Algorithm::FixedWindow { .. } = algorithm {
+            let (r, new) = window::fixed_check(self.g, a, self.g.len - self.e, cost);
+            (r, new.map(|used| self.pack(algorithm, used, 0)))
+        } else {
+            let (r, new) = window::sliding_check(self.g, a, b, self.e, cost);
+            (r, new.map(|cur| self.pack(algorithm, cur, b)))
+        }
+    }
+}
+
+/// What undoes one consumption of a request refused by another of its limits.
+#[derive(Clone, Copy)]
+enum Undo {
+    Gcra { written: u64, prev: u64 },
+    Packed { index: u64 },
+    Log,
+}
+
+/// Applies `f` to the packed word with compare-and-swap until it sticks; returns the
+/// report and whether it wrote.
+#[inline(always)]
+fn update_packed(word: &AtomicU64, f: impl Fn(u64) -> (Report, Option<u64>)) -> (Report, bool) {
+    let mut cur = word.load(Ordering::Acquire);
+    loop {
+        let (r, new) = f(cur);
+        let Some(new) = new else {
+            return (r, false);
+        };
+        match word.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return (r, true),
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// Sets the packed word to `f(word)` with compare-and-swap.
+fn set_packed(word: &AtomicU64, f: impl Fn(u64) -> u64) {
+    let mut cur = word.load(Ordering::Acquire);
+    loop {
+        match word.compare_exchange_weak(cur, f(cur), Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+/// Drops the entries of a log that left the window `(now − len, now]`.
+fn trim(log: &mut Log, len: u64, now: u64) {
+    while log
+        .front()
+        .is_some_and(|&(t, _)| t.saturating_add(len) <= now)
+    {
+        log.pop_front();
+    }
+}
+
+/// Checks `cost` against a log (trimmed), appending it if it passes and `consume`.
+fn log_decide(log: &mut Log, g: Geometry, now: u64, cost: u64, consume: bool) -> Report {
+    trim(log, g.len, now);
+    let r = window::log_check(g, log.iter().copied(), now, cost);
+    if consume && cost > 0 && r.verdict.is_allowed() {
+        match log.back_mut() {
+            Some((t, n)) if *t == now => *n += cost,
+            _ => log.push_back((now, cost)),
+        }
+    }
+    r
+}
+
+/// Takes up to `cost` units out of a log, newest first, among those at `at` if given.
+fn log_remove(log: &mut Log, mut cost: u64, at: Option<u64>) {
+    for (t, n) in log.iter_mut().rev() {
+        if cost == 0 {
+            break;
+        }
+        if at.is_some_and(|at| *t != at) {
+            continue;
+        }
+        let take = cost.min(*n);
+        *n -= take;
+        cost -= take;
+    }
+    log.retain(|&(_, n)| n > 0);
+}
+
+impl<C: Clock> super::Inner<C> {
+    /// Drops the logs of one shard whose newest entry left the window `grace` ago.
+    pub(super) fn sweep_logs(
+        &self,
+        table: &Table,
+        shard: &LogShard,
+        now: u64,
+        grace: u64,
+    ) -> usize {
+        let Some(spec) = table.spec.get() else {
+            return 0;
+        };
+        let mut map = shard.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = map.len();
+        // Entries are in µs of the store's clock; `now` and `grace` in ns.
+        map.retain(|_, log| {
+            log.back().is_some_and(|&(t, _)| {
+                t.saturating_add(spec.len)
+                    .saturating_mul(1_000)
+                    .saturating_add(grace)
+                    > now
+            })
+        });
+        before - map.len()
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// The window geometry of `item` at store time `now` (ns), in µs.
+    #[inline]
+    fn ctx(&self, item: &Item<'_, MemoryTable>, now: u64) -> Ctx {
+        let table = &*item.table.table;
+        let len_us = (item.quota.period_ns() / 1_000).max(1);
+        let phase = phase_us(item.algorithm, table.name_hash, &item.key, len_us);
+        let unix_origin = self.inner.clock.unix_origin();
+        table.spec.get_or_init(|| Spec {
+            algorithm: item.algorithm,
+            len: len_us,
+            limit: item.quota.rate(),
+            phase: matches!(
+                item.algorithm,
+                Algorithm::FixedWindow {
+                    phase: crate::Phase::Aligned { .. }
+                } | Algorithm::SlidingWindow
+            )
+            .then_some(phase),
+            unix_origin,
+        });
+        let g = Geometry {
+            limit: item.quota.rate(),
+            len: len_us,
+            phase, // < len_us
+        };
+        let t = now.saturating_add(unix_origin) / 1_000;
+        // The aligned window holding `t`, from the table's hint when it still holds (no
+        // division), and from it the window of this key's phase.
+        let mut aligned = table.aligned.load(Ordering::Relaxed);
+        let mut r = t.wrapping_sub(aligned.wrapping_mul(len_us));
+        if r >= len_us {
+            aligned = t / len_us;
+            r = t - aligned * len_us;
+            table.aligned.store(aligned, Ordering::Relaxed);
+        }
+        let (index, e) = if r >= phase {
+            (aligned, r - phase)
+        } else if aligned > 0 {
+            (aligned - 1, r + len_us - phase)
+        } else {
+            (0, 0) // before the first phase
+        };
+        Ctx { g, t, index, e }
+    }
+
+    fn log_shard<'t>(&self, table: &'t Table, slot: Slot) -> &'t LogShard {
+        let shards = table.logs.get_or_init(|| {
+            (0..SHARDS)
+                .map(|_| LogShard(Mutex::new(HashMap::with_hasher(Default::default()))))
+                .collect()
+        });
+        &shards[(slot.hash >> SHARD_SHIFT) as usize % SHARDS]
+    }
+
+    /// Runs `f` on the key's log: its own; a new one if `create` (or, at the cap, the
+    /// table's shared one); `None` if absent and not `create`.
+    fn with_log<R>(
+        &self,
+        table: &Table,
+        slot: Slot,
+        create: bool,
+        f: impl FnOnce(&mut Log) -> R,
+    ) -> Option<R> {
+        let mut map = self
+            .log_shard(table, slot)
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(log) = map.get_mut(&slot.key) {
+            return Some(f(log));
+        }
+        if !create {
+            return None;
+        }
+        let inner = &*self.inner;
+        let max = inner.max_keys.load(Ordering::Relaxed);
+        if inner.len.fetch_add(1, Ordering::Relaxed) >= max {
+            inner.len.fetch_sub(1, Ordering::Relaxed);
+            inner.log_at_cap(table);
+            let mut shared = table
+                .log_overflow
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            return Some(f(&mut shared));
+        }
+        let r = f(map.entry(slot.key).or_default());
+        drop(map);
+        #[cfg(feature = "metrics")]
+        if let Some(keys) = &table.keys {
+            keys.increment(1.0);
+        }
+        self.ensure_sweeper();
+        Some(r)
+    }
+
+    /// Looks at (`consume == false`) or checks one window item.
+    fn window_check(
+        &self,
+        item: &Item<'_, MemoryTable>,
+        now: u64,
+        cost: u64,
+        consume: bool,
+    ) -> (Report, Option<Undo>) {
+        let table = &*item.table.table;
+        let ctx = self.ctx(item, now);
+        let slot = self.slot(item);
+        let algorithm = item.algorithm;
+        if algorithm == Algorithm::SlidingLog {
+            let g = Geometry::new(ctx.g.limit, ctx.g.len, 0);
+            let now = now / 1_000;
+            let run = |log: &mut Log| log_decide(log, g, now, cost, consume);
+            let r = match self.with_log(table, slot, false, run) {
+                Some(r) => r,
+                None => {
+                    let r = log_decide(&mut Log::new(), g, now, cost, false);
+                    if consume && cost > 0 && r.verdict.is_allowed() {
+                        self.with_log(table, slot, true, run).expect("created")
+                    } else {
+                        r
+                    }
+                }
+            };
+            let wrote = consume && cost > 0 && r.verdict.is_allowed();
+            return (r, wrote.then_some(Undo::Log));
+        }
+        let run = |word: &AtomicU64| {
+            if consume {
+                update_packed(word, |w| ctx.decide(algorithm, w, cost))
+            } else {
+                (
+                    ctx.decide(algorithm, word.load(Ordering::Acquire), cost).0,
+                    false,
+                )
+            }
+        };
+        let (r, wrote) = match self.with_existing(table, slot, run) {
+            Some(x) => x,
+            None => {
+                // An absent key is an empty window: insert only if the request consumes.
+                let (r, new) = ctx.decide(algorithm, 0, cost);
+                if consume && new.is_some() {
+                    self.with_entry(table, slot, run)
+                } else {
+                    (r, false)
+                }
+            }
+        };
+        (r, wrote.then_some(Undo::Packed { index: ctx.index }))
+    }
+
+    /// Checks one window item (a request of one limit): for fixed and sliding windows one
+    /// lookup and one compare-and-swap loop, as for GCRA.
+    #[inline]
+    pub(super) fn window_check_one(&self, item: &Item<'_, MemoryTable>, now: u64) -> Status {
+        let cost = u64::from(item.cost);
+        let algorithm = item.algorithm;
+        if algorithm == Algorithm::SlidingLog {
+            let (r, _) = self.window_check(item, now, cost, true);
+            return Status::Checked(Outcome::window(r, 1_000));
+        }
+        let table = &*item.table.table;
+        let ctx = self.ctx(item, now);
+        let slot = self.slot(item);
+        if algorithm == Algorithm::SlidingWindow {
+            return self.sliding_check_one(table, slot, &ctx, cost);
+        }
+        let run = |word: &AtomicU64| update_packed(word, |w| ctx.decide(algorithm, w, cost)).0;
+        let r = match self.with_existing(table, slot, run) {
+            Some(r) => r,
+            None => {
+                let (r, new) = ctx.decide(algorithm, 0, cost);
+                if new.is_some() {
+                    self.with_entry(table, slot, run)
+                } else {
+                    r
+                }
+            }
+        };
+        Status::Checked(Outcome::window(r, 1_000))
+    }
+
+    /// A sliding window's check: the compare-and-swap loop decides with the formula alone,
+    /// and an allowed check is reported lazily ([`Outcome`] derives the units left and the
+    /// time to the next unit when asked for).
+    #[inline(always)]
+    fn sliding_check_one(&self, table: &Table, slot: Slot, ctx: &Ctx, cost: u64) -> Status {
+        let algorithm = Algorithm::SlidingWindow;
+        let g = ctx.g;
+        let passes = |cur: u64, prev: u64| {
+            cost <= g.limit && (cost == 0 || window::sliding_fits(g, cur, prev, ctx.e, cost))
+        };
+        // Ok: (cur, prev) after the request; Err: the word that refused it.
+        let run = |word: &AtomicU64| -> Result<(u64, u64), u64> {
+            let mut w = word.load(Ordering::Acquire);
+            loop {
+                let (cur, prev) = ctx.current(algorithm, w);
+                if !passes(cur, prev) {
+                    return Err(w);
+                }
+                if cost == 0 {
+                    return Ok((cur, prev));
+                }
+                let new = ctx.pack(algorithm, cur + cost, prev);
+                match word.compare_exchange_weak(w, new, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Ok((cur + cost, prev)),
+                    Err(actual) => w = actual,
+                }
+            }
+        };
+        let result = match self.with_existing(table, slot, run) {
+            Some(r) => r,
+            None if cost > 0 && passes(0, 0) => self.with_entry(table, slot, run),
+            None if passes(0, 0) => Ok((0, 0)),
+            None => Err(0),
+        };
+        match result {
+            Ok((cur, prev)) => Status::Checked(Outcome::sliding_allowed(g, cur, prev, ctx.e)),
+            Err(w) => Status::Checked(Outcome::window(ctx.decide(algorithm, w, cost).0, 1_000)),
+        }
+    }
+
+    /// Gives back what `item` consumed at `now` (its check is `undo`).
+    fn undo(&self, item: &Item<'_, MemoryTable>, slot: Slot, undo: Undo, now: u64) {
+        let table = &*item.table.table;
+        let cost = u64::from(item.cost);
+        match undo {
+            Undo::Gcra { written, prev } => self.refund(item, slot, written, prev, now),
+            Undo::Log => {
+                let at = now / 1_000;
+                let _ = self.with_log(table, slot, false, |log| log_remove(log, cost, Some(at)));
+            }
+            Undo::Packed { index } => {
+                let ctx = self.ctx(item, now);
+                let algorithm = item.algorithm;
+                let give_back = |word: &AtomicU64| {
+                    set_packed(word, |w| {
+                        let (a, b) = ctx.current(algorithm, w);
+                        match (algorithm, ctx.index.saturating_sub(index)) {
+                            (Algorithm::FixedWindow { .. }, _) => {
+                                ctx.pack(algorithm, a.saturating_sub(cost), 0)
+                            }
+                            (_, 0) => ctx.pack(algorithm, a.saturating_sub(cost), b),
+                            (_, 1) => ctx.pack(algorithm, a, b.saturating_sub(cost)),
+                            _ => w,
+                        }
+                    })
+                };
+                if self.with_existing(table, slot, give_back).is_none() {
+                    give_back(&table.overflow);
+                }
+            }
+        }
+    }
+
+    /// Several limits, some of them windows, all or nothing: look at every one, then
+    /// consume in order; a limit that refuses on the way (a concurrent request took the
+    /// last units) gives back what the earlier ones took.
+    pub(super) fn check_mixed(&self, items: &[Item<'_, MemoryTable>], now: u64) -> Statuses {
+        let slots: SmallVec<[Slot; 4]> = items.iter().map(|i| self.slot(i)).collect();
+        let looked: SmallVec<[Status; 4]> = items
+            .iter()
+            .zip(&slots)
+            .map(|(item, &slot)| self.look(item, slot, now, u64::from(item.cost)))
+            .collect();
+        let refuses = |item: &Item<'_, MemoryTable>, s: &Status| {
+            item.mode == Mode::Enforce && !s.outcome().is_some_and(Outcome::is_allowed)
+        };
+        if items.iter().zip(&looked).any(|(i, s)| refuses(i, s)) {
+            return self.unchanged(items, &slots, &looked, now);
+        }
+        let mut statuses = Statuses::new();
+        let mut taken: SmallVec<[(usize, Undo); 4]> = SmallVec::new();
+        for (i, item) in items.iter().enumerate() {
+            let cost = u64::from(item.cost);
+            if cost == 0 || !looked[i].outcome().is_some_and(Outcome::is_allowed) {
+                statuses.push(looked[i]);
+                continue;
+            }
+            let (status, undo) = if item.algorithm.is_window() {
+                let (r, undo) = self.window_check(item, now, cost, true);
+                (Status::Checked(Outcome::window(r, 1_000)), undo)
+            } else {
+                let params = super::params(item);
+                let (d, prev) = self.with_entry(&item.table.table, slots[i], |tat| {
+                    super::update(tat, |cur| gcra::decide(params, cur, now, cost))
+                });
+                let undo = d.new_tat.map(|written| Undo::Gcra { written, prev });
+                let o = Outcome::new(d.verdict, d.reset_after(now), params, 1);
+                (Status::Checked(o), undo)
+            };
+            match undo {
+                Some(undo) => taken.push((i, undo)),
+                None if item.mode == Mode::Enforce => {
+                    for &(j, undo) in &taken {
+                        self.undo(&items[j], slots[j], undo, now);
+                    }
+                    let mut looked = looked.clone();
+                    looked[i] = status;
+                    return self.unchanged(items, &slots, &looked, now);
+                }
+                None => {}
+            }
+            statuses.push(status);
+        }
+        statuses
+    }
+
+    /// One item's state as a check of `cost` would find it, changing nothing.
+    fn look(&self, item: &Item<'_, MemoryTable>, slot: Slot, now: u64, cost: u64) -> Status {
+        if item.algorithm.is_window() {
+            let (r, _) = self.window_check(item, now, cost, false);
+            return Status::Checked(Outcome::window(r, 1_000));
+        }
+        let params = super::params(item);
+        let o = gcra::check(params, self.load(item, slot), now, cost);
+        Status::Checked(Outcome::new(o.verdict, o.reset_after, params, 1))
+    }
+
+    /// The statuses of a refused request: the refusing limits as checked, the others as
+    /// they stand.
+    fn unchanged(
+        &self,
+        items: &[Item<'_, MemoryTable>],
+        slots: &[Slot],
+        checked: &[Status],
+        now: u64,
+    ) -> Statuses {
+        items
+            .iter()
+            .zip(slots)
+            .zip(checked)
+            .map(|((item, &slot), s)| {
+                if s.outcome().is_some_and(Outcome::is_allowed) {
+                    self.look(item, slot, now, 0)
+                } else {
+                    *s
+                }
+            })
+            .collect()
+    }
+
+    /// An operation other than a check on one window item (see [`Algorithm`] for what
+    /// each means to each window). Penalties and blocks apply to fixed windows only; on
+    /// the sliding algorithms they change nothing (the [`Limiter`](crate::Limiter)
+    /// refuses them with an error).
+    pub(super) fn window_update_one(
+        &self,
+        op: Op,
+        item: &Item<'_, MemoryTable>,
+        now: u64,
+    ) -> Status {
+        let table = &*item.table.table;
+        let slot = self.slot(item);
+        let ctx = self.ctx(item, now);
+        let algorithm = item.algorithm;
+        let cost = u64::from(item.cost);
+        if algorithm == Algorithm::SlidingLog {
+            match op {
+                Op::Refund => {
+                    let _ = self.with_log(table, slot, false, |log| log_remove(log, cost, None));
+                }
+                Op::Reset => {
+                    let mut map = self
+                        .log_shard(table, slot)
+                        .0
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if map.remove(&slot.key).is_some() {
+                        drop(map);
+                        self.inner.forget(table, 1);
+                    }
+                }
+                _ => {}
+            }
+        } else {
+            let fixed = matches!(algorithm, Algorithm::FixedWindow { .. });
+            let f = |w: u64| -> u64 {
+                let (a, b) = ctx.current(algorithm, w);
+                match op {
+                    Op::Refund => ctx.pack(algorithm, a.saturating_sub(cost), b),
+                    Op::Penalize if fixed => ctx.pack(algorithm, a.saturating_add(cost), 0),
+                    Op::Block(d) if fixed => {
+                        let d = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+                        ctx.pack(algorithm, a.max(window::fixed_block(ctx.g, ctx.t, d)), 0)
+                    }
+                    Op::Reset => 0,
+                    _ => w,
+                }
+            };
+            let set = |word: &AtomicU64| set_packed(word, f);
+            match op {
+                Op::Penalize | Op::Block(_) if fixed => self.with_entry(table, slot, set),
+                Op::Refund | Op::Reset => self.with_existing(table, slot, set).unwrap_or(()),
+                _ => {}
+            }
+        }
+        self.look(item, slot, now, 0)
+    }
+}
