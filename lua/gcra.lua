@@ -72,7 +72,8 @@ for i = 1, n do
       verdict = 2
     else
       local new_tat = base + cost * t
-      if new_tat - now <= burst * t then
+      -- a peek (cost 0) is allowed even on a bucket in debt, and writes nothing
+      if cost == 0 or new_tat - now <= burst * t then
         after = new_tat
         if cost > 0 then
           writes[i] = new_tat

@@ -144,7 +144,9 @@ pub fn decide(params: Params, tat: u64, now: u64, cost: u64) -> Decided {
         };
     }
     let new_tat = base.saturating_add(cost.saturating_mul(params.t));
-    if new_tat - now <= params.tau() {
+    // A peek (cost 0) is always allowed and writes nothing, even on a bucket in debt
+    // (design brief §2); what it reports says how far from a token the bucket is.
+    if cost == 0 || new_tat - now <= params.tau() {
         Decided {
             verdict: Verdict::Allowed,
             new_tat: (cost > 0).then_some(new_tat),
@@ -211,6 +213,22 @@ mod tests {
     use super::*;
 
     const P: Params = Params::new(100, 10); // T = 100, burst 10, tau = 1000
+
+    #[test]
+    fn a_peek_is_allowed_even_on_a_bucket_in_debt() {
+        // Three tokens of debt beyond an empty bucket: TAT = now + tau + 3T.
+        let now = 10_000;
+        let tat = now + P.tau() + 300;
+        let o = check(P, tat, now, 0);
+        assert_eq!(o.verdict, Verdict::Allowed);
+        assert_eq!(o.new_tat, None, "a peek writes nothing");
+        assert_eq!(o.remaining, 0);
+        assert_eq!(o.next_after, Some(400), "the debt, then one token");
+        assert_eq!(
+            check(P, tat, now, 1).verdict,
+            Verdict::Denied { retry_after: 400 }
+        );
+    }
 
     #[test]
     fn full_bucket_admits_burst_then_one_per_t() {

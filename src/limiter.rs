@@ -161,8 +161,8 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
 /// The failed-login pattern: take the failure token *before* trying the password, keep it
 /// when the password is wrong, and reset the user's bucket on success. Taking it first is
 /// one atomic step, so N parallel guesses with one failure left cannot all try a password
-/// (design brief §11). A [`peek`](Self::peek) is no gate: an empty bucket still passes a
-/// look of cost 0 (with no token left); only a bucket in debt refuses it.
+/// (design brief §11). A [`peek`](Self::peek) is no gate: a look of cost 0 always passes;
+/// read its `remaining()`.
 ///
 /// ```
 /// use tollgate::{store::MemoryStore, Limit, Limiter, LimiterError, Quota};
@@ -254,15 +254,15 @@ impl Limiter {
         self.one(Op::Check, limit, key.into_key(), cost)
     }
 
-    /// The bucket's state, without consuming and without creating the key: whether a
-    /// request of cost 0 passes, the tokens left, the time to the next one.
+    /// The bucket's state, without consuming and without creating the key: the tokens
+    /// left and the time to the next one.
     ///
-    /// A request of cost 0 passes an empty bucket: only a bucket in debt (after
-    /// [`penalize`](Self::penalize) or [`block`](Self::block)) refuses it, and the wait it
-    /// reports is until the debt is paid, one emission interval short of the wait of a
-    /// request of cost 1. Whether one more request would pass is `remaining() > Some(0)`;
-    /// and to admit it, [`check`](Self::check) rather than peek-then-check, which lets
-    /// parallel callers all pass the look.
+    /// A look (a request of cost 0) is always allowed (design brief §2), even on an empty
+    /// bucket or one in debt after [`penalize`](Self::penalize) or [`block`](Self::block):
+    /// whether one more request would pass is `remaining() > Some(0)`, and
+    /// `next_after()` says when the next token comes. To admit a request, use
+    /// [`check`](Self::check) rather than peek-then-check, which lets parallel callers
+    /// all pass the look.
     pub fn peek(
         &self,
         limit: &str,

@@ -541,14 +541,22 @@ async fn peek_is_no_gate_an_empty_bucket_passes_a_look_with_no_token_left() {
     let refused = limiter.check("login-failures", "alice", 1).await.unwrap();
     assert!(!refused.allowed(), "only a check refuses");
     assert_eq!(refused.retry_after(), Some(Duration::from_secs(180)));
-    // In debt, a look is refused, one emission interval sooner than a request.
+    // In debt too, a look passes (design brief §2: a peek is always allowed) and says
+    // when the next token comes: after the debt and one more interval.
     let debt = limiter
         .penalize("login-failures", "alice", 1)
         .await
         .unwrap();
-    assert!(!debt.allowed());
+    assert!(debt.allowed());
+    assert_eq!(debt.remaining(), Some(0));
     let look = limiter.peek("login-failures", "alice").await.unwrap();
-    assert_eq!(look.retry_after(), Some(Duration::from_secs(180)));
+    assert!(look.allowed(), "a look passes a bucket in debt");
+    assert_eq!(look.remaining(), Some(0));
+    assert_eq!(look.retry_after(), None);
+    assert_eq!(
+        look.outcome().unwrap().next_after(),
+        Some(Duration::from_secs(360))
+    );
     let refused = limiter.check("login-failures", "alice", 1).await.unwrap();
     assert_eq!(refused.retry_after(), Some(Duration::from_secs(360)));
 }
