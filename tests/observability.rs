@@ -4,53 +4,16 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get;
 use http::StatusCode;
-use support::{get as req, send};
+use support::{Lines, get as req, send};
 use tollgate::clock::FakeClock;
 use tollgate::key::PeerIp;
 use tollgate::store::MemoryStore;
 use tollgate::{Limit, OffenderTracking, Quota, RateLimitLayer, RefusalLog};
-
-/// Log lines written while a test runs (this thread's subscriber).
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    /// A subscriber at the default level (INFO) for the current thread.
-    fn capture(&self) -> tracing::subscriber::DefaultGuard {
-        let lines = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_writer(move || lines.clone())
-            .finish();
-        tracing::subscriber::set_default(subscriber)
-    }
-
-    fn matching(&self, text: &str) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .filter(|l| l.contains(text))
-            .map(str::to_owned)
-            .collect()
-    }
-}
 
 fn store() -> MemoryStore<FakeClock> {
     MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)))

@@ -99,3 +99,39 @@ pub fn sf_param(value: &str, name: &str, param: &str) -> Option<i64> {
         _ => None,
     })
 }
+
+/// Log lines written while a test runs, through a subscriber for the current thread.
+#[derive(Clone, Default)]
+pub struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    /// Installs a subscriber at the default level (INFO) for the current thread.
+    pub fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let lines = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || lines.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    /// The lines that contain `text`.
+    pub fn matching(&self, text: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
+}
