@@ -88,6 +88,8 @@ pub(crate) struct HookSettings {
     pub(crate) grpc: crate::grpc::Grpc,
 }
 
+// Derivable only without the `metrics` and `grpc` features, whose fields have other defaults.
+#[allow(clippy::derivable_impls)]
 impl Default for HookSettings {
     fn default() -> Self {
         Self {

@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -144,6 +143,7 @@ async fn the_limiter_reads_the_top_refused_keys() {
 mod schema {
     use super::*;
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use std::collections::{BTreeMap, BTreeSet};
     use std::future::Ready;
     use tollgate::store::{Backend, Item, Op, Resilient, Statuses, StoreError};
     use tollgate::{FailurePolicy, Mode};
