@@ -16,7 +16,11 @@ Then five arguments per limit, in KEYS order (ARGV[5i-3] ... ARGV[5i+1]):
   t        emission interval in microseconds (>= 1); a window limit: the window (µs)
   burst    bucket capacity in tokens (>= 1); a window limit: its limit
   cost     tokens this request takes (0 looks without consuming)
-  enforce  1 if the limit may refuse the request, 0 for a shadow limit
+  enforce  1 if the limit may refuse the request, 0 for a shadow limit; followed by
+           ":<max_wait>" for a reservation (design brief §13): the limit also passes when
+           its tokens are there within max_wait microseconds (GCRA: new_tat - now <=
+           tau + max_wait; fixed window: the window where the units fit starts within
+           max_wait), taking them now; the bucket goes into debt
   kind     "" for GCRA; a window limit's kind (window.lua)
 
 Reply: an array of integers:
@@ -59,6 +63,12 @@ for i = 1, n do
   local burst = tonumber(ARGV[a + 1])
   local cost = tonumber(ARGV[a + 2])
   local kind = ARGV[a + 4]
+  local enforce = ARGV[a + 3]
+  local max_wait = 0
+  if #enforce > 1 then
+    max_wait = tonumber(string.sub(enforce, 3))
+    enforce = string.sub(enforce, 1, 1)
+  end
   local verdict = 0
   if kind == '' then
     local tat = tonumber(tats[i]) or 0
@@ -73,7 +83,7 @@ for i = 1, n do
     else
       local new_tat = base + cost * t
       -- a peek (cost 0) is allowed even on a bucket in debt, and writes nothing
-      if cost == 0 or new_tat - now <= burst * t then
+      if cost == 0 or new_tat - now <= burst * t + max_wait then
         after = new_tat
         if cost > 0 then
           writes[i] = new_tat
@@ -124,6 +134,7 @@ for i = 1, n do
       local fits
       if fixed then
         fits = cur + cost <= limit
+          or (max_wait > 0 and fixed_wait(limit, len, cur, until_end, cost) <= max_wait)
       else
         fits = sliding_fits(limit, len, cur, prev, e, cost)
       end
@@ -143,13 +154,18 @@ for i = 1, n do
         end
       end
       if fixed then
-        wins[i] = { code, retry, cur, until_end, 0, index, cur, 0, cost, len }
+        -- a reservation's debt: the key lives until the last window it reaches ends
+        local debt_px = nil
+        if cur > limit then
+          debt_px = until_end + (idiv(cur + limit - 1, limit) - 1) * len
+        end
+        wins[i] = { code, retry, cur, until_end, 0, index, cur, 0, cost, len, debt_px }
       else
         wins[i] = { code, retry, cur, prev, e, index, cur, prev, cost, len }
       end
     end
   end
-  if verdict ~= 0 and ARGV[a + 3] == '1' then
+  if verdict ~= 0 and enforce == '1' then
     refused = true
   end
   verdicts[i] = verdict
@@ -178,11 +194,13 @@ for i = 1, n do
       if w[1] == 'l' then
         log_write(KEYS[i], w[6], w[7], w[8], now)
       else
-        -- expires when worthless: the window's end (fixed, no debt, as checks never
-        -- make debt), or the next window's end (sliding)
+        -- expires when worthless: the window's end (fixed; or the end of the last
+        -- window a reservation's debt reaches), or the next window's end (sliding)
         local px = w[4]
         if w[1] == 's' then
           px = 2 * w[10] - w[5]
+        elseif w[11] then
+          px = w[11]
         end
         win_write(w[1], KEYS[i], w[6], w[7], w[8], px)
       end

@@ -46,6 +46,7 @@ impl PartialEq for Outcome {
         self.verdict() == other.verdict()
             && self.reset_after_ns == other.reset_after_ns
             && self.report() == other.report()
+            && self.wait() == other.wait()
     }
 }
 
@@ -98,7 +99,8 @@ impl Outcome {
     ) -> Self {
         let ns = |x: u64| x.saturating_mul(unit_ns);
         let (verdict, retry_after_ns) = match verdict {
-            gcra::Verdict::Allowed => (Code::Allowed, 0),
+            // Allowed beyond the bucket's depth: a reservation, which waits for the rest.
+            gcra::Verdict::Allowed => (Code::Allowed, ns(reset_after.saturating_sub(params.tau()))),
             gcra::Verdict::Denied { retry_after } => (Code::Denied, ns(retry_after)),
             gcra::Verdict::Never => (Code::Never, 0),
         };
@@ -130,7 +132,7 @@ impl Outcome {
     pub fn window(report: window::Report, unit_ns: u64) -> Self {
         let ns = |x: u64| x.saturating_mul(unit_ns);
         let (verdict, retry_after_ns) = match report.verdict {
-            gcra::Verdict::Allowed => (Code::Allowed, 0),
+            gcra::Verdict::Allowed => (Code::Allowed, ns(report.wait)),
             gcra::Verdict::Denied { retry_after } => (Code::Denied, ns(retry_after)),
             gcra::Verdict::Never => (Code::Never, 0),
         };
@@ -164,6 +166,28 @@ impl Outcome {
             t_ns: g.len,
             burst: g.limit << 32 | cur << 16 | prev,
             kind: Kind::Sliding,
+        }
+    }
+
+    /// This allowed reservation as a refusal: not now, the same request passes after
+    /// its wait (delay mode when every waiter's place is taken).
+    pub(crate) fn refused_after_wait(self) -> Self {
+        Outcome {
+            verdict: Code::Denied,
+            ..self
+        }
+    }
+
+    /// How long a request that passed waits before it may proceed: zero for a check,
+    /// the time until its tokens are there for a reservation
+    /// ([`Limiter::reserve`](crate::Limiter::reserve), delay mode). Also non-zero for a
+    /// look (cost 0) at a bucket in debt: the time until the debt is paid.
+    pub fn wait(&self) -> Duration {
+        match (self.verdict, self.kind) {
+            (Code::Allowed, Kind::Bucket | Kind::Window) => {
+                Duration::from_nanos(self.retry_after_ns)
+            }
+            _ => Duration::ZERO,
         }
     }
 

@@ -14,7 +14,8 @@ use http::header::HeaderValue;
 use http::request::Parts;
 use smallvec::SmallVec;
 
-use crate::decision::{Decision, LimitDecision, Overall};
+use crate::decision::{Decision, LimitDecision, Overall, Status};
+use crate::delay::{Delay, Waiters};
 use crate::headers::{self, Fields, HeaderStyle, Report, RetryAfterFormat};
 use crate::intern::intern;
 use crate::key::{Key, KeyBuilder, KeyError};
@@ -41,6 +42,8 @@ pub(crate) struct Bound<St: Store> {
     pub(crate) misconfigured_log: LogThrottle,
     /// Shadow "would refuse"s: logged once per [`SHADOW_LOG_EVERY`], with a count.
     pub(crate) shadow_log: LogThrottle,
+    /// Delay mode: the requests that wait.
+    pub(crate) waiters: Option<Waiters>,
 }
 
 impl<St: Store> Bound<St> {
@@ -49,9 +52,10 @@ impl<St: Store> Bound<St> {
             name: intern(&limit.name),
             ietf_prefix: headers::limit_prefix(&limit.name),
             table: store.table(&limit.name),
-            limit,
             misconfigured_log: LogThrottle::new(),
             shadow_log: LogThrottle::new(),
+            waiters: Waiters::new(limit.on_limit),
+            limit,
         }
     }
 }
@@ -69,6 +73,8 @@ pub(crate) struct Group {
     pub(crate) shadow: bool,
     /// Whether a limit of the group charges only some outcomes.
     pub(crate) charged: bool,
+    /// Whether a limit of the group is in delay mode.
+    pub(crate) delayed: bool,
 }
 
 /// A function told every decision (see
@@ -137,6 +143,8 @@ pub(crate) enum Next {
     Proceed {
         fields: Fields,
         charged: SmallVec<[usize; 1]>,
+        /// Delay mode: the request waits this long for its reserved tokens first.
+        delay: Option<Delay>,
     },
     /// An enforcing limit refused (429), or a store failed under `Deny` (503).
     Refuse {
@@ -210,7 +218,9 @@ impl<St: Store> Engine<St> {
             } else {
                 0
             };
-            if g.charged && limit.charge.is_conditional() {
+            // Delay mode keeps every key: a request that goes away while it waits gives
+            // its reservation back.
+            if g.delayed || (g.charged && limit.charge.is_conditional()) {
                 prepared
                     .charge_keys
                     .get_or_insert_with(Default::default)
@@ -222,12 +232,17 @@ impl<St: Store> Engine<St> {
                 cost,
                 key_hash,
             });
-            items.push(
-                Item::new(&bound.table, key, quota, cost)
-                    .mode(limit.mode)
-                    .on_failure(limit.on_failure)
-                    .algorithm(limit.algorithm),
-            );
+            let mut item = Item::new(&bound.table, key, quota, cost)
+                .mode(limit.mode)
+                .on_failure(limit.on_failure)
+                .algorithm(limit.algorithm);
+            if let Some(w) = &bound.waiters
+                && w.has_room()
+                && tokio::runtime::Handle::try_current().is_ok()
+            {
+                item = item.max_wait(limit.reservation_wait(&quota, w.max_wait));
+            }
+            items.push(item);
         }
         Ok(prepared)
     }
@@ -266,8 +281,13 @@ impl<St: Store> Engine<St> {
                 }
             })
             .collect();
-        let decision = Decision { limits };
+        let mut decision = Decision { limits };
         let g = &self.groups[prepared.group];
+        let delay = if g.delayed {
+            self.delay(prepared, &mut decision)
+        } else {
+            None
+        };
         if g.shadow {
             for (l, p) in decision.limits().zip(plan) {
                 if l.mode() == Mode::Shadow && !l.allowed() {
@@ -311,7 +331,11 @@ impl<St: Store> Engine<St> {
                         }
                     }
                 }
-                Next::Proceed { fields, charged }
+                Next::Proceed {
+                    fields,
+                    charged,
+                    delay,
+                }
             }
             // Logged by the refusal path (observe.rs), throttled.
             Overall::Limited => Next::Refuse {
@@ -326,6 +350,80 @@ impl<St: Store> Engine<St> {
                 wait: Some(self.unavailable_retry),
                 fields,
             },
+        }
+    }
+
+    /// Delay mode: whether a request the store let through must wait for its reserved
+    /// tokens, and the waiters' places it takes. A request that finds every place taken
+    /// (it raced others for the last ones) gives its tokens back and is refused: the
+    /// limits whose places were taken report a denial with the wait.
+    fn delay(&self, prepared: &Prepared, decision: &mut Decision) -> Option<Delay> {
+        let waits = |(l, p): (&LimitDecision, &Planned)| {
+            let waits = p.cost > 0 && self.bounds[p.bound].waiters.is_some();
+            let wait = l.outcome().filter(|o| o.is_allowed()).map(|o| o.wait());
+            wait.filter(|w| waits && !w.is_zero())
+        };
+        let wait = decision
+            .limits()
+            .zip(&prepared.plan)
+            .filter_map(waits)
+            .max()?;
+        let mut places = SmallVec::new();
+        let mut full = false;
+        for (l, p) in decision.limits().zip(&prepared.plan) {
+            if waits((l, p)).is_some() {
+                let w = self.bounds[p.bound].waiters.as_ref().expect("delay mode");
+                if w.enter() {
+                    places.push(p.bound);
+                } else {
+                    full = true;
+                }
+            }
+        }
+        let reserved: ChargeKeys = prepared
+            .charge_keys
+            .as_deref()
+            .map(|keys| {
+                keys.iter()
+                    .filter(|(i, _)| {
+                        let l = &decision.limits[*i];
+                        prepared.plan[*i].cost > 0 && l.allowed() && l.outcome().is_some()
+                    })
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let delay = Delay {
+            wait,
+            places,
+            reserved,
+        };
+        if !full {
+            return Some(delay);
+        }
+        for l in decision.limits.iter_mut() {
+            if let Status::Checked(o) | Status::Fallback(o) = &mut l.status
+                && o.is_allowed()
+                && !o.wait().is_zero()
+                && l.mode == Mode::Enforce
+            {
+                *o = o.refused_after_wait();
+            }
+        }
+        self.release(&prepared.plan, &delay.places, &delay.reserved);
+        None
+    }
+
+    /// Frees the waiters' places `places` (bound indices), and gives back the tokens
+    /// `reserved` (plan indices and keys) of a request that will not proceed.
+    pub(crate) fn release(&self, plan: &[Planned], places: &[usize], reserved: &[(usize, Key)]) {
+        for &i in places {
+            if let Some(w) = &self.bounds[i].waiters {
+                w.leave();
+            }
+        }
+        if !reserved.is_empty() {
+            self.refund(plan, reserved);
         }
     }
 

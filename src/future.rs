@@ -12,9 +12,10 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::charge::PendingCharge;
+use crate::delay::DelayGuard;
 use crate::engine::Prepared;
 use crate::headers::Fields;
-use crate::layer::{Shared, proceed};
+use crate::layer::{Passed, Shared, proceed};
 use crate::response::OnRejection;
 use crate::store::Store;
 
@@ -52,6 +53,26 @@ pin_project! {
 }
 
 pin_project! {
+    /// Delay mode: a request that waits for its reserved tokens. It holds a clone of the
+    /// inner service that is not made ready until the wait is over, so no capacity of the
+    /// inner service (a concurrency permit, a buffer slot) is held while it sleeps.
+    /// Boxed, as [`Waiting`].
+    struct Delayed<S, St, R, ReqBody>
+    where
+        St: Store,
+    {
+        #[pin]
+        sleep: tokio::time::Sleep,
+        service: S,
+        request: Option<(Parts, ReqBody)>,
+        fields: Fields,
+        charge: PendingCharge<St, R>,
+        // Gives the tokens back if the request goes away before its instant.
+        guard: Option<DelayGuard<St, R>>,
+    }
+}
+
+pin_project! {
     #[project = StateProj]
     enum State<S, St, R, ReqBody>
     where
@@ -60,6 +81,9 @@ pin_project! {
     {
         Checking {
             waiting: Pin<Box<Waiting<S, St, R, ReqBody>>>,
+        },
+        Delaying {
+            delayed: Pin<Box<Delayed<S, St, R, ReqBody>>>,
         },
         Calling {
             #[pin]
@@ -97,6 +121,34 @@ where
         }
     }
 
+    /// A request that passed, on the `service` made ready for it: called now, or in
+    /// delay mode after its wait.
+    pub(crate) fn passed(passed: Passed<St, R>, mut service: S, parts: Parts, body: ReqBody) -> Self
+    where
+        S: Clone,
+    {
+        let Some((wait, guard)) = passed.delay else {
+            let future = service.call(Request::from_parts(parts, body));
+            return Self::calling(future, passed.fields, passed.charge);
+        };
+        // Sleep without holding the readied service (whatever its readiness holds, a
+        // concurrency permit, goes back now): a clone is made ready after the wait.
+        let unready = service.clone();
+        drop(service);
+        Self {
+            state: State::Delaying {
+                delayed: Box::pin(Delayed {
+                    sleep: tokio::time::sleep(wait),
+                    service: unready,
+                    request: Some((parts, body)),
+                    fields: passed.fields,
+                    charge: passed.charge,
+                    guard: Some(guard),
+                }),
+            },
+        }
+    }
+
     pub(crate) fn checking(
         check: St::Future,
         service: S,
@@ -123,7 +175,7 @@ where
 
 impl<S, St, R, ReqBody, ResBody> Future for ResponseFuture<S, St, R, ReqBody>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     St: Store,
     R: OnRejection<ResBody> + Send + Sync + 'static,
 {
@@ -142,20 +194,33 @@ where
                         .expect("ResponseFuture polled after completion");
                     let prepared = w.prepared.take().expect("prepared once");
                     match proceed(w.shared, prepared, statuses, &mut parts, &w.keys[..]) {
-                        Ok((fields, charge)) => {
-                            let mut service = w.service.take().expect("service taken once");
-                            let future = service.call(Request::from_parts(parts, body));
-                            state.set(State::Calling {
-                                future,
-                                fields,
-                                charge,
-                            });
+                        Ok(passed) => {
+                            let service = w.service.take().expect("service taken once");
+                            let next = Self::passed(passed, service, parts, body);
+                            state.set(next.state);
                         }
                         Err(response) => {
                             state.set(State::Done { response: None });
                             return Poll::Ready(Ok(response));
                         }
                     }
+                }
+                StateProj::Delaying { delayed } => {
+                    let d = delayed.as_mut().project();
+                    ready!(d.sleep.poll(cx));
+                    if let Some(guard) = d.guard.take() {
+                        // The instant has come: the tokens are this request's.
+                        guard.admit();
+                    }
+                    ready!(d.service.poll_ready(cx))?;
+                    let (parts, body) = d.request.take().expect("called once");
+                    let future = d.service.call(Request::from_parts(parts, body));
+                    let (fields, charge) = (std::mem::take(d.fields), d.charge.take());
+                    state.set(State::Calling {
+                        future,
+                        fields,
+                        charge,
+                    });
                 }
                 StateProj::Calling {
                     future,

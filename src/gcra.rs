@@ -135,6 +135,24 @@ pub struct Decided {
 /// See [`Decided`].
 #[inline]
 pub fn decide(params: Params, tat: u64, now: u64, cost: u64) -> Decided {
+    decide_within(params, tat, now, cost, 0)
+}
+
+/// [`decide`] for a reservation (design brief §13): the request also passes when its
+/// tokens are there within `max_wait`, taking them now (the bucket goes into debt); it
+/// may proceed after [`Decided::wait`]. A `max_wait` of 0 is a check.
+///
+/// ```
+/// use tollgate::gcra::{decide_within, Params, Verdict};
+///
+/// let p = Params::new(100, 2); // one token per 100 units, bucket of 2
+/// let d = decide_within(p, 1_200, 1_000, 1, 150); // empty bucket: next token in 100
+/// assert_eq!((d.verdict, d.wait(1_000, p)), (Verdict::Allowed, 100));
+/// let d = decide_within(p, 1_300, 1_000, 1, 150); // in 200: beyond the wait
+/// assert_eq!(d.verdict, Verdict::Denied { retry_after: 200 });
+/// ```
+#[inline]
+pub fn decide_within(params: Params, tat: u64, now: u64, cost: u64, max_wait: u64) -> Decided {
     let base = tat.max(now);
     if cost > params.burst {
         return Decided {
@@ -146,7 +164,7 @@ pub fn decide(params: Params, tat: u64, now: u64, cost: u64) -> Decided {
     let new_tat = base.saturating_add(cost.saturating_mul(params.t));
     // A peek (cost 0) is always allowed and writes nothing, even on a bucket in debt
     // (design brief §2); what it reports says how far from a token the bucket is.
-    if cost == 0 || new_tat - now <= params.tau() {
+    if cost == 0 || new_tat - now <= params.tau().saturating_add(max_wait) {
         Decided {
             verdict: Verdict::Allowed,
             new_tat: (cost > 0).then_some(new_tat),
@@ -168,6 +186,16 @@ impl Decided {
     #[inline]
     pub fn reset_after(&self, now: u64) -> u64 {
         self.after - now
+    }
+
+    /// How long a request that passed [`decide_within`] waits before it may proceed: the
+    /// time until its last token is there (0 for one that passed at once).
+    #[inline]
+    pub fn wait(&self, now: u64, params: Params) -> u64 {
+        match self.verdict {
+            Verdict::Allowed => (self.after - now).saturating_sub(params.tau()),
+            _ => 0,
+        }
     }
 
     /// Fills in what the client is told: tokens left, time to full, time to the next token.
@@ -322,6 +350,30 @@ mod tests {
         let _ = check(p, 0, 0, 1);
         let _ = check(Params::new(0, 0), u64::MAX, 0, u64::MAX);
         let _ = check(P, u64::MAX, 0, 1);
+    }
+
+    #[test]
+    fn a_reservation_takes_tokens_within_the_wait_and_no_further() {
+        // Full bucket of 10: the first 10 pass at once, the next ones wait one T each.
+        let now = 5_000;
+        let mut tat = 0;
+        for i in 0..14u64 {
+            let d = decide_within(P, tat, now, 1, 400);
+            assert_eq!(d.verdict, Verdict::Allowed, "request {i}");
+            assert_eq!(d.wait(now, P), i.saturating_sub(9) * 100, "request {i}");
+            tat = d.new_tat.unwrap();
+        }
+        // The 15th would wait 500 > 400: refused, nothing taken, and told the plain wait.
+        let d = decide_within(P, tat, now, 1, 400);
+        assert_eq!(d.verdict, Verdict::Denied { retry_after: 500 });
+        assert_eq!(d.new_tat, None);
+        // A reservation never exceeds the bucket's capacity per request.
+        assert_eq!(
+            decide_within(P, 0, now, 11, u64::MAX).verdict,
+            Verdict::Never
+        );
+        // Without a wait it is a check.
+        assert_eq!(decide_within(P, tat, now, 1, 0), decide(P, tat, now, 1));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use tower_layer::Layer;
 
 use crate::charge::{ChargeGuard, PendingCharge};
 use crate::decision::Decision;
+use crate::delay::DelayGuard;
 use crate::engine::{Bound, Engine, Group, Next, Observer, Prepared};
 use crate::error::ConfigError;
 use crate::headers::{self, Fields, HeaderStyle, RetryAfterFormat};
@@ -123,24 +124,40 @@ impl<St: Store, R> Shared<St, R> {
     }
 }
 
-/// What follows the store's answer: the fields for the response and the charges to
-/// settle when it comes, or the refusal.
+/// A request the limits let through: the fields for its response, the charges to settle
+/// when it comes, and in delay mode how long it waits first (and what it holds meanwhile).
+pub(crate) struct Passed<St: Store, R> {
+    pub(crate) fields: Fields,
+    pub(crate) charge: PendingCharge<St, R>,
+    pub(crate) delay: Option<(Duration, DelayGuard<St, R>)>,
+}
+
+/// What follows the store's answer: the request passes, or the refusal.
 pub(crate) fn proceed<St, R, B>(
     shared: &Arc<Shared<St, R>>,
     prepared: Prepared,
     statuses: Statuses,
     parts: &mut Parts,
     keys: &(impl Keys + ?Sized),
-) -> Result<(Fields, PendingCharge<St, R>), Response<B>>
+) -> Result<Passed<St, R>, Response<B>>
 where
     St: Store,
     R: OnRejection<B> + Send + Sync + 'static,
 {
     match shared.engine.finish(&prepared, statuses, parts) {
-        Next::Proceed { fields, charged } => {
+        Next::Proceed {
+            fields,
+            charged,
+            delay,
+        } => {
             insert_limiter(shared, parts);
+            let delay = delay.map(|d| (d.wait, DelayGuard::new(shared, &prepared.plan, d)));
             let charge = ChargeGuard::new(shared, &prepared.plan, prepared.charge_keys, &charged);
-            Ok((fields, charge))
+            Ok(Passed {
+                fields,
+                charge,
+                delay,
+            })
         }
         Next::Refuse {
             decision,
@@ -567,6 +584,7 @@ pub(crate) fn compile<St: Store>(store: St, s: Settings) -> Result<Engine<St>, C
                 dynamic_quota: limits.iter().map(limit).any(|l| l.quota_fn.is_some()),
                 shadow: limits.iter().map(limit).any(|l| l.mode == Mode::Shadow),
                 charged: limits.iter().map(limit).any(|l| l.charge.is_conditional()),
+                delayed: limits.iter().any(|&i| bounds[i].waiters.is_some()),
                 limits,
             })
         })

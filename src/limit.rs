@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::StatusCode;
 use http::request::Parts;
@@ -93,6 +94,9 @@ pub struct Limit {
     pub(crate) on_failure: FailurePolicy,
     pub(crate) charge: Charge,
     pub(crate) algorithm: Algorithm,
+    pub(crate) on_limit: OnLimit,
+    /// Outstanding reserved tokens per key (GCRA): the debt a reservation may leave.
+    pub(crate) max_reserved: Option<u32>,
 }
 
 impl Limit {
@@ -109,6 +113,69 @@ impl Limit {
             on_failure: FailurePolicy::Fallback,
             charge: Charge::always(),
             algorithm: Algorithm::Gcra,
+            on_limit: OnLimit::Reject,
+            max_reserved: None,
+        }
+    }
+
+    /// What the layer does with a request over this limit: refuse it with a 429
+    /// ([`OnLimit::Reject`], the default), or let it wait for its tokens
+    /// ([`OnLimit::Delay`], nginx's `burst` + `delay`): see [`Limit::delay`].
+    pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
+        self.on_limit = on_limit;
+        self
+    }
+
+    /// Delay mode: a request over the limit whose tokens are there within `max_wait`
+    /// waits for them instead of getting a 429, while fewer than `max_waiters` requests
+    /// of this limit wait (in this layer); then it proceeds. Beyond `max_wait`, or with
+    /// `max_waiters` already waiting, it gets the usual 429 at once.
+    ///
+    /// The tokens are reserved when the request arrives (design brief §13), so waiting
+    /// requests are admitted in the order they came, one per emission interval; a
+    /// request that goes away while it waits (its response future dropped: the client
+    /// disconnected, a timeout fired) gives its tokens back. A waiting request holds no
+    /// readied inner service and no lock. GCRA and fixed windows only (a sliding window
+    /// or log is a [`ConfigError`] at build); needs a Tokio runtime with its timer, as
+    /// `axum::serve` has (without a runtime the request is refused as in reject mode).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{key::PeerIp, Limit, Quota};
+    ///
+    /// // 10 per second with a burst of 5; up to 100 requests wait up to 2 s each.
+    /// let smooth = Limit::new("smooth", Quota::per_second(10).burst(5))
+    ///     .key(PeerIp::new())
+    ///     .delay(Duration::from_secs(2), 100);
+    /// # let _ = smooth;
+    /// ```
+    pub fn delay(self, max_wait: Duration, max_waiters: usize) -> Self {
+        self.on_limit(OnLimit::Delay {
+            max_wait,
+            max_waiters,
+        })
+    }
+
+    /// Caps the tokens a key may have reserved ahead (seed 004's `maxReserved`): a
+    /// reservation ([`Limiter::reserve`](crate::Limiter::reserve), or a request in delay
+    /// mode) that would leave more than `tokens` reserved beyond an empty bucket is
+    /// refused, whatever its `max_wait`. It is the same bound as a wait of `tokens × T`
+    /// (design brief §13). GCRA only.
+    pub fn max_reserved(mut self, tokens: u32) -> Self {
+        self.max_reserved = Some(tokens);
+        self
+    }
+
+    /// The longest a reservation of this limit may wait for a request with `quota`:
+    /// `max_wait`, capped by [`max_reserved`](Self::max_reserved) tokens.
+    #[inline]
+    pub(crate) fn reservation_wait(&self, quota: &Quota, max_wait: Duration) -> Duration {
+        match self.max_reserved {
+            Some(tokens) => {
+                let cap = u64::from(tokens).saturating_mul(quota.t_ns());
+                max_wait.min(Duration::from_nanos(cap))
+            }
+            None => max_wait,
         }
     }
 
@@ -253,6 +320,7 @@ impl Limit {
                 .validate_for(self.quota.burst_size())
                 .map_err(|e| e.within(at()))?;
         }
+        self.validate_reservations().map_err(|e| e.within(at()))?;
         if let MissingKey::Reject(status) = self.missing
             && !status.is_client_error()
         {
@@ -264,6 +332,80 @@ impl Limit {
         }
         Ok(())
     }
+}
+
+impl Limit {
+    /// Delay mode and `max_reserved` need an algorithm that can reserve (design brief
+    /// §13): GCRA, or a fixed window for delay mode.
+    fn validate_reservations(&self) -> Result<(), ConfigError> {
+        let sliding = matches!(
+            self.algorithm,
+            Algorithm::SlidingWindow | Algorithm::SlidingLog
+        );
+        if let Some(tokens) = self.max_reserved {
+            if self.algorithm.is_window() {
+                return Err(ConfigError::new(
+                    "max_reserved",
+                    "only a GCRA limit counts reserved tokens (a fixed window's reservations are bounded by their wait)",
+                ));
+            }
+            if tokens == 0 {
+                return Err(ConfigError::new(
+                    "max_reserved",
+                    "must be at least 1 (0 would refuse every reservation)",
+                ));
+            }
+        }
+        if let OnLimit::Delay {
+            max_wait,
+            max_waiters,
+        } = self.on_limit
+        {
+            if sliding {
+                return Err(ConfigError::new(
+                    "on_limit",
+                    "a sliding window or sliding log cannot reserve, so cannot delay: use GCRA or a fixed window",
+                ));
+            }
+            if self.mode == Mode::Shadow {
+                return Err(ConfigError::new(
+                    "on_limit",
+                    "a shadow limit never refuses, so never delays",
+                ));
+            }
+            if max_wait.is_zero() {
+                return Err(ConfigError::new(
+                    "on_limit.max_wait",
+                    "must be more than zero (zero is reject mode)",
+                ));
+            }
+            if max_waiters == 0 {
+                return Err(ConfigError::new(
+                    "on_limit.max_waiters",
+                    "must be at least 1 (zero is reject mode)",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the layer does with a request a limit refuses (see [`Limit::on_limit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnLimit {
+    /// A 429 with `Retry-After` (the default).
+    #[default]
+    Reject,
+    /// The request waits for its tokens if they are there within `max_wait` and fewer
+    /// than `max_waiters` requests of this limit wait; otherwise a 429 (see
+    /// [`Limit::delay`]).
+    Delay {
+        /// The longest a request waits.
+        max_wait: Duration,
+        /// How many requests of this limit may wait at once, in one layer.
+        max_waiters: usize,
+    },
 }
 
 /// A name must be printable ASCII (it is an RFC 9651 string in the headers) of 1 to 64
@@ -309,6 +451,9 @@ impl fmt::Debug for Limit {
             .field("missing", &self.missing)
             .field("on_failure", &self.on_failure)
             .field("charge", &self.charge)
+            .field("algorithm", &self.algorithm)
+            .field("on_limit", &self.on_limit)
+            .field("max_reserved", &self.max_reserved)
             .finish_non_exhaustive()
     }
 }

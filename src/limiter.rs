@@ -18,6 +18,7 @@ use crate::layer::{Settings, Shared, compile};
 use crate::limit::{Limit, Mode};
 use crate::offenders::RefusedKey;
 use crate::quota::Quota;
+use crate::reservation::Reservation;
 use crate::store::{Checked, Item, Op, Statuses, Store};
 
 /// Why a [`Limiter`] call was not made.
@@ -64,13 +65,16 @@ struct Applied {
 
 /// An engine reached by limit names, whatever its store.
 trait Handle: Send + Sync + 'static {
-    fn apply(&self, op: Op, calls: Calls<'_>) -> Result<Applied, LimiterError>;
+    /// Applies `op` to the calls' buckets; a check with a non-zero `max_wait` is a
+    /// reservation.
+    fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError>;
     fn names(&self) -> Vec<&'static str>;
     fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError>;
 }
 
 impl<St: Store> Handle for Engine<St> {
-    fn apply(&self, op: Op, calls: Calls<'_>) -> Result<Applied, LimiterError> {
+    fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
+        let reserve = op == Op::Check && !max_wait.is_zero();
         let mut items: SmallVec<[Item<'_, St::Table>; 4]> = SmallVec::new();
         let mut meta = SmallVec::new();
         for (name, key, cost) in calls {
@@ -86,6 +90,7 @@ impl<St: Store> Handle for Engine<St> {
                 let operation = match op {
                     Op::Penalize => Some("penalize"),
                     Op::Block(_) => Some("block"),
+                    Op::Check if reserve => Some("reserve"),
                     _ => None,
                 };
                 if let Some(operation) = operation {
@@ -95,12 +100,14 @@ impl<St: Store> Handle for Engine<St> {
                     });
                 }
             }
-            items.push(
-                Item::new(&bound.table, key, limit.quota, cost)
-                    .mode(limit.mode)
-                    .on_failure(limit.on_failure)
-                    .algorithm(limit.algorithm),
-            );
+            let mut item = Item::new(&bound.table, key, limit.quota, cost)
+                .mode(limit.mode)
+                .on_failure(limit.on_failure)
+                .algorithm(limit.algorithm);
+            if reserve {
+                item = item.max_wait(limit.reservation_wait(&limit.quota, max_wait));
+            }
+            items.push(item);
             meta.push((bound.name, limit.quota, cost, limit.mode));
         }
         let checked = if items.is_empty() {
@@ -129,8 +136,8 @@ impl<St: Store> Handle for Engine<St> {
 }
 
 impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
-    fn apply(&self, op: Op, calls: Calls<'_>) -> Result<Applied, LimiterError> {
-        self.engine.apply(op, calls)
+    fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
+        self.engine.apply(op, calls, max_wait)
     }
 
     fn names(&self) -> Vec<&'static str> {
@@ -236,7 +243,7 @@ impl Limiter {
     ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
         let applied = self
             .inner
-            .apply(op, smallvec::smallvec![(limit, key, cost)]);
+            .apply(op, smallvec::smallvec![(limit, key, cost)], Duration::ZERO);
         async move {
             let mut decision = settle(applied?).await;
             Ok(decision.limits.remove(0))
@@ -298,8 +305,75 @@ impl Limiter {
             .into_iter()
             .map(|(l, k, c)| (l, k.into_key(), c))
             .collect();
-        let applied = self.inner.apply(Op::Check, calls);
+        let applied = self.inner.apply(Op::Check, calls, Duration::ZERO);
         async move { Ok(settle(applied?).await) }
+    }
+
+    /// Takes `cost` tokens now if they are there within `max_wait`, and answers when the
+    /// work may start (design brief §13): a [`Reservation`], whose
+    /// [`wait`](Reservation::wait) sleeps until then, and which gives the tokens back if
+    /// dropped or cancelled before then. A reservation that would wait longer is refused
+    /// and takes nothing; one that would leave more than the limit's
+    /// [`max_reserved`](Limit::max_reserved) tokens reserved too.
+    ///
+    /// Atomic in every store (in Redis, part of the same script as a check). GCRA and
+    /// fixed windows (whose reservations take units of the following windows); a sliding
+    /// window or log answers [`LimiterError::Unsupported`].
+    pub fn reserve(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        cost: u32,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Reservation, LimiterError>> + Send + 'static {
+        self.reserve_all([(limit, key, cost)], max_wait)
+    }
+
+    /// Several reservations, all or nothing as [`check_all`](Self::check_all): every
+    /// limit's tokens are taken or none; the work may start after the longest wait.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tollgate::{store::MemoryStore, Algorithm, Limit, Limiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .limit(Limit::new("per-user", Quota::per_second(10)))
+    ///     .limit(Limit::new("per-day", Quota::per_day(1_000)).algorithm(Algorithm::fixed_window()))
+    ///     .build()?;
+    /// let calls = [("per-user", "alice", 1), ("per-day", "alice", 1)];
+    /// let r = limiter.reserve_all(calls, Duration::from_secs(1)).await?;
+    /// assert!(r.is_granted());
+    /// # Ok(()) }
+    /// ```
+    pub fn reserve_all<'a, K: IntoKey>(
+        &self,
+        calls: impl IntoIterator<Item = (&'a str, K, u32)>,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Reservation, LimiterError>> + Send + 'static {
+        let calls: Calls<'a> = calls
+            .into_iter()
+            .map(|(l, k, c)| (l, k.into_key(), c))
+            .collect();
+        let keys: SmallVec<[Key; 2]> = calls.iter().map(|(_, k, _)| k.clone()).collect();
+        let made_at = tokio::time::Instant::now();
+        let applied = self.inner.apply(Op::Check, calls, max_wait);
+        let limiter = self.clone();
+        async move {
+            let decision = settle(applied?).await;
+            Ok(Reservation::new(limiter, decision, keys, made_at))
+        }
+    }
+
+    /// Gives back what a reservation took (see [`Reservation::cancel`]); `None` if a
+    /// limit is gone.
+    pub(crate) fn apply_refund(
+        &self,
+        calls: SmallVec<[(&'static str, Key, u32); 2]>,
+    ) -> Option<Checked<Pin<Box<dyn Future<Output = Statuses> + Send>>>> {
+        let calls: Calls<'_> = calls.into_iter().collect();
+        let applied = self.inner.apply(Op::Refund, calls, Duration::ZERO).ok()?;
+        Some(applied.checked)
     }
 
     /// Gives `cost` tokens back, never beyond a full bucket (a key the store does not

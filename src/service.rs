@@ -96,9 +96,18 @@ where
                 let next = proceed(shared, prepared, statuses, &mut parts, &items[..]);
                 drop(items);
                 match next {
-                    Ok((fields, charge)) => {
+                    Ok(passed) if passed.delay.is_none() => {
                         let future = self.inner.call(Request::from_parts(parts, body));
-                        ResponseFuture::calling(future, fields, charge)
+                        ResponseFuture::calling(future, passed.fields, passed.charge)
+                    }
+                    // Delay mode: the readied service is let go (whatever its readiness
+                    // holds, a concurrency permit, goes back); the waiting request gets a
+                    // clone, made ready once its wait is over. The next call is made
+                    // ready again, as every call is.
+                    Ok(passed) => {
+                        let clone = self.inner.clone();
+                        let readied = mem::replace(&mut self.inner, clone);
+                        ResponseFuture::passed(passed, readied, parts, body)
                     }
                     Err(response) => ResponseFuture::done(response),
                 }

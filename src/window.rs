@@ -33,6 +33,10 @@ pub struct Report {
     pub reset_after: u64,
     /// Time until at least one more unit is available; `None` while nothing is used.
     pub next_after: Option<u64>,
+    /// A fixed window in debt (after a reservation, or a penalty): the time until its use
+    /// is back within the limit, which is when a reservation that left it there may
+    /// proceed ([`fixed_reserved_wait`]). 0 otherwise.
+    pub wait: u64,
 }
 
 /// A window limit in one unit of time: `limit` units per window of `len`, windows starting
@@ -90,9 +94,42 @@ pub const fn fixed_carry(limit: u64, used: u64, windows: u64) -> u64 {
 /// report and the use to store (`None`: unchanged).
 #[inline(always)]
 pub fn fixed_check(g: Geometry, used: u64, until_end: u64, cost: u64) -> (Report, Option<u64>) {
+    fixed_check_within(g, used, until_end, cost, 0)
+}
+
+/// [`fixed_check`] for a reservation (design brief §13): the request also passes when the
+/// window in which its units fit starts within `max_wait`; it takes them now (the use goes
+/// beyond the limit: a debt the following windows inherit) and may proceed after
+/// [`fixed_reserved_wait`]. A `max_wait` of 0 is a check.
+///
+/// ```
+/// use tollgate::window::{self, Geometry};
+/// use tollgate::gcra::Verdict;
+///
+/// let g = Geometry::new(3, 100, 0); // 3 per window of 100
+/// // Full, 40 before the window ends: the next window starts within 50.
+/// let (r, used) = window::fixed_check_within(g, 3, 40, 1, 50);
+/// assert_eq!((r.verdict, used), (Verdict::Allowed, Some(4)));
+/// assert_eq!(window::fixed_reserved_wait(g, 4, 40), 40);
+/// // Six more would need the window after next, in 140: refused.
+/// let (r, _) = window::fixed_check_within(g, 4, 40, 3, 50);
+/// assert_eq!(r.verdict, Verdict::Denied { retry_after: 140 });
+/// ```
+#[inline(always)]
+pub fn fixed_check_within(
+    g: Geometry,
+    used: u64,
+    until_end: u64,
+    cost: u64,
+    max_wait: u64,
+) -> (Report, Option<u64>) {
+    let fits = |used: u64| {
+        used.saturating_add(cost) <= g.limit
+            || (max_wait > 0 && fixed_wait(g, used, until_end, cost) <= max_wait)
+    };
     let (verdict, after, new) = if cost > g.limit {
         (Verdict::Never, used, None)
-    } else if cost == 0 || used.saturating_add(cost) <= g.limit {
+    } else if cost == 0 || fits(used) {
         (
             Verdict::Allowed,
             used + cost,
@@ -121,6 +158,7 @@ pub fn fixed_report(g: Geometry, used: u64, until_end: u64) -> Report {
             remaining,
             reset_after: 0,
             next_after: None,
+            wait: 0,
         };
     }
     if used <= g.limit {
@@ -130,6 +168,7 @@ pub fn fixed_report(g: Geometry, used: u64, until_end: u64) -> Report {
             remaining,
             reset_after: until_end,
             next_after: Some(until_end),
+            wait: 0,
         };
     }
     let windows = used.div_ceil(g.limit.max(1));
@@ -138,7 +177,20 @@ pub fn fixed_report(g: Geometry, used: u64, until_end: u64) -> Report {
         remaining,
         reset_after: until_end.saturating_add((windows - 1).saturating_mul(g.len)),
         next_after: Some(fixed_wait(g, used, until_end, remaining + 1)),
+        wait: fixed_reserved_wait(g, used, until_end),
     }
+}
+
+/// How long a reservation that left the fixed window's use at `used` (its own units
+/// included), `until_end` before the current window ends, waits: 0 within the limit,
+/// otherwise until the start of the first window `k` with `used − L·k ≤ L`.
+pub fn fixed_reserved_wait(g: Geometry, used: u64, until_end: u64) -> u64 {
+    let limit = g.limit.max(1);
+    if used <= limit {
+        return 0;
+    }
+    let k = (used - limit).div_ceil(limit);
+    until_end.saturating_add((k - 1).saturating_mul(g.len))
 }
 
 /// Time until `need` units fit, when they do not now: the start of the first window `k`
@@ -220,6 +272,7 @@ pub fn sliding_report(g: Geometry, cur: u64, prev: u64, e: u64) -> Report {
         remaining,
         reset_after,
         next_after,
+        wait: 0,
     }
 }
 
@@ -295,6 +348,7 @@ where
         remaining,
         reset_after: if after == 0 { 0 } else { until(newest) },
         next_after: (after > 0).then(|| until(oldest).max(1)),
+        wait: 0,
     }
 }
 

@@ -20,6 +20,9 @@ use tollgate::{Algorithm, Mode, Quota, Status};
 #[derive(Debug, Clone)]
 struct Step {
     advance_us: u64,
+    /// A reservation when non-zero: every limit of the step may wait this long (the
+    /// sliding algorithms ignore it).
+    max_wait_us: u64,
     /// (limit index, key, cost, enforcing)
     limits: Vec<(usize, u8, u32, bool)>,
 }
@@ -97,7 +100,10 @@ async fn run_case<S: Store, C: ConnectionLike + Clone>(
             .iter()
             .map(|&x| {
                 let (key, (q, a), c, m) = item(x);
-                Item::new(&mem_tables[x.0], key, q, c).mode(m).algorithm(a)
+                Item::new(&mem_tables[x.0], key, q, c)
+                    .mode(m)
+                    .algorithm(a)
+                    .max_wait(Duration::from_micros(step.max_wait_us))
             })
             .collect();
         let redis_items: Vec<_> = step
@@ -108,6 +114,7 @@ async fn run_case<S: Store, C: ConnectionLike + Clone>(
                 Item::new(&redis_tables[x.0], key, q, c)
                     .mode(m)
                     .algorithm(a)
+                    .max_wait(Duration::from_micros(step.max_wait_us))
             })
             .collect();
         let a = check(&memory, &mem_items).await;
@@ -140,8 +147,17 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
         v.dedup_by_key(|l| l.0);
         v
     });
-    let step = (prop_oneof![0u64..5_000, 0u64..200_000, Just(0u64)], limits)
-        .prop_map(|(advance_us, limits)| Step { advance_us, limits });
+    let max_wait = prop_oneof![6 => Just(0u64), 1 => 1u64..400_000];
+    let step = (
+        prop_oneof![0u64..5_000, 0u64..200_000, Just(0u64)],
+        max_wait,
+        limits,
+    )
+        .prop_map(|(advance_us, max_wait_us, limits)| Step {
+            advance_us,
+            max_wait_us,
+            limits,
+        });
     prop::collection::vec(step, 1..60)
 }
 
@@ -149,6 +165,12 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
 fn fixed_cases() -> Vec<Vec<Step>> {
     let one = |advance_us, l, k, cost| Step {
         advance_us,
+        max_wait_us: 0,
+        limits: vec![(l, k, cost, true)],
+    };
+    let reserve = |advance_us, max_wait_us, l, k, cost| Step {
+        advance_us,
+        max_wait_us,
         limits: vec![(l, k, cost, true)],
     };
     vec![
@@ -169,14 +191,17 @@ fn fixed_cases() -> Vec<Vec<Step>> {
         vec![
             Step {
                 advance_us: 0,
+                max_wait_us: 0,
                 limits: vec![(0, 0, 1, true), (1, 0, 3, true)],
             },
             Step {
                 advance_us: 0,
+                max_wait_us: 0,
                 limits: vec![(0, 0, 1, true), (1, 0, 1, true)],
             },
             Step {
                 advance_us: 0,
+                max_wait_us: 0,
                 limits: vec![(0, 0, 1, true), (1, 0, 1, true), (2, 0, 1, false)],
             },
         ],
@@ -195,6 +220,7 @@ fn fixed_cases() -> Vec<Vec<Step>> {
         vec![
             Step {
                 advance_us: 0,
+                max_wait_us: 0,
                 limits: vec![
                     (0, 0, 1, true),
                     (4, 0, 4, true),
@@ -204,6 +230,7 @@ fn fixed_cases() -> Vec<Vec<Step>> {
             },
             Step {
                 advance_us: 0,
+                max_wait_us: 0,
                 limits: vec![
                     (0, 0, 1, true),
                     (4, 0, 2, true),
@@ -213,6 +240,7 @@ fn fixed_cases() -> Vec<Vec<Step>> {
             },
             Step {
                 advance_us: 0,
+                max_wait_us: 0,
                 limits: vec![
                     (4, 0, 1, true),
                     (5, 0, 1, true),
@@ -221,14 +249,34 @@ fn fixed_cases() -> Vec<Vec<Step>> {
                 ],
             },
         ],
+        // Reservations: GCRA into debt up to the wait, then refused; a fixed window into
+        // the following windows; both together, all or nothing; the state they leave.
+        (0..14)
+            .map(|_| reserve(0, 350_000, 0, 0, 1))
+            .chain([one(0, 0, 0, 1), one(0, 0, 0, 0), one(150_000, 0, 0, 1)])
+            .chain((0..13).map(|_| reserve(0, 120_000, 4, 0, 1)))
+            .chain([one(0, 4, 0, 0), one(100_000, 4, 0, 1), one(0, 4, 0, 1)])
+            .chain([Step {
+                advance_us: 0,
+                max_wait_us: 250_000,
+                limits: vec![(1, 1, 3, true), (4, 1, 3, true), (6, 1, 4, true)],
+            }])
+            .chain((0..4).map(|_| Step {
+                advance_us: 10_000,
+                max_wait_us: 300_000,
+                limits: vec![(1, 1, 2, true), (4, 1, 3, true)],
+            }))
+            .collect(),
         // A shadow limit that would refuse does not stop the others.
         vec![
             Step {
                 advance_us: 0,
+                max_wait_us: 0,
                 limits: vec![(1, 2, 3, false), (2, 2, 1, true)],
             },
             Step {
                 advance_us: 0,
+                max_wait_us: 0,
                 limits: vec![(1, 2, 3, false), (2, 2, 1, true)],
             },
         ],

@@ -606,13 +606,15 @@ impl<C: Clock> MemoryStore<C> {
         let params = params(item);
         let cost = u64::from(item.cost);
         let slot = self.slot(item);
-        let run = |tat: &AtomicU64| update(tat, |cur| gcra::decide(params, cur, now, cost)).0;
+        let max_wait = max_wait_ns(item);
+        let decide = |cur| gcra::decide_within(params, cur, now, cost, max_wait);
+        let run = |tat: &AtomicU64| update(tat, decide).0;
         let decided = match self.with_existing(table, slot, run) {
             Some(d) => d,
             None => {
                 // An absent key starts from `initial_tat`: insert only if the request
                 // consumes.
-                let d = gcra::decide(params, table.initial_tat(), now, cost);
+                let d = decide(table.initial_tat());
                 if d.new_tat.is_some() {
                     self.with_entry(table, slot, run)
                 } else {
@@ -689,8 +691,9 @@ impl<C: Clock> MemoryStore<C> {
             .iter()
             .zip(&slots)
             .map(|(item, &slot)| {
-                let tat = self.load(item, slot);
-                gcra::check(params(item), tat, now, u64::from(item.cost))
+                let (params, tat) = (params(item), self.load(item, slot));
+                gcra::decide_within(params, tat, now, u64::from(item.cost), max_wait_ns(item))
+                    .report(params, now)
             })
             .collect();
         // (A look reports in full: a refused request answers from it.)
@@ -717,8 +720,11 @@ impl<C: Clock> MemoryStore<C> {
                 )));
                 continue;
             }
+            let max_wait = max_wait_ns(item);
             let (d, prev) = self.with_entry(&item.table.table, slots[i], |tat| {
-                update(tat, |cur| gcra::decide(params, cur, now, cost))
+                update(tat, |cur| {
+                    gcra::decide_within(params, cur, now, cost, max_wait)
+                })
             });
             if let Some(written) = d.new_tat {
                 taken.push((i, written, prev));
@@ -848,6 +854,12 @@ impl<C: Clock> MemoryStore<C> {
 
 fn params(item: &Item<'_, MemoryTable>) -> Params {
     Params::new(item.quota.t_ns(), item.quota.burst_size())
+}
+
+/// How long a reservation may wait, in ns (0: a check).
+#[inline(always)]
+fn max_wait_ns(item: &Item<'_, impl Sized>) -> u64 {
+    u64::try_from(item.max_wait.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Applies `f` to the TAT with compare-and-swap until it sticks; returns the decision and

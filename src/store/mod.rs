@@ -116,6 +116,11 @@ pub struct Item<'a, T> {
     /// How the limit counts ([`Algorithm::Gcra`] unless set). A table serves one
     /// algorithm: the items of one table must all have the same.
     pub algorithm: Algorithm,
+    /// A reservation (design brief §13) when non-zero: in an [`Op::Check`], the item also
+    /// passes when its tokens are there within this wait, taking them now; its outcome's
+    /// [`wait`](crate::Outcome::wait) says when the request may proceed. GCRA and fixed
+    /// windows only (the sliding algorithms ignore it). Zero: a check.
+    pub max_wait: Duration,
 }
 
 impl<'a, T> Item<'a, T> {
@@ -143,7 +148,15 @@ impl<'a, T> Item<'a, T> {
             mode: Mode::Enforce,
             on_failure: FailurePolicy::Fallback,
             algorithm: Algorithm::Gcra,
+            max_wait: Duration::ZERO,
         }
+    }
+
+    /// Makes the check a reservation that may wait up to `max_wait` (see
+    /// [`Item::max_wait`](Item#structfield.max_wait)).
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
     }
 
     /// Sets how the limit counts (see [`Algorithm`]; the quota's rate and period are a

@@ -243,6 +243,7 @@ struct Part {
     mode: Mode,
     policy: FailurePolicy,
     algorithm: Algorithm,
+    max_wait: Duration,
     fallback: MemoryTable,
     deny: Option<MemoryTable>,
 }
@@ -290,7 +291,8 @@ impl<B: Backend> Resilient<B> {
             .iter()
             .map(|item| {
                 let table = item.table.deny.as_ref()?;
-                if item.mode != Mode::Enforce || item.cost == 0 {
+                // A reservation may pass where a check is refused: the store decides.
+                if item.mode != Mode::Enforce || item.cost == 0 || !item.max_wait.is_zero() {
                     return None;
                 }
                 let (until, now) = cache.marker(table, &item.key, quota_salt(&item.quota));
@@ -418,6 +420,7 @@ impl<B: Backend> Resilient<B> {
                 Item::new(&p.fallback, p.key.clone(), p.quota, p.cost)
                     .mode(p.mode)
                     .algorithm(p.algorithm)
+                    .max_wait(p.max_wait)
             })
             .collect();
         let Checked::Ready(local) = self.inner.fallback.apply(op, &items) else {
@@ -557,6 +560,7 @@ impl<B: Backend> Store for Resilient<B> {
                 mode: item.mode,
                 policy: item.on_failure,
                 algorithm: item.algorithm,
+                max_wait: item.max_wait,
                 fallback: item.table.fallback.clone(),
                 deny: item.table.deny.clone(),
             })
@@ -574,6 +578,7 @@ impl<B: Backend> Store for Resilient<B> {
                 mode: item.mode,
                 on_failure: item.on_failure,
                 algorithm: item.algorithm,
+                max_wait: item.max_wait,
             })
             .collect();
         let call = self.inner.backend.apply(op, &backend_items);

@@ -107,6 +107,8 @@ struct Ctx {
     index: u64,
     /// Time into the current window, µs.
     e: u64,
+    /// How long a reservation may wait, µs (0: a check).
+    max_wait: u64,
 }
 
 impl Ctx {
@@ -144,7 +146,8 @@ impl Ctx {
     fn decide(&self, algorithm: Algorithm, word: u64, cost: u64) -> (Report, Option<u64>) {
         let (a, b) = self.current(algorithm, word);
         if let Algorithm::FixedWindow { .. } = algorithm {
-            let (r, new) = window::fixed_check(self.g, a, self.g.len - self.e, cost);
+            let until_end = self.g.len - self.e;
+            let (r, new) = window::fixed_check_within(self.g, a, until_end, cost, self.max_wait);
             (r, new.map(|used| self.pack(algorithm, used, 0)))
         } else {
             let (r, new) = window::sliding_check(self.g, a, b, self.e, cost);
@@ -298,7 +301,13 @@ impl<C: Clock> MemoryStore<C> {
         } else {
             (0, 0) // before the first phase
         };
-        Ctx { g, t, index, e }
+        Ctx {
+            g,
+            t,
+            index,
+            e,
+            max_wait: (item.max_wait.as_micros()).try_into().unwrap_or(u64::MAX),
+        }
     }
 
     fn log_shard<'t>(&self, table: &'t Table, slot: Slot) -> &'t LogShard {
@@ -539,8 +548,11 @@ impl<C: Clock> MemoryStore<C> {
                 (Status::Checked(Outcome::window(r, 1_000)), undo)
             } else {
                 let params = super::params(item);
+                let max_wait = super::max_wait_ns(item);
                 let (d, prev) = self.with_entry(&item.table.table, slots[i], |tat| {
-                    super::update(tat, |cur| gcra::decide(params, cur, now, cost))
+                    super::update(tat, |cur| {
+                        gcra::decide_within(params, cur, now, cost, max_wait)
+                    })
                 });
                 let undo = d.new_tat.map(|written| Undo::Gcra { written, prev });
                 let o = Outcome::new(d.verdict, d.reset_after(now), params, 1);
@@ -570,7 +582,9 @@ impl<C: Clock> MemoryStore<C> {
             return Status::Checked(Outcome::window(r, 1_000));
         }
         let params = super::params(item);
-        let o = gcra::check(params, self.load(item, slot), now, cost);
+        let tat = self.load(item, slot);
+        let o = gcra::decide_within(params, tat, now, cost, super::max_wait_ns(item))
+            .report(params, now);
         Status::Checked(Outcome::new(o.verdict, o.reset_after, params, 1))
     }
 

@@ -41,6 +41,8 @@ static OPS: LazyLock<Script> = LazyLock::new(|| {
 const REPLY_WIDTH: usize = 3;
 /// Integers per window limit in a `gcra.lua` reply.
 const WINDOW_REPLY_WIDTH: usize = 5;
+/// The largest integer Lua's doubles hold exactly (2^53 − 1).
+const MAX_EXACT: u64 = (1 << 53) - 1;
 
 #[derive(Clone)]
 enum Connection {
@@ -301,6 +303,8 @@ struct Part {
     algorithm: Algorithm,
     /// A fixed window's phase, µs.
     phase_us: u64,
+    /// How long a reservation may wait, µs (0: a check).
+    max_wait_us: u64,
 }
 
 impl Part {
@@ -410,11 +414,16 @@ impl RedisBackend {
         for &i in group {
             let p = &parts[i];
             let (t, burst) = p.shape();
-            cmd.arg(t)
-                .arg(burst)
-                .arg(p.cost)
-                .arg(u8::from(p.mode == Mode::Enforce))
-                .arg(p.kind(0).as_slice());
+            cmd.arg(t).arg(burst).arg(p.cost);
+            let enforce = u8::from(p.mode == Mode::Enforce);
+            if p.max_wait_us == 0 {
+                cmd.arg(enforce);
+            } else {
+                // A reservation: `<enforce>:<max_wait>`, the wait capped where Lua's
+                // doubles stay exact.
+                cmd.arg(format!("{enforce}:{}", p.max_wait_us.min(MAX_EXACT)));
+            }
+            cmd.arg(p.kind(0).as_slice());
         }
         let reply: Vec<i64> = self.conn.eval(&cmd, &GCRA).await.map_err(Failure::Redis)?;
         parse_reply(&reply, parts, group)
@@ -649,6 +658,7 @@ impl Backend for RedisBackend {
                     &item.key,
                     item.quota.period_ns() / 1_000,
                 ),
+                max_wait_us: u64::try_from(item.max_wait.as_micros()).unwrap_or(u64::MAX),
             })
             .collect();
         let backend = self.clone();
@@ -762,6 +772,7 @@ fn window_report(r: &[i64], verdict: gcra::Verdict) -> window::Report {
         remaining: r[0] as u64,
         reset_after: r[1] as u64,
         next_after: (r[2] > 0).then_some(r[2] as u64),
+        wait: 0,
     }
 }
 
@@ -779,6 +790,7 @@ mod tests {
             mode,
             algorithm: Algorithm::Gcra,
             phase_us: 0,
+            max_wait_us: 0,
         };
         let parts = [part(2, Mode::Enforce), part(1, Mode::Shadow)];
         let now = 1_700_000_000_000_000i64;

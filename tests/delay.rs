@@ -1,0 +1,227 @@
+//! Delay mode over real TCP (design brief §13): requests over a limit wait for their
+//! reserved tokens, in order, up to `max_wait` and `max_waiters`; a client that goes away
+//! while it waits gives its tokens back; a waiting request holds no readied inner service.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tollgate::key::{Header, PeerIp};
+use tollgate::store::MemoryStore;
+use tollgate::{Limit, Limiter, Quota, RateLimitLayer};
+
+/// Serves `app` on a free loopback port with peer addresses.
+async fn serve(app: Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+/// Sends `GET /` (with `x-key: key`) on a new connection and reads the status.
+async fn status(addr: SocketAddr, key: &str) -> u16 {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET / HTTP/1.1\r\nhost: t\r\nx-key: {key}\r\nconnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    text.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+fn app(layer: RateLimitLayer<MemoryStore>) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forty_requests_pass_five_at_once_then_one_per_t_and_the_rest_get_429_at_once() {
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .limit(
+            Limit::new("smooth", Quota::per_second(10).burst(5))
+                .key(PeerIp::new())
+                .delay(Duration::from_secs(2), 100),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..40)
+        .map(|_| {
+            tokio::spawn(async move {
+                let s = status(addr, "a").await;
+                (s, t0.elapsed())
+            })
+        })
+        .collect();
+    let mut passed = Vec::new();
+    let mut refused = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            (200, at) => passed.push(at),
+            (429, at) => refused.push(at),
+            (s, _) => panic!("status {s}"),
+        }
+    }
+    passed.sort();
+    // 5 at once, then one every 100 ms up to 2 s: 20 more; the rest is refused.
+    assert!((25..=26).contains(&passed.len()), "{} passed", passed.len());
+    let ms = Duration::from_millis;
+    for at in &passed[..5] {
+        assert!(*at < ms(90), "the burst passes at once: {at:?}");
+    }
+    for (i, at) in passed[5..].iter().enumerate() {
+        let due = ms(100) * (i as u32 + 1);
+        assert!(
+            *at + ms(30) >= due && *at <= due + ms(400),
+            "waiter {i} answered after {at:?}, due at {due:?}"
+        );
+    }
+    assert!(passed.last().unwrap() <= &ms(2_400));
+    for at in &refused {
+        assert!(
+            *at < ms(500),
+            "over max_wait: refused at once, not after {at:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_waiters_bounds_the_queue() {
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .limit(
+            Limit::new("paced", Quota::per_second(5).burst(1))
+                .key(PeerIp::new())
+                .delay(Duration::from_secs(10), 2),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let t0 = Instant::now();
+    let first = status(addr, "a").await; // passes at once
+    assert_eq!(first, 200);
+    let waiting: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(async move { (status(addr, "a").await, t0.elapsed()) }))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Two wait (200 and 400 ms): a third is refused at once, though it would wait only 600.
+    let at = Instant::now();
+    assert_eq!(status(addr, "a").await, 429);
+    assert!(at.elapsed() < Duration::from_millis(150));
+    for w in waiting {
+        let (s, after) = w.await.unwrap();
+        assert_eq!(s, 200);
+        assert!(after >= Duration::from_millis(180), "{after:?}");
+    }
+    // The places are free again: the next request waits instead of being refused.
+    assert_eq!(status(addr, "a").await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_disconnects_while_waiting_gives_its_tokens_back() {
+    // One token every 2 s: a second request waits about 2 s.
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .limit(
+            Limit::new("slow", Quota::new(1, Duration::from_secs(2)).unwrap())
+                .key(Header::new("x-key"))
+                .delay(Duration::from_secs(10), 10),
+        )
+        .build()
+        .unwrap();
+    let limiter: Limiter = layer.limiter();
+    let addr = serve(app(layer)).await;
+    assert_eq!(status(addr, "k").await, 200);
+    // The second request waits; its client goes away after 100 ms.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nhost: t\r\nx-key: k\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let look = limiter.peek("slow", "k").await.unwrap();
+    let debt = look.outcome().unwrap().next_after().unwrap();
+    assert!(
+        debt > Duration::from_secs(3),
+        "the waiter holds its token: {debt:?}"
+    );
+    drop(s);
+    // Its reservation goes back: one token's debt is left, not two.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let look = limiter.peek("slow", "k").await.unwrap();
+        let next = look.outcome().unwrap().next_after().unwrap();
+        if next < Duration::from_secs(2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the disconnected waiter's token was never given back ({next:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_request_holds_no_readied_inner_service() {
+    // The inner service admits one request at a time; a request waiting for its tokens
+    // must not hold that place.
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .limit(
+            Limit::new("per-key", Quota::new(1, Duration::from_secs(1)).unwrap())
+                .key(Header::new("x-key"))
+                .delay(Duration::from_secs(5), 10),
+        )
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(tower::limit::ConcurrencyLimitLayer::new(1))
+        .layer(layer);
+    let addr = serve(app).await;
+    assert_eq!(status(addr, "a").await, 200);
+    let t0 = Instant::now();
+    let waiter = tokio::spawn(async move { (status(addr, "a").await, t0.elapsed()) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Another key passes at once while "a" waits.
+    let at = Instant::now();
+    assert_eq!(status(addr, "b").await, 200);
+    assert!(
+        at.elapsed() < Duration::from_millis(500),
+        "blocked behind a waiting request: {:?}",
+        at.elapsed()
+    );
+    let (s, after) = waiter.await.unwrap();
+    assert_eq!(s, 200);
+    assert!(after >= Duration::from_millis(800), "{after:?}");
+}
+
+#[test]
+fn delay_mode_is_checked_at_build() {
+    let q = Quota::per_second(1);
+    let b = |l: Limit| {
+        RateLimitLayer::builder(MemoryStore::new())
+            .limit(l)
+            .build()
+            .unwrap_err()
+    };
+    let e = b(Limit::new("a", q).delay(Duration::ZERO, 1));
+    assert_eq!(e.field(), r#"limits["a"].on_limit.max_wait"#);
+    let e = b(Limit::new("a", q).delay(Duration::from_secs(1), 0));
+    assert_eq!(e.field(), r#"limits["a"].on_limit.max_waiters"#);
+    let e = b(Limit::new("a", q)
+        .algorithm(tollgate::Algorithm::SlidingWindow)
+        .delay(Duration::from_secs(1), 1));
+    assert_eq!(e.field(), r#"limits["a"].on_limit"#);
+    let e = b(Limit::new("a", q).shadow().delay(Duration::from_secs(1), 1));
+    assert_eq!(e.field(), r#"limits["a"].on_limit"#);
+}
