@@ -32,7 +32,9 @@ Reply: an array of integers:
   and per window limit five: verdict, retry_after (0 unless denied), then the state after
   this request (as the key stands if the request is refused), from which the client
   derives what it tells clients with `src/window.rs`, as the memory store does:
-    fixed window    used, time to the window's end, 0
+    fixed window    used, time to the window's end, the units this request added to the
+                    use (its cost; more for a reservation that skips what is left of
+                    the current window: what an undo gives back)
     sliding window  current count, previous count, time into the current window
     sliding log     remaining, reset_after, next_after (0: none)
   (a request refused by another slot of a cluster learns the state from ops.lua's
@@ -131,10 +133,18 @@ for i = 1, n do
       end
       local index, e, until_end = win_at(len, phase, now)
       local cur, prev = win_read(code, tats[i], limit, index)
+      local before = cur
       local fits
+      local reserved_at = 0
       if fixed then
         fits = cur + cost <= limit
-          or (max_wait > 0 and fixed_wait(limit, len, cur, until_end, cost) <= max_wait)
+        if not fits and max_wait > 0 and cost <= limit
+          and fixed_wait(limit, len, cur, until_end, cost) <= max_wait then
+          -- a reservation: its units start together in window k, and what is left of
+          -- the windows before k counts as used (src/window.rs, fixed_check_within)
+          fits = true
+          reserved_at = math.max(idiv(cur + cost - limit + limit - 1, limit), 1) * limit
+        end
       else
         fits = sliding_fits(limit, len, cur, prev, e, cost)
       end
@@ -142,7 +152,7 @@ for i = 1, n do
         verdict = 2
       elseif cost == 0 or fits then
         if cost > 0 then
-          cur = cur + cost
+          cur = math.max(cur, reserved_at) + cost
           writes[i] = true
         end
       else
@@ -159,9 +169,9 @@ for i = 1, n do
         if cur > limit then
           debt_px = until_end + (idiv(cur + limit - 1, limit) - 1) * len
         end
-        wins[i] = { code, retry, cur, until_end, 0, index, cur, 0, cost, len, debt_px }
+        wins[i] = { code, retry, cur, until_end, cur - before, index, cur, 0, cur - before, len, debt_px }
       else
-        wins[i] = { code, retry, cur, prev, e, index, cur, prev, cost, len }
+        wins[i] = { code, retry, cur, prev, e, index, cur, prev, cur - before, len }
       end
     end
   end

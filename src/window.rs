@@ -98,9 +98,11 @@ pub fn fixed_check(g: Geometry, used: u64, until_end: u64, cost: u64) -> (Report
 }
 
 /// [`fixed_check`] for a reservation (design brief §13): the request also passes when the
-/// window in which its units fit starts within `max_wait`; it takes them now (the use goes
-/// beyond the limit: a debt the following windows inherit) and may proceed after
-/// [`fixed_reserved_wait`]. A `max_wait` of 0 is a check.
+/// window `k` in which its units fit starts within `max_wait`; it takes them now (the use
+/// goes beyond the limit: a debt the following windows inherit) and may proceed after
+/// [`fixed_reserved_wait`]. Its units start together in window `k`, so what was left of
+/// the windows before `k` counts as used too: the use becomes `max(used, L·k) + cost`. A
+/// `max_wait` of 0 is a check.
 ///
 /// ```
 /// use tollgate::window::{self, Geometry};
@@ -111,9 +113,13 @@ pub fn fixed_check(g: Geometry, used: u64, until_end: u64, cost: u64) -> (Report
 /// let (r, used) = window::fixed_check_within(g, 3, 40, 1, 50);
 /// assert_eq!((r.verdict, used), (Verdict::Allowed, Some(4)));
 /// assert_eq!(window::fixed_reserved_wait(g, 4, 40), 40);
-/// // Six more would need the window after next, in 140: refused.
+/// // Three more would need the window after next, in 140: refused.
 /// let (r, _) = window::fixed_check_within(g, 4, 40, 3, 50);
 /// assert_eq!(r.verdict, Verdict::Denied { retry_after: 140 });
+/// // One used, three asked: they start together in the next window, which the
+/// // two units left of this one cannot share.
+/// let (r, used) = window::fixed_check_within(g, 1, 40, 3, 50);
+/// assert_eq!((r.verdict, used), (Verdict::Allowed, Some(6)));
 /// ```
 #[inline(always)]
 pub fn fixed_check_within(
@@ -123,18 +129,20 @@ pub fn fixed_check_within(
     cost: u64,
     max_wait: u64,
 ) -> (Report, Option<u64>) {
-    let fits = |used: u64| {
-        used.saturating_add(cost) <= g.limit
-            || (max_wait > 0 && fixed_wait(g, used, until_end, cost) <= max_wait)
-    };
     let (verdict, after, new) = if cost > g.limit {
         (Verdict::Never, used, None)
-    } else if cost == 0 || fits(used) {
+    } else if cost == 0 || used.saturating_add(cost) <= g.limit {
         (
             Verdict::Allowed,
             used + cost,
             (cost > 0).then_some(used + cost),
         )
+    } else if max_wait > 0 && fixed_wait(g, used, until_end, cost) <= max_wait {
+        // The units start together in window k: what is left of the windows before it
+        // counts as used (nothing else can start there before them).
+        let k = fixed_windows_to_fit(g, used, cost);
+        let after = used.max(g.limit.saturating_mul(k)).saturating_add(cost);
+        (Verdict::Allowed, after, Some(after))
     } else {
         let retry_after = fixed_wait(g, used, until_end, cost);
         (Verdict::Denied { retry_after }, used, None)
@@ -193,11 +201,18 @@ pub fn fixed_reserved_wait(g: Geometry, used: u64, until_end: u64) -> u64 {
     until_end.saturating_add((k - 1).saturating_mul(g.len))
 }
 
+/// The first window `k ≥ 1` from now with `used − L·k + need ≤ L`, when `need` units do
+/// not fit now.
+#[inline]
+fn fixed_windows_to_fit(g: Geometry, used: u64, need: u64) -> u64 {
+    let limit = g.limit.max(1);
+    (used.saturating_add(need) - limit).div_ceil(limit).max(1)
+}
+
 /// Time until `need` units fit, when they do not now: the start of the first window `k`
 /// with `used − L·k + need ≤ L`.
 fn fixed_wait(g: Geometry, used: u64, until_end: u64, need: u64) -> u64 {
-    let limit = g.limit.max(1);
-    let k = (used.saturating_add(need) - limit).div_ceil(limit).max(1);
+    let k = fixed_windows_to_fit(g, used, need);
     until_end.saturating_add((k - 1).saturating_mul(g.len))
 }
 

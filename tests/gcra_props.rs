@@ -48,6 +48,42 @@ proptest! {
         }
     }
 
+    /// Reservations (design brief §13) and checks mixed: the cost that starts over any
+    /// interval `[a, b]` of start instants (`now + wait`) is at most `burst + (b - a) / T`,
+    /// and no reservation waits longer than it allowed.
+    #[test]
+    fn reserved_starts_are_bounded_on_every_interval(
+        t in 1u64..200, burst in 1u64..20, start in 0u64..1_000_000,
+        reqs in prop::collection::vec((0u64..400, 0u64..8, prop_oneof![Just(0u64), 0u64..3_000]), 1..150),
+    ) {
+        let p = Params::new(t, burst);
+        let mut tat = 0;
+        let mut now = start;
+        let mut started: Vec<(u64, u64)> = Vec::new();
+        for (dt, cost, max_wait) in reqs {
+            now += dt;
+            let d = gcra::decide_within(p, tat, now, cost, max_wait);
+            if d.verdict == Verdict::Allowed && cost > 0 {
+                let wait = d.wait(now, p);
+                prop_assert!(wait <= max_wait);
+                tat = d.new_tat.unwrap();
+                started.push((now + wait, cost));
+            }
+        }
+        started.sort();
+        for i in 0..started.len() {
+            let mut sum = 0;
+            for j in i..started.len() {
+                sum += started[j].1;
+                let d = started[j].0 - started[i].0;
+                prop_assert!(
+                    sum * t <= burst * t + d,
+                    "{sum} started in {d} units with T={t}, burst={burst}"
+                );
+            }
+        }
+    }
+
     /// A denial never writes; an admission never moves the TAT backwards and writes exactly
     /// `max(tat, now) + cost × T`.
     #[test]

@@ -95,6 +95,43 @@ proptest! {
         }
     }
 
+    /// Reservations on an aligned fixed window (design brief §13), mixed with checks and
+    /// with the store swept before every request: the units that start in any window
+    /// (at `now + wait`) are at most `limit`, and no reservation waits longer than it
+    /// allowed.
+    #[test]
+    fn fixed_window_reservations_start_at_most_the_limit_per_window(
+        limit in 1u64..8, len_us in 8u64..500, offset in 0u64..1_000, start in 0u64..10_000,
+        reqs in prop::collection::vec((0u64..400, 0u64..6, prop_oneof![Just(0u64), 0u64..2_000]), 1..120),
+    ) {
+        let algorithm = Algorithm::fixed_window_at(Duration::from_micros(offset));
+        let clock = FakeClock::at(Duration::from_micros(EPOCH_US + start));
+        let store = MemoryStore::with_clock(clock.clone()).idle_grace(Duration::ZERO);
+        let table = store.table("w");
+        let quota = Quota::new(limit, Duration::from_micros(len_us)).unwrap();
+        let mut now = EPOCH_US + start;
+        let mut per_window = std::collections::HashMap::new();
+        for (dt, cost, max_wait) in reqs {
+            now += dt;
+            clock.advance(Duration::from_micros(dt));
+            store.sweep();
+            let item = Item::new(&table, Key::from_part("k"), quota, cost as u32)
+                .algorithm(algorithm)
+                .max_wait(Duration::from_micros(max_wait));
+            let o = check(&store, item);
+            if o.is_allowed() && cost > 0 {
+                let wait = o.wait().as_micros() as u64;
+                prop_assert!(wait <= max_wait, "waits {} > {}", wait, max_wait);
+                let at = now + wait;
+                let phase = offset % len_us;
+                *per_window.entry((at - phase) / len_us).or_insert(0) += cost;
+            }
+        }
+        for (w, n) in per_window {
+            prop_assert!(n <= limit, "{} start in window {}", n, w);
+        }
+    }
+
     /// A random-phase fixed window admits at most `limit` per window of its own phase:
     /// some phase in `0..W` explains every admission.
     #[test]

@@ -503,6 +503,10 @@ impl<C: Clock> MemoryStore<C> {
                     set_packed(word, |w| {
                         let (a, b) = ctx.current(algorithm, w);
                         match (algorithm, ctx.index.saturating_sub(index)) {
+                            // (A reservation that skipped what was left of the window
+                            // gives back its cost; the skipped units stay used until the
+                            // window ends: this undo follows only a race lost between
+                            // the look and the consume, and errs on the side of refusing.)
                             (Algorithm::FixedWindow { .. }, _) => {
                                 ctx.pack(algorithm, a.saturating_sub(cost), 0)
                             }

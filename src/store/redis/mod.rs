@@ -366,6 +366,10 @@ struct Answer {
     now: u64,
     /// A window limit's outcome after this request.
     window: Option<Outcome>,
+    /// What an undo of this request gives back: its cost, or for a fixed window the
+    /// units it added to the use (more than its cost for a reservation that skipped what
+    /// was left of the current window).
+    undo: u64,
 }
 
 #[derive(Debug)]
@@ -463,7 +467,7 @@ impl RedisBackend {
                 let (t, burst) = p.shape();
                 cmd.arg(t)
                     .arg(burst)
-                    .arg(p.cost)
+                    .arg(a.undo)
                     .arg(p.kind(a.now).as_slice());
             }
             match self.conn.eval::<Vec<i64>>(&cmd, &OPS).await {
@@ -711,6 +715,7 @@ fn parse_reply(reply: &[i64], parts: &[Part], group: &[usize]) -> Result<Vec<Ans
                     _ => return Err(malformed()),
                 };
                 let written = (verdict.is_allowed() && cost > 0 && !refused).then_some(now);
+                let fixed = matches!(p.algorithm, Algorithm::FixedWindow { .. });
                 return Ok(Answer {
                     verdict,
                     reset_after: r[3] as u64,
@@ -718,6 +723,7 @@ fn parse_reply(reply: &[i64], parts: &[Part], group: &[usize]) -> Result<Vec<Ans
                     previous: 0,
                     now,
                     window: Some(window_outcome(p, verdict, &r[2..5])),
+                    undo: if fixed { (r[4] as u64).max(cost) } else { cost },
                 });
             }
             let params = p.params();
@@ -744,6 +750,7 @@ fn parse_reply(reply: &[i64], parts: &[Part], group: &[usize]) -> Result<Vec<Ans
                 previous: r[2] as u64,
                 now,
                 window: None,
+                undo: cost,
             })
         })
         .collect()
