@@ -387,7 +387,11 @@ impl<St: Store> Engine<St> {
                 keys.iter()
                     .filter(|(i, _)| {
                         let l = &decision.limits[*i];
-                        prepared.plan[*i].cost > 0 && l.allowed() && l.outcome().is_some()
+                        let p = &prepared.plan[*i];
+                        // A limit that charges by outcome is given back by its own guard
+                        // when no response comes: not twice.
+                        let by_outcome = self.bounds[p.bound].limit.charge.is_conditional();
+                        p.cost > 0 && l.allowed() && l.outcome().is_some() && !by_outcome
                     })
                     .cloned()
                     .collect()

@@ -225,3 +225,43 @@ fn delay_mode_is_checked_at_build() {
     let e = b(Limit::new("a", q).shadow().delay(Duration::from_secs(1), 1));
     assert_eq!(e.field(), r#"limits["a"].on_limit"#);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_disconnected_waiter_of_a_limit_charged_by_outcome_is_given_back_once() {
+    // Only 200s count; a bucket of 2, one token back every 2 s.
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .limit(
+            Limit::new(
+                "ok-only",
+                Quota::new(1, Duration::from_secs(2)).unwrap().burst(2),
+            )
+            .key(Header::new("x-key"))
+            .charge(tollgate::Charge::when(|status, _| status == 200))
+            .delay(Duration::from_secs(10), 10),
+        )
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let addr = serve(app(layer)).await;
+    assert_eq!(status(addr, "k").await, 200);
+    assert_eq!(status(addr, "k").await, 200);
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nhost: t\r\nx-key: k\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let look = limiter.peek("ok-only", "k").await.unwrap();
+        let o = look.outcome().unwrap();
+        let next = o.next_after().unwrap();
+        if next < Duration::from_secs(2) {
+            // Given back once: the bucket is empty again, not holding one more token.
+            assert_eq!(o.remaining(), 0, "given back twice");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never given back ({next:?})");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
