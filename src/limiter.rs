@@ -104,7 +104,8 @@ impl<St: Store> Handle for Engine<St> {
                 .mode(limit.mode)
                 .on_failure(limit.on_failure)
                 .algorithm(limit.algorithm);
-            if reserve {
+            // A shadow limit never holds a request back: it is checked as usual.
+            if reserve && limit.mode == Mode::Enforce {
                 item = item.max_wait(limit.reservation_wait(&limit.quota, max_wait));
             }
             items.push(item);

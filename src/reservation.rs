@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::key::Key;
+use crate::limit::Mode;
 use crate::limiter::Limiter;
 use crate::store::Checked;
 
@@ -71,6 +72,7 @@ impl Reservation {
         let granted = decision.allowed();
         let wait = decision
             .limits()
+            .filter(|l| l.cost() > 0 && l.mode() == Mode::Enforce)
             .filter_map(|l| l.outcome().map(|o| o.wait()))
             .max()
             .unwrap_or(Duration::ZERO);

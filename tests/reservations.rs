@@ -420,3 +420,30 @@ mod redis_store {
         }
     }
 }
+
+#[tokio::test]
+async fn a_shadow_limit_never_holds_a_reservation_back() {
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let l = limiter(
+        MemoryStore::with_clock(clock),
+        vec![
+            one_per_t(),
+            Limit::new("trial", Quota::per_minute(1)).shadow(),
+        ],
+    );
+    let max = Duration::from_secs(60);
+    let calls = |k| [("paced", k, 1), ("trial", k, 1)];
+    let a = l.reserve_all(calls("k"), max).await.unwrap();
+    assert_eq!(a.wait_time(), Duration::ZERO);
+    // "trial" is over (a shadow limit reports it), "paced" has a token in T: that is
+    // the wait, not trial's minute.
+    let b = l.reserve_all(calls("k"), max).await.unwrap();
+    assert!(b.is_granted());
+    assert!(!b.decision().limit("trial").unwrap().allowed());
+    assert!(
+        b.wait_time() <= T && b.wait_time() > T / 2,
+        "{:?}",
+        b.wait_time()
+    );
+    std::mem::forget((a, b));
+}
