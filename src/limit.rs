@@ -93,6 +93,7 @@ pub struct Limit {
     pub(crate) on_failure: FailurePolicy,
     pub(crate) charge: Charge,
     pub(crate) algorithm: Algorithm,
+    pub(crate) rule_id: Option<u64>,
 }
 
 impl Limit {
@@ -109,6 +110,7 @@ impl Limit {
             on_failure: FailurePolicy::Fallback,
             charge: Charge::always(),
             algorithm: Algorithm::Gcra,
+            rule_id: None,
         }
     }
 
@@ -213,6 +215,22 @@ impl Limit {
         self
     }
 
+    /// The id of the rule this limit comes from (a `RateLimitRule.rule_id`, or any number
+    /// the operator chooses), carried into the audit log's violations
+    /// ([`Violation::rule_id`](crate::audit::Violation::rule_id)). At most `i64::MAX`, the
+    /// largest SQL `BIGINT`.
+    ///
+    /// ```
+    /// use tollgate::{Limit, Quota};
+    ///
+    /// let search = Limit::new("search", Quota::per_second(1_000).burst(2_000)).rule_id(3);
+    /// assert!(format!("{search:?}").contains("rule_id: Some(3)"));
+    /// ```
+    pub fn rule_id(mut self, id: u64) -> Self {
+        self.rule_id = Some(id);
+        self
+    }
+
     /// The limit's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -236,6 +254,13 @@ impl Limit {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         validate_name(&self.name)?;
         let at = || format!("limits[{:?}]", &*self.name);
+        if self.rule_id.is_some_and(|id| id > i64::MAX as u64) {
+            return Err(ConfigError::new(
+                "rule_id",
+                "must be at most i64::MAX (9223372036854775807), the largest SQL BIGINT",
+            )
+            .within(at()));
+        }
         self.cost.validate().map_err(|e| e.within(at()))?;
         self.algorithm
             .validate(&self.quota)
@@ -309,6 +334,7 @@ impl fmt::Debug for Limit {
             .field("missing", &self.missing)
             .field("on_failure", &self.on_failure)
             .field("charge", &self.charge)
+            .field("rule_id", &self.rule_id)
             .finish_non_exhaustive()
     }
 }
