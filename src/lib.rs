@@ -99,6 +99,7 @@
 #![forbid(unsafe_code)]
 
 mod algorithm;
+pub mod audit;
 mod charge;
 pub mod clock;
 mod cost;
