@@ -127,6 +127,9 @@ mod quota;
 pub mod response;
 mod routes;
 mod service;
+#[cfg(feature = "rules-sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
+pub mod sql;
 pub mod store;
 mod throttle;
 pub mod window;
