@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::violation::Queued;
 use super::{AuditSink, Violation};
 use crate::error::ConfigError;
 use crate::throttle::LogThrottle;
@@ -19,12 +20,12 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// background task, never making a request wait.
 ///
 /// A refusal is put in a bounded queue with one non-blocking attempt (a
-/// `tokio::sync::mpsc` permit, no lock, no await; the violation is only built when there is
-/// room). When the queue is full the violation is dropped and counted
-/// ([`AuditStats::dropped`]), with a warning (target `tollgate::audit`) at most once every
-/// 10 s saying how many: a flood, or a slow or stuck sink, costs requests nothing more
-/// than a failed attempt, and memory stays bounded by `capacity + batch_size` violations
-/// (a few hundred bytes each).
+/// `tokio::sync::mpsc` permit, no lock, no await; the violation is only built when there
+/// is room, and its key is rendered or hashed later, by the writer). When the queue is
+/// full the violation is dropped and counted ([`AuditStats::dropped`]), with a warning
+/// (target `tollgate::audit`) at most once every 10 s giving the total: a flood, or a slow
+/// or stuck sink, costs requests nothing more than a failed attempt, and memory stays
+/// bounded by `capacity + batch_size` violations (a few hundred bytes each).
 ///
 /// The writer task runs on the Tokio runtime of the first refusal (or of
 /// [`build`](AuditLogBuilder::build), if called within one; timers must be enabled). It
@@ -58,7 +59,7 @@ pub struct AuditLog {
 }
 
 struct Inner {
-    tx: mpsc::Sender<Violation>,
+    tx: mpsc::Sender<Queued>,
     /// The writer, until it is started.
     writer: Mutex<Option<Writer>>,
     started: AtomicBool,
@@ -69,7 +70,7 @@ struct Inner {
 
 /// What the writer task owns.
 struct Writer {
-    rx: mpsc::Receiver<Violation>,
+    rx: mpsc::Receiver<Queued>,
     sink: Arc<dyn AuditSink>,
     batch_size: usize,
     flush_interval: Duration,
@@ -248,7 +249,7 @@ impl AuditLog {
     /// Queues the violation `make` builds, if there is room (it is not built otherwise);
     /// never waits.
     #[inline]
-    pub(crate) fn record(&self, make: impl FnOnce() -> Violation) {
+    pub(crate) fn record(&self, make: impl FnOnce() -> Queued) {
         let inner = &*self.inner;
         if !inner.started.load(Ordering::Relaxed) {
             self.start();
@@ -265,13 +266,14 @@ impl AuditLog {
     #[cold]
     fn dropped(&self) {
         let inner = &*self.inner;
-        inner.counters.dropped.fetch_add(1, Ordering::Relaxed);
-        if let Some(suppressed) = inner.full_log.permit(WARN_EVERY) {
+        let before = inner.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        // The throttle reads the clock: asked on every 256th drop only (the first included),
+        // so a full queue costs a request two atomic operations.
+        if before.is_multiple_of(256) && inner.full_log.permit(WARN_EVERY).is_some() {
             tracing::warn!(
                 target: "tollgate::audit",
                 capacity = inner.capacity,
-                dropped_since_last_line = suppressed,
-                dropped_total = inner.counters.dropped.load(Ordering::Relaxed),
+                dropped_total = before + 1,
                 "audit queue full (or its writer stopped): violations dropped"
             );
         }
@@ -315,7 +317,8 @@ impl Writer {
             self.counters
                 .peak_queued
                 .fetch_max(waiting, Ordering::Relaxed);
-            let full = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
+            // Keys are rendered (hashed) here, off the request path.
+            let full: Vec<Violation> = batch.drain(..).map(Queued::into_violation).collect();
             self.write(full).await;
         }
     }

@@ -6,11 +6,11 @@ use std::time::SystemTime;
 
 use http::request::Parts;
 
-use super::{AuditLog, Violation, violation::bounded_route};
+use super::violation::{Queued, bounded_route};
+use super::{AuditLog, Violation};
 use crate::decision::LimitDecision;
 use crate::key::Key;
 use crate::lists::Address;
-use crate::offenders;
 use crate::store::Store;
 
 /// A layer's audit log, with what it needs to describe a refusal.
@@ -48,17 +48,21 @@ impl Recorder {
         parts: &Parts,
         shadow: bool,
     ) {
-        self.log.record(|| Violation {
-            limit: limit.name,
-            key: key.map_or_else(String::new, |k| offenders::render(k, self.redact)),
-            client: self.client(parts),
-            route: bounded_route(crate::observe::route(parts)),
-            tokens_left: limit.remaining().unwrap_or(0),
-            retry_after: limit.retry_after(),
-            cost: limit.cost,
-            rule_id: self.rule_ids.get(bound).copied().flatten(),
-            shadow,
-            at: SystemTime::now(),
+        self.log.record(|| Queued {
+            violation: Violation {
+                limit: limit.name,
+                key: String::new(),
+                client: self.client(parts),
+                route: bounded_route(crate::observe::route(parts)),
+                tokens_left: limit.remaining().unwrap_or(0),
+                retry_after: limit.retry_after(),
+                cost: limit.cost,
+                rule_id: self.rule_ids.get(bound).copied().flatten(),
+                shadow,
+                at: SystemTime::now(),
+            },
+            key: key.cloned(),
+            redact: self.redact,
         });
     }
 

@@ -53,6 +53,26 @@ impl Violation {
     }
 }
 
+/// A violation as the request path queues it: the key not yet rendered (a `Key` is
+/// inline, so this costs a copy, and the hashing or formatting happens in the writer).
+pub(crate) struct Queued {
+    pub(crate) violation: Violation,
+    pub(crate) key: Option<crate::key::Key>,
+    /// The layer's `redact_keys` (one log may serve several layers).
+    pub(crate) redact: Option<bool>,
+}
+
+impl Queued {
+    /// The violation with its key rendered as logs show it.
+    pub(crate) fn into_violation(self) -> Violation {
+        let mut v = self.violation;
+        if let Some(key) = &self.key {
+            v.key = crate::offenders::render(key, self.redact);
+        }
+        v
+    }
+}
+
 /// `route` cut to at most [`MAX_ROUTE_LEN`] bytes, on a character boundary.
 pub(crate) fn bounded_route(route: &str) -> String {
     let mut end = route.len().min(MAX_ROUTE_LEN);
