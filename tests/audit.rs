@@ -557,3 +557,94 @@ mod sql {
         assert_eq!((stats.failed, stats.written), (2, 0));
     }
 }
+
+/// PostgreSQL, against a server named by `TOLLGATE_TEST_POSTGRES` (e.g.
+/// `postgres://postgres@127.0.0.1:5432/postgres`): `cargo test --features rules-postgres
+/// --test audit postgres -- --ignored`. Uses its own schema, dropped at the end.
+#[cfg(feature = "rules-postgres")]
+#[tokio::test]
+#[ignore = "needs a PostgreSQL server: TOLLGATE_TEST_POSTGRES=postgres://…"]
+async fn postgres_migration_rules_and_violation_rows() {
+    use sqlx::Row;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use tollgate::sql::{self, SqlPool, SqlViolationSink};
+
+    let url = std::env::var("TOLLGATE_TEST_POSTGRES")
+        .expect("set TOLLGATE_TEST_POSTGRES to a PostgreSQL URL to run this test");
+    let schema = format!("tollgate_test_{}", std::process::id());
+    let admin = PgPoolOptions::new().connect(&url).await.unwrap();
+    sqlx::raw_sql(&format!("CREATE SCHEMA {schema}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let options: PgConnectOptions = url.parse().unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.options([("search_path", schema.as_str())]))
+        .await
+        .unwrap();
+    let db = SqlPool::from(pool.clone());
+    sql::migrate(&db).await.unwrap();
+    sql::migrate(&db).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO RateLimitRule (key_pattern, scope, rate_per_second, burst_capacity, plan, is_active)
+         VALUES ('user:{user_id}', 'user', 10, 50, 'free', TRUE), ('global', 'global', 0.5, 2, NULL, FALSE)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let rules = sql::fetch_rules(&db).await.unwrap();
+    assert_eq!(rules.len(), 2);
+    assert_eq!(
+        (rules[1].rate_per_second, rules[1].burst_capacity),
+        (0.5, 2)
+    );
+    assert_eq!((rules[0].is_active, rules[1].is_active), (true, false));
+    assert_eq!(rules[1].plan, None);
+
+    let audit = AuditLog::builder(SqlViolationSink::new(db.clone()))
+        .flush_interval(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder(store())
+        .limit(
+            Limit::new("per-ip", Quota::per_minute(1))
+                .key(PeerIp::new())
+                .rule_id(1),
+        )
+        .audit(audit.clone())
+        .build()
+        .unwrap();
+    let app = app(layer);
+    for _ in 0..4 {
+        send(&app, req("/items/3", "203.0.113.9")).await;
+    }
+    let stats = settled(&audit).await;
+    assert_eq!((stats.written, stats.failed), (3, 0));
+    let rows = sqlx::query(
+        "SELECT bucket_key, host(ip_address) AS ip, endpoint, tokens_at_time, rule_id, limit_name,
+                cost, retry_after_ms, shadow, now() - requested_at < interval '1 minute' AS recent
+         FROM RateLimitViolation ORDER BY violation_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 3);
+    for row in &rows {
+        assert_eq!(row.get::<String, _>("bucket_key"), "@203.0.113.9");
+        assert_eq!(row.get::<String, _>("ip"), "203.0.113.9");
+        assert_eq!(row.get::<String, _>("endpoint"), "/items/{id}");
+        assert_eq!(row.get::<f64, _>("tokens_at_time"), 0.0);
+        assert_eq!(row.get::<Option<i64>, _>("rule_id"), Some(1));
+        assert_eq!(row.get::<String, _>("limit_name"), "per-ip");
+        assert_eq!(row.get::<i64, _>("cost"), 1);
+        assert!(row.get::<Option<i64>, _>("retry_after_ms").unwrap() > 0);
+        assert!(!row.get::<bool, _>("shadow"));
+        assert!(row.get::<bool, _>("recent"));
+    }
+    drop(pool);
+    sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&admin)
+        .await
+        .unwrap();
+}
