@@ -264,6 +264,7 @@ impl<St: Store> Engine<St> {
         prepared: &Prepared,
         statuses: Statuses,
         parts: &mut Parts,
+        keys: &(impl crate::observe::Keys + ?Sized),
     ) -> Next {
         let plan = &prepared.plan;
         let limits = plan
@@ -289,9 +290,10 @@ impl<St: Store> Engine<St> {
             None
         };
         if g.shadow {
-            for (l, p) in decision.limits().zip(plan) {
+            for (i, (l, p)) in decision.limits().zip(plan).enumerate() {
                 if l.mode() == Mode::Shadow && !l.allowed() {
                     log_shadow_refusal(&self.bounds[p.bound], parts);
+                    self.hooks.shadow_refused(i, p.bound, l, parts, keys);
                 }
             }
         }

@@ -12,6 +12,7 @@ use ipnet::IpNet;
 use smallvec::SmallVec;
 use tower_layer::Layer;
 
+use crate::audit::Recorder;
 use crate::charge::{ChargeGuard, PendingCharge};
 use crate::decision::Decision;
 use crate::delay::DelayGuard;
@@ -144,7 +145,7 @@ where
     St: Store,
     R: OnRejection<B> + Send + Sync + 'static,
 {
-    match shared.engine.finish(&prepared, statuses, parts) {
+    match shared.engine.finish(&prepared, statuses, parts, keys) {
         Next::Proceed {
             fields,
             charged,
@@ -485,8 +486,8 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         self
     }
 
-    /// Where the allow and deny lists read the client's address: the client behind these
-    /// trusted proxies, instead of the connection's peer.
+    /// Where the allow and deny lists (and the [audit log](Self::audit)) read the client's
+    /// address: the client behind these trusted proxies, instead of the connection's peer.
     pub fn client_ip(mut self, client: ClientIp) -> Self {
         self.settings.address = Address::Client(client);
         self
@@ -504,7 +505,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
 }
 
 /// Checks a configuration and compiles it into an engine.
-pub(crate) fn compile<St: Store>(store: St, s: Settings) -> Result<Engine<St>, ConfigError> {
+pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St>, ConfigError> {
     if s.always.is_empty() && s.routes.is_empty() && s.route_default.is_empty() {
         return Err(ConfigError::new("limits", "no limit is configured"));
     }
@@ -599,6 +600,10 @@ pub(crate) fn compile<St: Store>(store: St, s: Settings) -> Result<Engine<St>, C
     };
     let allow = parse_nets("allow", s.allow)?;
     let deny = parse_nets("deny", s.deny)?;
+    let audit = s.hooks.audit.take().map(|log| {
+        let rule_ids = bounds.iter().map(|b| b.limit.rule_id);
+        Recorder::new(log, s.address.clone(), s.hooks.redact_keys, rule_ids)
+    });
     let lists = (!allow.is_empty() || !deny.is_empty() || s.allow_if.is_some())
         .then(|| Lists::new(allow, deny, s.allow_if, s.address));
     let mut by_name = HashMap::new();
@@ -613,7 +618,7 @@ pub(crate) fn compile<St: Store>(store: St, s: Settings) -> Result<Engine<St>, C
         ));
     }
     let names: Vec<&'static str> = bounds.iter().map(|b| b.name).collect();
-    let hooks = Hooks::new(s.hooks, &names);
+    let hooks = Hooks::new(s.hooks, &names, audit);
     Ok(Engine {
         store,
         bounds,

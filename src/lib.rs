@@ -61,6 +61,10 @@
 //!   [`RefusalLog`]); the most refused keys are kept in a bounded summary
 //!   ([`RateLimitBuilder::track_offenders`], [`Limiter::top_refused`]); feature `metrics`
 //!   reports a fixed metrics schema; feature `grpc` answers refused gRPC calls the gRPC way.
+//! - Every refusal can be recorded in an [audit log](audit) ([`RateLimitBuilder::audit`]):
+//!   a bounded queue that never makes a request wait, written in batches by a background
+//!   task to `tracing` ([`audit::TracingSink`]), SQL (feature `rules-sql`) or a sink of
+//!   your own.
 //!
 //! # Where to put the layer
 //!
@@ -92,6 +96,8 @@
 //! | `redis-cluster` | no | `RedisStore::cluster` for Redis Cluster |
 //! | `metrics` | no | metrics through the `metrics` facade, a fixed schema (module `metrics` when enabled) |
 //! | `grpc` | no | gRPC refusals for tonic services, `PeerIp` from tonic's `TcpConnectInfo` (`grpc` module when enabled) |
+//! | `rules-sql` | no | the `RateLimitRule` / `RateLimitViolation` schema, its migration, `SqlViolationSink` and `fetch_rules` on SQLite (`sqlx`; `sql` module when enabled) |
+//! | `rules-postgres` | no | `rules-sql` on PostgreSQL too |
 //!
 //! Without `axum` the layer works with any tower/hyper stack: peer addresses come from a
 //! [`key::PeerAddr`] extension and route templates are matched against the request path.
@@ -99,6 +105,7 @@
 #![forbid(unsafe_code)]
 
 mod algorithm;
+pub mod audit;
 mod charge;
 pub mod clock;
 mod cost;
@@ -128,6 +135,9 @@ mod reservation;
 pub mod response;
 mod routes;
 mod service;
+#[cfg(feature = "rules-sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
+pub mod sql;
 pub mod store;
 mod throttle;
 pub mod window;

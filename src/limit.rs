@@ -97,6 +97,7 @@ pub struct Limit {
     pub(crate) on_limit: OnLimit,
     /// Outstanding reserved tokens per key (GCRA): the debt a reservation may leave.
     pub(crate) max_reserved: Option<u32>,
+    pub(crate) rule_id: Option<u64>,
 }
 
 impl Limit {
@@ -115,6 +116,7 @@ impl Limit {
             algorithm: Algorithm::Gcra,
             on_limit: OnLimit::Reject,
             max_reserved: None,
+            rule_id: None,
         }
     }
 
@@ -280,6 +282,22 @@ impl Limit {
         self
     }
 
+    /// The id of the rule this limit comes from (a `RateLimitRule.rule_id`, or any number
+    /// the operator chooses), carried into the audit log's violations
+    /// ([`Violation::rule_id`](crate::audit::Violation::rule_id)). At most `i64::MAX`, the
+    /// largest SQL `BIGINT`.
+    ///
+    /// ```
+    /// use tollgate::{Limit, Quota};
+    ///
+    /// let search = Limit::new("search", Quota::per_second(1_000).burst(2_000)).rule_id(3);
+    /// assert!(format!("{search:?}").contains("rule_id: Some(3)"));
+    /// ```
+    pub fn rule_id(mut self, id: u64) -> Self {
+        self.rule_id = Some(id);
+        self
+    }
+
     /// The limit's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -303,6 +321,13 @@ impl Limit {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         validate_name(&self.name)?;
         let at = || format!("limits[{:?}]", &*self.name);
+        if self.rule_id.is_some_and(|id| id > i64::MAX as u64) {
+            return Err(ConfigError::new(
+                "rule_id",
+                "must be at most i64::MAX (9223372036854775807), the largest SQL BIGINT",
+            )
+            .within(at()));
+        }
         self.cost.validate().map_err(|e| e.within(at()))?;
         self.algorithm
             .validate(&self.quota)
@@ -454,6 +479,7 @@ impl fmt::Debug for Limit {
             .field("algorithm", &self.algorithm)
             .field("on_limit", &self.on_limit)
             .field("max_reserved", &self.max_reserved)
+            .field("rule_id", &self.rule_id)
             .finish_non_exhaustive()
     }
 }

@@ -82,6 +82,8 @@ pub(crate) struct HookSettings {
     /// `None`: the default (text keys hashed, addresses shown).
     pub(crate) redact_keys: Option<bool>,
     pub(crate) offenders: Option<OffenderTracking>,
+    /// The audit log (audit/), if any.
+    pub(crate) audit: Option<crate::audit::AuditLog>,
     #[cfg(feature = "metrics")]
     pub(crate) near_limit: f64,
     #[cfg(feature = "grpc")]
@@ -96,6 +98,7 @@ impl Default for HookSettings {
             refusal_log: RefusalLog::new(),
             redact_keys: None,
             offenders: None,
+            audit: None,
             #[cfg(feature = "metrics")]
             near_limit: 0.2,
             #[cfg(feature = "grpc")]
@@ -121,6 +124,8 @@ pub(crate) struct Hooks {
     pub(crate) limits: Vec<LimitHooks>,
     /// Whether the refusal path needs the keys of the request's limits.
     pub(crate) wants_keys: bool,
+    /// The audit log, with what it needs from the layer.
+    pub(crate) audit: Option<crate::audit::Recorder>,
 }
 
 /// The keys of a request's limits, by plan index.
@@ -158,7 +163,7 @@ pub(crate) fn ceil_ms(wait: Duration) -> u128 {
 }
 
 /// The route of a request in logs: axum's matched template, else the path.
-fn route(parts: &Parts) -> &str {
+pub(crate) fn route(parts: &Parts) -> &str {
     #[cfg(feature = "axum")]
     if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
         return matched.as_str();
@@ -177,9 +182,14 @@ macro_rules! event_at {
         }
     };
 }
+pub(crate) use event_at;
 
 impl Hooks {
-    pub(crate) fn new(settings: HookSettings, names: &[&'static str]) -> Self {
+    pub(crate) fn new(
+        settings: HookSettings,
+        names: &[&'static str],
+        audit: Option<crate::audit::Recorder>,
+    ) -> Self {
         let limits = names
             .iter()
             .map(|&_name| LimitHooks {
@@ -191,9 +201,12 @@ impl Hooks {
             })
             .collect();
         Self {
-            wants_keys: settings.offenders.is_some() || settings.refusal_log.level.is_some(),
+            wants_keys: settings.offenders.is_some()
+                || settings.refusal_log.level.is_some()
+                || audit.is_some(),
             settings,
             limits,
+            audit,
         }
     }
 
@@ -239,6 +252,9 @@ impl Hooks {
             if !l.denies() {
                 continue;
             }
+            if let Some(audit) = &self.audit {
+                audit.record(p.bound, l, keys.key(i), parts, false);
+            }
             let hooks = &self.limits[p.bound];
             if let (Some(top), Some(key)) = (&hooks.offenders, keys.key(i))
                 && let Some(weight) = *sampled.get_or_insert_with(offenders::sample)
@@ -278,6 +294,24 @@ impl Hooks {
             suppressed,
             "request refused"
         );
+    }
+
+    /// A shadow limit would have refused the request (plan index `i`): the audit log.
+    #[inline]
+    pub(crate) fn shadow_refused(
+        &self,
+        i: usize,
+        bound: usize,
+        limit: &crate::decision::LimitDecision,
+        parts: &Parts,
+        keys: &(impl Keys + ?Sized),
+    ) {
+        // A store failure is no violation: only a bucket's answer counts.
+        if let Some(audit) = &self.audit
+            && limit.outcome().is_some()
+        {
+            audit.record(bound, limit, keys.key(i), parts, true);
+        }
     }
 
     /// Logs the limit's top offenders if a report is due.

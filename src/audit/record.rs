@@ -1,0 +1,91 @@
+//! The request side of the audit log: a layer's [`Recorder`] turns a refusing limit of a
+//! request into a [`Violation`], and the builder's [`audit`](crate::RateLimitBuilder::audit).
+
+use std::net::IpAddr;
+use std::time::SystemTime;
+
+use http::request::Parts;
+
+use super::violation::{Queued, bounded_route};
+use super::{AuditLog, Violation};
+use crate::decision::LimitDecision;
+use crate::key::Key;
+use crate::lists::Address;
+use crate::store::Store;
+
+/// A layer's audit log, with what it needs to describe a refusal.
+pub(crate) struct Recorder {
+    log: AuditLog,
+    /// Where the client's address is read (the layer's `client_ip`, else the peer).
+    address: Address,
+    /// The key policy of refusal events (`redact_keys`).
+    redact: Option<bool>,
+    /// Each bound limit's rule id.
+    rule_ids: Box<[Option<u64>]>,
+}
+
+impl Recorder {
+    pub(crate) fn new(
+        log: AuditLog,
+        address: Address,
+        redact: Option<bool>,
+        rule_ids: impl IntoIterator<Item = Option<u64>>,
+    ) -> Self {
+        Self {
+            log,
+            address,
+            redact,
+            rule_ids: rule_ids.into_iter().collect(),
+        }
+    }
+
+    /// Records that limit `bound` refused (or, `shadow`, would have refused) the request.
+    pub(crate) fn record(
+        &self,
+        bound: usize,
+        limit: &LimitDecision,
+        key: Option<&Key>,
+        parts: &Parts,
+        shadow: bool,
+    ) {
+        self.log.record(|| Queued {
+            violation: Violation {
+                limit: limit.name,
+                key: String::new(),
+                client: self.client(parts),
+                route: bounded_route(crate::observe::route(parts)),
+                tokens_left: limit.remaining().unwrap_or(0),
+                retry_after: limit.retry_after(),
+                cost: limit.cost,
+                rule_id: self.rule_ids.get(bound).copied().flatten(),
+                shadow,
+                at: SystemTime::now(),
+            },
+            key: key.cloned(),
+            redact: self.redact,
+        });
+    }
+
+    fn client(&self, parts: &Parts) -> Option<IpAddr> {
+        let ip = match &self.address {
+            Address::Peer => crate::key::peer_ip(parts),
+            Address::Client(c) => c.client_ip(parts),
+        };
+        ip.ok()
+    }
+}
+
+impl<St: Store, R> crate::layer::RateLimitBuilder<St, R> {
+    /// Records every refusal in `log`, off the request path: the limit, the key (hashed as
+    /// in refusal events, see [`redact_keys`](Self::redact_keys)), the client's address
+    /// (behind trusted proxies with [`client_ip`](Self::client_ip)), the route, the tokens
+    /// left, the limit's [`rule_id`](crate::Limit::rule_id) and the time; shadow limits'
+    /// "would refuse" too, flagged. Refusals before any limit is checked (deny lists,
+    /// missing keys under `Reject`, misconfigurations) and store failures under `Deny` are
+    /// not violations and are not recorded, nor are the [`Limiter`](crate::Limiter)
+    /// handle's refusals (its caller has the answer). See [`crate::audit`].
+    pub fn audit(mut self, log: AuditLog) -> Self {
+        self.settings.hooks.audit = Some(log);
+        self
+    }
+}

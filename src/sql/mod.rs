@@ -1,0 +1,89 @@
+//! The SQL side (feature `rules-sql`; PostgreSQL with `rules-postgres`): the schema of
+//! the `RateLimitRule` and `RateLimitViolation` tables, its migration, the audit sink
+//! [`SqlViolationSink`], and [`fetch_rules`], which reads the rule rows.
+//!
+//! The migration files ship with the crate (`migrations/sqlite/0001_tollgate.sql`,
+//! `migrations/postgres/0001_tollgate.sql`) for any migration tool; [`migrate`] runs the
+//! right one, creating what is missing (`CREATE … IF NOT EXISTS`: running it again changes
+//! nothing). Queries are plain strings checked at run time: nothing needs a database at
+//! build time.
+//!
+//! ```
+//! use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+//! use tollgate::audit::AuditLog;
+//! use tollgate::sql::{self, SqlPool, SqlViolationSink};
+//! use tollgate::{key::PeerIp, store::MemoryStore, Limit, Quota, RateLimitLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("tollgate.db");
+//! let options = SqliteConnectOptions::new().filename(&path).create_if_missing(true);
+//! let pool = SqlPool::from(SqlitePoolOptions::new().connect_with(options).await?);
+//! sql::migrate(&pool).await?;
+//!
+//! let audit = AuditLog::new(SqlViolationSink::new(pool.clone()));
+//! let layer = RateLimitLayer::builder(MemoryStore::new())
+//!     .limit(Limit::new("per-ip", Quota::per_second(5)).key(PeerIp::new()).rule_id(1))
+//!     .audit(audit)
+//!     .build()?;
+//! assert!(sql::fetch_rules(&pool).await?.is_empty());
+//! # let _ = layer;
+//! # Ok(()) }
+//! ```
+
+mod rules;
+mod sink;
+
+pub use rules::{SqlRuleRow, fetch_rules};
+pub use sink::SqlViolationSink;
+/// The `sqlx` this module is built on (pools, options, errors).
+pub use sqlx;
+
+/// The SQLite migration: both tables and their indexes.
+pub const SQLITE_MIGRATION: &str = include_str!("../../migrations/sqlite/0001_tollgate.sql");
+
+/// The PostgreSQL migration: both tables and their indexes.
+#[cfg(feature = "rules-postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rules-postgres")))]
+pub const POSTGRES_MIGRATION: &str = include_str!("../../migrations/postgres/0001_tollgate.sql");
+
+/// A connection pool of a supported database.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum SqlPool {
+    /// SQLite (bundled with `sqlx`).
+    Sqlite(sqlx::SqlitePool),
+    /// PostgreSQL (feature `rules-postgres`).
+    #[cfg(feature = "rules-postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "rules-postgres")))]
+    Postgres(sqlx::PgPool),
+}
+
+impl From<sqlx::SqlitePool> for SqlPool {
+    fn from(pool: sqlx::SqlitePool) -> Self {
+        SqlPool::Sqlite(pool)
+    }
+}
+
+#[cfg(feature = "rules-postgres")]
+impl From<sqlx::PgPool> for SqlPool {
+    fn from(pool: sqlx::PgPool) -> Self {
+        SqlPool::Postgres(pool)
+    }
+}
+
+/// Creates the `RateLimitRule` and `RateLimitViolation` tables and their indexes where
+/// they are missing (the migration of the pool's database, in one batch of statements).
+pub async fn migrate(pool: &SqlPool) -> Result<(), sqlx::Error> {
+    match pool {
+        SqlPool::Sqlite(pool) => {
+            sqlx::raw_sql(SQLITE_MIGRATION).execute(pool).await?;
+        }
+        #[cfg(feature = "rules-postgres")]
+        SqlPool::Postgres(pool) => {
+            sqlx::raw_sql(POSTGRES_MIGRATION).execute(pool).await?;
+        }
+    }
+    Ok(())
+}
