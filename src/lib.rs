@@ -92,6 +92,7 @@
 //! | `redis-cluster` | no | `RedisStore::cluster` for Redis Cluster |
 //! | `metrics` | no | metrics through the `metrics` facade, a fixed schema (module `metrics` when enabled) |
 //! | `grpc` | no | gRPC refusals for tonic services, `PeerIp` from tonic's `TcpConnectInfo` (`grpc` module when enabled) |
+//! | `rules` | no | limits from a TOML or JSON file, errors with file, line and field, hot reload on file change, `SIGHUP` or call (`rules` module when enabled; the `tollgate-rules check` tool) |
 //!
 //! Without `axum` the layer works with any tower/hyper stack: peer addresses come from a
 //! [`key::PeerAddr`] extension and route templates are matched against the request path.
@@ -125,6 +126,9 @@ mod offenders;
 mod quota;
 pub mod response;
 mod routes;
+#[cfg(feature = "rules")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rules")))]
+pub mod rules;
 mod service;
 pub mod store;
 mod throttle;
