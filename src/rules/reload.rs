@@ -477,7 +477,10 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
             Ok((doc, shared))
         });
         match built {
-            Ok((doc, shared)) => Ok(self.installed(state, trigger, doc, shared)),
+            Ok((doc, shared)) => {
+                self.installed(state, trigger, doc, shared);
+                Ok(())
+            }
             Err(e) => Err(self.refused(state, trigger, e)),
         }
     }
@@ -492,7 +495,10 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
             None,
         );
         match built {
-            Ok(shared) => Ok(self.installed(&mut state, trigger, doc, shared)),
+            Ok(shared) => {
+                self.installed(&mut state, trigger, doc, shared);
+                Ok(())
+            }
             Err(e) => Err(self.refused(&mut state, trigger, e)),
         }
     }
