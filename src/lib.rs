@@ -61,6 +61,9 @@
 //!   [`RefusalLog`]); the most refused keys are kept in a bounded summary
 //!   ([`RateLimitBuilder::track_offenders`], [`Limiter::top_refused`]); feature `metrics`
 //!   reports a fixed metrics schema; feature `grpc` answers refused gRPC calls the gRPC way.
+//! - Feature `rules`: the same limits written in a TOML or JSON file, with errors naming
+//!   the file, line and field, reloaded on change or `SIGHUP` with buckets kept (`rules`
+//!   module when enabled).
 //!
 //! # Where to put the layer
 //!
