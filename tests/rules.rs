@@ -844,3 +844,60 @@ async fn requests_in_flight_finish_on_the_rules_they_started_with() {
     );
     assert_eq!(support::body_text(response).await, "new");
 }
+
+#[tokio::test]
+async fn a_busy_directory_does_not_delay_the_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, ONE_LIMIT).unwrap();
+    let rules = from_file(&path);
+    // A log beside the rules, written more often than the quiet period.
+    let log = dir.path().join("server.log");
+    let writer = tokio::spawn(async move {
+        for i in 0.. {
+            std::fs::write(&log, format!("line {i}\n")).unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    std::fs::write(&path, ONE_LIMIT.replace("3/min", "8/min")).unwrap();
+    eventually("the reload", || {
+        quota_of(&rules, "a").as_deref() == Some("8/min")
+    })
+    .await;
+    writer.abort();
+}
+
+#[test]
+fn the_check_tool_prints_the_limits_or_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, ONE_LIMIT).unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        "{\"limits\": [\n{\"name\": \"a\", \"quota\": \"3/eon\"}]}",
+    )
+    .unwrap();
+    let run = |args: &[&Path]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules"))
+            .arg("check")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[&good]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.starts_with("a: 3/min per global"), "{stdout}");
+    let out = run(&[&bad]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        stderr.trim(),
+        format!(
+            "{}:2: limits[0].quota: period: unknown unit `eon`; use ms, s, min, h or d",
+            bad.display()
+        )
+    );
+    assert_eq!(run(&[]).status.code(), Some(2));
+}
