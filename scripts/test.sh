@@ -35,6 +35,7 @@ cargo check --no-default-features --features redis-cluster
 cargo check --no-default-features --features metrics
 cargo check --no-default-features --features grpc
 cargo check --no-default-features --features rules-sql
+cargo check --no-default-features --features rules
 
 step "build every target"
 cargo build --all-targets --all-features

@@ -6,7 +6,9 @@ use std::fmt;
 /// A configuration that cannot work, reported when the layer (or a quota) is built.
 ///
 /// The error names the offending field, e.g. `limits["per-ip"].quota.burst`, so that a
-/// value read from a configuration file can be traced back to its source.
+/// value read from a configuration file can be traced back to its source. Errors of a
+/// rules document (feature `rules`) also name the [`file`](Self::file) and the
+/// [`line`](Self::line), and display as `rules.toml:14: limits[2].quota: <reason>`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -20,6 +22,15 @@ use std::fmt;
 pub struct ConfigError {
     field: Cow<'static, str>,
     reason: Cow<'static, str>,
+    /// Where in a rules document the value was written (boxed: rarely there).
+    location: Option<Box<Location>>,
+}
+
+/// A place in a rules document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Location {
+    file: Option<Box<str>>,
+    line: Option<usize>,
 }
 
 impl ConfigError {
@@ -30,7 +41,28 @@ impl ConfigError {
         Self {
             field: field.into(),
             reason: reason.into(),
+            location: None,
         }
+    }
+
+    /// The same error, located in a rules document: `file` (if it was read from one) and
+    /// the 1-based `line` (if known).
+    #[cfg(feature = "rules")]
+    pub(crate) fn located(mut self, file: Option<&str>, line: Option<usize>) -> Self {
+        if file.is_some() || line.is_some() {
+            self.location = Some(Box::new(Location {
+                file: file.map(Into::into),
+                line,
+            }));
+        }
+        self
+    }
+
+    /// The same error about another field (a rules document's path for it).
+    #[cfg(feature = "rules")]
+    pub(crate) fn with_field(mut self, field: impl Into<Cow<'static, str>>) -> Self {
+        self.field = field.into();
+        self
     }
 
     /// Prefixes the field with the path of the structure that holds it
@@ -40,9 +72,20 @@ impl ConfigError {
         self
     }
 
-    /// The field that holds the bad value.
+    /// The field that holds the bad value (empty for a syntax error of a rules document,
+    /// which belongs to no field).
     pub fn field(&self) -> &str {
         &self.field
+    }
+
+    /// The rules document the value was read from, if it was read from a file.
+    pub fn file(&self) -> Option<&str> {
+        self.location.as_ref()?.file.as_deref()
+    }
+
+    /// The line (1-based) of the rules document where the value was written, if known.
+    pub fn line(&self) -> Option<usize> {
+        self.location.as_ref()?.line
     }
 
     /// Why the value was refused.
@@ -53,7 +96,19 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid `{}`: {}", self.field, self.reason)
+        let Some(at) = &self.location else {
+            return write!(f, "invalid `{}`: {}", self.field, self.reason);
+        };
+        match (&at.file, at.line) {
+            (Some(file), Some(line)) => write!(f, "{file}:{line}: ")?,
+            (Some(file), None) => write!(f, "{file}: ")?,
+            (None, Some(line)) => write!(f, "line {line}: ")?,
+            (None, None) => {}
+        }
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        f.write_str(&self.reason)
     }
 }
 

@@ -65,6 +65,9 @@
 //!   a bounded queue that never makes a request wait, written in batches by a background
 //!   task to `tracing` ([`audit::TracingSink`]), SQL (feature `rules-sql`) or a sink of
 //!   your own.
+//! - Feature `rules`: the same limits written in a TOML or JSON file, with errors naming
+//!   the file, line and field, reloaded on change or `SIGHUP` with buckets kept (`rules`
+//!   module when enabled).
 //!
 //! # Where to put the layer
 //!
@@ -98,6 +101,7 @@
 //! | `grpc` | no | gRPC refusals for tonic services, `PeerIp` from tonic's `TcpConnectInfo` (`grpc` module when enabled) |
 //! | `rules-sql` | no | the `RateLimitRule` / `RateLimitViolation` schema, its migration, `SqlViolationSink` and `fetch_rules` on SQLite (`sqlx`; `sql` module when enabled) |
 //! | `rules-postgres` | no | `rules-sql` on PostgreSQL too |
+//! | `rules` | no | limits from a TOML or JSON file, errors with file, line and field, hot reload on file change, `SIGHUP` or call (`rules` module when enabled; the `tollgate-rules check` tool) |
 //!
 //! Without `axum` the layer works with any tower/hyper stack: peer addresses come from a
 //! [`key::PeerAddr`] extension and route templates are matched against the request path.
@@ -134,6 +138,9 @@ mod quota;
 mod reservation;
 pub mod response;
 mod routes;
+#[cfg(feature = "rules")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rules")))]
+pub mod rules;
 mod service;
 #[cfg(feature = "rules-sql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]

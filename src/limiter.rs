@@ -150,6 +150,26 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
     }
 }
 
+/// An engine that is replaced while handles to it live (rules reloads): each call asks
+/// for the current one.
+#[cfg(feature = "rules")]
+struct Live(Box<dyn Fn() -> Arc<dyn Handle> + Send + Sync>);
+
+#[cfg(feature = "rules")]
+impl Handle for Live {
+    fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
+        (self.0)().apply(op, calls, max_wait)
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        (self.0)().names()
+    }
+
+    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
+        (self.0)().top_refused(limit, n)
+    }
+}
+
 /// A cheap, clonable handle to a limiter's engine and store: the operations of the
 /// middleware, and more, from code.
 ///
@@ -219,6 +239,20 @@ impl fmt::Debug for Limiter {
 impl Limiter {
     pub(crate) fn new<St: Store, R: Send + Sync + 'static>(shared: Arc<Shared<St, R>>) -> Self {
         Self { inner: shared }
+    }
+
+    /// A handle on whatever engine `current` returns at each call.
+    #[cfg(feature = "rules")]
+    pub(crate) fn live<St, R, F>(current: F) -> Self
+    where
+        St: Store,
+        R: Send + Sync + 'static,
+        F: Fn() -> Arc<Shared<St, R>> + Send + Sync + 'static,
+    {
+        let current = move || current() as Arc<dyn Handle>;
+        Self {
+            inner: Arc::new(Live(Box::new(current))),
+        }
     }
 
     /// A limiter of its own, without a layer: for background jobs, outbound calls, or

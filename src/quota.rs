@@ -327,7 +327,7 @@ fn parse_u64(s: &str, field: &'static str) -> Result<u64, ConfigError> {
 
 /// `<count><unit>`: the unit is everything after the last ASCII digit or `.`, so that it is
 /// reported exactly as written whatever it is made of.
-fn parse_period(s: &str) -> Result<Duration, ConfigError> {
+pub(crate) fn parse_period(s: &str) -> Result<Duration, ConfigError> {
     let err = |reason: String| ConfigError::new("period", reason);
     // Digits and `.` are one byte each: `i + 1` is a character boundary.
     let split = s

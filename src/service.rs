@@ -75,59 +75,66 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let (mut parts, body) = req.into_parts();
-        let shared = &self.shared;
-        let engine = &shared.engine;
-        let mut items = SmallVec::<[Item<'_, St::Table>; 4]>::new();
-        let prepared = match engine.prepare(&parts, &mut items) {
-            Ok(prepared) => prepared,
-            Err(Early::Pass) => {
-                drop(items);
-                insert_limiter(shared, &mut parts);
-                let future = self.inner.call(Request::from_parts(parts, body));
-                return ResponseFuture::calling(future, Fields::default(), None);
-            }
-            Err(Early::Refuse(rejection)) => {
-                return ResponseFuture::done(shared.early(&rejection));
-            }
-        };
-        match engine.check(&items) {
-            Checked::Ready(statuses) => {
-                let next = proceed(shared, prepared, statuses, &mut parts, &items[..]);
-                drop(items);
-                match next {
-                    Ok(passed) if passed.delay.is_none() => {
-                        let future = self.inner.call(Request::from_parts(parts, body));
-                        ResponseFuture::calling(future, passed.fields, passed.charge)
-                    }
-                    // Delay mode: the readied service is let go (whatever its readiness
-                    // holds, a concurrency permit, goes back); the waiting request gets a
-                    // clone, made ready once its wait is over. The next call is made
-                    // ready again, as every call is.
-                    Ok(passed) => {
-                        let clone = self.inner.clone();
-                        let readied = mem::replace(&mut self.inner, clone);
-                        ResponseFuture::passed(passed, readied, parts, body)
-                    }
-                    Err(response) => ResponseFuture::done(response),
+        call(&self.shared, &mut self.inner, req)
+    }
+}
+
+/// A request through the engine of `shared` and then `inner`: the body of
+/// [`RateLimit::call`], shared with the services whose engine is replaced while they run
+/// (rules reloads), which pass the engine they loaded for this request.
+pub(crate) fn call<S, St, R, ReqBody, ResBody>(
+    shared: &Arc<Shared<St, R>>,
+    inner: &mut S,
+    req: Request<ReqBody>,
+) -> ResponseFuture<S, St, R, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    St: Store,
+    R: OnRejection<ResBody> + Send + Sync + 'static,
+{
+    let (mut parts, body) = req.into_parts();
+    let engine = &shared.engine;
+    let mut items = SmallVec::<[Item<'_, St::Table>; 4]>::new();
+    let prepared = match engine.prepare(&parts, &mut items) {
+        Ok(prepared) => prepared,
+        Err(Early::Pass) => {
+            drop(items);
+            insert_limiter(shared, &mut parts);
+            let future = inner.call(Request::from_parts(parts, body));
+            return ResponseFuture::calling(future, Fields::default(), None);
+        }
+        Err(Early::Refuse(rejection)) => {
+            return ResponseFuture::done(shared.early(&rejection));
+        }
+    };
+    match engine.check(&items) {
+        Checked::Ready(statuses) => {
+            let next = proceed(shared, prepared, statuses, &mut parts, &items[..]);
+            drop(items);
+            match next {
+                Ok(passed) if passed.delay.is_none() => {
+                    let future = inner.call(Request::from_parts(parts, body));
+                    ResponseFuture::calling(future, passed.fields, passed.charge)
                 }
+                // Delay mode: the readied service is let go (whatever its readiness holds,
+                // a concurrency permit, goes back); the waiting request gets a clone, made
+                // ready once its wait is over. The next call is made ready again, as every
+                // call is.
+                Ok(passed) => {
+                    let clone = inner.clone();
+                    let readied = mem::replace(inner, clone);
+                    ResponseFuture::passed(passed, readied, parts, body)
+                }
+                Err(response) => ResponseFuture::done(response),
             }
-            Checked::Pending(check) => {
-                let keys = engine.hooks.keep_keys(&items);
-                drop(items);
-                // Take the service that was made ready; leave a clone for the next call.
-                let clone = self.inner.clone();
-                let service = mem::replace(&mut self.inner, clone);
-                ResponseFuture::checking(
-                    check,
-                    service,
-                    self.shared.clone(),
-                    prepared,
-                    keys,
-                    parts,
-                    body,
-                )
-            }
+        }
+        Checked::Pending(check) => {
+            let keys = engine.hooks.keep_keys(&items);
+            drop(items);
+            // Take the service that was made ready; leave a clone for the next call.
+            let clone = inner.clone();
+            let service = mem::replace(inner, clone);
+            ResponseFuture::checking(check, service, shared.clone(), prepared, keys, parts, body)
         }
     }
 }

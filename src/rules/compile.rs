@@ -1,0 +1,583 @@
+//! A [`Document`] checked and turned into the crate's builder calls: limits, keys, costs,
+//! plans, routes and settings. Errors name the document's field path
+//! (`limits[2].quota`), which the caller locates in the text.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::{HeaderName, StatusCode};
+
+use crate::algorithm::Algorithm;
+use crate::cost::Cost;
+use crate::error::ConfigError;
+use crate::headers::{HeaderStyle, ResetFormat};
+use crate::key::{
+    ClientIp, Global, Header, KeyBuilder, KeyError, KeyExtractor, PeerIp, Query, TrustedProxies,
+    query_param,
+};
+use crate::layer::RateLimitBuilder;
+use crate::limit::{FailurePolicy, Limit, MissingKey, Mode};
+use crate::quota::{Quota, parse_period};
+use crate::routes::parse_route;
+use crate::rules::document::{CostSpec, Document, LimitRule, Plans};
+use crate::store::Store;
+
+/// A document, checked: what it adds to a [`RateLimitBuilder`].
+pub(crate) struct Compiled {
+    limits: Vec<(Option<Vec<String>>, Limit)>,
+    style: HeaderStyle,
+    client: Option<ClientIp>,
+    allow: Vec<String>,
+    deny: Vec<String>,
+    shadow_headers: bool,
+}
+
+impl Compiled {
+    /// The builder with the document's limits and settings.
+    pub(crate) fn apply<St: Store, R>(
+        self,
+        mut b: RateLimitBuilder<St, R>,
+    ) -> RateLimitBuilder<St, R> {
+        for (routes, limit) in self.limits {
+            match routes {
+                None => b = b.limit(limit),
+                Some(routes) => {
+                    for route in routes {
+                        b = b.route(route, limit.clone());
+                    }
+                }
+            }
+        }
+        b = b
+            .headers(self.style)
+            .shadow_headers(self.shadow_headers)
+            .allow_cidrs(self.allow)
+            .deny_cidrs(self.deny);
+        if let Some(client) = self.client {
+            b = b.client_ip(client);
+        }
+        b
+    }
+}
+
+/// Checks `doc` and turns it into builder calls.
+pub(crate) fn compile(doc: &Document) -> Result<Compiled, ConfigError> {
+    let s = &doc.settings;
+    let style = match s.headers.as_deref() {
+        None | Some("draft-11") => HeaderStyle::Ietf,
+        Some("draft-7") => HeaderStyle::Draft7,
+        Some("draft-6") => HeaderStyle::Draft6,
+        Some("legacy") => HeaderStyle::Legacy(ResetFormat::Epoch),
+        Some("legacy-delta") => HeaderStyle::Legacy(ResetFormat::Delta),
+        Some("governor") => HeaderStyle::Governor,
+        Some("none") => HeaderStyle::None,
+        Some(other) => {
+            return Err(unknown(
+                "settings.headers",
+                other,
+                "draft-11, draft-7, draft-6, legacy, legacy-delta, governor, none",
+            ));
+        }
+    };
+    let proxies = match (&s.trusted_proxies, s.hops) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                "settings.hops",
+                "give either `trusted_proxies` or `hops`, not both",
+            ));
+        }
+        (Some(nets), None) => Some(TrustedProxies::cidrs(nets).map_err(|e| e.within("settings"))?),
+        (None, Some(0)) => {
+            return Err(ConfigError::new(
+                "settings.hops",
+                "must be at least 1 (the peer is the first hop)",
+            ));
+        }
+        (None, Some(n)) => Some(TrustedProxies::hops(n)),
+        (None, None) => None,
+    };
+    let client = match (proxies, s.client_ip_header.as_deref()) {
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "settings.client_ip_header",
+                "needs `trusted_proxies` or `hops`: which proxies may write it",
+            ));
+        }
+        (None, None) => None,
+        (Some(p), None | Some("x-forwarded-for")) => Some(ClientIp::x_forwarded_for(p)),
+        (Some(p), Some("forwarded")) => Some(ClientIp::forwarded(p)),
+        (Some(_), Some(other)) => {
+            return Err(unknown(
+                "settings.client_ip_header",
+                other,
+                "x-forwarded-for, forwarded",
+            ));
+        }
+    };
+    if doc.limits.is_empty() {
+        return Err(ConfigError::new(
+            "limits",
+            "the document has no `[[limits]]`: at least one limit is needed",
+        ));
+    }
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut limits = Vec::with_capacity(doc.limits.len());
+    for (i, rule) in doc.limits.iter().enumerate() {
+        let at = format!("limits[{i}]");
+        if let Some(first) = names.insert(&rule.name, i) {
+            return Err(ConfigError::new(
+                format!("{at}.name"),
+                format!(
+                    "`{}` is also the name of limits[{first}]: names must be unique (one limit \
+                     on several routes lists them all in its `routes`)",
+                    rule.name
+                ),
+            ));
+        }
+        let limit = limit(rule, client.as_ref()).map_err(|e| e.within(&at))?;
+        limit.validate().map_err(|e| rebase(doc, e))?;
+        let routes = match &rule.routes {
+            None => None,
+            Some(routes) if routes.is_empty() => {
+                return Err(ConfigError::new(
+                    format!("{at}.routes"),
+                    "an empty list would never apply: leave `routes` out for every request",
+                ));
+            }
+            Some(routes) => {
+                for (k, route) in routes.iter().enumerate() {
+                    parse_route(route).map_err(|e| {
+                        ConfigError::new(format!("{at}.routes[{k}]"), e.reason().to_owned())
+                    })?;
+                }
+                Some(routes.clone())
+            }
+        };
+        limits.push((routes, limit));
+    }
+    Ok(Compiled {
+        limits,
+        style,
+        client,
+        allow: s.allow.clone().unwrap_or_default(),
+        deny: s.deny.clone().unwrap_or_default(),
+        shadow_headers: s.shadow_headers.unwrap_or(false),
+    })
+}
+
+/// An error of the crate's builder (`limits["a"].cost`, `routes["POST /x"]`, `allow[1]`)
+/// named by the document's path (`limits[3].cost`, `limits[3].routes[0]`,
+/// `settings.allow[1]`).
+pub(crate) fn rebase(doc: &Document, err: ConfigError) -> ConfigError {
+    let field = err.field().to_owned();
+    for (i, rule) in doc.limits.iter().enumerate() {
+        let limit = format!("limits[{:?}]", rule.name);
+        for (k, route) in rule.routes.iter().flatten().enumerate() {
+            if let Some(rest) = field.strip_prefix(&format!("routes[{route:?}]")) {
+                let path = match rest.strip_prefix('.').and_then(|r| r.strip_prefix(&limit)) {
+                    Some(rest) => format!("limits[{i}]{rest}"),
+                    None => format!("limits[{i}].routes[{k}]{rest}"),
+                };
+                return err.with_field(path);
+            }
+        }
+        if let Some(rest) = field.strip_prefix(&limit) {
+            return err.with_field(format!("limits[{i}]{rest}"));
+        }
+    }
+    if field.starts_with("allow[") || field.starts_with("deny[") {
+        return err.with_field(format!("settings.{field}"));
+    }
+    err
+}
+
+fn unknown(field: impl Into<String>, value: &str, expected: &str) -> ConfigError {
+    ConfigError::new(
+        field.into(),
+        format!("unknown value `{value}`; expected one of: {expected}"),
+    )
+}
+
+/// One `[[limits]]` entry as a [`Limit`]; errors are relative to the entry.
+fn limit(rule: &LimitRule, client: Option<&ClientIp>) -> Result<Limit, ConfigError> {
+    let algorithm = algorithm(rule)?;
+    let (quota, plans) = match (&rule.quota, &rule.plans) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                "quota",
+                "with `[limits.plans]` each plan has its quota: leave `quota` out (the \
+                 default plan's quota is used for requests without a plan)",
+            ));
+        }
+        (None, None) => {
+            return Err(ConfigError::new(
+                "quota",
+                "missing: e.g. `quota = \"10/s; burst=20\"` (or a `[limits.plans]` table)",
+            ));
+        }
+        (Some(q), None) => (parse_quota(q, "quota")?, None),
+        (None, Some(plans)) => {
+            if algorithm.is_window() {
+                return Err(ConfigError::new(
+                    "plans",
+                    "plans choose a quota per request, which only `algorithm = \"gcra\"` \
+                     can do (a window's length is part of its state)",
+                ));
+            }
+            let (default, table) = plans_table(plans)?;
+            (default, Some(table))
+        }
+    };
+    let mut limit = Limit::new(&rule.name, quota)
+        .algorithm(algorithm)
+        .mode(match rule.mode.as_deref() {
+            None | Some("enforce") => Mode::Enforce,
+            Some("shadow") => Mode::Shadow,
+            Some(other) => return Err(unknown("mode", other, "enforce, shadow")),
+        })
+        .on_store_failure(match rule.on_store_failure.as_deref() {
+            None | Some("fallback") => FailurePolicy::Fallback,
+            Some("allow") => FailurePolicy::Allow,
+            Some("deny") => FailurePolicy::Deny,
+            Some(other) => {
+                return Err(unknown("on_store_failure", other, "fallback, allow, deny"));
+            }
+        })
+        .on_missing_key(missing_key(rule)?);
+    limit = match &rule.key {
+        None => limit,
+        Some(spec) if spec.0.is_empty() => {
+            return Err(ConfigError::new(
+                "key",
+                "an empty list: name at least one part, or `\"global\"`",
+            ));
+        }
+        Some(spec) if spec.0.len() == 1 => limit.key(One(key_part(&spec.0[0], client, "key")?)),
+        Some(spec) => {
+            let parts = spec
+                .0
+                .iter()
+                .enumerate()
+                .map(|(j, p)| key_part(p, client, &format!("key[{j}]")))
+                .collect::<Result<Vec<_>, _>>()?;
+            limit.key(Composite(parts))
+        }
+    };
+    let cost = cost(rule)?;
+    if let Some(plans) = &plans {
+        // The builder cannot see the plans' bursts: a cost no plan request could pay is
+        // refused here, as it is for a limit's own quota.
+        for (name, quota) in &plans.names {
+            cost.validate_for(quota.burst_size()).map_err(|e| {
+                ConfigError::new(
+                    e.field().to_owned(),
+                    format!("{} (plan `{name}`)", e.reason()),
+                )
+            })?;
+        }
+    }
+    limit = limit.cost(cost);
+    if let Some(plans) = plans {
+        let plans = Arc::new(plans);
+        limit = limit.quota_by(move |parts| plans.quota(parts));
+    }
+    Ok(limit)
+}
+
+fn parse_quota(text: &str, field: &str) -> Result<Quota, ConfigError> {
+    text.parse::<Quota>()
+        .map_err(|e| ConfigError::new(field.to_owned(), format!("{}: {}", e.field(), e.reason())))
+}
+
+fn algorithm(rule: &LimitRule) -> Result<Algorithm, ConfigError> {
+    let algorithm = match rule.algorithm.as_deref() {
+        None | Some("gcra") => Algorithm::Gcra,
+        Some("fixed_window") => Algorithm::fixed_window(),
+        Some("sliding_window") => Algorithm::SlidingWindow,
+        Some("sliding_log") => Algorithm::SlidingLog,
+        Some(other) => {
+            return Err(unknown(
+                "algorithm",
+                other,
+                "gcra, fixed_window, sliding_window, sliding_log",
+            ));
+        }
+    };
+    match (&rule.phase, algorithm) {
+        (None, a) => Ok(a),
+        (Some(phase), Algorithm::FixedWindow { .. }) => match phase.as_str() {
+            "aligned" => Ok(Algorithm::fixed_window()),
+            "random" => Ok(Algorithm::fixed_window_random()),
+            offset => parse_period(offset)
+                .map(Algorithm::fixed_window_at)
+                .map_err(|e| {
+                    ConfigError::new(
+                        "phase",
+                        format!(
+                            "expected `aligned`, `random` or an offset such as `2h`: {}",
+                            e.reason()
+                        ),
+                    )
+                }),
+        },
+        (Some(_), _) => Err(ConfigError::new(
+            "phase",
+            "only a `fixed_window` has a phase",
+        )),
+    }
+}
+
+fn missing_key(rule: &LimitRule) -> Result<MissingKey, ConfigError> {
+    match (rule.on_missing_key.as_deref(), rule.missing_key_status) {
+        (Some("reject"), status) => {
+            let code = status.unwrap_or(400);
+            StatusCode::from_u16(code)
+                .ok()
+                .filter(StatusCode::is_client_error)
+                .map(MissingKey::Reject)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "missing_key_status",
+                        format!("{code} is not a 4xx status: a request without a key is the client's error"),
+                    )
+                })
+        }
+        (_, Some(_)) => Err(ConfigError::new(
+            "missing_key_status",
+            "only applies with `on_missing_key = \"reject\"`",
+        )),
+        (None | Some("shared"), None) => Ok(MissingKey::SharedBucket),
+        (Some("skip"), None) => Ok(MissingKey::Skip),
+        (Some(other), None) => Err(unknown("on_missing_key", other, "shared, skip, reject")),
+    }
+}
+
+/// `header:<name>` or `query:<name>`: where a value is read.
+enum Source {
+    Header(HeaderName),
+    Query(Box<str>),
+}
+
+fn source(text: &str, field: &str) -> Result<Option<Source>, ConfigError> {
+    let bad = |reason: String| ConfigError::new(field.to_owned(), reason);
+    if let Some(name) = text.strip_prefix("header:") {
+        let name = HeaderName::try_from(name.trim())
+            .map_err(|_| bad(format!("`{name}` is not a header name")))?;
+        return Ok(Some(Source::Header(name)));
+    }
+    if let Some(name) = text.strip_prefix("query:") {
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(bad(format!("`{text}` names no query parameter")));
+        }
+        return Ok(Some(Source::Query(name.into())));
+    }
+    Ok(None)
+}
+
+fn key_part(
+    text: &str,
+    client: Option<&ClientIp>,
+    field: &str,
+) -> Result<Box<dyn KeyExtractor>, ConfigError> {
+    match text {
+        "global" => return Ok(Box::new(Global)),
+        "peer_ip" => return Ok(Box::new(PeerIp::new())),
+        "client_ip" => {
+            return client
+                .map(|c| Box::new(c.clone()) as Box<dyn KeyExtractor>)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        field.to_owned(),
+                        "`client_ip` needs `trusted_proxies` or `hops` in `[settings]`: which \
+                         proxies may tell the client's address (use `peer_ip` without proxies)",
+                    )
+                });
+        }
+        #[cfg(feature = "axum")]
+        "route" => return Ok(Box::new(crate::key::Route)),
+        #[cfg(not(feature = "axum"))]
+        "route" => {
+            return Err(ConfigError::new(
+                field.to_owned(),
+                "`route` reads axum's matched path: it needs the `axum` feature",
+            ));
+        }
+        _ => {}
+    }
+    match source(text, field)? {
+        Some(Source::Header(name)) => Ok(Box::new(Header::from_name(name))),
+        Some(Source::Query(name)) => Ok(Box::new(Query::new(name))),
+        None => Err(unknown(
+            field,
+            text,
+            "global, peer_ip, client_ip, route, header:<name>, query:<name>, or a list of these",
+        )),
+    }
+}
+
+fn cost(rule: &LimitRule) -> Result<Cost, ConfigError> {
+    let default = rule.default_cost;
+    let fixed = |n: u64| -> Result<Cost, ConfigError> {
+        if default.is_some() {
+            return Err(ConfigError::new(
+                "default_cost",
+                "only applies to a cost read from the request (`header:<name>`, `query:<name>`)",
+            ));
+        }
+        u32::try_from(n)
+            .ok()
+            .filter(|&n| n > 0)
+            .map(Cost::fixed)
+            .ok_or_else(|| ConfigError::new("cost", format!("{n} is not within 1..=4294967295")))
+    };
+    let with_default = |c: Cost| c.default(default.unwrap_or(1));
+    match &rule.cost {
+        None => fixed(1),
+        Some(CostSpec::Fixed(n)) => fixed(*n),
+        Some(CostSpec::From(text)) => match source(text, "cost")? {
+            Some(Source::Header(name)) => Ok(with_default(
+                Cost::try_header(name.as_str()).map_err(|e| e.with_field("cost"))?,
+            )),
+            Some(Source::Query(name)) => Ok(with_default(Cost::query(&name))),
+            None => match text.trim().parse::<u64>() {
+                Ok(n) => fixed(n),
+                Err(_) => Err(unknown(
+                    "cost",
+                    text,
+                    "a whole number, header:<name>, query:<name>",
+                )),
+            },
+        },
+    }
+}
+
+/// A checked `[limits.plans]`: the quota of each plan, and where the plan is read.
+struct PlanTable {
+    from: Source,
+    names: Vec<(String, Quota)>,
+    by_name: HashMap<Box<str>, Quota>,
+}
+
+impl PlanTable {
+    /// The quota of this request's plan; `None` (the limit's own quota, the default
+    /// plan's) when it names no plan of the table.
+    fn quota(&self, parts: &Parts) -> Option<Quota> {
+        match &self.from {
+            Source::Header(name) => {
+                let value = parts.headers.get(name)?.to_str().ok()?;
+                self.by_name.get(value.trim()).copied()
+            }
+            Source::Query(name) => self.by_name.get(&*query_param(parts, name)?).copied(),
+        }
+    }
+}
+
+fn plans_table(plans: &Plans) -> Result<(Quota, PlanTable), ConfigError> {
+    let from = source(&plans.from, "plans.from")?.ok_or_else(|| {
+        ConfigError::new(
+            "plans.from",
+            format!(
+                "`{}`: expected `header:<name>` or `query:<name>`",
+                plans.from
+            ),
+        )
+    })?;
+    if plans.quotas.is_empty() {
+        return Err(ConfigError::new(
+            "plans",
+            "no plan: add `<plan> = \"<quota>\"` entries",
+        ));
+    }
+    let mut names = Vec::with_capacity(plans.quotas.len());
+    for (name, quota) in &plans.quotas {
+        let field = crate::rules::locate::render_path(&[
+            crate::rules::locate::Seg::Key("plans".into()),
+            crate::rules::locate::Seg::Key(name.clone()),
+        ]);
+        names.push((name.clone(), parse_quota(quota, &field)?));
+    }
+    let by_name: HashMap<Box<str>, Quota> =
+        names.iter().map(|(n, q)| (n.as_str().into(), *q)).collect();
+    let default = *by_name.get(plans.default.as_str()).ok_or_else(|| {
+        ConfigError::new(
+            "plans.default",
+            format!(
+                "`{}` is not a plan of this table (plans: {})",
+                plans.default,
+                names
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    })?;
+    Ok((
+        default,
+        PlanTable {
+            from,
+            names,
+            by_name,
+        },
+    ))
+}
+
+/// A key extractor chosen at run time.
+struct One(Box<dyn KeyExtractor>);
+
+impl KeyExtractor for One {
+    fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
+        self.0.extract(parts, key)
+    }
+}
+
+/// A composite key of parts chosen at run time (a list in the document): every part,
+/// missing if any part is missing, as a tuple of extractors.
+struct Composite(Vec<Box<dyn KeyExtractor>>);
+
+impl KeyExtractor for Composite {
+    fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
+        self.0.iter().try_for_each(|p| p.extract(parts, key))
+    }
+}
+
+impl fmt::Display for Document {
+    /// One line per limit: name, quota (or plans), key, algorithm, mode and routes.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for rule in &self.limits {
+            write!(f, "{}: ", rule.name)?;
+            match (&rule.quota, &rule.plans) {
+                (Some(q), _) => write!(f, "{q}")?,
+                (None, Some(p)) => {
+                    write!(f, "plans from {} (default {}):", p.from, p.default)?;
+                    for (i, (name, q)) in p.quotas.iter().enumerate() {
+                        write!(f, "{} {name} = {q}", if i == 0 { "" } else { "," })?;
+                    }
+                }
+                (None, None) => write!(f, "(no quota)")?,
+            }
+            let key = rule
+                .key
+                .as_ref()
+                .map_or_else(|| "global".to_owned(), |k| k.0.join(" + "));
+            write!(f, " per {key}")?;
+            write!(f, ", {}", rule.algorithm.as_deref().unwrap_or("gcra"))?;
+            if let Some(mode) = &rule.mode {
+                write!(f, ", {mode}")?;
+            }
+            match &rule.cost {
+                Some(CostSpec::Fixed(n)) => write!(f, ", cost {n}")?,
+                Some(CostSpec::From(s)) => write!(f, ", cost from {s}")?,
+                None => {}
+            }
+            match &rule.routes {
+                Some(routes) => writeln!(f, ", routes: {}", routes.join(", "))?,
+                None => writeln!(f, ", every request")?,
+            }
+        }
+        Ok(())
+    }
+}

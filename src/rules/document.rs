@@ -1,0 +1,336 @@
+//! [`Document`]: the rules as data, as written in a TOML or JSON file (or built by code,
+//! e.g. from database rows), before they are checked.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use crate::error::ConfigError;
+use crate::rules::locate::Tree;
+
+/// The format of a rules document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Format {
+    /// TOML (the default).
+    #[default]
+    Toml,
+    /// JSON, with the same names.
+    Json,
+}
+
+impl Format {
+    /// The format a file name suggests: JSON for `.json`, TOML otherwise.
+    pub fn from_path(path: &std::path::Path) -> Self {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some(ext) if ext.eq_ignore_ascii_case("json") => Format::Json,
+            _ => Format::Toml,
+        }
+    }
+}
+
+/// A rules document: settings for the whole layer and a list of limits.
+///
+/// Every field mirrors a name of the file (see the [module docs](crate::rules) for each
+/// one, its values and its default); unknown names are errors. Values are kept as written
+/// (`quota` and `headers` are strings) and checked when the document is compiled
+/// ([`Document::check`], or building a [`Rules`](crate::rules::Rules)): a document built by
+/// code, e.g. from database rows, is checked exactly like a file.
+///
+/// ```
+/// use tollgate::rules::{Document, KeySpec, LimitRule};
+///
+/// let doc = Document {
+///     limits: vec![LimitRule {
+///         name: "per-ip".into(),
+///         key: Some(KeySpec::one("peer_ip")),
+///         quota: Some("5/s; burst=10".into()),
+///         ..LimitRule::default()
+///     }],
+///     ..Document::default()
+/// };
+/// doc.check()?;
+/// assert_eq!(doc, Document::from_toml(r#"
+///     [[limits]]
+///     name = "per-ip"
+///     key = "peer_ip"
+///     quota = "5/s; burst=10"
+/// "#)?);
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Document {
+    /// `[settings]`: what applies to the whole layer.
+    #[serde(default)]
+    pub settings: Settings,
+    /// `[[limits]]`: the limits, checked all or nothing on each request they apply to.
+    #[serde(default)]
+    pub limits: Vec<LimitRule>,
+}
+
+/// `[settings]` of a rules document.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// `headers`: `"draft-11"` (default), `"draft-7"`, `"draft-6"`, `"legacy"`,
+    /// `"governor"` or `"none"`.
+    pub headers: Option<String>,
+    /// `trusted_proxies`: networks of the proxies whose forwarded headers `client_ip`
+    /// believes.
+    pub trusted_proxies: Option<Vec<String>>,
+    /// `hops`: instead of `trusted_proxies`, the number of proxies in front of the app.
+    pub hops: Option<usize>,
+    /// `client_ip_header`: `"x-forwarded-for"` (default) or `"forwarded"` (RFC 7239).
+    pub client_ip_header: Option<String>,
+    /// `allow`: networks that skip every limit.
+    pub allow: Option<Vec<String>>,
+    /// `deny`: networks refused with 403 before any limit.
+    pub deny: Option<Vec<String>>,
+    /// `shadow_headers`: whether shadow limits appear in the rate-limit fields.
+    pub shadow_headers: Option<bool>,
+}
+
+/// One `[[limits]]` entry of a rules document.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitRule {
+    /// `name`: unique in the document; names the limit in headers, logs and the store
+    /// (a limit that keeps its name across reloads keeps its buckets).
+    pub name: String,
+    /// `key`: what a bucket is; default `"global"`.
+    pub key: Option<KeySpec>,
+    /// `quota`: `"<rate>/<period>[; burst=<n>]"`; required unless `plans` is given.
+    pub quota: Option<String>,
+    /// `algorithm`: `"gcra"` (default), `"fixed_window"`, `"sliding_window"`,
+    /// `"sliding_log"`.
+    pub algorithm: Option<String>,
+    /// `phase` of a fixed window: `"aligned"` (default), `"random"`, or an offset such as
+    /// `"2h"`.
+    pub phase: Option<String>,
+    /// `cost`: a number, `"header:<name>"` or `"query:<name>"`; default 1.
+    pub cost: Option<CostSpec>,
+    /// `default_cost`: the cost when the header or parameter is absent or invalid;
+    /// default 1.
+    pub default_cost: Option<u32>,
+    /// `mode`: `"enforce"` (default) or `"shadow"`.
+    pub mode: Option<String>,
+    /// `on_missing_key`: `"shared"` (default), `"skip"` or `"reject"`.
+    pub on_missing_key: Option<String>,
+    /// `missing_key_status`: the 4xx status of `on_missing_key = "reject"`; default 400.
+    pub missing_key_status: Option<u16>,
+    /// `on_store_failure`: `"fallback"` (default), `"allow"` or `"deny"`.
+    pub on_store_failure: Option<String>,
+    /// `routes`: `["POST /login", "/api/{*rest}"]`; absent: every request.
+    pub routes: Option<Vec<String>>,
+    /// `[limits.plans]`: the quota chosen per request by a plan name.
+    pub plans: Option<Plans>,
+}
+
+/// `[limits.plans]`: a quota per plan, the plan read from each request.
+///
+/// `from` and `default` are reserved; every other entry is a plan name and its quota.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plans {
+    /// `from`: `"header:<name>"` or `"query:<name>"`.
+    pub from: String,
+    /// `default`: the plan of requests without a plan, or with one not listed.
+    pub default: String,
+    /// Plan name → quota string.
+    pub quotas: BTreeMap<String, String>,
+}
+
+/// A limit's `key`: one part, or several (a composite key, e.g.
+/// `["header:x-tenant", "client_ip"]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeySpec(pub Vec<String>);
+
+impl KeySpec {
+    /// A key of one part, such as `"peer_ip"` or `"header:x-api-key"`.
+    pub fn one(part: impl Into<String>) -> Self {
+        Self(vec![part.into()])
+    }
+}
+
+/// A limit's `cost`: a fixed number, or where to read it (`"header:<name>"`,
+/// `"query:<name>"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CostSpec {
+    /// Every request costs this.
+    Fixed(u64),
+    /// Read from the request: `"header:<name>"` or `"query:<name>"`.
+    From(String),
+}
+
+impl<'de> Deserialize<'de> for KeySpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = KeySpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key (\"client_ip\", \"header:x-api-key\", ...) or a list of keys")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<KeySpec, E> {
+                Ok(KeySpec::one(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<KeySpec, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(part) = seq.next_element::<String>()? {
+                    parts.push(part);
+                }
+                Ok(KeySpec(parts))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for CostSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = CostSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number, \"header:<name>\" or \"query:<name>\"")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<CostSpec, E> {
+                Ok(CostSpec::Fixed(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<CostSpec, E> {
+                u64::try_from(v)
+                    .map(CostSpec::Fixed)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<CostSpec, E> {
+                Ok(CostSpec::From(v.to_owned()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for Plans {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Plans;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a table with `from`, `default` and one quota per plan")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Plans, A::Error> {
+                let (mut from, mut default) = (None, None);
+                let mut quotas = BTreeMap::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    let value = map.next_value::<String>()?;
+                    let slot = match name.as_str() {
+                        "from" => &mut from,
+                        "default" => &mut default,
+                        _ => {
+                            quotas.insert(name, value);
+                            continue;
+                        }
+                    };
+                    if slot.replace(value).is_some() {
+                        return Err(de::Error::duplicate_field("plans entry"));
+                    }
+                }
+                Ok(Plans {
+                    from: from.ok_or_else(|| de::Error::missing_field("from"))?,
+                    default: default.ok_or_else(|| de::Error::missing_field("default"))?,
+                    quotas,
+                })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl Document {
+    /// Reads a TOML document. Errors name the line and the field
+    /// (`line 4: limits[0].quota: ...`); the document is not checked (see
+    /// [`check`](Self::check)).
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        Self::parse(text, Format::Toml, None)
+    }
+
+    /// Reads a JSON document, with the same names as TOML.
+    pub fn from_json(text: &str) -> Result<Self, ConfigError> {
+        Self::parse(text, Format::Json, None)
+    }
+
+    /// Reads a document in `format`; `file` names it in errors.
+    pub(crate) fn parse(
+        text: &str,
+        format: Format,
+        file: Option<&str>,
+    ) -> Result<Self, ConfigError> {
+        let (field, line, reason) = match format {
+            Format::Toml => match toml::from_str::<Document>(text) {
+                Ok(doc) => return Ok(doc),
+                Err(e) => {
+                    let offset = e.span().map(|s| s.start);
+                    let field = offset.and_then(|o| Tree::parse(text, format).ok()?.path_at(o));
+                    let line = offset.map(|o| line_of(text, o));
+                    (field, line, e.message().to_owned())
+                }
+            },
+            Format::Json => match serde_json::from_str::<Document>(text) {
+                Ok(doc) => return Ok(doc),
+                Err(e) => {
+                    let field = match e.classify() {
+                        serde_json::error::Category::Data => {
+                            let offset = offset_of(text, e.line(), e.column());
+                            Tree::parse(text, format)
+                                .ok()
+                                .and_then(|t| t.path_at(offset))
+                        }
+                        _ => None,
+                    };
+                    // serde_json's message ends with " at line L column C": the line is ours.
+                    let message = e.to_string();
+                    let reason = match message.rfind(" at line ") {
+                        Some(i) => message[..i].to_owned(),
+                        None => message,
+                    };
+                    (field, Some(e.line()), reason)
+                }
+            },
+        };
+        let field = field.unwrap_or_default();
+        let reason = if field.is_empty() {
+            format!("invalid {}: {reason}", format_name(format))
+        } else {
+            reason
+        };
+        Err(ConfigError::new(field, reason).located(file, line))
+    }
+}
+
+fn format_name(format: Format) -> &'static str {
+    match format {
+        Format::Toml => "TOML",
+        Format::Json => "JSON",
+    }
+}
+
+/// The 1-based line of byte `offset`.
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// The byte offset of serde_json's 1-based line and column (the column counts bytes).
+fn offset_of(text: &str, line: usize, column: usize) -> usize {
+    let start: usize = text
+        .split_inclusive('\n')
+        .take(line.saturating_sub(1))
+        .map(str::len)
+        .sum();
+    (start + column.saturating_sub(1)).min(text.len())
+}

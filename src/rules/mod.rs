@@ -1,0 +1,103 @@
+//! Rules as data (feature `rules`): the limits of a layer written in a TOML (or JSON)
+//! file, checked with errors that name the file, the line and the field, and reloaded
+//! while the server runs.
+//!
+//! ```toml
+//! [settings]
+//! headers = "draft-11"             # draft-11 | draft-7 | draft-6 | legacy | none
+//! trusted_proxies = ["10.0.0.0/8"] # for client_ip; or hops = 1
+//!
+//! [[limits]]
+//! name = "per-ip"
+//! key = "client_ip"
+//! quota = "5/s; burst=10"
+//! routes = ["POST /login"]
+//! ```
+//!
+//! Every field, its values and defaults are described in the README ("Rules from a
+//! file") and on [`Document`], [`Settings`] and [`LimitRule`]; each maps onto the
+//! builder API ([`Limit`](crate::Limit), [`Quota`](crate::Quota)'s string syntax, the
+//! [`key`](crate::key) extractors, [`Cost`](crate::Cost), ...), so a file can say nothing
+//! code could not.
+//!
+//! [`Rules`] holds the compiled rules behind an `ArcSwap` and serves them through
+//! [`Rules::layer`]. They are replaced whole when the file changes (its directory is
+//! watched: writes in place, renames over it and swapped links are all seen), on `SIGHUP`,
+//! or by [`Rules::reload`], [`Rules::reload_file`] and [`Rules::reload_document`] (the
+//! door for rules that come from elsewhere, such as a database). A limit that keeps its
+//! name keeps its buckets; invalid rules are refused whole and the running ones stay.
+//!
+//! ```
+//! use tollgate::rules::Rules;
+//! use tollgate::store::MemoryStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tollgate::ConfigError> {
+//! let rules = Rules::builder(MemoryStore::new())
+//!     .text(r#"
+//!         [[limits]]
+//!         name = "per-ip"
+//!         key = "peer_ip"
+//!         quota = "5/s; burst=10"
+//!     "#)
+//!     .build()?;
+//! let layer = rules.layer(); // `Router::route_layer(layer)`
+//! # let _ = layer;
+//!
+//! // A bad quota is refused with its line and field; the running rules stay.
+//! let err = rules
+//!     .reload("[[limits]]\nname = \"per-ip\"\nquota = \"5/fortnight\"\n")
+//!     .unwrap_err();
+//! assert_eq!(err.line(), Some(3));
+//! assert_eq!(err.field(), "limits[0].quota");
+//! assert_eq!(rules.status().failures, 1);
+//! assert_eq!(rules.document().limits[0].quota.as_deref(), Some("5/s; burst=10"));
+//! # Ok(()) }
+//! ```
+//!
+//! From a file, watched and reloaded on `SIGHUP`:
+//!
+//! ```no_run
+//! # use tollgate::{rules::Rules, store::MemoryStore};
+//! # async fn run() -> Result<(), tollgate::ConfigError> {
+//! let rules = Rules::builder(MemoryStore::new())
+//!     .file("/etc/myapp/rules.toml")
+//!     .on_reload(|outcome| match outcome {
+//!         Ok(doc) => println!("rules:\n{doc}"),
+//!         Err(e) => eprintln!("rules refused: {e}"),
+//!     })
+//!     .build()?;
+//! # let _ = rules; Ok(()) }
+//! ```
+
+mod compile;
+mod document;
+mod locate;
+mod reload;
+mod watch;
+
+pub use document::{CostSpec, Document, Format, KeySpec, LimitRule, Plans, Settings};
+pub use reload::{ReloadStatus, Rules, RulesBuilder, RulesLayer, RulesService};
+
+use crate::error::ConfigError;
+use crate::layer::RateLimitLayer;
+use crate::store::Store;
+
+impl Document {
+    /// Checks the whole document as [`Rules`] would (every value, duplicate names,
+    /// routes): the error names the field (`limits[2].quota`), without a line (see
+    /// [`Document::from_toml`] and [`Rules`] for located errors).
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.layer(crate::store::MemoryStore::new()).map(drop)
+    }
+
+    /// A [`RateLimitLayer`] with these rules over `store`, for rules read once, without
+    /// reloading.
+    pub fn layer<St: Store>(&self, store: St) -> Result<RateLimitLayer<St>, ConfigError> {
+        let compiled = compile::compile(self)?;
+        compiled
+            .apply(RateLimitLayer::builder(store))
+            .build()
+            .map_err(|e| compile::rebase(self, e))
+    }
+}

@@ -1,0 +1,698 @@
+//! [`Rules`]: compiled rules behind an `ArcSwap`, replaced whole on reload; the layer and
+//! service that serve requests with them.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use http::{Request, Response};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::error::ConfigError;
+use crate::future::ResponseFuture;
+use crate::layer::{RateLimitBuilder, RateLimitLayer, Shared};
+use crate::limiter::Limiter;
+use crate::response::{DefaultOnRejection, OnRejection};
+use crate::rules::compile::{compile, rebase};
+use crate::rules::document::{Document, Format};
+use crate::rules::locate::Tree;
+use crate::rules::watch::{self, Watcher};
+use crate::store::Store;
+
+/// What [`RulesBuilder::configure`] does to the builder of every compiled version.
+type Configure<St> =
+    Arc<dyn Fn(RateLimitBuilder<St>) -> RateLimitBuilder<St> + Send + Sync + 'static>;
+
+/// Told each reload's outcome.
+type OnReload = Arc<dyn Fn(Result<&Document, &ConfigError>) + Send + Sync + 'static>;
+
+/// What asked for a reload (in logs).
+#[derive(Debug, Clone, Copy)]
+enum Trigger {
+    File,
+    Signal,
+    Call,
+}
+
+/// Reload counts and the last error, from [`Rules::status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReloadStatus {
+    /// Reloads that replaced the rules (the first load is not counted).
+    pub reloads: u64,
+    /// Reloads refused because the new rules were invalid or unreadable.
+    pub failures: u64,
+    /// The error of the latest refused reload (kept after later successes: compare
+    /// [`healthy`](Self::healthy)).
+    pub last_error: Option<ConfigError>,
+    /// Whether the latest reload (or the first load) succeeded: the running rules are the
+    /// newest ones.
+    pub healthy: bool,
+}
+
+/// Rules loaded from a file (or text, or a [`Document`]), compiled into a rate limiting
+/// engine, and replaced whole when they change. A cheap handle: clones share everything.
+///
+/// [`layer`](Self::layer) is the middleware; each request loads the current rules once
+/// and finishes on them, even if a reload happens meanwhile. A reload compiles the new
+/// rules with the same store: a limit whose name is unchanged keeps its buckets (with its
+/// new quota, if that changed); a removed limit is no longer checked. Invalid rules are
+/// refused whole: the running rules stay, one `ERROR` event is logged (target
+/// `tollgate::rules`) and [`status`](Self::status) counts it.
+///
+/// See the [module docs](crate::rules) for the document and an example.
+pub struct Rules<St: Store, R = DefaultOnRejection> {
+    inner: Arc<Reloadable<St, R>>,
+}
+
+impl<St: Store, R> Clone for Rules<St, R> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<St: Store, R> fmt::Debug for Rules<St, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rules")
+            .field("file", &self.inner.file)
+            .field("format", &self.inner.format)
+            .field("limits", &self.inner.limit_names())
+            .field("status", &self.inner.status())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Reloadable<St: Store, R> {
+    current: ArcSwap<Shared<St, R>>,
+    document: ArcSwap<Document>,
+    store: St,
+    on_rejection: R,
+    configure: Option<Configure<St>>,
+    file: Option<PathBuf>,
+    format: Format,
+    on_reload: Option<OnReload>,
+    /// Held during a reload: one at a time.
+    state: Mutex<State>,
+    /// Kept alive with the rules.
+    watcher: Mutex<Option<Watcher>>,
+    #[cfg(unix)]
+    hangup: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+#[derive(Default)]
+struct State {
+    reloads: u64,
+    failures: u64,
+    last_error: Option<ConfigError>,
+    healthy: bool,
+    /// The text last read from the file: a change event that leaves it as it was (a
+    /// `touch`, a rewrite of the same text) reloads nothing.
+    last_text: Option<String>,
+}
+
+impl<St: Store, R> Drop for Reloadable<St, R> {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Some(task) = self
+            .hangup
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// Builds [`Rules`]: where they come from, what triggers a reload, and what the layer
+/// adds to them.
+pub struct RulesBuilder<St: Store, R = DefaultOnRejection> {
+    store: St,
+    on_rejection: R,
+    source: Source,
+    format: Option<Format>,
+    watch: bool,
+    debounce: Duration,
+    sighup: bool,
+    configure: Option<Configure<St>>,
+    on_reload: Option<OnReload>,
+}
+
+enum Source {
+    None,
+    File(PathBuf),
+    Text(String),
+    Document(Box<Document>),
+}
+
+impl<St: Store, R> fmt::Debug for RulesBuilder<St, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let source = match &self.source {
+            Source::None => "none".to_owned(),
+            Source::File(p) => format!("file {}", p.display()),
+            Source::Text(_) => "text".to_owned(),
+            Source::Document(_) => "document".to_owned(),
+        };
+        f.debug_struct("RulesBuilder")
+            .field("source", &source)
+            .field("format", &self.format)
+            .field("watch", &self.watch)
+            .field("debounce", &self.debounce)
+            .field("sighup", &self.sighup)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store> Rules<St> {
+    /// Rules kept in `store`; name where they come from with
+    /// [`file`](RulesBuilder::file), [`text`](RulesBuilder::text) or
+    /// [`document`](RulesBuilder::document).
+    pub fn builder(store: St) -> RulesBuilder<St> {
+        RulesBuilder {
+            store,
+            on_rejection: DefaultOnRejection::new(),
+            source: Source::None,
+            format: None,
+            watch: true,
+            debounce: Duration::from_millis(150),
+            sighup: true,
+            configure: None,
+            on_reload: None,
+        }
+    }
+}
+
+impl<St: Store, R> RulesBuilder<St, R> {
+    /// Reads the rules from `path` (JSON if it ends in `.json`, else TOML; see
+    /// [`format`](Self::format)), and by default reloads them when the file changes and on
+    /// `SIGHUP`.
+    pub fn file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.source = Source::File(path.into());
+        self
+    }
+
+    /// The first rules, as text (TOML unless [`format`](Self::format) says otherwise).
+    pub fn text(mut self, text: impl Into<String>) -> Self {
+        self.source = Source::Text(text.into());
+        self
+    }
+
+    /// The first rules, as a document built by code (e.g. from database rows); later
+    /// versions go to [`Rules::reload_document`].
+    pub fn document(mut self, document: Document) -> Self {
+        self.source = Source::Document(Box::new(document));
+        self
+    }
+
+    /// The format of the text and of the file, whatever its name.
+    pub fn format(mut self, format: Format) -> Self {
+        self.format = Some(format);
+        self
+    }
+
+    /// Whether a change of the file reloads it (default: yes). The file's directory is
+    /// watched, so a file written in place, replaced by a rename, or reached through a
+    /// link that is swapped (Kubernetes ConfigMaps) is seen; a change that leaves the text
+    /// as it was reloads nothing.
+    pub fn watch(mut self, watch: bool) -> Self {
+        self.watch = watch;
+        self
+    }
+
+    /// How long the file's directory must be quiet after a change before the file is read
+    /// (default 150 ms): one reload per save, not one per write.
+    pub fn debounce(mut self, quiet: Duration) -> Self {
+        self.debounce = quiet;
+        self
+    }
+
+    /// Whether `SIGHUP` reloads the file (default: yes, on Unix, for a file). It needs a
+    /// Tokio runtime with I/O enabled when [`build`](Self::build) runs. Listening replaces
+    /// the signal's default action (ending the process) for the whole process.
+    pub fn sighup(mut self, listen: bool) -> Self {
+        self.sighup = listen;
+        self
+    }
+
+    /// Applied to the builder of every version of the rules, after the document's limits
+    /// and settings: what a file does not say (an [`on_decision`](RateLimitBuilder::on_decision)
+    /// observer, refusal logs, more limits written in code).
+    pub fn configure<F>(mut self, configure: F) -> Self
+    where
+        F: Fn(RateLimitBuilder<St>) -> RateLimitBuilder<St> + Send + Sync + 'static,
+    {
+        self.configure = Some(Arc::new(configure));
+        self
+    }
+
+    /// Called after every reload, successful (with the new document) or not (with the
+    /// error), and after the first load: e.g. to print the rules.
+    pub fn on_reload<F>(mut self, on_reload: F) -> Self
+    where
+        F: Fn(Result<&Document, &ConfigError>) + Send + Sync + 'static,
+    {
+        self.on_reload = Some(Arc::new(on_reload));
+        self
+    }
+
+    /// Replaces the responses to refused requests (see [`crate::response`]).
+    pub fn on_rejection<R2>(self, on_rejection: R2) -> RulesBuilder<St, R2> {
+        RulesBuilder {
+            store: self.store,
+            on_rejection,
+            source: self.source,
+            format: self.format,
+            watch: self.watch,
+            debounce: self.debounce,
+            sighup: self.sighup,
+            configure: self.configure,
+            on_reload: self.on_reload,
+        }
+    }
+}
+
+impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
+    /// Loads and compiles the first rules, and starts the reload triggers. Invalid rules
+    /// are a [`ConfigError`] naming the file, the line and the field
+    /// (`rules.toml:14: limits[2].quota: ...`).
+    pub fn build(self) -> Result<Rules<St, R>, ConfigError> {
+        let (file, format) = match &self.source {
+            Source::File(path) => (
+                Some(path.clone()),
+                self.format.unwrap_or(Format::from_path(path)),
+            ),
+            _ => (None, self.format.unwrap_or_default()),
+        };
+        let (document, shared, text) = match self.source {
+            Source::None => {
+                return Err(ConfigError::new(
+                    "rules",
+                    "no source: call `file`, `text` or `document`",
+                ));
+            }
+            Source::File(path) => {
+                let text = read(&path)?;
+                let name = path.display().to_string();
+                let doc = Document::parse(&text, format, Some(&name))?;
+                let shared = build_shared(
+                    &self.store,
+                    &self.on_rejection,
+                    self.configure.as_ref(),
+                    &doc,
+                    Some((&text, format, &name)),
+                )?;
+                (doc, shared, Some(text))
+            }
+            Source::Text(text) => {
+                let doc = Document::parse(&text, format, None)?;
+                let shared = build_shared(
+                    &self.store,
+                    &self.on_rejection,
+                    self.configure.as_ref(),
+                    &doc,
+                    Some((&text, format, "")),
+                )?;
+                (doc, shared, None)
+            }
+            Source::Document(doc) => {
+                let shared = build_shared(
+                    &self.store,
+                    &self.on_rejection,
+                    self.configure.as_ref(),
+                    &doc,
+                    None,
+                )?;
+                (*doc, shared, None)
+            }
+        };
+        let inner = Arc::new(Reloadable {
+            current: ArcSwap::new(shared),
+            document: ArcSwap::from_pointee(document),
+            store: self.store,
+            on_rejection: self.on_rejection,
+            configure: self.configure,
+            file,
+            format,
+            on_reload: self.on_reload,
+            state: Mutex::new(State {
+                healthy: true,
+                last_text: text,
+                ..State::default()
+            }),
+            watcher: Mutex::new(None),
+            #[cfg(unix)]
+            hangup: Mutex::new(None),
+        });
+        if let Some(on_reload) = &inner.on_reload {
+            on_reload(Ok(&inner.document.load()));
+        }
+        if let Some(path) = &inner.file {
+            if self.watch {
+                let weak = Arc::downgrade(&inner);
+                let watcher = watch::watch(path, self.debounce, move || match weak.upgrade() {
+                    Some(rules) => {
+                        // Refusals are logged and counted; the running rules stay.
+                        let _ = rules.reload_file(Trigger::File, true);
+                        true
+                    }
+                    None => false,
+                })?;
+                *inner.watcher.lock().unwrap_or_else(PoisonError::into_inner) = Some(watcher);
+            }
+            #[cfg(unix)]
+            if self.sighup {
+                let task = listen_hangup(Arc::downgrade(&inner))?;
+                *inner.hangup.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+            }
+        }
+        Ok(Rules { inner })
+    }
+}
+
+/// Reloads the file on each `SIGHUP` while the rules live.
+#[cfg(unix)]
+fn listen_hangup<St: Store, R: Clone + Send + Sync + 'static>(
+    rules: Weak<Reloadable<St, R>>,
+) -> Result<tokio::task::AbortHandle, ConfigError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let no_signal = |reason: String| ConfigError::new("sighup", reason);
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+        no_signal("listening for SIGHUP needs a Tokio runtime: build the rules inside one, or call `sighup(false)`".into())
+    })?;
+    let _entered = runtime.enter();
+    let mut hangup = signal(SignalKind::hangup())
+        .map_err(|e| no_signal(format!("cannot listen for SIGHUP: {e}")))?;
+    let task = runtime.spawn(async move {
+        while hangup.recv().await.is_some() {
+            let Some(rules) = rules.upgrade() else { break };
+            let _ = rules.reload_file(Trigger::Signal, false);
+        }
+    });
+    Ok(task.abort_handle())
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::new("", format!("cannot read the rules: {e}"))
+            .located(Some(&path.display().to_string()), None)
+    })
+}
+
+/// Compiles `doc` into an engine over `store`. `text`: the text it was read from, its
+/// format and its file name (empty if none), to locate errors.
+fn build_shared<St: Store, R: Clone>(
+    store: &St,
+    on_rejection: &R,
+    configure: Option<&Configure<St>>,
+    doc: &Document,
+    text: Option<(&str, Format, &str)>,
+) -> Result<Arc<Shared<St, R>>, ConfigError> {
+    let built = compile(doc).and_then(|compiled| {
+        let mut builder = compiled.apply(RateLimitLayer::builder(store.clone()));
+        if let Some(configure) = configure {
+            builder = configure(builder);
+        }
+        builder
+            .on_rejection(on_rejection.clone())
+            .build()
+            .map_err(|e| rebase(doc, e))
+    });
+    match (built, text) {
+        (Ok(layer), _) => Ok(layer.shared),
+        (Err(e), None) => Err(e),
+        (Err(e), Some((text, format, file))) => {
+            let line = Tree::parse(text, format)
+                .ok()
+                .and_then(|tree| tree.line(text, e.field()));
+            let file = (!file.is_empty()).then_some(file);
+            Err(e.located(file, line))
+        }
+    }
+}
+
+impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
+    /// Reads the file and installs it; `if_changed`: only if its text changed.
+    fn reload_file(&self, trigger: Trigger, if_changed: bool) -> Result<(), ConfigError> {
+        let Some(path) = &self.file else {
+            return Err(ConfigError::new(
+                "file",
+                "these rules were not read from a file",
+            ));
+        };
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let text = match read(path) {
+            Ok(text) => text,
+            Err(e) => return Err(self.refused(&mut state, trigger, e)),
+        };
+        if if_changed && state.last_text.as_deref() == Some(text.as_str()) {
+            return Ok(());
+        }
+        state.last_text = Some(text.clone());
+        let name = path.display().to_string();
+        self.install_text(&mut state, trigger, &text, Some(&name))
+    }
+
+    fn install_text(
+        &self,
+        state: &mut State,
+        trigger: Trigger,
+        text: &str,
+        file: Option<&str>,
+    ) -> Result<(), ConfigError> {
+        let built = Document::parse(text, self.format, file).and_then(|doc| {
+            let located = (text, self.format, file.unwrap_or(""));
+            let shared = build_shared(
+                &self.store,
+                &self.on_rejection,
+                self.configure.as_ref(),
+                &doc,
+                Some(located),
+            )?;
+            Ok((doc, shared))
+        });
+        match built {
+            Ok((doc, shared)) => {
+                self.installed(state, trigger, doc, shared);
+                Ok(())
+            }
+            Err(e) => Err(self.refused(state, trigger, e)),
+        }
+    }
+
+    fn install_document(&self, trigger: Trigger, doc: Document) -> Result<(), ConfigError> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let built = build_shared(
+            &self.store,
+            &self.on_rejection,
+            self.configure.as_ref(),
+            &doc,
+            None,
+        );
+        match built {
+            Ok(shared) => {
+                self.installed(&mut state, trigger, doc, shared);
+                Ok(())
+            }
+            Err(e) => Err(self.refused(&mut state, trigger, e)),
+        }
+    }
+
+    fn installed(
+        &self,
+        state: &mut State,
+        trigger: Trigger,
+        doc: Document,
+        shared: Arc<Shared<St, R>>,
+    ) {
+        self.current.store(shared);
+        self.document.store(Arc::new(doc));
+        state.reloads += 1;
+        state.healthy = true;
+        tracing::info!(
+            target: "tollgate::rules",
+            trigger = ?trigger,
+            limits = self.document.load().limits.len(),
+            "rules reloaded"
+        );
+        if let Some(on_reload) = &self.on_reload {
+            on_reload(Ok(&self.document.load()));
+        }
+    }
+
+    fn refused(&self, state: &mut State, trigger: Trigger, e: ConfigError) -> ConfigError {
+        state.failures += 1;
+        state.healthy = false;
+        state.last_error = Some(e.clone());
+        tracing::error!(
+            target: "tollgate::rules",
+            trigger = ?trigger,
+            error = %e,
+            "rules not reloaded, the running rules stay"
+        );
+        if let Some(on_reload) = &self.on_reload {
+            on_reload(Err(&e));
+        }
+        e
+    }
+}
+
+impl<St: Store, R> Reloadable<St, R> {
+    fn status(&self) -> ReloadStatus {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        ReloadStatus {
+            reloads: state.reloads,
+            failures: state.failures,
+            last_error: state.last_error.clone(),
+            healthy: state.healthy,
+        }
+    }
+
+    fn limit_names(&self) -> Vec<String> {
+        self.document
+            .load()
+            .limits
+            .iter()
+            .map(|l| l.name.clone())
+            .collect()
+    }
+}
+
+impl<St: Store, R: Clone + Send + Sync + 'static> Rules<St, R> {
+    /// The middleware: requests are limited by the rules current when they arrive.
+    pub fn layer(&self) -> RulesLayer<St, R> {
+        RulesLayer {
+            rules: self.inner.clone(),
+        }
+    }
+
+    /// A [`Limiter`] handle on the current rules: each call uses the rules current at that
+    /// moment (a limit removed by a reload is then
+    /// [`UnknownLimit`](crate::LimiterError::UnknownLimit)). The handle in a request's
+    /// extensions is the one of the rules that request runs on.
+    pub fn limiter(&self) -> Limiter {
+        let inner = self.inner.clone();
+        Limiter::live(move || inner.current.load_full())
+    }
+
+    /// The current document.
+    pub fn document(&self) -> Arc<Document> {
+        self.inner.document.load_full()
+    }
+
+    /// Reload counts and the last error.
+    pub fn status(&self) -> ReloadStatus {
+        self.inner.status()
+    }
+
+    /// The file the rules are read from, if any.
+    pub fn file(&self) -> Option<&Path> {
+        self.inner.file.as_deref()
+    }
+
+    /// Reads the file again and installs it (what a file change and `SIGHUP` do). On an
+    /// error the running rules stay.
+    pub fn reload_file(&self) -> Result<(), ConfigError> {
+        self.inner.reload_file(Trigger::Call, false)
+    }
+
+    /// Installs rules given as text, in the builder's format. On an error the running
+    /// rules stay.
+    pub fn reload(&self, text: &str) -> Result<(), ConfigError> {
+        let mut state = self
+            .inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.inner
+            .install_text(&mut state, Trigger::Call, text, None)
+    }
+
+    /// Installs a document built by code (e.g. read from a database). On an error the
+    /// running rules stay.
+    pub fn reload_document(&self, document: Document) -> Result<(), ConfigError> {
+        self.inner.install_document(Trigger::Call, document)
+    }
+}
+
+/// The middleware of [`Rules`]: applies [`RulesService`].
+pub struct RulesLayer<St: Store, R = DefaultOnRejection> {
+    rules: Arc<Reloadable<St, R>>,
+}
+
+impl<St: Store, R> Clone for RulesLayer<St, R> {
+    fn clone(&self) -> Self {
+        Self {
+            rules: self.rules.clone(),
+        }
+    }
+}
+
+impl<St: Store, R> fmt::Debug for RulesLayer<St, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RulesLayer")
+            .field("limits", &self.rules.limit_names())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, St: Store, R> Layer<S> for RulesLayer<St, R> {
+    type Service = RulesService<S, St, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RulesService {
+            inner,
+            rules: self.rules.clone(),
+        }
+    }
+}
+
+/// The rate limiting middleware of [`Rules`]: [`RateLimit`](crate::RateLimit) on the rules
+/// current when each request arrives.
+pub struct RulesService<S, St: Store, R> {
+    inner: S,
+    rules: Arc<Reloadable<St, R>>,
+}
+
+impl<S: Clone, St: Store, R> Clone for RulesService<S, St, R> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            rules: self.rules.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St: Store, R> fmt::Debug for RulesService<S, St, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RulesService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, St, R, ReqBody, ResBody> Service<Request<ReqBody>> for RulesService<S, St, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    St: Store,
+    R: OnRejection<ResBody> + Send + Sync + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, St, R, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // One load per request; the request keeps these rules to its end.
+        let current = self.rules.current.load();
+        crate::service::call(&current, &mut self.inner, req)
+    }
+}

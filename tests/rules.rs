@@ -1,0 +1,903 @@
+//! Rules as data: every field of a document over a real router, every error with its
+//! line and field, JSON, and reloads (file written, renamed over, link swapped, SIGHUP,
+//! calls) that keep buckets, drop removed limits and leave requests in flight alone.
+#![cfg(all(feature = "rules", feature = "axum"))]
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use http::{Request, StatusCode};
+use support::{Lines, count, header, send, sf_names, sf_param, statuses, with_peer};
+use tollgate::clock::FakeClock;
+use tollgate::rules::{CostSpec, Document, Format, KeySpec, LimitRule, Rules};
+use tollgate::store::MemoryStore;
+use tollgate::{ConfigError, Limiter, LimiterError};
+
+fn store() -> MemoryStore<FakeClock> {
+    MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)))
+}
+
+/// Rules from `text`, no file.
+fn from_text(text: &str) -> Rules<MemoryStore<FakeClock>> {
+    Rules::builder(store()).text(text).build().unwrap()
+}
+
+/// Rules from a file, watched with a short debounce, without SIGHUP.
+fn from_file(path: &Path) -> Rules<MemoryStore<FakeClock>> {
+    Rules::builder(store())
+        .file(path)
+        .debounce(Duration::from_millis(30))
+        .sighup(false)
+        .build()
+        .unwrap()
+}
+
+fn router<St: tollgate::store::Store>(rules: &Rules<St>) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/api/search", get(|| async { "ok" }))
+        .route("/login", post(|| async { "ok" }))
+        .route_layer(rules.layer())
+        .route("/health", get(|| async { "ok" }))
+}
+
+/// A request from `peer` with `headers`.
+fn req(method: &str, uri: &str, peer: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut b = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    with_peer(b.body(Body::empty()).unwrap(), peer)
+}
+
+fn get_from(peer: &str) -> Request<Body> {
+    req("GET", "/", peer, &[])
+}
+
+/// The error of rules built from `text` (TOML) read from a file called `rules.toml`.
+fn error_of(text: &str, format: Format) -> ConfigError {
+    let dir = tempfile::tempdir().unwrap();
+    let name = match format {
+        Format::Toml => "rules.toml",
+        _ => "rules.json",
+    };
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    Rules::builder(store())
+        .file(&path)
+        .watch(false)
+        .sighup(false)
+        .build()
+        .unwrap_err()
+}
+
+/// Waits up to 5 s for `done`.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn quota_of(rules: &Rules<MemoryStore<FakeClock>>, name: &str) -> Option<String> {
+    let doc = rules.document();
+    doc.limits
+        .iter()
+        .find(|l| l.name == name)
+        .and_then(|l| l.quota.clone())
+}
+
+const ONE_LIMIT: &str = "[[limits]]\nname = \"a\"\nquota = \"3/min\"\n";
+
+// ---------------------------------------------------------------------------------------
+// The document: every field.
+
+#[test]
+fn the_example_file_reads_every_field() {
+    let doc = Document::from_toml(include_str!("../examples/rules.toml")).unwrap();
+    doc.check().unwrap();
+    let s = &doc.settings;
+    assert_eq!(s.headers.as_deref(), Some("draft-11"));
+    assert_eq!(
+        s.trusted_proxies.as_deref(),
+        Some(&["127.0.0.1/32".to_owned(), "10.0.0.0/8".to_owned()][..])
+    );
+    assert_eq!(s.client_ip_header.as_deref(), Some("x-forwarded-for"));
+    assert_eq!(s.deny.as_deref(), Some(&["192.0.2.0/24".to_owned()][..]));
+    assert_eq!(s.shadow_headers, Some(false));
+    let names: Vec<&str> = doc.limits.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["per-ip", "login", "search", "per-key"]);
+    let [per_ip, login, search, per_key] = &doc.limits[..] else {
+        unreachable!()
+    };
+    assert_eq!(per_ip.key, Some(KeySpec::one("client_ip")));
+    assert_eq!(per_ip.algorithm.as_deref(), Some("gcra"));
+    assert_eq!(per_ip.cost, Some(CostSpec::Fixed(1)));
+    assert_eq!(per_ip.mode.as_deref(), Some("enforce"));
+    assert_eq!(per_ip.on_missing_key.as_deref(), Some("shared"));
+    assert_eq!(per_ip.on_store_failure.as_deref(), Some("fallback"));
+    assert_eq!(per_ip.routes, None);
+    assert_eq!(
+        login.key,
+        Some(KeySpec(vec!["client_ip".into(), "header:x-user".into()]))
+    );
+    assert_eq!(login.missing_key_status, Some(400));
+    assert_eq!(
+        login.routes.as_deref(),
+        Some(&["POST /login".to_owned()][..])
+    );
+    assert_eq!(search.phase.as_deref(), Some("aligned"));
+    assert_eq!(search.cost, Some(CostSpec::From("query:pages".into())));
+    assert_eq!(search.default_cost, Some(2));
+    let plans = per_key.plans.as_ref().unwrap();
+    assert_eq!(
+        (plans.from.as_str(), plans.default.as_str()),
+        ("header:x-plan", "free")
+    );
+    assert_eq!(plans.quotas.len(), 2);
+    assert_eq!(plans.quotas["pro"], "100/s; burst=500");
+    // The printed form names every limit.
+    let printed = doc.to_string();
+    for name in names {
+        assert!(printed.contains(&format!("{name}: ")), "{printed}");
+    }
+}
+
+#[test]
+fn json_reads_the_same_names() {
+    let toml = Document::from_toml(
+        r#"
+        [settings]
+        headers = "draft-7"
+        hops = 1
+        [[limits]]
+        name = "k"
+        key = ["client_ip", "query:tenant"]
+        quota = "10/s"
+        cost = "header:x-cost"
+        default_cost = 3
+        routes = ["/api/search"]
+        [limits.plans]
+        from = "query:plan"
+        default = "a"
+        a = "5/s"
+        "#,
+    );
+    let json = Document::from_json(
+        r#"{
+          "settings": {"headers": "draft-7", "hops": 1},
+          "limits": [{
+            "name": "k", "key": ["client_ip", "query:tenant"], "quota": "10/s",
+            "cost": "header:x-cost", "default_cost": 3, "routes": ["/api/search"],
+            "plans": {"from": "query:plan", "default": "a", "a": "5/s"}
+          }]
+        }"#,
+    );
+    assert_eq!(toml.unwrap(), json.unwrap());
+}
+
+#[tokio::test]
+async fn settings_headers_proxies_and_lists() {
+    let rules = from_text(
+        r#"
+        [settings]
+        headers = "draft-6"
+        trusted_proxies = ["10.0.0.0/8"]
+        allow = ["198.51.100.0/24"]
+        deny = ["203.0.113.7"]
+        [[limits]]
+        name = "per-client"
+        key = "client_ip"
+        quota = "2/min"
+        "#,
+    );
+    let app = router(&rules);
+    // Behind the proxy, each client has its own bucket.
+    let via =
+        |client: &'static str| move || req("GET", "/", "10.0.0.1", &[("x-forwarded-for", client)]);
+    let first = send(&app, via("192.0.2.1")()).await;
+    assert_eq!(first.headers()["ratelimit-limit"], "2");
+    assert_eq!(
+        statuses(&app, 2, via("192.0.2.1")).await,
+        [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]
+    );
+    assert_eq!(
+        send(&app, via("192.0.2.2")()).await.status(),
+        StatusCode::OK
+    );
+    // Allowed network: never limited, no fields; denied address: 403.
+    let allowed = statuses(&app, 5, via("198.51.100.9")).await;
+    assert_eq!(count(&allowed, StatusCode::OK), 5);
+    assert_eq!(
+        send(&app, via("203.0.113.7")()).await.status(),
+        StatusCode::FORBIDDEN
+    );
+
+    // `hops` and RFC 7239 `Forwarded`; no fields at all with `none`.
+    let rules = from_text(
+        r#"
+        [settings]
+        headers = "none"
+        hops = 1
+        client_ip_header = "forwarded"
+        [[limits]]
+        name = "per-client"
+        key = "client_ip"
+        quota = "1/min"
+        "#,
+    );
+    let app = router(&rules);
+    let fwd = |client: &'static str| move || req("GET", "/", "10.9.9.9", &[("forwarded", client)]);
+    let ok = send(&app, fwd("for=192.0.2.1")()).await;
+    assert!(header(ok.headers(), "ratelimit").is_none());
+    assert_eq!(
+        send(&app, fwd("for=192.0.2.1")()).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&app, fwd("for=192.0.2.2")()).await.status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn keys_costs_modes_missing_keys_and_routes() {
+    let rules = from_text(
+        r#"
+        [[limits]]
+        name = "login"
+        key = ["peer_ip", "header:x-user"]
+        quota = "2/min"
+        on_missing_key = "reject"
+        missing_key_status = 401
+        routes = ["POST /login"]
+
+        [[limits]]
+        name = "search"
+        key = "query:tenant"
+        quota = "10/min"
+        cost = "query:pages"
+        default_cost = 4
+        on_missing_key = "skip"
+        routes = ["GET /api/search"]
+
+        [[limits]]
+        name = "watch"
+        quota = "1/min"
+        mode = "shadow"
+        on_store_failure = "deny"
+        routes = ["/api/search"]
+        "#,
+    );
+    let app = router(&rules);
+    // A composite key: user per address; the route applies to POST only.
+    let login =
+        |user: &'static str| move || req("POST", "/login", "192.0.2.1", &[("x-user", user)]);
+    assert_eq!(
+        statuses(&app, 3, login("alice")).await,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(send(&app, login("bob")()).await.status(), StatusCode::OK);
+    let no_user = req("POST", "/login", "192.0.2.1", &[]);
+    assert_eq!(send(&app, no_user).await.status(), StatusCode::UNAUTHORIZED);
+    // `/` has no limit at all.
+    assert_eq!(
+        count(
+            &statuses(&app, 5, || get_from("192.0.2.1")).await,
+            StatusCode::OK
+        ),
+        5
+    );
+
+    // Cost from the query, default 4 without it; the shadow limit (1/min) never refuses.
+    let search = |q: &'static str| move || req("GET", q, "192.0.2.1", &[]);
+    let r = send(&app, search("/api/search?tenant=t&pages=5")()).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let fields = header(r.headers(), "ratelimit").unwrap();
+    assert_eq!(sf_names(&fields), ["search"], "shadow limits are not shown");
+    assert_eq!(sf_param(&fields, "search", "r"), Some(5));
+    let r = send(&app, search("/api/search?tenant=t")()).await;
+    assert_eq!(
+        sf_param(&header(r.headers(), "ratelimit").unwrap(), "search", "r"),
+        Some(1)
+    );
+    assert_eq!(
+        send(&app, search("/api/search?tenant=t")()).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // No tenant: the search limit is skipped.
+    assert_eq!(
+        send(&app, search("/api/search")()).await.status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn plans_choose_the_quota_per_request() {
+    let rules = from_text(
+        r#"
+        [[limits]]
+        name = "per-key"
+        key = "header:x-api-key"
+        [limits.plans]
+        from = "header:x-plan"
+        default = "free"
+        free = "2/min"
+        pro = "5/min"
+        "#,
+    );
+    let app = router(&rules);
+    let call = |key: &'static str, plan: Option<&'static str>| {
+        move || {
+            let mut h = vec![("x-api-key", key)];
+            h.extend(plan.map(|p| ("x-plan", p)));
+            req("GET", "/", "192.0.2.1", &h)
+        }
+    };
+    let pro = statuses(&app, 6, call("k1", Some("pro"))).await;
+    assert_eq!(count(&pro, StatusCode::OK), 5);
+    let r = send(&app, call("k2", Some("pro"))()).await;
+    let policy = header(r.headers(), "ratelimit-policy").unwrap();
+    assert_eq!(
+        sf_names(&policy),
+        ["per-key"],
+        "plans share the limit's name"
+    );
+    assert_eq!(sf_param(&policy, "per-key", "q"), Some(5));
+    // No plan, or one not in the table: the default plan.
+    assert_eq!(
+        count(&statuses(&app, 3, call("k3", None)).await, StatusCode::OK),
+        2
+    );
+    assert_eq!(
+        count(
+            &statuses(&app, 3, call("k4", Some("gold"))).await,
+            StatusCode::OK
+        ),
+        2
+    );
+}
+
+#[tokio::test]
+async fn algorithms_and_phases() {
+    for (algorithm, phase) in [
+        ("fixed_window", Some("aligned")),
+        ("fixed_window", Some("random")),
+        ("fixed_window", Some("90s")),
+        ("sliding_window", None),
+        ("sliding_log", None),
+        ("gcra", None),
+    ] {
+        let phase = phase.map_or(String::new(), |p| format!("phase = \"{p}\"\n"));
+        let rules = from_text(&format!(
+            "[[limits]]\nname = \"w\"\nquota = \"3/min\"\nalgorithm = \"{algorithm}\"\n{phase}"
+        ));
+        let got = statuses(&router(&rules), 4, || get_from("192.0.2.1")).await;
+        assert_eq!(count(&got, StatusCode::OK), 3, "{algorithm} {phase}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors: file, line, field path.
+
+#[test]
+fn every_error_names_file_line_and_field() {
+    let base = "[[limits]]\nname = \"a\"\nquota = \"1/s\"\n";
+    // (text, line, field, part of the reason)
+    let cases: &[(String, usize, &str, &str)] = &[
+        (format!("{base}quotaa = 1\n"), 4, "limits[0].quotaa", "unknown field `quotaa`"),
+        ("[settings]\nheader = \"none\"\n".into(), 2, "settings.header", "unknown field"),
+        ("[[limits]]\nname = 7\n".into(), 2, "limits[0].name", "expected a string"),
+        ("[[limits]]\nquota = \"1/s\"\n".into(), 1, "limits[0]", "missing field `name`"),
+        (format!("{base}default_cost = -1\n"), 4, "limits[0].default_cost", "-1"),
+        (format!("{base}cost = -3\n"), 4, "limits[0].cost", "-3"),
+        (format!("{base}cost = 0\n"), 4, "limits[0].cost", "1..=4294967295"),
+        (format!("{base}cost = 2\n"), 4, "limits[0].cost", "exceeds the burst of 1"),
+        (format!("{base}cost = \"cookie:x\"\n"), 4, "limits[0].cost", "unknown value `cookie:x`"),
+        (format!("{base}cost = \"header:bad name\"\n"), 4, "limits[0].cost", "not a header name"),
+        (format!("{base}default_cost = 2\n"), 4, "limits[0].default_cost", "read from the request"),
+        ("[[limits]]\nname = \"a\"\n\nquota = \"5/fortnight\"\n".into(), 4, "limits[0].quota", "unknown unit `fortnight`"),
+        ("[[limits]]\nname = \"a\"\nquota = \"0/s\"\n".into(), 3, "limits[0].quota", "rate"),
+        ("[[limits]]\nname = \"a\"\nquota = \"2/s; burst=0\"\n".into(), 3, "limits[0].quota", "burst"),
+        ("[[limits]]\nname = \"a\"\n".into(), 1, "limits[0].quota", "missing"),
+        (format!("{base}\n[[limits]]\nname = \"b\"\nquota = \"1/s\"\n\n[[limits]]\nname = \"a\"\nquota = \"1/s\"\n"), 10, "limits[2].name", "also the name of limits[0]"),
+        ("[[limits]]\nname = \" a\"\nquota = \"1/s\"\n".into(), 2, "limits[0].name", "whitespace"),
+        (format!("{base}key = \"cookie\"\n"), 4, "limits[0].key", "unknown value `cookie`"),
+        (format!("{base}key = []\n"), 4, "limits[0].key", "empty"),
+        (format!("{base}key = [\"peer_ip\",\n  \"query:\"]\n"), 5, "limits[0].key[1]", "names no query parameter"),
+        (format!("{base}key = \"client_ip\"\n"), 4, "limits[0].key", "trusted_proxies"),
+        (format!("{base}algorithm = \"leaky\"\n"), 4, "limits[0].algorithm", "unknown value `leaky`"),
+        (format!("{base}phase = \"random\"\n"), 4, "limits[0].phase", "only a `fixed_window`"),
+        (format!("{base}algorithm = \"fixed_window\"\nphase = \"soon\"\n"), 5, "limits[0].phase", "aligned"),
+        ("[[limits]]\nname = \"a\"\nquota = \"5/s; burst=9\"\nalgorithm = \"sliding_log\"\n".into(), 3, "limits[0].quota", "burst"),
+        (format!("{base}mode = \"loud\"\n"), 4, "limits[0].mode", "enforce, shadow"),
+        (format!("{base}on_missing_key = \"drop\"\n"), 4, "limits[0].on_missing_key", "shared, skip, reject"),
+        (format!("{base}on_missing_key = \"reject\"\nmissing_key_status = 503\n"), 5, "limits[0].missing_key_status", "4xx"),
+        (format!("{base}missing_key_status = 401\n"), 4, "limits[0].missing_key_status", "reject"),
+        (format!("{base}on_store_failure = \"retry\"\n"), 4, "limits[0].on_store_failure", "fallback, allow, deny"),
+        (format!("{base}routes = []\n"), 4, "limits[0].routes", "empty"),
+        (format!("{base}routes = [\"/ok\",\n  \"login\"]\n"), 5, "limits[0].routes[1]", "starting with `/`"),
+        (format!("{base}routes = [\"P@ST /x\"]\n"), 4, "limits[0].routes[0]", "not a method"),
+        (format!("{base}routes = [\"/users/{{id\"]\n"), 4, "limits[0].routes[0]", "valid name"),
+        (format!("{base}routes = [\"/u/{{id}}\"]\n[[limits]]\nname = \"b\"\nquota = \"1/s\"\nroutes = [\"/u/{{name}}\"]\n"), 8, "limits[1].routes[0]", "conflict"),
+        (format!("{base}[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = \"1/s\"\n"), 3, "limits[0].quota", "each plan has its quota"),
+        ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"cookie:p\"\ndefault = \"x\"\nx = \"1/s\"\n".into(), 4, "limits[0].plans.from", "header:<name>"),
+        ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"y\"\nx = \"1/s\"\n".into(), 5, "limits[0].plans.default", "not a plan"),
+        ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = \"1/eon\"\n".into(), 6, "limits[0].plans.x", "unknown unit"),
+        ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = 1\n".into(), 6, "limits[0].plans.x", "expected a string"),
+        ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\n".into(), 3, "limits[0].plans", "missing field `default`"),
+        ("[[limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = \"1/s\"\n".into(), 4, "limits[0].plans", "only `algorithm = \"gcra\"`"),
+        ("[[limits]]\nname = \"a\"\ncost = 20\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = \"100/s\"\ny = \"1/s; burst=10\"\n".into(), 3, "limits[0].cost", "plan `y`"),
+        (format!("[settings]\nheaders = \"draft-12\"\n{base}"), 2, "settings.headers", "draft-11"),
+        (format!("[settings]\ntrusted_proxies = [\"10.0.0.0/8\", \"nope\"]\n{base}"), 2, "settings.trusted_proxies[1]", "neither"),
+        (format!("[settings]\ntrusted_proxies = []\nhops = 1\n{base}"), 3, "settings.hops", "not both"),
+        (format!("[settings]\nhops = 0\n{base}"), 2, "settings.hops", "at least 1"),
+        (format!("[settings]\nclient_ip_header = \"forwarded\"\n{base}"), 2, "settings.client_ip_header", "needs"),
+        (format!("[settings]\nhops = 1\nclient_ip_header = \"x-real-ip\"\n{base}"), 3, "settings.client_ip_header", "unknown value"),
+        (format!("[settings]\ndeny = [\"10.0.0.0/8\", \"x\"]\n{base}"), 2, "settings.deny[1]", "neither"),
+        ("[[limits]]\nname = \"a\"\nquota = \"1/s\"\nroutes = [\"/x\"\n".into(), 4, "", "invalid TOML"),
+    ];
+    for (text, line, field, reason) in cases {
+        let err = error_of(text, Format::Toml);
+        let at = format!("{text}\n=> {err}");
+        assert_eq!(err.line(), Some(*line), "{at}");
+        assert_eq!(err.field(), *field, "{at}");
+        assert!(err.reason().contains(reason), "{at}");
+        assert!(err.file().unwrap().ends_with("rules.toml"), "{at}");
+        let shown = err.to_string();
+        let prefix = if field.is_empty() {
+            format!("rules.toml:{line}: ")
+        } else {
+            format!("rules.toml:{line}: {field}: ")
+        };
+        assert!(shown.contains(&prefix), "{shown} lacks {prefix}");
+    }
+    // No limit at all, and no file: no line to name.
+    let err = error_of("", Format::Toml);
+    assert_eq!((err.field(), err.line()), ("limits", None));
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.toml");
+    let err = Rules::builder(store()).file(&missing).build().unwrap_err();
+    assert!(err.to_string().contains("nope.toml: cannot read"), "{err}");
+}
+
+#[test]
+fn json_errors_name_line_and_field() {
+    let cases: &[(&str, usize, &str, &str)] = &[
+        (
+            "{\"limits\": [\n  {\"name\": \"a\",\n   \"quotaa\": \"1/s\"}]}",
+            3,
+            "limits[0].quotaa",
+            "unknown field",
+        ),
+        (
+            "{\"limits\": [\n  {\"name\": \"a\", \"quota\": \"1/s\"},\n  {\"name\": \"b\",\n   \"quota\": \"1/x\"}]}",
+            4,
+            "limits[1].quota",
+            "unknown unit",
+        ),
+        (
+            "{\"limits\": [\n  {\"name\": \"a\",\n   \"quota\": \"1/s\",\n   \"mode\": \"loud\"}]}",
+            4,
+            "limits[0].mode",
+            "unknown value",
+        ),
+        (
+            "{\"limits\": [\n  {\"name\": \"a\",\n   \"quota\": \"1/s\",\n   \"cost\": true}]}",
+            4,
+            "limits[0].cost",
+            "a whole number",
+        ),
+        (
+            "{\"limits\": [\n  {\"name\": \"a\",\n   \"quota\": \"1/s\"}\n",
+            4,
+            "",
+            "invalid JSON",
+        ),
+    ];
+    for (text, line, field, reason) in cases {
+        let err = error_of(text, Format::Json);
+        let at = format!("{text}\n=> {err}");
+        assert_eq!(err.line(), Some(*line), "{at}");
+        assert_eq!(err.field(), *field, "{at}");
+        assert!(err.reason().contains(reason), "{at}");
+        assert!(
+            err.to_string()
+                .starts_with(&err.file().unwrap().to_string()),
+            "{at}"
+        );
+    }
+}
+
+#[test]
+fn documents_built_by_code_are_checked_alike() {
+    let mut doc = Document::default();
+    doc.limits.push(LimitRule {
+        name: "a".into(),
+        quota: Some("1/s".into()),
+        ..LimitRule::default()
+    });
+    doc.check().unwrap();
+    doc.limits.push(doc.limits[0].clone());
+    let err = doc.check().unwrap_err();
+    assert_eq!(
+        (err.field(), err.line(), err.file()),
+        ("limits[1].name", None, None)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Reloads.
+
+/// `n` requests from one peer; how many passed.
+async fn passes(app: &Router, n: usize) -> usize {
+    count(
+        &statuses(app, n, || get_from("192.0.2.1")).await,
+        StatusCode::OK,
+    )
+}
+
+#[tokio::test]
+async fn reload_by_writing_the_file_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, ONE_LIMIT).unwrap();
+    let rules = from_file(&path);
+    std::fs::write(&path, ONE_LIMIT.replace("3/min", "7/min")).unwrap();
+    eventually("the new quota", || {
+        quota_of(&rules, "a").as_deref() == Some("7/min")
+    })
+    .await;
+    assert_eq!(passes(&router(&rules), 8).await, 7);
+    let status = rules.status();
+    assert_eq!(
+        (status.reloads, status.failures, status.healthy),
+        (1, 0, true)
+    );
+}
+
+#[tokio::test]
+async fn reload_by_renaming_over_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, ONE_LIMIT).unwrap();
+    let rules = from_file(&path);
+    let tmp = dir.path().join(".rules.toml.swp");
+    std::fs::write(&tmp, ONE_LIMIT.replace("3/min", "5/min")).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    eventually("the new quota", || {
+        quota_of(&rules, "a").as_deref() == Some("5/min")
+    })
+    .await;
+    // And again: the watch survives the file being replaced.
+    std::fs::write(&tmp, ONE_LIMIT.replace("3/min", "6/min")).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    eventually("the newer quota", || {
+        quota_of(&rules, "a").as_deref() == Some("6/min")
+    })
+    .await;
+    assert_eq!(rules.status().reloads, 2);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn reload_by_swapping_a_kubernetes_style_link() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // rules.toml -> ..data/rules.toml, ..data -> ..v1 (what a ConfigMap volume holds)
+    let version = |name: &str, quota: &str| {
+        std::fs::create_dir(d.join(name)).unwrap();
+        std::fs::write(
+            d.join(name).join("rules.toml"),
+            ONE_LIMIT.replace("3/min", quota),
+        )
+        .unwrap();
+    };
+    version("..v1", "3/min");
+    symlink("..v1", d.join("..data")).unwrap();
+    symlink("..data/rules.toml", d.join("rules.toml")).unwrap();
+    let rules = from_file(&d.join("rules.toml"));
+    assert_eq!(quota_of(&rules, "a").as_deref(), Some("3/min"));
+    // The kubelet's update: a new version, a new link renamed over `..data`, the old one gone.
+    version("..v2", "9/min");
+    symlink("..v2", d.join("..data_tmp")).unwrap();
+    std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+    std::fs::remove_dir_all(d.join("..v1")).unwrap();
+    eventually("the swapped rules", || {
+        quota_of(&rules, "a").as_deref() == Some("9/min")
+    })
+    .await;
+    assert_eq!(rules.status().failures, 0);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn reload_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, ONE_LIMIT).unwrap();
+    let rules = Rules::builder(store())
+        .file(&path)
+        .watch(false)
+        .build()
+        .unwrap();
+    std::fs::write(&path, ONE_LIMIT.replace("3/min", "4/min")).unwrap();
+    // Not watched: nothing happens until the signal.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(quota_of(&rules, "a").as_deref(), Some("3/min"));
+    let sent = std::process::Command::new("kill")
+        .args(["-HUP", &std::process::id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    eventually("the signalled reload", || {
+        quota_of(&rules, "a").as_deref() == Some("4/min")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn programmatic_reloads_from_text_file_and_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.json");
+    std::fs::write(&path, r#"{"limits": [{"name": "a", "quota": "3/min"}]}"#).unwrap();
+    let rules = Rules::builder(store())
+        .file(&path)
+        .watch(false)
+        .sighup(false)
+        .build()
+        .unwrap();
+    // JSON, from the file's name.
+    rules
+        .reload(r#"{"limits": [{"name": "a", "quota": "4/min"}]}"#)
+        .unwrap();
+    assert_eq!(quota_of(&rules, "a").as_deref(), Some("4/min"));
+    std::fs::write(&path, r#"{"limits": [{"name": "a", "quota": "5/min"}]}"#).unwrap();
+    rules.reload_file().unwrap();
+    assert_eq!(quota_of(&rules, "a").as_deref(), Some("5/min"));
+    let mut doc = (*rules.document()).clone();
+    doc.limits[0].quota = Some("6/min".into());
+    rules.reload_document(doc).unwrap();
+    assert_eq!(quota_of(&rules, "a").as_deref(), Some("6/min"));
+    assert_eq!(passes(&router(&rules), 7).await, 6);
+    assert_eq!(rules.status().reloads, 3);
+    // A document's errors have no line, a text's have one.
+    let mut bad = (*rules.document()).clone();
+    bad.limits[0].quota = Some("6/eon".into());
+    let err = rules.reload_document(bad).unwrap_err();
+    assert_eq!((err.field(), err.line()), ("limits[0].quota", None));
+    let err = rules
+        .reload("{\"limits\": [\n{\"name\": \"a\", \"quota\": \"6/eon\"}]}")
+        .unwrap_err();
+    assert_eq!((err.field(), err.line()), ("limits[0].quota", Some(2)));
+    assert_eq!(rules.status().failures, 2);
+}
+
+#[tokio::test]
+async fn an_invalid_file_is_refused_whole_and_the_old_rules_keep_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, ONE_LIMIT).unwrap();
+    let outcomes = Arc::new(AtomicUsize::new(0));
+    let seen = outcomes.clone();
+    let rules = Rules::builder(store())
+        .file(&path)
+        .debounce(Duration::from_millis(30))
+        .sighup(false)
+        .on_reload(move |outcome| {
+            if outcome.is_err() {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .build()
+        .unwrap();
+    let app = router(&rules);
+    assert_eq!(passes(&app, 2).await, 2);
+    // A valid first limit and a broken second one: nothing of it is taken.
+    let broken = ONE_LIMIT.replace("3/min", "100/min")
+        + "\n[[limits]]\nname = \"b\"\nquota = \"1/min\"\nalgorithm = \"leaky\"\n";
+    std::fs::write(&path, &broken).unwrap();
+    eventually("the refused reload", || rules.status().failures == 1).await;
+    let status = rules.status();
+    assert!(!status.healthy);
+    let err = status.last_error.unwrap();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}:8: limits[1].algorithm: unknown value `leaky`; expected one of: gcra, fixed_window, sliding_window, sliding_log",
+            path.display()
+        )
+    );
+    assert_eq!(outcomes.load(Ordering::SeqCst), 1);
+    // The old rules still serve: one of the 3 left, then 429.
+    assert_eq!(passes(&app, 3).await, 1);
+    assert_eq!(rules.document().limits.len(), 1);
+
+    // One ERROR line per refused reload, naming what is wrong.
+    let lines = Lines::default();
+    {
+        let _guard = lines.capture();
+        rules.reload_file().unwrap_err();
+    }
+    let errors = lines.matching("ERROR");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("limits[1].algorithm"), "{errors:?}");
+    assert_eq!(rules.status().failures, 2);
+
+    // Fixed: taken, healthy again; the last error stays readable.
+    std::fs::write(&path, ONE_LIMIT.replace("3/min", "5/min")).unwrap();
+    eventually("the fixed rules", || rules.status().healthy).await;
+    let status = rules.status();
+    assert_eq!((status.reloads, status.failures), (1, 2));
+    assert!(status.last_error.is_some());
+}
+
+#[tokio::test]
+async fn buckets_keep_their_state_and_take_the_new_quota() {
+    let rules = from_text("[[limits]]\nname = \"a\"\nkey = \"peer_ip\"\nquota = \"3/min\"\n");
+    let app = router(&rules);
+    assert_eq!(passes(&app, 4).await, 3);
+    // Same name, another limit beside it: still empty.
+    rules
+        .reload("[[limits]]\nname = \"a\"\nkey = \"peer_ip\"\nquota = \"3/min\"\n[[limits]]\nname = \"other\"\nquota = \"100/min\"\n")
+        .unwrap();
+    assert_eq!(passes(&app, 2).await, 0);
+    // A new quota applies to the kept bucket: 10/min with a burst of 20. The bucket is
+    // 60 s (three 20 s tokens) in debt of a 120 s capacity: (120 - 60) / 6 s = 10 tokens.
+    rules
+        .reload("[[limits]]\nname = \"a\"\nkey = \"peer_ip\"\nquota = \"10/min; burst=20\"\n")
+        .unwrap();
+    assert_eq!(passes(&app, 12).await, 10);
+    // A renamed limit is a new one, with a full bucket.
+    rules
+        .reload("[[limits]]\nname = \"b\"\nkey = \"peer_ip\"\nquota = \"3/min\"\n")
+        .unwrap();
+    assert_eq!(passes(&app, 4).await, 3);
+}
+
+#[tokio::test]
+async fn a_removed_limit_is_no_longer_checked() {
+    let rules = from_text(
+        "[[limits]]\nname = \"a\"\nquota = \"100/min\"\n[[limits]]\nname = \"b\"\nquota = \"1/min\"\n",
+    );
+    let app = router(&rules);
+    let limiter = rules.limiter();
+    assert_eq!(limiter.limits(), ["a", "b"]);
+    assert_eq!(passes(&app, 3).await, 1);
+    rules
+        .reload("[[limits]]\nname = \"a\"\nquota = \"100/min\"\n")
+        .unwrap();
+    let r = send(&app, get_from("192.0.2.1")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(sf_names(&header(r.headers(), "ratelimit").unwrap()), ["a"]);
+    assert_eq!(passes(&app, 5).await, 5);
+    // The handle follows the current rules.
+    assert_eq!(limiter.limits(), ["a"]);
+    assert!(matches!(
+        limiter.check("b", "x", 1).await,
+        Err(LimiterError::UnknownLimit(_))
+    ));
+    // `/health` is outside the layer.
+    let health = send(&app, req("GET", "/health", "192.0.2.1", &[])).await;
+    assert!(header(health.headers(), "ratelimit").is_none());
+}
+
+#[tokio::test]
+async fn requests_in_flight_finish_on_the_rules_they_started_with() {
+    let rules = from_text("[[limits]]\nname = \"old\"\nquota = \"5/min\"\n");
+    let release = Arc::new(tokio::sync::Notify::new());
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let (r, e) = (release.clone(), entered.clone());
+    let app = Router::new()
+        .route(
+            "/",
+            get(move |Extension(limiter): Extension<Limiter>| {
+                let (r, e) = (r.clone(), e.clone());
+                async move {
+                    e.notify_one();
+                    r.notified().await;
+                    limiter.limits().join(",")
+                }
+            }),
+        )
+        .route_layer(rules.layer());
+    let pending = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, get_from("192.0.2.1")).await }
+    });
+    entered.notified().await;
+    rules
+        .reload("[[limits]]\nname = \"new\"\nquota = \"5/min\"\n")
+        .unwrap();
+    release.notify_one();
+    let response = pending.await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        sf_names(&header(response.headers(), "ratelimit").unwrap()),
+        ["old"]
+    );
+    assert_eq!(support::body_text(response).await, "old");
+    // The next request runs on the new rules.
+    let next = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, get_from("192.0.2.1")).await }
+    });
+    entered.notified().await;
+    release.notify_one();
+    let response = next.await.unwrap();
+    assert_eq!(
+        sf_names(&header(response.headers(), "ratelimit").unwrap()),
+        ["new"]
+    );
+    assert_eq!(support::body_text(response).await, "new");
+}
+
+#[tokio::test]
+async fn a_busy_directory_does_not_delay_the_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, ONE_LIMIT).unwrap();
+    let rules = from_file(&path);
+    // A log beside the rules, written more often than the quiet period.
+    let log = dir.path().join("server.log");
+    let writer = tokio::spawn(async move {
+        for i in 0.. {
+            std::fs::write(&log, format!("line {i}\n")).unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    std::fs::write(&path, ONE_LIMIT.replace("3/min", "8/min")).unwrap();
+    eventually("the reload", || {
+        quota_of(&rules, "a").as_deref() == Some("8/min")
+    })
+    .await;
+    writer.abort();
+}
+
+#[test]
+fn the_check_tool_prints_the_limits_or_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, ONE_LIMIT).unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        "{\"limits\": [\n{\"name\": \"a\", \"quota\": \"3/eon\"}]}",
+    )
+    .unwrap();
+    let run = |args: &[&Path]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules"))
+            .arg("check")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[&good]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.starts_with("a: 3/min per global"), "{stdout}");
+    let out = run(&[&bad]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        stderr.trim(),
+        format!(
+            "{}:2: limits[0].quota: period: unknown unit `eon`; use ms, s, min, h or d",
+            bad.display()
+        )
+    );
+    assert_eq!(run(&[]).status.code(), Some(2));
+}
