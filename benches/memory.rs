@@ -30,7 +30,9 @@
 //! (10,000 keys round-robin, every check allowed): `gcra` (the `many_keys` quota),
 //! `fixed-window` and `fixed-window-random` (`u32::MAX` per day), `sliding-window` (65,535
 //! per 65.535 s, its largest limit) and `sliding-log-100` (100 per 10 ms: each key's log
-//! holds the checks of its last 10 ms, a few dozen entries).
+//! holds the checks of its last 10 ms, a few dozen entries). `gcra-reserve` and
+//! `fixed-window-reserve` are the same checks as reservations that may wait 1 s (granted at
+//! once: the path of `Limiter::reserve` and delay mode when there is room).
 //!
 //! Run with `cargo bench --bench memory` (add e.g. `-- many_keys` to filter).
 
@@ -68,6 +70,8 @@ struct Tollgate {
     table: MemoryTable,
     quota: Quota,
     algorithm: Algorithm,
+    /// Non-zero: each check is a reservation that may wait this long.
+    max_wait: Duration,
 }
 
 impl Tollgate {
@@ -87,15 +91,23 @@ impl Tollgate {
             table,
             quota,
             algorithm,
+            max_wait: Duration::ZERO,
         }
+    }
+
+    /// Each check a reservation (design brief §13) that may wait `max_wait`.
+    fn reserving(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
     }
 }
 
 impl Limiter for Tollgate {
     #[inline]
     fn check(&self, ip: IpAddr) -> bool {
-        let item =
-            Item::new(&self.table, Key::from_part(ip), self.quota, 1).algorithm(self.algorithm);
+        let item = Item::new(&self.table, Key::from_part(ip), self.quota, 1)
+            .algorithm(self.algorithm)
+            .max_wait(self.max_wait);
         match self.store.check(std::slice::from_ref(&item)) {
             Checked::Ready(statuses) => statuses[0].outcome().is_some_and(|o| o.is_allowed()),
             Checked::Pending(_) => unreachable!("the memory store answers at once"),
@@ -333,6 +345,23 @@ fn memory(c: &mut Criterion) {
         ),
     ] {
         let limiter = Tollgate::with(quota, algorithm);
+        bench_single(&mut group, "algorithm", name, &limiter, &many);
+    }
+    // The same checks as reservations (granted at once: the buckets have room), the
+    // path `Limiter::reserve` and delay mode take.
+    for (name, quota, algorithm) in [
+        (
+            "gcra-reserve",
+            Quota::per_second(u64::from(RESIDENT.0)).burst(u64::from(RESIDENT.1)),
+            Algorithm::Gcra,
+        ),
+        (
+            "fixed-window-reserve",
+            q(u64::from(u32::MAX), day),
+            Algorithm::fixed_window(),
+        ),
+    ] {
+        let limiter = Tollgate::with(quota, algorithm).reserving(Duration::from_secs(1));
         bench_single(&mut group, "algorithm", name, &limiter, &many);
     }
     group.finish();

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use http::HeaderValue;
+use http::request::Parts;
 use smallvec::SmallVec;
 
 use crate::engine::{ChargeKeys, Plan};
@@ -20,14 +22,17 @@ use crate::store::Store;
 
 /// The requests of one delay-mode limit that wait, in one layer.
 pub(crate) struct Waiters {
-    pub(crate) max_wait: Duration,
+    max_wait: Duration,
     max: usize,
     waiting: AtomicUsize,
+    /// `tollgate_delayed_total{limit}`, `tollgate_delay_seconds{limit}`.
+    #[cfg(feature = "metrics")]
+    metrics: crate::metrics::DelayMetrics,
 }
 
 impl Waiters {
-    /// The waiters of a limit in delay mode; `None` in reject mode.
-    pub(crate) fn new(on_limit: OnLimit) -> Option<Self> {
+    /// The waiters of the limit `_name` in delay mode; `None` in reject mode.
+    pub(crate) fn new(on_limit: OnLimit, _name: &str) -> Option<Self> {
         match on_limit {
             OnLimit::Reject => None,
             OnLimit::Delay {
@@ -37,8 +42,28 @@ impl Waiters {
                 max_wait,
                 max: max_waiters,
                 waiting: AtomicUsize::new(0),
+                #[cfg(feature = "metrics")]
+                metrics: crate::metrics::DelayMetrics::new(_name),
             }),
         }
+    }
+
+    /// The longest a request may wait: the limit's `max_wait`, or less if the request
+    /// carries a deadline (`grpc-timeout`): a call that would wait past its deadline is
+    /// better refused at once.
+    #[inline]
+    pub(crate) fn max_wait(&self, parts: &Parts) -> Duration {
+        match parts.headers.get("grpc-timeout").and_then(grpc_timeout) {
+            Some(deadline) => self.max_wait.min(deadline),
+            None => self.max_wait,
+        }
+    }
+
+    /// A request took a place and waits `_wait` (feature `metrics`).
+    #[inline]
+    pub(crate) fn record(&self, _wait: Duration) {
+        #[cfg(feature = "metrics")]
+        self.metrics.record(_wait);
     }
 
     /// Whether one more request may wait: read only, so that the requests of a limit in
@@ -68,6 +93,25 @@ impl Waiters {
     pub(crate) fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
     }
+}
+
+/// A `grpc-timeout` value (gRPC over HTTP/2: up to 8 digits and a unit, `H M S m u n`).
+fn grpc_timeout(value: &HeaderValue) -> Option<Duration> {
+    let text = value.to_str().ok()?;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3_600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// What the engine decided for a request that waits: how long, the waiters' places it
@@ -120,11 +164,49 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_grpc_deadline_caps_the_wait() {
+        let w = Waiters::new(
+            OnLimit::Delay {
+                max_wait: Duration::from_secs(2),
+                max_waiters: 3,
+            },
+            "l",
+        )
+        .unwrap();
+        let parts = |timeout: Option<&str>| {
+            let mut b = http::Request::builder();
+            if let Some(t) = timeout {
+                b = b.header("grpc-timeout", t);
+            }
+            b.body(()).unwrap().into_parts().0
+        };
+        assert_eq!(w.max_wait(&parts(None)), Duration::from_secs(2));
+        assert_eq!(w.max_wait(&parts(Some("500m"))), Duration::from_millis(500));
+        assert_eq!(w.max_wait(&parts(Some("1H"))), Duration::from_secs(2));
+        assert_eq!(w.max_wait(&parts(Some("3S"))), Duration::from_secs(2));
+        assert_eq!(
+            w.max_wait(&parts(Some("250000u"))),
+            Duration::from_millis(250)
+        );
+        // Not a gRPC timeout: the limit's own wait.
+        for bad in ["", "m", "10", "10x", "123456789S", "-5m", "1.5S"] {
+            assert_eq!(
+                w.max_wait(&parts(Some(bad))),
+                Duration::from_secs(2),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
     fn places_are_bounded_even_when_requests_race_for_the_last_one() {
-        let w = Waiters::new(OnLimit::Delay {
-            max_wait: Duration::from_secs(1),
-            max_waiters: 3,
-        })
+        let w = Waiters::new(
+            OnLimit::Delay {
+                max_wait: Duration::from_secs(1),
+                max_waiters: 3,
+            },
+            "l",
+        )
         .unwrap();
         let w = Arc::new(w);
         let entered: usize = std::thread::scope(|s| {

@@ -54,7 +54,7 @@ impl<St: Store> Bound<St> {
             table: store.table(&limit.name),
             misconfigured_log: LogThrottle::new(),
             shadow_log: LogThrottle::new(),
-            waiters: Waiters::new(limit.on_limit),
+            waiters: Waiters::new(limit.on_limit, &limit.name),
             limit,
         }
     }
@@ -240,7 +240,7 @@ impl<St: Store> Engine<St> {
                 && w.has_room()
                 && tokio::runtime::Handle::try_current().is_ok()
             {
-                item = item.max_wait(limit.reservation_wait(&quota, w.max_wait));
+                item = item.max_wait(limit.reservation_wait(&quota, w.max_wait(parts)));
             }
             items.push(item);
         }
@@ -376,6 +376,7 @@ impl<St: Store> Engine<St> {
             if waits((l, p)).is_some() {
                 let w = self.bounds[p.bound].waiters.as_ref().expect("delay mode");
                 if w.enter() {
+                    w.record(wait);
                     places.push(p.bound);
                 } else {
                     full = true;

@@ -17,6 +17,8 @@
 //! | `tollgate_breaker_open` | gauge | `store` | 1 while the circuit breaker skips the store, else 0 |
 //! | `tollgate_deny_cache_hits_total` | counter | `limit` | requests refused from the remote store's local deny cache, without a call |
 //! | `tollgate_keys` | gauge | `limit` | keys the memory store tracks for the limit (updated on insertion and by the sweeper, never per request) |
+//! | `tollgate_delayed_total` | counter | `limit` | requests of a limit in delay mode ([`Limit::delay`](crate::Limit::delay)) that waited for their tokens instead of being refused (also counted `allowed` above) |
+//! | `tollgate_delay_seconds` | histogram | `limit` | the wait of each such request (the time it was to spend in the queue) |
 //!
 //! `store` is the backend's name in lower case (`redis`). Requests refused before any
 //! limit is checked (allow and deny lists, missing keys, misconfiguration) and checks made
@@ -60,6 +62,10 @@ pub const BREAKER_OPEN: &str = "tollgate_breaker_open";
 pub const DENY_CACHE_HITS_TOTAL: &str = "tollgate_deny_cache_hits_total";
 /// `tollgate_keys{limit}`.
 pub const KEYS: &str = "tollgate_keys";
+/// `tollgate_delayed_total{limit}`.
+pub const DELAYED_TOTAL: &str = "tollgate_delayed_total";
+/// `tollgate_delay_seconds{limit}`.
+pub const DELAY_SECONDS: &str = "tollgate_delay_seconds";
 
 /// The values of `result` in `tollgate_requests_total`.
 pub const RESULTS: [&str; 7] = [
@@ -98,6 +104,15 @@ fn describe() {
             "Requests refused from the local deny cache"
         );
         ::metrics::describe_gauge!(KEYS, "Keys tracked by the memory store, per limit");
+        ::metrics::describe_counter!(
+            DELAYED_TOTAL,
+            "Requests that waited for their tokens (delay mode)"
+        );
+        ::metrics::describe_histogram!(
+            DELAY_SECONDS,
+            Unit::Seconds,
+            "How long each delayed request was to wait for its tokens"
+        );
     });
 }
 
@@ -216,4 +231,25 @@ pub(crate) fn deny_cache_hits(limit: &str) -> Counter {
 pub(crate) fn keys(limit: &str) -> Gauge {
     describe();
     ::metrics::gauge!(KEYS, "limit" => limit.to_owned())
+}
+
+/// A delay-mode limit's `tollgate_delayed_total` and `tollgate_delay_seconds`.
+pub(crate) struct DelayMetrics {
+    delayed: Counter,
+    wait: Histogram,
+}
+
+impl DelayMetrics {
+    pub(crate) fn new(limit: &str) -> Self {
+        describe();
+        Self {
+            delayed: ::metrics::counter!(DELAYED_TOTAL, "limit" => limit.to_owned()),
+            wait: ::metrics::histogram!(DELAY_SECONDS, "limit" => limit.to_owned()),
+        }
+    }
+
+    pub(crate) fn record(&self, wait: std::time::Duration) {
+        self.delayed.increment(1);
+        self.wait.record(wait.as_secs_f64());
+    }
 }

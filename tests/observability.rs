@@ -358,6 +358,37 @@ mod schema {
         assert_eq!(nonzero, expected);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn delayed_requests_are_counted_with_their_wait() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let clock = FakeClock::at(Duration::from_secs(1_000));
+        let layer = ::metrics::with_local_recorder(&recorder, || {
+            RateLimitLayer::builder(MemoryStore::with_clock(clock))
+                .limit(
+                    Limit::new("smooth", Quota::per_second(10).burst(1))
+                        .key(PeerIp::new())
+                        .delay(Duration::from_secs(1), 10),
+                )
+                .build()
+                .unwrap()
+        });
+        let app = app(layer);
+        for _ in 0..3 {
+            assert_eq!(send(&app, req("/items/1", "192.0.2.1")).await.status(), 200);
+        }
+        let s = series(&snapshotter);
+        assert_eq!(s["tollgate_delayed_total{limit=smooth}"], 2.0);
+        assert_eq!(
+            s["tollgate_delay_seconds{limit=smooth}"], 2.0,
+            "two samples"
+        );
+        assert_eq!(
+            s["tollgate_requests_total{limit=smooth,result=allowed}"],
+            3.0
+        );
+    }
+
     #[tokio::test]
     async fn keys_leave_the_gauge_when_swept() {
         let recorder = DebuggingRecorder::new();
