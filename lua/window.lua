@@ -156,16 +156,15 @@ local function win_read(code, value, limit, index)
   if not value then
     return 0, 0
   end
-  local c = string.find(value, ':', 1, true)
-  local i = tonumber(string.sub(value, 1, c - 1))
-  local k = math.max(index - i, 0)
+  -- one pattern match: fewer calls into C than finding and cutting each field
   if code == 'f' then
-    local used = tonumber(string.sub(value, c + 1))
-    return math.max(used - limit * k, 0), 0
+    local i, used = string.match(value, '^(%d+):(%d+)')
+    local k = math.max(index - tonumber(i), 0)
+    return math.max(tonumber(used) - limit * k, 0), 0
   end
-  local d = string.find(value, ':', c + 1, true)
-  local cur = tonumber(string.sub(value, c + 1, d - 1))
-  local prev = tonumber(string.sub(value, d + 1))
+  local i, c, p = string.match(value, '^(%d+):(%d+):(%d+)')
+  local k = math.max(index - tonumber(i), 0)
+  local cur, prev = tonumber(c), tonumber(p)
   if k == 0 then
     return cur, prev
   elseif k == 1 then

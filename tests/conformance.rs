@@ -30,26 +30,32 @@ struct Step {
 /// Quotas whose emission interval is a whole number of microseconds, where both stores
 /// compute with the same T (see ARCHITECTURE.md, "Units of time"), and window limits of
 /// every algorithm (windows are whole microseconds).
+///
+/// Every duration of the suite (periods, clock steps, waits) is its value in the cases
+/// times [`SCALE`]: the decisions are the same, and the keys' real-time expiry (`PX`, from
+/// reset times on the fake clock) is seconds rather than milliseconds, so that a key
+/// written on a loaded machine does not expire before the step makes it persistent.
 fn limits() -> Vec<(Quota, Algorithm)> {
-    let q = |n, ms| Quota::new(n, Duration::from_millis(ms)).unwrap();
+    let q = |n, ms: u64| Quota::new(n, Duration::from_millis(ms * SCALE)).unwrap();
     vec![
-        (Quota::per_second(10), Algorithm::Gcra),
-        (Quota::per_second(4).burst(3), Algorithm::Gcra),
-        (Quota::per_minute(120).burst(5), Algorithm::Gcra),
-        (
-            Quota::new(3, Duration::from_millis(30)).unwrap().burst(7),
-            Algorithm::Gcra,
-        ),
+        (q(10, 1_000), Algorithm::Gcra),
+        (q(4, 1_000).burst(3), Algorithm::Gcra),
+        (q(120, 60_000).burst(5), Algorithm::Gcra),
+        (q(3, 30).burst(7), Algorithm::Gcra),
         (q(5, 100), Algorithm::fixed_window()),
         (q(3, 50), Algorithm::fixed_window_random()),
         (
             q(4, 70),
-            Algorithm::fixed_window_at(Duration::from_micros(12_345)),
+            Algorithm::fixed_window_at(Duration::from_micros(12_345 * SCALE)),
         ),
         (q(6, 100), Algorithm::SlidingWindow),
         (q(4, 80), Algorithm::SlidingLog),
     ]
 }
+
+/// How much longer every duration of the suite is than written in its cases (see
+/// [`limits`]).
+const SCALE: u64 = 1_000;
 
 /// How many limits [`limits`] has.
 const LIMITS: usize = 9;
@@ -85,8 +91,9 @@ async fn run_case<S: Store, C: ConnectionLike + Clone>(
     let mem_tables: Vec<_> = names.iter().map(|n| memory.table(n)).collect();
     let redis_tables: Vec<_> = names.iter().map(|n| redis.table(n)).collect();
     for (n, step) in steps.iter().enumerate() {
-        clock.advance(Duration::from_micros(step.advance_us));
-        redis_clock.advance(Duration::from_micros(step.advance_us));
+        clock.advance(Duration::from_micros(step.advance_us * SCALE));
+        redis_clock.advance(Duration::from_micros(step.advance_us * SCALE));
+        let max_wait = Duration::from_micros(step.max_wait_us * SCALE);
         let item = |(l, k, cost, enforce): (usize, u8, u32, bool)| {
             (
                 Key::from_part(k),
@@ -103,7 +110,7 @@ async fn run_case<S: Store, C: ConnectionLike + Clone>(
                 Item::new(&mem_tables[x.0], key, q, c)
                     .mode(m)
                     .algorithm(a)
-                    .max_wait(Duration::from_micros(step.max_wait_us))
+                    .max_wait(max_wait)
             })
             .collect();
         let redis_items: Vec<_> = step
@@ -114,7 +121,7 @@ async fn run_case<S: Store, C: ConnectionLike + Clone>(
                 Item::new(&redis_tables[x.0], key, q, c)
                     .mode(m)
                     .algorithm(a)
-                    .max_wait(Duration::from_micros(step.max_wait_us))
+                    .max_wait(max_wait)
             })
             .collect();
         let a = check(&memory, &mem_items).await;
