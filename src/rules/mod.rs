@@ -76,8 +76,12 @@ mod locate;
 mod reload;
 mod watch;
 
+#[cfg(feature = "rules-sql")]
+pub(crate) use compile::CustomKeys;
 pub use document::{CostSpec, Document, Format, KeySpec, LimitRule, Plans, Settings};
 pub use reload::{ReloadStatus, Rules, RulesBuilder, RulesLayer, RulesService};
+#[cfg(feature = "rules-sql")]
+pub(crate) use reload::{Trigger, WeakRules};
 
 use crate::error::ConfigError;
 use crate::layer::RateLimitLayer;
@@ -94,7 +98,22 @@ impl Document {
     /// A [`RateLimitLayer`] with these rules over `store`, for rules read once, without
     /// reloading.
     pub fn layer<St: Store>(&self, store: St) -> Result<RateLimitLayer<St>, ConfigError> {
-        let compiled = compile::compile(self)?;
+        self.layer_with(store, &compile::CustomKeys::new())
+    }
+
+    /// [`check`](Self::check) with key parts registered by code (`custom:<name>`).
+    #[cfg(feature = "rules-sql")]
+    pub(crate) fn check_with(&self, keys: &CustomKeys) -> Result<(), ConfigError> {
+        self.layer_with(crate::store::MemoryStore::new(), keys)
+            .map(drop)
+    }
+
+    fn layer_with<St: Store>(
+        &self,
+        store: St,
+        keys: &compile::CustomKeys,
+    ) -> Result<RateLimitLayer<St>, ConfigError> {
+        let compiled = compile::compile(self, keys)?;
         compiled
             .apply(RateLimitLayer::builder(store))
             .build()
