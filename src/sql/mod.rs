@@ -32,11 +32,17 @@
 //! # Ok(()) }
 //! ```
 
+mod mapping;
+mod options;
 mod rules;
 mod sink;
+mod source;
 
+pub use mapping::{DEFAULT_PLAN, rules_document};
+pub use options::{SqlSourceOptions, UserKey};
 pub use rules::{SqlRuleRow, fetch_rules};
 pub use sink::SqlViolationSink;
+pub use source::{SqlPoller, SqlRulesError};
 /// The `sqlx` this module is built on (pools, options, errors).
 pub use sqlx;
 
