@@ -24,7 +24,8 @@
 //! [`Rules::layer`]. They are replaced whole when the file changes (its directory is
 //! watched: writes in place, renames over it and swapped links are all seen), on `SIGHUP`,
 //! or by [`Rules::reload`], [`Rules::reload_file`] and [`Rules::reload_document`] (the
-//! door for rules that come from elsewhere, such as a database). A limit that keeps its
+//! door for rules that come from elsewhere; rules from a `RateLimitRule` table are
+//! polled by `RulesBuilder::build_sql`, feature `rules-sql`). A limit that keeps its
 //! name keeps its buckets; invalid rules are refused whole and the running ones stay.
 //!
 //! ```
