@@ -228,7 +228,7 @@ impl<'de> Deserialize<'de> for Plans {
         impl<'de> Visitor<'de> for V {
             type Value = Plans;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a table with `from`, `default` and one quota per plan")
+                f.write_str("a table with `from`, an optional `default` and one quota per plan")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Plans, A::Error> {
                 let (mut from, mut default) = (None, None);
