@@ -1,7 +1,22 @@
-//! Limits from a rules file, reloaded while the server runs.
+//! Limits from a rules file, or from the `RateLimitRule` table of a database, reloaded
+//! while the server runs.
 //!
 //! ```text
 //! cargo run --example rules_server --features rules    # RULES=path (default examples/rules.toml), PORT=3000
+//! ```
+//!
+//! From SQLite instead (feature `rules-sql`): the file and the tables are created when
+//! missing, an empty `RateLimitRule` gets demonstration rows (a global rule, one per
+//! client address, `POST /login` for the whole app, a user rule with plans `free` and
+//! `pro`), the table is read every `RULES_POLL_SECS` (default 60), and refusals are
+//! written to `RateLimitViolation` in the same database:
+//!
+//! ```text
+//! RULES_DB=sqlite://rules.db RULES_POLL_SECS=5 cargo run --example rules_server --features rules-sql
+//! curl -i -H 'x-user-id: 7' -H 'x-plan: free' http://127.0.0.1:3000/   # 4th in a second: 429
+//! sqlite3 rules.db "UPDATE RateLimitRule SET burst_capacity = 20 WHERE plan = 'free'"   # next poll
+//! sqlite3 rules.db "UPDATE RateLimitRule SET is_active = FALSE WHERE key_pattern = 'ip:{ip}'"
+//! sqlite3 rules.db "SELECT rule_id, limit_name, ip_address, endpoint, requested_at FROM RateLimitViolation"
 //! ```
 //!
 //! It prints the rules at start, after each reload, and each refused reload (the running
@@ -15,7 +30,7 @@
 //! curl -i http://127.0.0.1:3000/health                 # never limited
 //! # Edit examples/rules.toml (say, per-ip to "1/s"): reloaded at once.
 //! # Break it (quota = "1/fortnight"): the error is printed, the old rules keep serving.
-//! kill -HUP <pid>                                       # reloads too
+//! kill -HUP <pid>                                       # reloads too (a file)
 //! ```
 
 use std::net::SocketAddr;
@@ -24,7 +39,9 @@ use axum::{
     Router,
     routing::{get, post},
 };
-use tollgate::{rules::Rules, store::MemoryStore};
+use tollgate::ConfigError;
+use tollgate::rules::{Document, Rules};
+use tollgate::store::MemoryStore;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -33,16 +50,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
 
-    let path = std::env::var("RULES").unwrap_or_else(|_| "examples/rules.toml".into());
-    // The source of rules is pluggable: `.text(..)` or `.document(..)` instead of `.file`,
-    // and `rules.reload_document(doc)` for rules read from elsewhere (e.g. a database).
-    let rules = Rules::builder(MemoryStore::new())
-        .file(&path)
-        .on_reload(|outcome| match outcome {
-            Ok(doc) => println!("rules loaded:\n{doc}"),
-            Err(e) => println!("rules refused, the running rules stay: {e}"),
-        })
-        .build()?;
+    let (rules, source) = match std::env::var("RULES_DB") {
+        Ok(url) => from_database(&url, print_reload).await?,
+        Err(_) => {
+            let path = std::env::var("RULES").unwrap_or_else(|_| "examples/rules.toml".into());
+            // `.text(..)` or `.document(..)` are other sources; `rules.reload_document(doc)`
+            // installs rules read from elsewhere.
+            let rules = Rules::builder(MemoryStore::new())
+                .file(&path)
+                .on_reload(print_reload)
+                .build()?;
+            (rules, path)
+        }
+    };
 
     let app = Router::new()
         .route("/", get(ok))
@@ -55,7 +75,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port = std::env::var("PORT").unwrap_or_else(|_| "3000".into());
     let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await?;
     println!(
-        "listening on http://{} (pid {}), rules from {path}",
+        "listening on http://{} (pid {}), rules from {source}",
         listener.local_addr()?,
         std::process::id()
     );
@@ -69,4 +89,74 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 async fn ok() -> &'static str {
     "ok"
+}
+
+/// Prints the rules at start and after each reload, and each refused reload.
+fn print_reload(outcome: Result<&Document, &ConfigError>) {
+    match outcome {
+        Ok(doc) => println!("rules loaded:\n{doc}"),
+        Err(e) => println!("rules refused, the running rules stay: {e}"),
+    }
+}
+
+/// What `on_reload` is given.
+type OnReload = fn(Result<&Document, &ConfigError>);
+
+/// Rules polled from the `RateLimitRule` table of the SQLite database at `url`, which is
+/// created (with demonstration rows) when missing; violations go to the same database.
+#[cfg(feature = "rules-sql")]
+async fn from_database(
+    url: &str,
+    on_reload: OnReload,
+) -> Result<(Rules<MemoryStore>, String), Box<dyn std::error::Error>> {
+    use std::str::FromStr;
+    use std::time::Duration;
+
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+    use tollgate::audit::AuditLog;
+    use tollgate::sql::{self, SqlPool, SqlSourceOptions, SqlViolationSink};
+
+    let options = SqliteConnectOptions::from_str(url)?.create_if_missing(true);
+    let pool = SqlitePoolOptions::new().connect_with(options).await?;
+    let db = SqlPool::from(pool.clone());
+    sql::migrate(&db).await?;
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM RateLimitRule")
+        .fetch_one(&pool)
+        .await?;
+    if rows == 0 {
+        sqlx::raw_sql(
+            "INSERT INTO RateLimitRule (key_pattern, scope, rate_per_second, burst_capacity, plan, description) VALUES
+                ('global', 'global', 100, 200, NULL, 'every request: 100/s, bursts of 200'),
+                ('ip:{ip}', 'ip', 5, 10, NULL, 'per client address: 5/s, bursts of 10'),
+                ('endpoint:POST /login', 'endpoint', 0.2, 3, NULL, 'logins, whole app: one every 5 s, bursts of 3'),
+                ('user:{user_id}', 'user', 1, 3, 'free', 'per user (x-user-id) on plan free (x-plan)'),
+                ('user:{user_id}', 'user', 10, 20, 'pro', 'per user on plan pro; other plans: not limited')",
+        )
+        .execute(&pool)
+        .await?;
+        println!("RateLimitRule was empty: inserted 5 demonstration rows");
+    }
+    let poll: u64 = match std::env::var("RULES_POLL_SECS") {
+        Ok(secs) => secs.parse()?,
+        Err(_) => 60,
+    };
+    let audit = AuditLog::new(SqlViolationSink::new(db.clone()));
+    let (rules, _poller) = Rules::builder(MemoryStore::new())
+        .on_reload(on_reload)
+        .configure(move |builder| builder.audit(audit.clone()))
+        .build_sql(
+            db,
+            SqlSourceOptions::default().poll_every(Duration::from_secs(poll)),
+        )
+        .await?;
+    // The poller runs until the rules are dropped (dropping its handle does not stop it).
+    Ok((rules, format!("{url} (RateLimitRule, read every {poll} s)")))
+}
+
+#[cfg(not(feature = "rules-sql"))]
+async fn from_database(
+    _url: &str,
+    _on_reload: OnReload,
+) -> Result<(Rules<MemoryStore>, String), Box<dyn std::error::Error>> {
+    Err("RULES_DB needs the `rules-sql` feature: cargo run --example rules_server --features rules-sql".into())
 }

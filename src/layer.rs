@@ -601,7 +601,9 @@ pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St
     let allow = parse_nets("allow", s.allow)?;
     let deny = parse_nets("deny", s.deny)?;
     let audit = s.hooks.audit.take().map(|log| {
-        let rule_ids = bounds.iter().map(|b| b.limit.rule_id);
+        let rule_ids = bounds
+            .iter()
+            .map(|b| (b.limit.rule_id, b.limit.rule_id_by.clone()));
         Recorder::new(log, s.address.clone(), s.hooks.redact_keys, rule_ids)
     });
     let lists = (!allow.is_empty() || !deny.is_empty() || s.allow_if.is_some())

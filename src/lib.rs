@@ -67,7 +67,8 @@
 //!   your own.
 //! - Feature `rules`: the same limits written in a TOML or JSON file, with errors naming
 //!   the file, line and field, reloaded on change or `SIGHUP` with buckets kept (`rules`
-//!   module when enabled).
+//!   module when enabled); feature `rules-sql`: the same from the rows of a
+//!   `RateLimitRule` table, polled (`sql` module).
 //!
 //! # Where to put the layer
 //!
@@ -99,7 +100,7 @@
 //! | `redis-cluster` | no | `RedisStore::cluster` for Redis Cluster |
 //! | `metrics` | no | metrics through the `metrics` facade, a fixed schema (module `metrics` when enabled) |
 //! | `grpc` | no | gRPC refusals for tonic services, `PeerIp` from tonic's `TcpConnectInfo` (`grpc` module when enabled) |
-//! | `rules-sql` | no | the `RateLimitRule` / `RateLimitViolation` schema, its migration, `SqlViolationSink` and `fetch_rules` on SQLite (`sqlx`; `sql` module when enabled) |
+//! | `rules-sql` | no | rules from the `RateLimitRule` table, polled and reloaded on change (`RulesBuilder::build_sql`; enables `rules`), the `RateLimitRule` / `RateLimitViolation` schema, its migration and `SqlViolationSink` on SQLite (`sqlx`; `sql` module when enabled) |
 //! | `rules-postgres` | no | `rules-sql` on PostgreSQL too |
 //! | `rules` | no | limits from a TOML or JSON file, errors with file, line and field, hot reload on file change, `SIGHUP` or call (`rules` module when enabled; the `tollgate-rules check` tool) |
 //!

@@ -65,6 +65,10 @@ pub enum FailurePolicy {
 /// A function choosing the quota per request (see [`Limit::quota_by`]).
 pub(crate) type QuotaFn = Arc<dyn Fn(&Parts) -> Option<Quota> + Send + Sync>;
 
+/// A function choosing the rule id of a refused request (a rules document's plans, each
+/// from its own `RateLimitRule` row); `None`: the limit's own [`Limit::rule_id`].
+pub(crate) type RuleIdFn = Arc<dyn Fn(&Parts) -> Option<u64> + Send + Sync>;
+
 /// One named limit: a quota, a key extractor, a cost, a mode, and policies for missing
 /// keys and store failures.
 ///
@@ -98,6 +102,8 @@ pub struct Limit {
     /// Outstanding reserved tokens per key (GCRA): the debt a reservation may leave.
     pub(crate) max_reserved: Option<u32>,
     pub(crate) rule_id: Option<u64>,
+    /// The rule id per request (plans from SQL rows), asked only when a request is refused.
+    pub(crate) rule_id_by: Option<RuleIdFn>,
 }
 
 impl Limit {
@@ -117,6 +123,7 @@ impl Limit {
             on_limit: OnLimit::Reject,
             max_reserved: None,
             rule_id: None,
+            rule_id_by: None,
         }
     }
 
@@ -436,7 +443,7 @@ pub enum OnLimit {
 /// A name must be printable ASCII (it is an RFC 9651 string in the headers) of 1 to 64
 /// characters, without spaces at either end (a name that is only spaces, or that differs
 /// from another by a trailing space, would be unreadable in headers and logs).
-fn validate_name(name: &str) -> Result<(), ConfigError> {
+pub(crate) fn validate_name(name: &str) -> Result<(), ConfigError> {
     let field = || format!("limits[{name:?}].name");
     if name.is_empty() {
         return Err(ConfigError::new(field(), "must not be empty"));
@@ -480,6 +487,7 @@ impl fmt::Debug for Limit {
             .field("on_limit", &self.on_limit)
             .field("max_reserved", &self.max_reserved)
             .field("rule_id", &self.rule_id)
+            .field("rule_id_by", &self.rule_id_by.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -139,8 +139,8 @@ fn the_example_file_reads_every_field() {
     assert_eq!(search.default_cost, Some(2));
     let plans = per_key.plans.as_ref().unwrap();
     assert_eq!(
-        (plans.from.as_str(), plans.default.as_str()),
-        ("header:x-plan", "free")
+        (plans.from.as_str(), plans.default.as_deref()),
+        ("header:x-plan", Some("free"))
     );
     assert_eq!(plans.quotas.len(), 2);
     assert_eq!(plans.quotas["pro"], "100/s; burst=500");
@@ -371,6 +371,45 @@ async fn plans_choose_the_quota_per_request() {
 }
 
 #[tokio::test]
+async fn plans_without_a_default_leave_other_plans_unlimited() {
+    let rules = from_text(
+        r#"
+        [[limits]]
+        name = "per-key"
+        key = "header:x-api-key"
+        on_missing_key = "skip"
+        rule_id = 7
+        [limits.plans]
+        from = "header:x-plan"
+        free = "2/min"
+        "#,
+    );
+    assert_eq!(rules.document().limits[0].rule_id, Some(7));
+    assert!(rules.document().to_string().contains("(no default)"));
+    let app = router(&rules);
+    let call = |plan: Option<&'static str>| {
+        move || {
+            let mut h = vec![("x-api-key", "k1")];
+            h.extend(plan.map(|p| ("x-plan", p)));
+            req("GET", "/", "192.0.2.1", &h)
+        }
+    };
+    assert_eq!(
+        count(&statuses(&app, 3, call(Some("free"))).await, StatusCode::OK),
+        2
+    );
+    // The same key, another plan or none: not limited by this limit.
+    assert_eq!(
+        count(&statuses(&app, 5, call(Some("gold"))).await, StatusCode::OK),
+        5
+    );
+    assert_eq!(
+        count(&statuses(&app, 5, call(None)).await, StatusCode::OK),
+        5
+    );
+}
+
+#[tokio::test]
 async fn algorithms_and_phases() {
     for (algorithm, phase) in [
         ("fixed_window", Some("aligned")),
@@ -437,7 +476,9 @@ fn every_error_names_file_line_and_field() {
         ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"y\"\nx = \"1/s\"\n".into(), 5, "limits[0].plans.default", "not a plan"),
         ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = \"1/eon\"\n".into(), 6, "limits[0].plans.x", "unknown unit"),
         ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = 1\n".into(), 6, "limits[0].plans.x", "expected a string"),
-        ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\n".into(), 3, "limits[0].plans", "missing field `default`"),
+        ("[[limits]]\nname = \"a\"\non_missing_key = \"shared\"\n[limits.plans]\nfrom = \"header:p\"\nx = \"1/s\"\n".into(), 3, "limits[0].on_missing_key", "`on_missing_key = \"skip\"`"),
+        ("[[limits]]\nname = \"a\"\nquota = \"1/s\"\nrule_id = -3\n".into(), 4, "limits[0].rule_id", "invalid value"),
+        ("[[limits]]\nname = \"a\"\nquota = \"1/s\"\nrule_id = 9223372036854775808\n".into(), 4, "limits[0].rule_id", "i64::MAX"),
         ("[[limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = \"1/s\"\n".into(), 4, "limits[0].plans", "only `algorithm = \"gcra\"`"),
         ("[[limits]]\nname = \"a\"\ncost = 20\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = \"100/s\"\ny = \"1/s; burst=10\"\n".into(), 3, "limits[0].cost", "plan `y`"),
         (format!("[settings]\nheaders = \"draft-12\"\n{base}"), 2, "settings.headers", "draft-11"),

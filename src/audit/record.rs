@@ -10,6 +10,7 @@ use super::violation::{Queued, bounded_route};
 use super::{AuditLog, Violation};
 use crate::decision::LimitDecision;
 use crate::key::Key;
+use crate::limit::RuleIdFn;
 use crate::lists::Address;
 use crate::store::Store;
 
@@ -20,8 +21,8 @@ pub(crate) struct Recorder {
     address: Address,
     /// The key policy of refusal events (`redact_keys`).
     redact: Option<bool>,
-    /// Each bound limit's rule id.
-    rule_ids: Box<[Option<u64>]>,
+    /// Each bound limit's rule id, and its choice per request.
+    rule_ids: Box<[(Option<u64>, Option<RuleIdFn>)]>,
 }
 
 impl Recorder {
@@ -29,7 +30,7 @@ impl Recorder {
         log: AuditLog,
         address: Address,
         redact: Option<bool>,
-        rule_ids: impl IntoIterator<Item = Option<u64>>,
+        rule_ids: impl IntoIterator<Item = (Option<u64>, Option<RuleIdFn>)>,
     ) -> Self {
         Self {
             log,
@@ -57,13 +58,20 @@ impl Recorder {
                 tokens_left: limit.remaining().unwrap_or(0),
                 retry_after: limit.retry_after(),
                 cost: limit.cost,
-                rule_id: self.rule_ids.get(bound).copied().flatten(),
+                rule_id: self.rule_id(bound, parts),
                 shadow,
                 at: SystemTime::now(),
             },
             key: key.cloned(),
             redact: self.redact,
         });
+    }
+
+    /// The rule id of limit `bound` for this request: its choice per request (plans), else
+    /// its own.
+    fn rule_id(&self, bound: usize, parts: &Parts) -> Option<u64> {
+        let (own, by) = self.rule_ids.get(bound)?;
+        by.as_ref().and_then(|f| f(parts)).or(*own)
     }
 
     fn client(&self, parts: &Parts) -> Option<IpAddr> {

@@ -2,7 +2,7 @@
 //! plans, routes and settings. Errors name the document's field path
 //! (`limits[2].quota`), which the caller locates in the text.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -23,6 +23,10 @@ use crate::quota::{Quota, parse_period};
 use crate::routes::parse_route;
 use crate::rules::document::{CostSpec, Document, LimitRule, Plans};
 use crate::store::Store;
+
+/// Key parts registered by code, named `custom:<name>` in a document (the SQL source's
+/// user key read from a request extension).
+pub(crate) type CustomKeys = BTreeMap<String, Arc<dyn KeyExtractor>>;
 
 /// A document, checked: what it adds to a [`RateLimitBuilder`].
 pub(crate) struct Compiled {
@@ -62,8 +66,8 @@ impl Compiled {
     }
 }
 
-/// Checks `doc` and turns it into builder calls.
-pub(crate) fn compile(doc: &Document) -> Result<Compiled, ConfigError> {
+/// Checks `doc` and turns it into builder calls; `keys`: the `custom:<name>` key parts.
+pub(crate) fn compile(doc: &Document, keys: &CustomKeys) -> Result<Compiled, ConfigError> {
     let s = &doc.settings;
     let style = match s.headers.as_deref() {
         None | Some("draft-11") => HeaderStyle::Ietf,
@@ -136,7 +140,7 @@ pub(crate) fn compile(doc: &Document) -> Result<Compiled, ConfigError> {
                 ),
             ));
         }
-        let limit = limit(rule, client.as_ref()).map_err(|e| e.within(&at))?;
+        let limit = limit(rule, client.as_ref(), keys).map_err(|e| e.within(&at))?;
         limit.validate().map_err(|e| rebase(doc, e))?;
         let routes = match &rule.routes {
             None => None,
@@ -201,7 +205,11 @@ fn unknown(field: impl Into<String>, value: &str, expected: &str) -> ConfigError
 }
 
 /// One `[[limits]]` entry as a [`Limit`]; errors are relative to the entry.
-fn limit(rule: &LimitRule, client: Option<&ClientIp>) -> Result<Limit, ConfigError> {
+fn limit(
+    rule: &LimitRule,
+    client: Option<&ClientIp>,
+    keys: &CustomKeys,
+) -> Result<Limit, ConfigError> {
     let algorithm = algorithm(rule)?;
     let (quota, plans) = match (&rule.quota, &rule.plans) {
         (Some(_), Some(_)) => {
@@ -230,6 +238,14 @@ fn limit(rule: &LimitRule, client: Option<&ClientIp>) -> Result<Limit, ConfigErr
             (default, Some(table))
         }
     };
+    let missing = missing_key(rule)?;
+    if plans.as_ref().is_some_and(|p| p.gate) && missing != MissingKey::Skip {
+        return Err(ConfigError::new(
+            "on_missing_key",
+            "`[limits.plans]` without `default` skips the requests of other plans as it skips \
+             requests without a key: set `on_missing_key = \"skip\"`",
+        ));
+    }
     let mut limit = Limit::new(&rule.name, quota)
         .algorithm(algorithm)
         .mode(match rule.mode.as_deref() {
@@ -245,24 +261,27 @@ fn limit(rule: &LimitRule, client: Option<&ClientIp>) -> Result<Limit, ConfigErr
                 return Err(unknown("on_store_failure", other, "fallback, allow, deny"));
             }
         })
-        .on_missing_key(missing_key(rule)?);
-    limit = match &rule.key {
-        None => limit,
+        .on_missing_key(missing);
+    if let Some(id) = rule.rule_id {
+        limit = limit.rule_id(id);
+    }
+    let key: Box<dyn KeyExtractor> = match &rule.key {
+        None => Box::new(Global),
         Some(spec) if spec.0.is_empty() => {
             return Err(ConfigError::new(
                 "key",
                 "an empty list: name at least one part, or `\"global\"`",
             ));
         }
-        Some(spec) if spec.0.len() == 1 => limit.key(One(key_part(&spec.0[0], client, "key")?)),
+        Some(spec) if spec.0.len() == 1 => key_part(&spec.0[0], client, keys, "key")?,
         Some(spec) => {
             let parts = spec
                 .0
                 .iter()
                 .enumerate()
-                .map(|(j, p)| key_part(p, client, &format!("key[{j}]")))
+                .map(|(j, p)| key_part(p, client, keys, &format!("key[{j}]")))
                 .collect::<Result<Vec<_>, _>>()?;
-            limit.key(Composite(parts))
+            Box::new(Composite(parts))
         }
     };
     let cost = cost(rule)?;
@@ -279,9 +298,24 @@ fn limit(rule: &LimitRule, client: Option<&ClientIp>) -> Result<Limit, ConfigErr
         }
     }
     limit = limit.cost(cost);
-    if let Some(plans) = plans {
-        let plans = Arc::new(plans);
-        limit = limit.quota_by(move |parts| plans.quota(parts));
+    match plans {
+        None => limit = limit.key(One(key)),
+        Some(plans) => {
+            let plans = Arc::new(plans);
+            limit = if plans.gate {
+                limit.key(Gated {
+                    plans: plans.clone(),
+                    key,
+                })
+            } else {
+                limit.key(One(key))
+            };
+            if !plans.rule_ids.is_empty() {
+                let table = plans.clone();
+                limit.rule_id_by = Some(Arc::new(move |parts| table.rule_id(parts)));
+            }
+            limit = limit.quota_by(move |parts| plans.quota(parts));
+        }
     }
     Ok(limit)
 }
@@ -380,8 +414,20 @@ fn source(text: &str, field: &str) -> Result<Option<Source>, ConfigError> {
 fn key_part(
     text: &str,
     client: Option<&ClientIp>,
+    keys: &CustomKeys,
     field: &str,
 ) -> Result<Box<dyn KeyExtractor>, ConfigError> {
+    if let Some(name) = text.strip_prefix("custom:") {
+        return keys
+            .get(name)
+            .map(|k| Box::new(Custom(k.clone())) as Box<dyn KeyExtractor>)
+            .ok_or_else(|| {
+                ConfigError::new(
+                    field.to_owned(),
+                    format!("`{text}`: no key part called `{name}` was registered by code"),
+                )
+            });
+    }
     match text {
         "global" => return Ok(Box::new(Global)),
         "peer_ip" => return Ok(Box::new(PeerIp::new())),
@@ -459,19 +505,33 @@ struct PlanTable {
     from: Source,
     names: Vec<(String, Quota)>,
     by_name: HashMap<Box<str>, Quota>,
+    /// Rule ids of the plans that have one.
+    rule_ids: HashMap<Box<str>, u64>,
+    /// No default plan: requests of no listed plan skip the limit.
+    gate: bool,
 }
 
 impl PlanTable {
-    /// The quota of this request's plan; `None` (the limit's own quota, the default
-    /// plan's) when it names no plan of the table.
-    fn quota(&self, parts: &Parts) -> Option<Quota> {
+    /// The entry of this request's plan in `table`.
+    fn lookup<'t, T>(&self, parts: &Parts, table: &'t HashMap<Box<str>, T>) -> Option<&'t T> {
         match &self.from {
             Source::Header(name) => {
                 let value = parts.headers.get(name)?.to_str().ok()?;
-                self.by_name.get(value.trim()).copied()
+                table.get(value.trim())
             }
-            Source::Query(name) => self.by_name.get(&*query_param(parts, name)?).copied(),
+            Source::Query(name) => table.get(&*query_param(parts, name)?),
         }
+    }
+
+    /// The quota of this request's plan; `None` (the limit's own quota, the default
+    /// plan's) when it names no plan of the table.
+    fn quota(&self, parts: &Parts) -> Option<Quota> {
+        self.lookup(parts, &self.by_name).copied()
+    }
+
+    /// The rule id of this request's plan, if the plan has one.
+    fn rule_id(&self, parts: &Parts) -> Option<u64> {
+        self.lookup(parts, &self.rule_ids).copied()
     }
 }
 
@@ -501,26 +561,56 @@ fn plans_table(plans: &Plans) -> Result<(Quota, PlanTable), ConfigError> {
     }
     let by_name: HashMap<Box<str>, Quota> =
         names.iter().map(|(n, q)| (n.as_str().into(), *q)).collect();
-    let default = *by_name.get(plans.default.as_str()).ok_or_else(|| {
-        ConfigError::new(
-            "plans.default",
-            format!(
-                "`{}` is not a plan of this table (plans: {})",
-                plans.default,
-                names
-                    .iter()
-                    .map(|(n, _)| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        )
-    })?;
+    let listed = || {
+        names
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    // Without a default plan, the limit's own quota is never used for a check (requests
+    // of other plans skip the limit): the first plan's stands in for it.
+    let default = match &plans.default {
+        None => names[0].1,
+        Some(default) => *by_name.get(default.as_str()).ok_or_else(|| {
+            ConfigError::new(
+                "plans.default",
+                format!(
+                    "`{default}` is not a plan of this table (plans: {})",
+                    listed()
+                ),
+            )
+        })?,
+    };
+    let mut rule_ids = HashMap::with_capacity(plans.rule_ids.len());
+    for (name, &id) in &plans.rule_ids {
+        let field = crate::rules::locate::render_path(&[
+            crate::rules::locate::Seg::Key("plans".into()),
+            crate::rules::locate::Seg::Key("rule_ids".into()),
+            crate::rules::locate::Seg::Key(name.clone()),
+        ]);
+        if !by_name.contains_key(name.as_str()) {
+            return Err(ConfigError::new(
+                field,
+                format!("`{name}` is not a plan of this table (plans: {})", listed()),
+            ));
+        }
+        if id > i64::MAX as u64 {
+            return Err(ConfigError::new(
+                field,
+                "must be at most i64::MAX (9223372036854775807), the largest SQL BIGINT",
+            ));
+        }
+        rule_ids.insert(name.as_str().into(), id);
+    }
     Ok((
         default,
         PlanTable {
             from,
             names,
             by_name,
+            rule_ids,
+            gate: plans.default.is_none(),
         },
     ))
 }
@@ -531,6 +621,31 @@ struct One(Box<dyn KeyExtractor>);
 impl KeyExtractor for One {
     fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
         self.0.extract(parts, key)
+    }
+}
+
+/// A key part registered by code (`custom:<name>`).
+struct Custom(Arc<dyn KeyExtractor>);
+
+impl KeyExtractor for Custom {
+    fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
+        self.0.extract(parts, key)
+    }
+}
+
+/// The key of a limit whose plans have no default: missing (so the limit is skipped)
+/// when the request names no plan of the table.
+struct Gated {
+    plans: Arc<PlanTable>,
+    key: Box<dyn KeyExtractor>,
+}
+
+impl KeyExtractor for Gated {
+    fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
+        if self.plans.quota(parts).is_none() {
+            return Err(KeyError::Missing);
+        }
+        self.key.extract(parts, key)
     }
 }
 
@@ -552,9 +667,15 @@ impl fmt::Display for Document {
             match (&rule.quota, &rule.plans) {
                 (Some(q), _) => write!(f, "{q}")?,
                 (None, Some(p)) => {
-                    write!(f, "plans from {} (default {}):", p.from, p.default)?;
+                    match &p.default {
+                        Some(default) => write!(f, "plans from {} (default {default}):", p.from)?,
+                        None => write!(f, "plans from {} (no default):", p.from)?,
+                    }
                     for (i, (name, q)) in p.quotas.iter().enumerate() {
                         write!(f, "{} {name} = {q}", if i == 0 { "" } else { "," })?;
+                        if let Some(id) = p.rule_ids.get(name) {
+                            write!(f, " (rule {id})")?;
+                        }
                     }
                 }
                 (None, None) => write!(f, "(no quota)")?,
@@ -572,6 +693,9 @@ impl fmt::Display for Document {
                 Some(CostSpec::Fixed(n)) => write!(f, ", cost {n}")?,
                 Some(CostSpec::From(s)) => write!(f, ", cost from {s}")?,
                 None => {}
+            }
+            if let Some(id) = rule.rule_id {
+                write!(f, ", rule {id}")?;
             }
             match &rule.routes {
                 Some(routes) => writeln!(f, ", routes: {}", routes.join(", "))?,

@@ -127,6 +127,10 @@ pub struct LimitRule {
     pub routes: Option<Vec<String>>,
     /// `[limits.plans]`: the quota chosen per request by a plan name.
     pub plans: Option<Plans>,
+    /// `rule_id`: the id of the rule this limit comes from (e.g. a `RateLimitRule` row),
+    /// carried into the audit log's violations ([`Limit::rule_id`](crate::Limit::rule_id));
+    /// at most `i64::MAX`.
+    pub rule_id: Option<u64>,
 }
 
 /// `[limits.plans]`: a quota per plan, the plan read from each request.
@@ -136,10 +140,17 @@ pub struct LimitRule {
 pub struct Plans {
     /// `from`: `"header:<name>"` or `"query:<name>"`.
     pub from: String,
-    /// `default`: the plan of requests without a plan, or with one not listed.
-    pub default: String,
+    /// `default`: the plan of requests without a plan, or with one not listed. Left out,
+    /// those requests are not limited by this limit (which then needs
+    /// `on_missing_key = "skip"`: they are skipped as requests without a key are).
+    pub default: Option<String>,
     /// Plan name → quota string.
     pub quotas: BTreeMap<String, String>,
+    /// Plan name → the rule id of violations of requests of that plan (e.g. one
+    /// `RateLimitRule` row per plan); a plan not listed has the limit's `rule_id`. Not
+    /// read from files (every other entry of the table is a plan): set by code, such as
+    /// the SQL source.
+    pub rule_ids: BTreeMap<String, u64>,
 }
 
 /// A limit's `key`: one part, or several (a composite key, e.g.
@@ -217,7 +228,7 @@ impl<'de> Deserialize<'de> for Plans {
         impl<'de> Visitor<'de> for V {
             type Value = Plans;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a table with `from`, `default` and one quota per plan")
+                f.write_str("a table with `from`, an optional `default` and one quota per plan")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Plans, A::Error> {
                 let (mut from, mut default) = (None, None);
@@ -238,8 +249,9 @@ impl<'de> Deserialize<'de> for Plans {
                 }
                 Ok(Plans {
                     from: from.ok_or_else(|| de::Error::missing_field("from"))?,
-                    default: default.ok_or_else(|| de::Error::missing_field("default"))?,
+                    default,
                     quotas,
+                    rule_ids: BTreeMap::new(),
                 })
             }
         }

@@ -24,7 +24,8 @@
 //! [`Rules::layer`]. They are replaced whole when the file changes (its directory is
 //! watched: writes in place, renames over it and swapped links are all seen), on `SIGHUP`,
 //! or by [`Rules::reload`], [`Rules::reload_file`] and [`Rules::reload_document`] (the
-//! door for rules that come from elsewhere, such as a database). A limit that keeps its
+//! door for rules that come from elsewhere; rules from a `RateLimitRule` table are
+//! polled by `RulesBuilder::build_sql`, feature `rules-sql`). A limit that keeps its
 //! name keeps its buckets; invalid rules are refused whole and the running ones stay.
 //!
 //! ```
@@ -76,8 +77,12 @@ mod locate;
 mod reload;
 mod watch;
 
+#[cfg(feature = "rules-sql")]
+pub(crate) use compile::CustomKeys;
 pub use document::{CostSpec, Document, Format, KeySpec, LimitRule, Plans, Settings};
 pub use reload::{ReloadStatus, Rules, RulesBuilder, RulesLayer, RulesService};
+#[cfg(feature = "rules-sql")]
+pub(crate) use reload::{Trigger, WeakRules};
 
 use crate::error::ConfigError;
 use crate::layer::RateLimitLayer;
@@ -94,7 +99,22 @@ impl Document {
     /// A [`RateLimitLayer`] with these rules over `store`, for rules read once, without
     /// reloading.
     pub fn layer<St: Store>(&self, store: St) -> Result<RateLimitLayer<St>, ConfigError> {
-        let compiled = compile::compile(self)?;
+        self.layer_with(store, &compile::CustomKeys::new())
+    }
+
+    /// [`check`](Self::check) with key parts registered by code (`custom:<name>`).
+    #[cfg(feature = "rules-sql")]
+    pub(crate) fn check_with(&self, keys: &CustomKeys) -> Result<(), ConfigError> {
+        self.layer_with(crate::store::MemoryStore::new(), keys)
+            .map(drop)
+    }
+
+    fn layer_with<St: Store>(
+        &self,
+        store: St,
+        keys: &compile::CustomKeys,
+    ) -> Result<RateLimitLayer<St>, ConfigError> {
+        let compiled = compile::compile(self, keys)?;
         compiled
             .apply(RateLimitLayer::builder(store))
             .build()

@@ -17,7 +17,7 @@ use crate::future::ResponseFuture;
 use crate::layer::{RateLimitBuilder, RateLimitLayer, Shared};
 use crate::limiter::Limiter;
 use crate::response::{DefaultOnRejection, OnRejection};
-use crate::rules::compile::{compile, rebase};
+use crate::rules::compile::{CustomKeys, compile, rebase};
 use crate::rules::document::{Document, Format};
 use crate::rules::locate::Tree;
 use crate::rules::watch::{self, Watcher};
@@ -32,10 +32,13 @@ type OnReload = Arc<dyn Fn(Result<&Document, &ConfigError>) + Send + Sync + 'sta
 
 /// What asked for a reload (in logs).
 #[derive(Debug, Clone, Copy)]
-enum Trigger {
+pub(crate) enum Trigger {
     File,
     Signal,
     Call,
+    /// A poll of the `RateLimitRule` table.
+    #[cfg(feature = "rules-sql")]
+    Sql,
 }
 
 /// Reload counts and the last error, from [`Rules::status`].
@@ -94,6 +97,7 @@ struct Reloadable<St: Store, R> {
     store: St,
     on_rejection: R,
     configure: Option<Configure<St>>,
+    keys: CustomKeys,
     file: Option<PathBuf>,
     format: Format,
     on_reload: Option<OnReload>,
@@ -103,6 +107,9 @@ struct Reloadable<St: Store, R> {
     watcher: Mutex<Option<Watcher>>,
     #[cfg(unix)]
     hangup: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Tasks that serve these rules (the SQL poller), aborted with them.
+    #[cfg(feature = "rules-sql")]
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 #[derive(Default)]
@@ -118,6 +125,15 @@ struct State {
 
 impl<St: Store, R> Drop for Reloadable<St, R> {
     fn drop(&mut self) {
+        #[cfg(feature = "rules-sql")]
+        for task in self
+            .tasks
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            task.abort();
+        }
         #[cfg(unix)]
         if let Some(task) = self
             .hangup
@@ -141,6 +157,7 @@ pub struct RulesBuilder<St: Store, R = DefaultOnRejection> {
     debounce: Duration,
     sighup: bool,
     configure: Option<Configure<St>>,
+    keys: CustomKeys,
     on_reload: Option<OnReload>,
 }
 
@@ -183,6 +200,7 @@ impl<St: Store> Rules<St> {
             debounce: Duration::from_millis(150),
             sighup: true,
             configure: None,
+            keys: CustomKeys::new(),
             on_reload: None,
         }
     }
@@ -261,6 +279,14 @@ impl<St: Store, R> RulesBuilder<St, R> {
         self
     }
 
+    /// Registers a key part that documents name `custom:<name>` (a key no string can
+    /// describe, such as a request extension's type).
+    #[cfg(feature = "rules-sql")]
+    pub(crate) fn custom_key(mut self, name: &str, key: Arc<dyn crate::key::KeyExtractor>) -> Self {
+        self.keys.insert(name.to_owned(), key);
+        self
+    }
+
     /// Replaces the responses to refused requests (see [`crate::response`]).
     pub fn on_rejection<R2>(self, on_rejection: R2) -> RulesBuilder<St, R2> {
         RulesBuilder {
@@ -272,6 +298,7 @@ impl<St: Store, R> RulesBuilder<St, R> {
             debounce: self.debounce,
             sighup: self.sighup,
             configure: self.configure,
+            keys: self.keys,
             on_reload: self.on_reload,
         }
     }
@@ -304,6 +331,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
                     &self.store,
                     &self.on_rejection,
                     self.configure.as_ref(),
+                    &self.keys,
                     &doc,
                     Some((&text, format, &name)),
                 )?;
@@ -315,6 +343,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
                     &self.store,
                     &self.on_rejection,
                     self.configure.as_ref(),
+                    &self.keys,
                     &doc,
                     Some((&text, format, "")),
                 )?;
@@ -325,6 +354,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
                     &self.store,
                     &self.on_rejection,
                     self.configure.as_ref(),
+                    &self.keys,
                     &doc,
                     None,
                 )?;
@@ -337,6 +367,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             store: self.store,
             on_rejection: self.on_rejection,
             configure: self.configure,
+            keys: self.keys,
             file,
             format,
             on_reload: self.on_reload,
@@ -348,6 +379,8 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             watcher: Mutex::new(None),
             #[cfg(unix)]
             hangup: Mutex::new(None),
+            #[cfg(feature = "rules-sql")]
+            tasks: Mutex::new(Vec::new()),
         });
         if let Some(on_reload) = &inner.on_reload {
             on_reload(Ok(&inner.document.load()));
@@ -410,10 +443,11 @@ fn build_shared<St: Store, R: Clone>(
     store: &St,
     on_rejection: &R,
     configure: Option<&Configure<St>>,
+    keys: &CustomKeys,
     doc: &Document,
     text: Option<(&str, Format, &str)>,
 ) -> Result<Arc<Shared<St, R>>, ConfigError> {
-    let built = compile(doc).and_then(|compiled| {
+    let built = compile(doc, keys).and_then(|compiled| {
         let mut builder = compiled.apply(RateLimitLayer::builder(store.clone()));
         if let Some(configure) = configure {
             builder = configure(builder);
@@ -471,6 +505,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
                 &self.store,
                 &self.on_rejection,
                 self.configure.as_ref(),
+                &self.keys,
                 &doc,
                 Some(located),
             )?;
@@ -491,6 +526,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
             &self.store,
             &self.on_rejection,
             self.configure.as_ref(),
+            &self.keys,
             &doc,
             None,
         );
@@ -526,9 +562,31 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
     }
 
     fn refused(&self, state: &mut State, trigger: Trigger, e: ConfigError) -> ConfigError {
+        self.refused_quietly(state, trigger, e, true)
+    }
+
+    /// Counts a refused reload; `announce`: log it as an `ERROR` and tell `on_reload`
+    /// (else a `DEBUG` event: a failure repeated at each poll is announced once in a
+    /// while).
+    fn refused_quietly(
+        &self,
+        state: &mut State,
+        trigger: Trigger,
+        e: ConfigError,
+        announce: bool,
+    ) -> ConfigError {
         state.failures += 1;
         state.healthy = false;
         state.last_error = Some(e.clone());
+        if !announce {
+            tracing::debug!(
+                target: "tollgate::rules",
+                trigger = ?trigger,
+                error = %e,
+                "rules not reloaded (again), the running rules stay"
+            );
+            return e;
+        }
         tracing::error!(
             target: "tollgate::rules",
             trigger = ?trigger,
@@ -617,6 +675,70 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Rules<St, R> {
     /// running rules stay.
     pub fn reload_document(&self, document: Document) -> Result<(), ConfigError> {
         self.inner.install_document(Trigger::Call, document)
+    }
+
+    /// Installs `document` for `trigger` (the SQL poller's reloads).
+    #[cfg(feature = "rules-sql")]
+    pub(crate) fn install(&self, trigger: Trigger, document: Document) -> Result<(), ConfigError> {
+        self.inner.install_document(trigger, document)
+    }
+
+    /// Counts a reload that failed before any document (a failed query, rows that do not
+    /// map); `announce` as in `refused_quietly`.
+    #[cfg(feature = "rules-sql")]
+    pub(crate) fn refuse(&self, trigger: Trigger, e: ConfigError, announce: bool) {
+        let mut state = self
+            .inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.inner.refused_quietly(&mut state, trigger, e, announce);
+    }
+
+    /// The source is readable again and still holds the running rules: healthy, without
+    /// a reload.
+    #[cfg(feature = "rules-sql")]
+    pub(crate) fn recovered(&self, trigger: Trigger) {
+        let mut state = self
+            .inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !state.healthy {
+            state.healthy = true;
+            tracing::info!(
+                target: "tollgate::rules",
+                trigger = ?trigger,
+                "rules readable again; they have not changed"
+            );
+        }
+    }
+
+    /// Ends `task` when the rules are dropped.
+    #[cfg(feature = "rules-sql")]
+    pub(crate) fn own_task(&self, task: tokio::task::AbortHandle) {
+        self.inner
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(task);
+    }
+
+    /// A handle that does not keep the rules alive.
+    #[cfg(feature = "rules-sql")]
+    pub(crate) fn downgrade(&self) -> WeakRules<St, R> {
+        WeakRules(Arc::downgrade(&self.inner))
+    }
+}
+
+/// [`Rules`] not kept alive: the SQL poller's hold, which ends with the rules.
+#[cfg(feature = "rules-sql")]
+pub(crate) struct WeakRules<St: Store, R>(Weak<Reloadable<St, R>>);
+
+#[cfg(feature = "rules-sql")]
+impl<St: Store, R> WeakRules<St, R> {
+    pub(crate) fn upgrade(&self) -> Option<Rules<St, R>> {
+        self.0.upgrade().map(|inner| Rules { inner })
     }
 }
 

@@ -1,6 +1,9 @@
 //! The SQL side (feature `rules-sql`; PostgreSQL with `rules-postgres`): the schema of
 //! the `RateLimitRule` and `RateLimitViolation` tables, its migration, the audit sink
-//! [`SqlViolationSink`], and [`fetch_rules`], which reads the rule rows.
+//! [`SqlViolationSink`], [`fetch_rules`], which reads the rule rows, [`rules_document`],
+//! which maps them to a rules [`Document`](crate::rules::Document), and
+//! [`RulesBuilder::build_sql`](crate::rules::RulesBuilder::build_sql), which serves them
+//! and polls the table for changes ([`SqlPoller`]).
 //!
 //! The migration files ship with the crate (`migrations/sqlite/0001_tollgate.sql`,
 //! `migrations/postgres/0001_tollgate.sql`) for any migration tool; [`migrate`] runs the
@@ -32,11 +35,17 @@
 //! # Ok(()) }
 //! ```
 
+mod mapping;
+mod options;
 mod rules;
 mod sink;
+mod source;
 
+pub use mapping::{DEFAULT_PLAN, rules_document};
+pub use options::{SqlSourceOptions, UserKey};
 pub use rules::{SqlRuleRow, fetch_rules};
 pub use sink::SqlViolationSink;
+pub use source::{SqlPoller, SqlRulesError};
 /// The `sqlx` this module is built on (pools, options, errors).
 pub use sqlx;
 

@@ -27,6 +27,36 @@ pub struct SqlRuleRow {
     pub description: Option<String>,
 }
 
+impl SqlRuleRow {
+    /// An active row without a plan or a description.
+    ///
+    /// ```
+    /// use tollgate::sql::SqlRuleRow;
+    ///
+    /// let mut pro = SqlRuleRow::new(2, "user:{user_id}", "user", 100.0, 500);
+    /// pro.plan = Some("pro".into());
+    /// assert!(pro.is_active);
+    /// ```
+    pub fn new(
+        rule_id: i64,
+        key_pattern: impl Into<String>,
+        scope: impl Into<String>,
+        rate_per_second: f64,
+        burst_capacity: i32,
+    ) -> Self {
+        Self {
+            rule_id,
+            key_pattern: key_pattern.into(),
+            scope: scope.into(),
+            rate_per_second,
+            burst_capacity,
+            plan: None,
+            is_active: true,
+            description: None,
+        }
+    }
+}
+
 const SELECT: &str = "SELECT rule_id, key_pattern, scope, rate_per_second, burst_capacity, \
      plan, is_active, description FROM RateLimitRule ORDER BY rule_id";
 

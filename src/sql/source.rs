@@ -1,0 +1,268 @@
+//! The SQL source of rules: [`RulesBuilder::build_sql`] loads the `RateLimitRule` table
+//! and [`SqlPoller`] reads it again every poll interval, reloading the rules when it
+//! changed.
+
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+
+use super::mapping::{custom_keys, rules_document};
+use super::options::SqlSourceOptions;
+use super::{SqlPool, fetch_rules};
+use crate::error::ConfigError;
+use crate::rules::{Document, Rules, RulesBuilder, Trigger, WeakRules};
+use crate::store::Store;
+
+/// A query that takes longer counts as a failed poll.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A failed query that repeats the previous one's error is announced (`ERROR`, the
+/// `on_reload` callback) at most this often; each one is counted.
+const REPEAT_EVERY: Duration = Duration::from_secs(600);
+
+/// Why [`RulesBuilder::build_sql`] could not load the first rules.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SqlRulesError {
+    /// The `RateLimitRule` table could not be read.
+    Query(sqlx::Error),
+    /// The rows do not make valid rules (the error names the row and the column), or the
+    /// options are invalid.
+    Rules(ConfigError),
+}
+
+impl fmt::Display for SqlRulesError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SqlRulesError::Query(e) => write!(f, "cannot read RateLimitRule: {e}"),
+            SqlRulesError::Rules(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl Error for SqlRulesError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            SqlRulesError::Query(e) => Some(e),
+            SqlRulesError::Rules(e) => Some(e),
+        }
+    }
+}
+
+impl From<sqlx::Error> for SqlRulesError {
+    fn from(e: sqlx::Error) -> Self {
+        SqlRulesError::Query(e)
+    }
+}
+
+impl From<ConfigError> for SqlRulesError {
+    fn from(e: ConfigError) -> Self {
+        SqlRulesError::Rules(e)
+    }
+}
+
+/// The task that polls `RateLimitRule` for [`Rules`] (from [`RulesBuilder::build_sql`]).
+///
+/// It ends when the rules are dropped (the [`Rules`] and every layer and service made
+/// from them: it holds none of them), or with [`stop`](Self::stop). Dropping this handle
+/// does not stop it.
+#[derive(Debug)]
+pub struct SqlPoller {
+    task: AbortHandle,
+    wake: Arc<Notify>,
+}
+
+impl SqlPoller {
+    /// Reads the table now instead of at the end of the interval (the interval then
+    /// starts again): e.g. from an admin endpoint, after an edit of the table.
+    pub fn poll_now(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Stops polling; the rules keep the last ones loaded.
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+
+    /// Whether the task still polls (not stopped, rules not dropped).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+}
+
+impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
+    /// Builds the rules from the `RateLimitRule` table (see [`rules_document`] for how
+    /// rows become limits) and starts a task on the current Tokio runtime that reads the
+    /// table every [`poll`](SqlSourceOptions::poll_every) interval.
+    ///
+    /// An error at start (the table cannot be read, a row is invalid, there is no active
+    /// row) is returned. Later, the rules are reloaded only when the rows map to
+    /// different rules (edits of descriptions, or of inactive rows, reload nothing); a
+    /// limit whose `key_pattern` is unchanged keeps its buckets. A failed query or an
+    /// invalid set of rows keeps the running rules, is counted in
+    /// [`Rules::status`](crate::rules::Rules::status) and logged as an `ERROR` (target
+    /// `tollgate::rules`; a query error that repeats at each poll is logged again at
+    /// most every 10 minutes, a set of rows once). A query taking more than 30 s counts
+    /// as failed. Any `file`, `text` or `document` given to the builder is replaced by
+    /// the table.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+    /// use tollgate::{rules::Rules, sql::{self, SqlPool, SqlSourceOptions}, store::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("tollgate.db");
+    /// let options = SqliteConnectOptions::new().filename(&path).create_if_missing(true);
+    /// let pool = SqlPool::from(SqlitePoolOptions::new().connect_with(options).await?);
+    /// sql::migrate(&pool).await?;
+    /// let SqlPool::Sqlite(db) = &pool else { unreachable!() };
+    /// sqlx::query(
+    ///     "INSERT INTO RateLimitRule (key_pattern, scope, rate_per_second, burst_capacity) \
+    ///      VALUES ('ip', 'ip', 5, 10)",
+    /// )
+    /// .execute(db)
+    /// .await?;
+    ///
+    /// let (rules, poller) = Rules::builder(MemoryStore::new())
+    ///     .on_reload(|outcome| match outcome {
+    ///         Ok(doc) => println!("rules:\n{doc}"),
+    ///         Err(e) => eprintln!("rules refused: {e}"),
+    ///     })
+    ///     .build_sql(pool, SqlSourceOptions::default().poll_every(Duration::from_secs(60)))
+    ///     .await?;
+    /// assert_eq!(rules.document().limits[0].quota.as_deref(), Some("5/s; burst=10"));
+    /// let layer = rules.layer(); // `Router::route_layer(layer)`
+    /// assert!(poller.is_running());
+    /// drop((rules, layer)); // the poller ends with the rules (and their layers)
+    /// # while poller.is_running() { tokio::task::yield_now().await; }
+    /// # Ok(()) }
+    /// ```
+    pub async fn build_sql(
+        self,
+        pool: impl Into<SqlPool>,
+        options: SqlSourceOptions,
+    ) -> Result<(Rules<St, R>, SqlPoller), SqlRulesError> {
+        if options.poll.is_zero() {
+            return Err(ConfigError::new("poll", "must be longer than zero").into());
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            ConfigError::new(
+                "poll",
+                "polling the rules needs a Tokio runtime: call `build_sql` inside one",
+            )
+        })?;
+        let pool = pool.into();
+        let rows = tokio::time::timeout(QUERY_TIMEOUT, fetch_rules(&pool))
+            .await
+            .map_err(|_| ConfigError::new("RateLimitRule", "the query timed out (30 s)"))??;
+        let document = rules_document(&rows, &options)?;
+        let mut builder = self.document(document.clone());
+        // The key parts the check registered (`custom:user`), for every version.
+        for (name, key) in custom_keys(&options) {
+            builder = builder.custom_key(&name, key);
+        }
+        let rules = builder.build()?;
+        let wake = Arc::new(Notify::new());
+        let poll = Poll {
+            rules: rules.downgrade(),
+            pool,
+            options,
+            wake: wake.clone(),
+            last: Some(Attempt {
+                outcome: Ok(document),
+                accepted: true,
+            }),
+            query_failed: None,
+        };
+        let task = runtime.spawn(poll.run()).abort_handle();
+        rules.own_task(task.clone());
+        Ok((rules, SqlPoller { task, wake }))
+    }
+}
+
+/// The rules a poll produced and whether they were installed.
+struct Attempt {
+    outcome: Result<Document, ConfigError>,
+    accepted: bool,
+}
+
+/// The polling task's state.
+struct Poll<St: Store, R> {
+    rules: WeakRules<St, R>,
+    pool: SqlPool,
+    options: SqlSourceOptions,
+    wake: Arc<Notify>,
+    /// The last rows that were acted on (installed or refused): the same again reload
+    /// nothing.
+    last: Option<Attempt>,
+    /// The error of the failing queries since the last good one, and when it was last
+    /// announced.
+    query_failed: Option<(String, Instant)>,
+}
+
+impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
+    async fn run(mut self) {
+        loop {
+            // Woken early by `poll_now`; the interval restarts after each poll.
+            let _ = tokio::time::timeout(self.options.poll, self.wake.notified()).await;
+            if self.rules.upgrade().is_none() {
+                return;
+            }
+            let fetched = tokio::time::timeout(QUERY_TIMEOUT, fetch_rules(&self.pool)).await;
+            let Some(rules) = self.rules.upgrade() else {
+                return;
+            };
+            match fetched {
+                Ok(Ok(rows)) => self.read(&rules, rules_document(&rows, &self.options)),
+                Ok(Err(e)) => self.failed(&rules, format!("cannot read the rules: {e}")),
+                Err(_) => self.failed(&rules, "the query timed out (30 s)".to_owned()),
+            }
+        }
+    }
+
+    /// A poll that read the table.
+    fn read(&mut self, rules: &Rules<St, R>, outcome: Result<Document, ConfigError>) {
+        let recovering = self.query_failed.take().is_some();
+        if let Some(last) = &self.last
+            && last.outcome == outcome
+        {
+            if recovering && last.accepted {
+                rules.recovered(Trigger::Sql);
+            }
+            return;
+        }
+        let accepted = match &outcome {
+            Ok(document) => rules.install(Trigger::Sql, document.clone()).is_ok(),
+            Err(e) => {
+                rules.refuse(Trigger::Sql, e.clone(), true);
+                false
+            }
+        };
+        self.last = Some(Attempt { outcome, accepted });
+    }
+
+    /// A poll that could not read the table: counted every time, announced when the
+    /// error changes and every 10 minutes while it repeats.
+    fn failed(&mut self, rules: &Rules<St, R>, reason: String) {
+        let now = Instant::now();
+        let announce = match &self.query_failed {
+            Some((previous, at)) => *previous != reason || now.duration_since(*at) >= REPEAT_EVERY,
+            None => true,
+        };
+        if announce {
+            self.query_failed = Some((reason.clone(), now));
+        }
+        rules.refuse(
+            Trigger::Sql,
+            ConfigError::new("RateLimitRule", reason),
+            announce,
+        );
+    }
+}
