@@ -114,8 +114,8 @@ fn the_example_file_reads_every_field() {
     assert_eq!(s.deny.as_deref(), Some(&["192.0.2.0/24".to_owned()][..]));
     assert_eq!(s.shadow_headers, Some(false));
     let names: Vec<&str> = doc.limits.iter().map(|l| l.name.as_str()).collect();
-    assert_eq!(names, ["per-ip", "login", "search", "per-key"]);
-    let [per_ip, login, search, per_key] = &doc.limits[..] else {
+    assert_eq!(names, ["per-ip", "login", "search", "per-key", "smooth"]);
+    let [per_ip, login, search, per_key, smooth] = &doc.limits[..] else {
         unreachable!()
     };
     assert_eq!(per_ip.key, Some(KeySpec::one("client_ip")));
@@ -144,6 +144,10 @@ fn the_example_file_reads_every_field() {
     );
     assert_eq!(plans.quotas.len(), 2);
     assert_eq!(plans.quotas["pro"], "100/s; burst=500");
+    assert_eq!(smooth.on_limit.as_deref(), Some("delay"));
+    assert_eq!(smooth.max_wait.as_deref(), Some("1s"));
+    assert_eq!(smooth.max_waiters, Some(50));
+    assert_eq!(smooth.max_reserved, Some(20));
     // The printed form names every limit.
     let printed = doc.to_string();
     for name in names {
@@ -466,6 +470,13 @@ fn every_error_names_file_line_and_field() {
         (format!("{base}on_missing_key = \"reject\"\nmissing_key_status = 503\n"), 5, "limits[0].missing_key_status", "4xx"),
         (format!("{base}missing_key_status = 401\n"), 4, "limits[0].missing_key_status", "reject"),
         (format!("{base}on_store_failure = \"retry\"\n"), 4, "limits[0].on_store_failure", "fallback, allow, deny"),
+        (format!("{base}on_limit = \"queue\"\n"), 4, "limits[0].on_limit", "reject, delay"),
+        (format!("{base}on_limit = \"delay\"\n"), 1, "limits[0].max_wait", "missing"),
+        (format!("{base}on_limit = \"delay\"\nmax_wait = \"soon\"\n"), 5, "limits[0].max_wait", "duration"),
+        (format!("{base}max_wait = \"1s\"\n"), 4, "limits[0].max_wait", "only a limit with"),
+        (format!("{base}on_limit = \"delay\"\nmax_wait = \"1s\"\nmax_waiters = 0\n"), 6, "limits[0].max_waiters", "at least 1"),
+        (format!("{base}algorithm = \"sliding_window\"\non_limit = \"delay\"\nmax_wait = \"1s\"\n"), 5, "limits[0].on_limit", "sliding"),
+        (format!("{base}algorithm = \"fixed_window\"\nmax_reserved = 3\n"), 5, "limits[0].max_reserved", "GCRA"),
         (format!("{base}routes = []\n"), 4, "limits[0].routes", "empty"),
         (format!("{base}routes = [\"/ok\",\n  \"login\"]\n"), 5, "limits[0].routes[1]", "starting with `/`"),
         (format!("{base}routes = [\"P@ST /x\"]\n"), 4, "limits[0].routes[0]", "not a method"),
@@ -941,4 +952,41 @@ fn the_check_tool_prints_the_limits_or_the_error() {
         )
     );
     assert_eq!(run(&[]).status.code(), Some(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delay_limit_in_the_document_makes_requests_wait() {
+    // One token every 100 ms; a request may wait up to 150 ms.
+    let rules = from_text(
+        "[[limits]]\nname = \"smooth\"\nkey = \"peer_ip\"\nquota = \"10/s; burst=1\"\n\
+         on_limit = \"delay\"\nmax_wait = \"150ms\"\nmax_waiters = 5\n",
+    );
+    let app = router(&rules);
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        send(&app, get_from("192.0.2.7")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "the burst passes at once"
+    );
+    // The store's clock stands still: the second waits one emission interval (100 ms,
+    // within 150), the third would wait 200 ms: refused at once.
+    assert_eq!(
+        send(&app, get_from("192.0.2.7")).await.status(),
+        StatusCode::OK
+    );
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    let at = tokio::time::Instant::now();
+    let third = send(&app, get_from("192.0.2.7")).await;
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(at.elapsed(), Duration::ZERO);
+    assert!(
+        rules
+            .document()
+            .to_string()
+            .contains("delay up to 150ms (5 waiters)")
+    );
 }

@@ -188,6 +188,10 @@ pub(crate) fn rebase(doc: &Document, err: ConfigError) -> ConfigError {
             }
         }
         if let Some(rest) = field.strip_prefix(&limit) {
+            // The builder's `on_limit.max_wait` is the document's `max_wait`.
+            let rest = rest
+                .strip_prefix(".on_limit.")
+                .map_or_else(|| rest.to_owned(), |field| format!(".{field}"));
             return err.with_field(format!("limits[{i}]{rest}"));
         }
     }
@@ -265,6 +269,7 @@ fn limit(
     if let Some(id) = rule.rule_id {
         limit = limit.rule_id(id);
     }
+    limit = on_limit(rule, limit)?;
     let key: Box<dyn KeyExtractor> = match &rule.key {
         None => Box::new(Global),
         Some(spec) if spec.0.is_empty() => {
@@ -659,6 +664,47 @@ impl KeyExtractor for Composite {
     }
 }
 
+/// `on_limit`, `max_wait`, `max_waiters` and `max_reserved` (the builder checks the rest:
+/// a sliding algorithm or a shadow limit cannot delay, `max_reserved` needs GCRA).
+fn on_limit(rule: &LimitRule, mut limit: Limit) -> Result<Limit, ConfigError> {
+    match rule.on_limit.as_deref() {
+        None | Some("reject") => {
+            if rule.max_wait.is_some() {
+                return Err(ConfigError::new(
+                    "max_wait",
+                    "only a limit with `on_limit = \"delay\"` waits",
+                ));
+            }
+            if rule.max_waiters.is_some() {
+                return Err(ConfigError::new(
+                    "max_waiters",
+                    "only a limit with `on_limit = \"delay\"` has waiters",
+                ));
+            }
+        }
+        Some("delay") => {
+            let Some(max_wait) = &rule.max_wait else {
+                return Err(ConfigError::new(
+                    "max_wait",
+                    "missing: `on_limit = \"delay\"` needs the longest wait, e.g. `max_wait = \"2s\"`",
+                ));
+            };
+            let max_wait = parse_period(max_wait).map_err(|e| {
+                ConfigError::new(
+                    "max_wait",
+                    format!("expected a duration such as `2s`: {}", e.reason()),
+                )
+            })?;
+            limit = limit.delay(max_wait, rule.max_waiters.unwrap_or(100));
+        }
+        Some(other) => return Err(unknown("on_limit", other, "reject, delay")),
+    }
+    if let Some(tokens) = rule.max_reserved {
+        limit = limit.max_reserved(tokens);
+    }
+    Ok(limit)
+}
+
 impl fmt::Display for Document {
     /// One line per limit: name, quota (or plans), key, algorithm, mode and routes.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -696,6 +742,11 @@ impl fmt::Display for Document {
             }
             if let Some(id) = rule.rule_id {
                 write!(f, ", rule {id}")?;
+            }
+            if rule.on_limit.as_deref() == Some("delay") {
+                let wait = rule.max_wait.as_deref().unwrap_or("?");
+                let waiters = rule.max_waiters.unwrap_or(100);
+                write!(f, ", delay up to {wait} ({waiters} waiters)")?;
             }
             match &rule.routes {
                 Some(routes) => writeln!(f, ", routes: {}", routes.join(", "))?,

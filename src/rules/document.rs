@@ -131,6 +131,18 @@ pub struct LimitRule {
     /// carried into the audit log's violations ([`Limit::rule_id`](crate::Limit::rule_id));
     /// at most `i64::MAX`.
     pub rule_id: Option<u64>,
+    /// `on_limit`: `"reject"` (default: a 429) or `"delay"` (a request over the limit
+    /// waits for its tokens, up to `max_wait`: [`Limit::delay`](crate::Limit::delay)).
+    pub on_limit: Option<String>,
+    /// `max_wait`: with `on_limit = "delay"`, the longest a request waits, as a duration
+    /// (`"2s"`, `"500ms"`); required there, refused elsewhere.
+    pub max_wait: Option<String>,
+    /// `max_waiters`: with `on_limit = "delay"`, how many requests of the limit may wait
+    /// at once; default 100.
+    pub max_waiters: Option<usize>,
+    /// `max_reserved`: the tokens one key may have reserved ahead (delay mode and
+    /// [`Limiter::reserve`](crate::Limiter::reserve)); GCRA only.
+    pub max_reserved: Option<u32>,
 }
 
 /// `[limits.plans]`: a quota per plan, the plan read from each request.
