@@ -141,9 +141,10 @@ for i = 1, n do
         if not fits and max_wait > 0 and cost <= limit
           and fixed_wait(limit, len, cur, until_end, cost) <= max_wait then
           -- a reservation: its units start together in window k, and what is left of
-          -- the windows before k counts as used (src/window.rs, fixed_check_within)
-          fits = true
+          -- the windows before k counts as used (src/window.rs, fixed_check_within);
+          -- refused if the use would not fit in 32 bits (FIXED_MAX_USE)
           reserved_at = math.max(idiv(cur + cost - limit + limit - 1, limit), 1) * limit
+          fits = math.max(cur, reserved_at) + cost <= 4294967295
         end
       else
         fits = sliding_fits(limit, len, cur, prev, e, cost)

@@ -7,8 +7,9 @@
 //! which frees the place when the request proceeds or goes away, and gives its tokens back
 //! if it goes away before its instant — exactly once, whatever ends it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http::HeaderValue;
@@ -20,19 +21,40 @@ use crate::layer::Shared;
 use crate::limit::OnLimit;
 use crate::store::Store;
 
+/// How many requests wait, per limit name: shared by the limits of one name in a layer,
+/// and by the successive versions of reloaded rules (a reload must not reset the count
+/// while the old version's requests still wait).
+#[derive(Clone, Default)]
+pub(crate) struct WaitCounts(Arc<Mutex<HashMap<Box<str>, Arc<AtomicUsize>>>>);
+
+impl WaitCounts {
+    /// The count of the limit called `name`.
+    pub(crate) fn of(&self, name: &str) -> Arc<AtomicUsize> {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.entry(name.into()).or_default().clone()
+    }
+}
+
+impl std::fmt::Debug for WaitCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WaitCounts")
+    }
+}
+
 /// The requests of one delay-mode limit that wait, in one layer.
 pub(crate) struct Waiters {
     max_wait: Duration,
     max: usize,
-    waiting: AtomicUsize,
+    waiting: Arc<AtomicUsize>,
     /// `tollgate_delayed_total{limit}`, `tollgate_delay_seconds{limit}`.
     #[cfg(feature = "metrics")]
     metrics: crate::metrics::DelayMetrics,
 }
 
 impl Waiters {
-    /// The waiters of the limit `_name` in delay mode; `None` in reject mode.
-    pub(crate) fn new(on_limit: OnLimit, _name: &str) -> Option<Self> {
+    /// The waiters of the limit `name` in delay mode, counted in `counts`; `None` in
+    /// reject mode.
+    pub(crate) fn new(on_limit: OnLimit, name: &str, counts: &WaitCounts) -> Option<Self> {
         match on_limit {
             OnLimit::Reject => None,
             OnLimit::Delay {
@@ -41,9 +63,9 @@ impl Waiters {
             } => Some(Self {
                 max_wait,
                 max: max_waiters,
-                waiting: AtomicUsize::new(0),
+                waiting: counts.of(name),
                 #[cfg(feature = "metrics")]
-                metrics: crate::metrics::DelayMetrics::new(_name),
+                metrics: crate::metrics::DelayMetrics::new(name),
             }),
         }
     }
@@ -171,6 +193,7 @@ mod tests {
                 max_waiters: 3,
             },
             "l",
+            &WaitCounts::default(),
         )
         .unwrap();
         let parts = |timeout: Option<&str>| {
@@ -206,6 +229,7 @@ mod tests {
                 max_waiters: 3,
             },
             "l",
+            &WaitCounts::default(),
         )
         .unwrap();
         let w = Arc::new(w);

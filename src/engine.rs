@@ -15,7 +15,7 @@ use http::request::Parts;
 use smallvec::SmallVec;
 
 use crate::decision::{Decision, LimitDecision, Overall, Status};
-use crate::delay::{Delay, Waiters};
+use crate::delay::{Delay, WaitCounts, Waiters};
 use crate::headers::{self, Fields, HeaderStyle, Report, RetryAfterFormat};
 use crate::intern::intern;
 use crate::key::{Key, KeyBuilder, KeyError};
@@ -47,14 +47,14 @@ pub(crate) struct Bound<St: Store> {
 }
 
 impl<St: Store> Bound<St> {
-    pub(crate) fn new(limit: Limit, store: &St) -> Self {
+    pub(crate) fn new(limit: Limit, store: &St, waits: &WaitCounts) -> Self {
         Self {
             name: intern(&limit.name),
             ietf_prefix: headers::limit_prefix(&limit.name),
             table: store.table(&limit.name),
             misconfigured_log: LogThrottle::new(),
             shadow_log: LogThrottle::new(),
-            waiters: Waiters::new(limit.on_limit, &limit.name),
+            waiters: Waiters::new(limit.on_limit, &limit.name, waits),
             limit,
         }
     }
@@ -284,7 +284,9 @@ impl<St: Store> Engine<St> {
             .collect();
         let mut decision = Decision { limits };
         let g = &self.groups[prepared.group];
-        let delay = if g.delayed {
+        // Only a request its limits let through waits: a refused one took nothing (its
+        // limits report the state they looked at, which may be in debt).
+        let delay = if g.delayed && decision.overall() == Overall::Allowed {
             self.delay(prepared, &mut decision)
         } else {
             None
@@ -370,44 +372,55 @@ impl<St: Store> Engine<St> {
             .zip(&prepared.plan)
             .filter_map(waits)
             .max()?;
-        let mut places = SmallVec::new();
+        let mut places: SmallVec<[usize; 2]> = SmallVec::new();
         let mut full = false;
         for (l, p) in decision.limits().zip(&prepared.plan) {
             if waits((l, p)).is_some() {
                 let w = self.bounds[p.bound].waiters.as_ref().expect("delay mode");
                 if w.enter() {
-                    w.record(wait);
                     places.push(p.bound);
                 } else {
                     full = true;
                 }
             }
         }
-        let reserved: ChargeKeys = prepared
-            .charge_keys
-            .as_deref()
-            .map(|keys| {
-                keys.iter()
-                    .filter(|(i, _)| {
-                        let l = &decision.limits[*i];
-                        let p = &prepared.plan[*i];
-                        // A limit that charges by outcome is given back by its own guard
-                        // when no response comes: not twice.
-                        let by_outcome = self.bounds[p.bound].limit.charge.is_conditional();
-                        p.cost > 0 && l.allowed() && l.outcome().is_some() && !by_outcome
-                    })
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
-        let delay = Delay {
-            wait,
-            places,
-            reserved,
+        // What the request took: every consuming limit (`by_outcome`: also those that
+        // charge by outcome, which the charge guard gives back if the request goes away
+        // while it waits — the delay guard must not give them back twice).
+        let consumed = |by_outcome: bool| -> ChargeKeys {
+            let Some(keys) = prepared.charge_keys.as_deref() else {
+                return ChargeKeys::new();
+            };
+            keys.iter()
+                .filter(|(i, _)| {
+                    let l = &decision.limits[*i];
+                    let p = &prepared.plan[*i];
+                    let conditional = self.bounds[p.bound].limit.charge.is_conditional();
+                    p.cost > 0
+                        && l.allowed()
+                        && l.outcome().is_some()
+                        && (by_outcome || !conditional)
+                })
+                .cloned()
+                .collect()
         };
         if !full {
-            return Some(delay);
+            for &b in &places {
+                self.bounds[b]
+                    .waiters
+                    .as_ref()
+                    .expect("delay mode")
+                    .record(wait);
+            }
+            return Some(Delay {
+                wait,
+                places,
+                reserved: consumed(false),
+            });
         }
+        // Every place was taken (requests raced for the last ones): no charge guard will
+        // exist, so everything the request took goes back here.
+        self.release(&prepared.plan, &places, &consumed(true));
         for l in decision.limits.iter_mut() {
             if let Status::Checked(o) | Status::Fallback(o) = &mut l.status
                 && o.is_allowed()
@@ -417,7 +430,6 @@ impl<St: Store> Engine<St> {
                 *o = o.refused_after_wait();
             }
         }
-        self.release(&prepared.plan, &delay.places, &delay.reserved);
         None
     }
 

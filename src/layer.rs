@@ -15,7 +15,7 @@ use tower_layer::Layer;
 use crate::audit::Recorder;
 use crate::charge::{ChargeGuard, PendingCharge};
 use crate::decision::Decision;
-use crate::delay::DelayGuard;
+use crate::delay::{DelayGuard, WaitCounts};
 use crate::engine::{Bound, Engine, Group, Next, Observer, Prepared};
 use crate::error::ConfigError;
 use crate::headers::{self, Fields, HeaderStyle, RetryAfterFormat};
@@ -288,6 +288,8 @@ pub(crate) struct Settings {
     pub(crate) address: Address,
     /// Refusal events, offenders, metrics and gRPC settings.
     pub(crate) hooks: HookSettings,
+    /// Delay mode's waiter counts, when they outlive this layer (reloaded rules).
+    pub(crate) wait_counts: Option<WaitCounts>,
 }
 
 impl Default for Settings {
@@ -309,6 +311,7 @@ impl Default for Settings {
             allow_if: None,
             address: Address::Peer,
             hooks: HookSettings::default(),
+            wait_counts: None,
         }
     }
 }
@@ -493,6 +496,13 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         self
     }
 
+    /// Delay mode's waiter counts from outside the layer, so that successive versions of
+    /// reloaded rules count the same waiting requests.
+    pub(crate) fn wait_counts(mut self, counts: WaitCounts) -> Self {
+        self.settings.wait_counts = Some(counts);
+        self
+    }
+
     /// Checks the configuration and builds the layer, or names the first bad field.
     pub fn build(self) -> Result<RateLimitLayer<St, R>, ConfigError> {
         Ok(RateLimitLayer {
@@ -516,6 +526,7 @@ pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St
         ));
     }
     let mut bounds: Vec<Bound<St>> = Vec::new();
+    let waits = s.wait_counts.clone().unwrap_or_default();
     let mut bind = |limit: Limit| -> Result<usize, ConfigError> {
         limit.validate()?;
         // A table (one name) serves one algorithm: its state means nothing to another.
@@ -532,7 +543,7 @@ pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St
             )
             .within(format!("limits[{:?}]", &*limit.name)));
         }
-        bounds.push(Bound::new(limit, &store));
+        bounds.push(Bound::new(limit, &store, &waits));
         Ok(bounds.len() - 1)
     };
     let always = s

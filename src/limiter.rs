@@ -391,11 +391,13 @@ impl Limiter {
             .map(|(l, k, c)| (l, k.into_key(), c))
             .collect();
         let keys: SmallVec<[Key; 2]> = calls.iter().map(|(_, k, _)| k.clone()).collect();
-        let made_at = tokio::time::Instant::now();
         let applied = self.inner.apply(Op::Check, calls, max_wait);
         let limiter = self.clone();
         async move {
             let decision = settle(applied?).await;
+            // The wait counts from the store's `now`, which came before its answer: timed
+            // from the answer, the instant errs late, never early.
+            let made_at = tokio::time::Instant::now();
             Ok(Reservation::new(limiter, decision, keys, made_at))
         }
     }

@@ -137,11 +137,13 @@ pub fn fixed_check_within(
             used + cost,
             (cost > 0).then_some(used + cost),
         )
-    } else if max_wait > 0 && fixed_wait(g, used, until_end, cost) <= max_wait {
+    } else if max_wait > 0
+        && fixed_wait(g, used, until_end, cost) <= max_wait
+        && reserved_use(g, used, cost) <= FIXED_MAX_USE
+    {
         // The units start together in window k: what is left of the windows before it
         // counts as used (nothing else can start there before them).
-        let k = fixed_windows_to_fit(g, used, cost);
-        let after = used.max(g.limit.saturating_mul(k)).saturating_add(cost);
+        let after = reserved_use(g, used, cost);
         (Verdict::Allowed, after, Some(after))
     } else {
         let retry_after = fixed_wait(g, used, until_end, cost);
@@ -199,6 +201,18 @@ pub fn fixed_reserved_wait(g: Geometry, used: u64, until_end: u64) -> u64 {
     }
     let k = (used - limit).div_ceil(limit);
     until_end.saturating_add((k - 1).saturating_mul(g.len))
+}
+
+/// The largest use a fixed window stores (a reservation that would leave more is refused:
+/// the stores keep the use in 32 bits).
+pub const FIXED_MAX_USE: u64 = u32::MAX as u64;
+
+/// The use after a reservation of `cost` units that do not fit now: they start together in
+/// the first window `k` where they fit, so `max(used, L·k) + cost`.
+#[inline]
+fn reserved_use(g: Geometry, used: u64, cost: u64) -> u64 {
+    let k = fixed_windows_to_fit(g, used, cost);
+    used.max(g.limit.saturating_mul(k)).saturating_add(cost)
 }
 
 /// The first window `k ≥ 1` from now with `used − L·k + need ≤ L`, when `need` units do

@@ -265,3 +265,56 @@ async fn a_disconnected_waiter_of_a_limit_charged_by_outcome_is_given_back_once(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_another_limit_refuses_takes_no_place_and_gives_back_nothing() {
+    use tollgate::clock::FakeClock;
+    use tower::ServiceExt;
+    // `paced` delays (one token per 100 ms, two may wait); `strict` lets one request a
+    // minute through per tenant. The store's clock stands still.
+    let store = MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)));
+    let layer = RateLimitLayer::builder(store)
+        .limit(
+            Limit::new("paced", Quota::per_second(10).burst(1))
+                .key(Header::new("x-key"))
+                .delay(Duration::from_secs(10), 2),
+        )
+        .limit(Limit::new("strict", Quota::per_minute(1)).key(Header::new("x-tenant")))
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let send = |key: &'static str, tenant: &'static str| {
+        let app = app.clone();
+        async move {
+            let req = http::Request::builder()
+                .uri("/")
+                .header("x-key", key)
+                .header("x-tenant", tenant)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            app.oneshot(req).await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(send("k", "t1").await, 200);
+    // A second request of "k" waits (one place taken): `paced` is in debt.
+    let waiter = tokio::spawn(send("k", "t2"));
+    tokio::task::yield_now().await;
+    // Twenty requests of "k" that `strict` refuses (tenant t1 is out): each finds
+    // `paced` in debt as it looks, and must take no place and give back nothing.
+    for _ in 0..20 {
+        assert_eq!(send("k", "t1").await, 429);
+    }
+    let look = limiter.peek("paced", "k").await.unwrap();
+    assert_eq!(
+        look.outcome().unwrap().next_after(),
+        Some(Duration::from_millis(200)),
+        "two tokens taken, none given back"
+    );
+    // One place is still free: a request of another key that must wait, waits.
+    assert_eq!(send("j", "t3").await, 200);
+    assert_eq!(tokio::spawn(send("j", "t4")).await.unwrap(), 200);
+    assert_eq!(waiter.await.unwrap(), 200);
+}

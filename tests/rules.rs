@@ -990,3 +990,45 @@ async fn a_delay_limit_in_the_document_makes_requests_wait() {
             .contains("delay up to 150ms (5 waiters)")
     );
 }
+
+#[tokio::test]
+async fn a_reload_keeps_counting_the_requests_that_wait() {
+    // The store's clock stands still: the second request of a key waits (on the real
+    // timer) for a token 2 s away; one may wait at a time.
+    let text = |other: &str| {
+        format!(
+            "[[limits]]\nname = \"slow\"\nkey = \"peer_ip\"\nquota = \"1/2s\"\n\
+             on_limit = \"delay\"\nmax_wait = \"5s\"\nmax_waiters = 1\n\
+             [[limits]]\nname = \"other\"\nquota = \"{other}\"\n"
+        )
+    };
+    let rules = from_text(&text("100/s"));
+    let app = router(&rules);
+    assert_eq!(
+        send(&app, get_from("192.0.2.8")).await.status(),
+        StatusCode::OK
+    );
+    let waiting = {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, get_from("192.0.2.8")).await.status() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "the second request waits");
+    // New rules: the waiting request still holds the only place.
+    rules.reload(&text("200/s")).unwrap();
+    let at = Instant::now();
+    let third = send(&app, get_from("192.0.2.9")).await;
+    assert_eq!(
+        third.status(),
+        StatusCode::OK,
+        "another client does not wait"
+    );
+    let fourth = send(&app, get_from("192.0.2.8")).await;
+    assert_eq!(
+        fourth.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the place is taken, across the reload"
+    );
+    assert!(at.elapsed() < Duration::from_millis(500));
+    waiting.abort();
+}

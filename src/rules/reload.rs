@@ -12,6 +12,7 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::delay::WaitCounts;
 use crate::error::ConfigError;
 use crate::future::ResponseFuture;
 use crate::layer::{RateLimitBuilder, RateLimitLayer, Shared};
@@ -98,6 +99,8 @@ struct Reloadable<St: Store, R> {
     on_rejection: R,
     configure: Option<Configure<St>>,
     keys: CustomKeys,
+    /// Delay mode's waiter counts, shared by every version of the rules.
+    waits: WaitCounts,
     file: Option<PathBuf>,
     format: Format,
     on_reload: Option<OnReload>,
@@ -158,6 +161,7 @@ pub struct RulesBuilder<St: Store, R = DefaultOnRejection> {
     sighup: bool,
     configure: Option<Configure<St>>,
     keys: CustomKeys,
+    waits: WaitCounts,
     on_reload: Option<OnReload>,
 }
 
@@ -201,6 +205,7 @@ impl<St: Store> Rules<St> {
             sighup: true,
             configure: None,
             keys: CustomKeys::new(),
+            waits: WaitCounts::default(),
             on_reload: None,
         }
     }
@@ -299,6 +304,7 @@ impl<St: Store, R> RulesBuilder<St, R> {
             sighup: self.sighup,
             configure: self.configure,
             keys: self.keys,
+            waits: self.waits,
             on_reload: self.on_reload,
         }
     }
@@ -332,6 +338,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
                     &self.on_rejection,
                     self.configure.as_ref(),
                     &self.keys,
+                    &self.waits,
                     &doc,
                     Some((&text, format, &name)),
                 )?;
@@ -344,6 +351,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
                     &self.on_rejection,
                     self.configure.as_ref(),
                     &self.keys,
+                    &self.waits,
                     &doc,
                     Some((&text, format, "")),
                 )?;
@@ -355,6 +363,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
                     &self.on_rejection,
                     self.configure.as_ref(),
                     &self.keys,
+                    &self.waits,
                     &doc,
                     None,
                 )?;
@@ -368,6 +377,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             on_rejection: self.on_rejection,
             configure: self.configure,
             keys: self.keys,
+            waits: self.waits,
             file,
             format,
             on_reload: self.on_reload,
@@ -444,11 +454,14 @@ fn build_shared<St: Store, R: Clone>(
     on_rejection: &R,
     configure: Option<&Configure<St>>,
     keys: &CustomKeys,
+    waits: &WaitCounts,
     doc: &Document,
     text: Option<(&str, Format, &str)>,
 ) -> Result<Arc<Shared<St, R>>, ConfigError> {
     let built = compile(doc, keys).and_then(|compiled| {
-        let mut builder = compiled.apply(RateLimitLayer::builder(store.clone()));
+        let mut builder = compiled
+            .apply(RateLimitLayer::builder(store.clone()))
+            .wait_counts(waits.clone());
         if let Some(configure) = configure {
             builder = configure(builder);
         }
@@ -506,6 +519,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
                 &self.on_rejection,
                 self.configure.as_ref(),
                 &self.keys,
+                &self.waits,
                 &doc,
                 Some(located),
             )?;
@@ -527,6 +541,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
             &self.on_rejection,
             self.configure.as_ref(),
             &self.keys,
+            &self.waits,
             &doc,
             None,
         );

@@ -55,7 +55,7 @@ pub(crate) fn watch(
             .map_err(|e| failed(&dir, &e))?;
     }
     // Changes that never pause still reload this often.
-    let longest = debounce * 10;
+    let longest = debounce.saturating_mul(10);
     std::thread::Builder::new()
         .name("tollgate-rules-watch".into())
         .spawn(move || {
