@@ -137,7 +137,8 @@ impl Limit {
 
     /// Delay mode: a request over the limit whose tokens are there within `max_wait`
     /// waits for them instead of getting a 429, while fewer than `max_waiters` requests
-    /// of this limit wait (in this layer); then it proceeds. Beyond `max_wait`, or with
+    /// of this limit wait (in this layer, counted by limit name, and across reloads of
+    /// [rules](crate#features)); then it proceeds. Beyond `max_wait`, or with
     /// `max_waiters` already waiting, it gets the usual 429 at once.
     ///
     /// The tokens are reserved when the request arrives (design brief §13), so waiting
@@ -435,7 +436,8 @@ pub enum OnLimit {
     Delay {
         /// The longest a request waits.
         max_wait: Duration,
-        /// How many requests of this limit may wait at once, in one layer.
+        /// How many requests of this limit (by name) may wait at once, in one layer and
+        /// its reloaded versions.
         max_waiters: usize,
     },
 }
