@@ -138,13 +138,16 @@ for i = 1, n do
       local reserved_at = 0
       if fixed then
         fits = cur + cost <= limit
-        if not fits and max_wait > 0 and cost <= limit
-          and fixed_wait(limit, len, cur, until_end, cost) <= max_wait then
-          -- a reservation: its units start together in window k, and what is left of
-          -- the windows before k counts as used (src/window.rs, fixed_check_within);
-          -- refused if the use would not fit in 32 bits (FIXED_MAX_USE)
-          reserved_at = math.max(idiv(cur + cost - limit + limit - 1, limit), 1) * limit
-          fits = math.max(cur, reserved_at) + cost <= 4294967295
+        if not fits and max_wait > 0 and cost <= limit then
+          -- a reservation: its units start together in the first window k where they
+          -- fit, and what is left of the windows before k counts as used
+          -- (src/window.rs, fixed_reservation); refused if the use would not fit in 32
+          -- bits (FIXED_MAX_USE)
+          local k = math.max(idiv(cur + cost - 1, limit), 1)
+          if until_end + (k - 1) * len <= max_wait then
+            reserved_at = k * limit
+            fits = math.max(cur, reserved_at) + cost <= 4294967295
+          end
         end
       else
         fits = sliding_fits(limit, len, cur, prev, e, cost)

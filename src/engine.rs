@@ -513,17 +513,9 @@ impl<St: Store> Engine<St> {
                     .algorithm(limit.algorithm)
             })
             .collect();
-        match self.store.apply(Op::Refund, &items) {
-            Checked::Ready(_) => {}
-            Checked::Pending(future) => match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(future);
-                }
-                Err(_) => tracing::warn!(
-                    "tollgate: no Tokio runtime to give back the cost of an uncharged outcome; it returns as the bucket refills"
-                ),
-            },
-        }
+        self.store
+            .apply(Op::Refund, &items)
+            .finish_in_background("the cost of a request");
     }
 
     /// The index of the limit called `name`.

@@ -10,7 +10,6 @@ use crate::decision::Decision;
 use crate::key::Key;
 use crate::limit::Mode;
 use crate::limiter::Limiter;
-use crate::store::Checked;
 
 /// Tokens taken ahead of time by [`Limiter::reserve`]: whether they were granted, and the
 /// instant the work may start.
@@ -144,17 +143,8 @@ impl Reservation {
         if Instant::now() >= self.ready_at {
             return false;
         }
-        let applied = held.limiter.apply_refund(held.calls);
-        match applied {
-            Some(Checked::Ready(_)) => {}
-            Some(Checked::Pending(future)) => match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(future);
-                }
-                Err(_) => tracing::warn!(
-                    "tollgate: no Tokio runtime to give back a cancelled reservation; its tokens return as the bucket refills"
-                ),
-            },
+        match held.limiter.apply_refund(held.calls) {
+            Some(checked) => checked.finish_in_background("a cancelled reservation"),
             None => return false,
         }
         true

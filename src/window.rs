@@ -137,13 +137,7 @@ pub fn fixed_check_within(
             used + cost,
             (cost > 0).then_some(used + cost),
         )
-    } else if max_wait > 0
-        && fixed_wait(g, used, until_end, cost) <= max_wait
-        && reserved_use(g, used, cost) <= FIXED_MAX_USE
-    {
-        // The units start together in window k: what is left of the windows before it
-        // counts as used (nothing else can start there before them).
-        let after = reserved_use(g, used, cost);
+    } else if let Some(after) = fixed_reservation(g, used, until_end, cost, max_wait) {
         (Verdict::Allowed, after, Some(after))
     } else {
         let retry_after = fixed_wait(g, used, until_end, cost);
@@ -199,20 +193,32 @@ pub fn fixed_reserved_wait(g: Geometry, used: u64, until_end: u64) -> u64 {
     if used <= limit {
         return 0;
     }
-    let k = (used - limit).div_ceil(limit);
-    until_end.saturating_add((k - 1).saturating_mul(g.len))
+    window_start(g, until_end, (used - limit).div_ceil(limit))
 }
 
 /// The largest use a fixed window stores (a reservation that would leave more is refused:
 /// the stores keep the use in 32 bits).
 pub const FIXED_MAX_USE: u64 = u32::MAX as u64;
 
-/// The use after a reservation of `cost` units that do not fit now: they start together in
-/// the first window `k` where they fit, so `max(used, L·k) + cost`.
+/// The use after a reservation of `cost` units that do not fit now, if the first window
+/// `k` where they fit starts within `max_wait` (and the use fits in 32 bits). The units
+/// start together in window `k`, so what is left of the windows before it counts as used
+/// (nothing else can start there before them): `max(used, L·k) + cost`.
 #[inline]
-fn reserved_use(g: Geometry, used: u64, cost: u64) -> u64 {
+fn fixed_reservation(
+    g: Geometry,
+    used: u64,
+    until_end: u64,
+    cost: u64,
+    max_wait: u64,
+) -> Option<u64> {
+    if max_wait == 0 {
+        return None;
+    }
     let k = fixed_windows_to_fit(g, used, cost);
-    used.max(g.limit.saturating_mul(k)).saturating_add(cost)
+    let wait = window_start(g, until_end, k);
+    let after = used.max(g.limit.saturating_mul(k)).saturating_add(cost);
+    (wait <= max_wait && after <= FIXED_MAX_USE).then_some(after)
 }
 
 /// The first window `k ≥ 1` from now with `used − L·k + need ≤ L`, when `need` units do
@@ -226,7 +232,13 @@ fn fixed_windows_to_fit(g: Geometry, used: u64, need: u64) -> u64 {
 /// Time until `need` units fit, when they do not now: the start of the first window `k`
 /// with `used − L·k + need ≤ L`.
 fn fixed_wait(g: Geometry, used: u64, until_end: u64, need: u64) -> u64 {
-    let k = fixed_windows_to_fit(g, used, need);
+    window_start(g, until_end, fixed_windows_to_fit(g, used, need))
+}
+
+/// Time until the start of the `k`-th window from now (`k ≥ 1`), `until_end` before the
+/// current one ends.
+#[inline]
+fn window_start(g: Geometry, until_end: u64, k: u64) -> u64 {
     until_end.saturating_add((k - 1).saturating_mul(g.len))
 }
 

@@ -194,6 +194,25 @@ pub enum Checked<F> {
     Pending(F),
 }
 
+impl<F: Future<Output = Statuses> + Send + 'static> Checked<F> {
+    /// Lets an operation nobody waits for (a give-back) finish: a pending one is spawned
+    /// on the Tokio runtime; without a runtime it is dropped with a warning naming `what`
+    /// (the tokens then return as the buckets refill).
+    pub(crate) fn finish_in_background(self, what: &str) {
+        let Checked::Pending(future) = self else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(future);
+            }
+            Err(_) => tracing::warn!(
+                "tollgate: no Tokio runtime to give back {what}; the tokens return as the bucket refills"
+            ),
+        }
+    }
+}
+
 /// Where bucket state lives, and how the operations of one call apply to it (see the
 /// [module docs](self) for the contract).
 pub trait Store: Clone + Send + Sync + 'static {
