@@ -39,6 +39,14 @@ async fn status(addr: SocketAddr, key: &str) -> u16 {
     text.split(' ').nth(1).unwrap().parse().unwrap()
 }
 
+/// A layer of one limit on a memory store.
+fn one_limit(limit: Limit) -> RateLimitLayer<MemoryStore> {
+    RateLimitLayer::builder(MemoryStore::new())
+        .limit(limit)
+        .build()
+        .unwrap()
+}
+
 fn app(layer: RateLimitLayer<MemoryStore>) -> Router {
     Router::new()
         .route("/", get(|| async { "ok" }))
@@ -47,14 +55,11 @@ fn app(layer: RateLimitLayer<MemoryStore>) -> Router {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn forty_requests_pass_five_at_once_then_one_per_t_and_the_rest_get_429_at_once() {
-    let layer = RateLimitLayer::builder(MemoryStore::new())
-        .limit(
-            Limit::new("smooth", Quota::per_second(10).burst(5))
-                .key(PeerIp::new())
-                .delay(Duration::from_secs(2), 100),
-        )
-        .build()
-        .unwrap();
+    let layer = one_limit(
+        Limit::new("smooth", Quota::per_second(10).burst(5))
+            .key(PeerIp::new())
+            .delay(Duration::from_secs(2), 100),
+    );
     let addr = serve(app(layer)).await;
     let t0 = Instant::now();
     let tasks: Vec<_> = (0..40)
@@ -99,14 +104,11 @@ async fn forty_requests_pass_five_at_once_then_one_per_t_and_the_rest_get_429_at
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_waiters_bounds_the_queue() {
-    let layer = RateLimitLayer::builder(MemoryStore::new())
-        .limit(
-            Limit::new("paced", Quota::per_second(5).burst(1))
-                .key(PeerIp::new())
-                .delay(Duration::from_secs(10), 2),
-        )
-        .build()
-        .unwrap();
+    let layer = one_limit(
+        Limit::new("paced", Quota::per_second(5).burst(1))
+            .key(PeerIp::new())
+            .delay(Duration::from_secs(10), 2),
+    );
     let addr = serve(app(layer)).await;
     let t0 = Instant::now();
     let first = status(addr, "a").await; // passes at once
@@ -131,14 +133,11 @@ async fn max_waiters_bounds_the_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_disconnects_while_waiting_gives_its_tokens_back() {
     // One token every 2 s: a second request waits about 2 s.
-    let layer = RateLimitLayer::builder(MemoryStore::new())
-        .limit(
-            Limit::new("slow", Quota::new(1, Duration::from_secs(2)).unwrap())
-                .key(Header::new("x-key"))
-                .delay(Duration::from_secs(10), 10),
-        )
-        .build()
-        .unwrap();
+    let layer = one_limit(
+        Limit::new("slow", Quota::new(1, Duration::from_secs(2)).unwrap())
+            .key(Header::new("x-key"))
+            .delay(Duration::from_secs(10), 10),
+    );
     let limiter: Limiter = layer.limiter();
     let addr = serve(app(layer)).await;
     assert_eq!(status(addr, "k").await, 200);
@@ -175,14 +174,11 @@ async fn a_client_that_disconnects_while_waiting_gives_its_tokens_back() {
 async fn a_waiting_request_holds_no_readied_inner_service() {
     // The inner service admits one request at a time; a request waiting for its tokens
     // must not hold that place.
-    let layer = RateLimitLayer::builder(MemoryStore::new())
-        .limit(
-            Limit::new("per-key", Quota::new(1, Duration::from_secs(1)).unwrap())
-                .key(Header::new("x-key"))
-                .delay(Duration::from_secs(5), 10),
-        )
-        .build()
-        .unwrap();
+    let layer = one_limit(
+        Limit::new("per-key", Quota::new(1, Duration::from_secs(1)).unwrap())
+            .key(Header::new("x-key"))
+            .delay(Duration::from_secs(5), 10),
+    );
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(tower::limit::ConcurrencyLimitLayer::new(1))
@@ -229,18 +225,15 @@ fn delay_mode_is_checked_at_build() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_disconnected_waiter_of_a_limit_charged_by_outcome_is_given_back_once() {
     // Only 200s count; a bucket of 2, one token back every 2 s.
-    let layer = RateLimitLayer::builder(MemoryStore::new())
-        .limit(
-            Limit::new(
-                "ok-only",
-                Quota::new(1, Duration::from_secs(2)).unwrap().burst(2),
-            )
-            .key(Header::new("x-key"))
-            .charge(tollgate::Charge::when(|status, _| status == 200))
-            .delay(Duration::from_secs(10), 10),
+    let layer = one_limit(
+        Limit::new(
+            "ok-only",
+            Quota::new(1, Duration::from_secs(2)).unwrap().burst(2),
         )
-        .build()
-        .unwrap();
+        .key(Header::new("x-key"))
+        .charge(tollgate::Charge::when(|status, _| status == 200))
+        .delay(Duration::from_secs(10), 10),
+    );
     let limiter = layer.limiter();
     let addr = serve(app(layer)).await;
     assert_eq!(status(addr, "k").await, 200);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tollgate::clock::FakeClock;
 use tollgate::store::{MemoryStore, Store};
-use tollgate::{Algorithm, Limit, Limiter, LimiterError, Quota};
+use tollgate::{Algorithm, Limit, Limiter, LimiterError, Quota, Reservation};
 
 const T: Duration = Duration::from_millis(100);
 
@@ -25,31 +25,22 @@ fn one_per_t() -> Limit {
     Limit::new("paced", Quota::per_second(10).burst(1))
 }
 
-async fn waits(l: &Limiter, n: usize, max_wait: Duration) -> Vec<Duration> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let r = l.reserve("paced", "k", 1, max_wait).await.unwrap();
-        assert!(r.is_granted());
-        out.push(
-            r.decision()
-                .limits()
-                .next()
-                .unwrap()
-                .outcome()
-                .unwrap()
-                .wait(),
-        );
-        std::mem::forget(r); // keep the tokens: this helper only reads the schedule
-    }
-    out
+/// The wait of a reservation's first limit.
+fn first_wait(r: &Reservation) -> Duration {
+    r.decision()
+        .limits()
+        .next()
+        .unwrap()
+        .outcome()
+        .unwrap()
+        .wait()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sixty_four_concurrent_reservations_get_distinct_instants_spaced_by_t() {
-    let clock = FakeClock::at(Duration::from_secs(1_000));
-    let l = limiter(MemoryStore::with_clock(clock), vec![one_per_t()]);
-    let start = Arc::new(tokio::sync::Barrier::new(64));
-    let tasks: Vec<_> = (0..64)
+/// `n` reservations of `paced` made at once from `n` tasks: their waits, sorted. They keep
+/// their tokens.
+async fn concurrent_waits(l: &Limiter, n: usize) -> Vec<Duration> {
+    let start = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
         .map(|_| {
             let (l, start) = (l.clone(), start.clone());
             tokio::spawn(async move {
@@ -57,14 +48,7 @@ async fn sixty_four_concurrent_reservations_get_distinct_instants_spaced_by_t() 
                 let r = l.reserve("paced", "k", 1, Duration::from_secs(60)).await;
                 let r = r.unwrap();
                 assert!(r.is_granted());
-                let wait = r
-                    .decision()
-                    .limits()
-                    .next()
-                    .unwrap()
-                    .outcome()
-                    .unwrap()
-                    .wait();
+                let wait = first_wait(&r);
                 std::mem::forget(r);
                 wait
             })
@@ -75,6 +59,25 @@ async fn sixty_four_concurrent_reservations_get_distinct_instants_spaced_by_t() 
         waits.push(t.await.unwrap());
     }
     waits.sort();
+    waits
+}
+
+async fn waits(l: &Limiter, n: usize, max_wait: Duration) -> Vec<Duration> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let r = l.reserve("paced", "k", 1, max_wait).await.unwrap();
+        assert!(r.is_granted());
+        out.push(first_wait(&r));
+        std::mem::forget(r); // keep the tokens: this helper only reads the schedule
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_reservations_get_distinct_instants_spaced_by_t() {
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let l = limiter(MemoryStore::with_clock(clock), vec![one_per_t()]);
+    let waits = concurrent_waits(&l, 64).await;
     // The store's clock stands still: every reservation got its own slot, T apart.
     let expected: Vec<Duration> = (0..64).map(|i| T * i).collect();
     assert_eq!(waits, expected);
@@ -275,15 +278,7 @@ async fn a_fixed_window_reserves_units_of_the_following_windows() {
     for _ in 0..9 {
         let r = l.reserve("w", "k", 1, max).await.unwrap();
         assert!(r.is_granted());
-        got.push(
-            r.decision()
-                .limits()
-                .next()
-                .unwrap()
-                .outcome()
-                .unwrap()
-                .wait(),
-        );
+        got.push(first_wait(&r));
         std::mem::forget(r);
     }
     let s = Duration::from_secs(1);
@@ -348,47 +343,14 @@ mod redis_store {
         let conn = server.client().get_connection_manager().await.unwrap();
         let store = RedisStore::new(conn).caller_time(clock.clone());
         let l = limiter(store, vec![one_per_t()]);
-        let tasks: Vec<_> = (0..64)
-            .map(|_| {
-                let l = l.clone();
-                tokio::spawn(async move {
-                    let r = l.reserve("paced", "k", 1, Duration::from_secs(60)).await;
-                    let r = r.unwrap();
-                    assert!(r.is_granted());
-                    let wait = r
-                        .decision()
-                        .limits()
-                        .next()
-                        .unwrap()
-                        .outcome()
-                        .unwrap()
-                        .wait();
-                    std::mem::forget(r);
-                    wait
-                })
-            })
-            .collect();
-        let mut got = Vec::new();
-        for t in tasks {
-            got.push(t.await.unwrap());
-        }
-        got.sort();
+        let got = concurrent_waits(&l, 64).await;
         assert_eq!(got, (0..64).map(|i| T * i).collect::<Vec<_>>());
         // The last slot given back comes back to the next reservation.
         let r = l
             .reserve("paced", "k", 1, Duration::from_secs(60))
             .await
             .unwrap();
-        assert_eq!(
-            r.decision()
-                .limits()
-                .next()
-                .unwrap()
-                .outcome()
-                .unwrap()
-                .wait(),
-            64 * T
-        );
+        assert_eq!(first_wait(&r), 64 * T);
         assert!(r.cancel());
         // The refund is spawned (Redis answers later): wait for it to land.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -397,14 +359,7 @@ mod redis_store {
                 .reserve("paced", "k", 1, Duration::from_secs(60))
                 .await
                 .unwrap();
-            let wait = r
-                .decision()
-                .limits()
-                .next()
-                .unwrap()
-                .outcome()
-                .unwrap()
-                .wait();
+            let wait = first_wait(&r);
             std::mem::forget(r);
             if wait == 64 * T {
                 break;
