@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::error::ConfigError;
-use crate::rules::locate::Tree;
+use crate::rules::locate::{MAX_DEPTH, Tree, Unparsed};
 
 /// The format of a rules document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -306,9 +306,15 @@ impl Document {
                     let field = match e.classify() {
                         serde_json::error::Category::Data => {
                             let offset = offset_of(text, e.line(), e.column());
-                            Tree::parse(text, format)
-                                .ok()
-                                .and_then(|t| t.path_at(offset))
+                            match Tree::parse(text, format) {
+                                Ok(tree) => tree.path_at(offset),
+                                // `serde_json` stops at the first value of the wrong type;
+                                // the rest of the text may nest without end.
+                                Err(Unparsed::TooDeep(at)) => {
+                                    return Err(too_deep(format, file, line_of(text, at)));
+                                }
+                                Err(Unparsed::Invalid) => None,
+                            }
                         }
                         _ => None,
                     };
@@ -330,6 +336,18 @@ impl Document {
         };
         Err(ConfigError::new(field, reason).located(file, line))
     }
+}
+
+/// A document nested deeper than [`MAX_DEPTH`] levels, at `line`.
+fn too_deep(format: Format, file: Option<&str>, line: usize) -> ConfigError {
+    ConfigError::new(
+        "",
+        format!(
+            "invalid {}: nested more than {MAX_DEPTH} levels deep",
+            format_name(format)
+        ),
+    )
+    .located(file, Some(line))
 }
 
 fn format_name(format: Format) -> &'static str {
