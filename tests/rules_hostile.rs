@@ -66,6 +66,7 @@ fn quota(rules: &Rules<MemoryStore<FakeClock>>) -> Option<String> {
 }
 
 const JSON: &str = r#"{"limits": [{"name": "a", "quota": "3/min"}]}"#;
+const TOML: &str = "[[limits]]\nname = \"a\"\nquota = \"3/min\"\n";
 
 /// `{"limits": [[[[...]]]]}`, `depth` arrays deep.
 fn nested_json(depth: usize) -> String {
@@ -147,5 +148,149 @@ fn the_check_tool_refuses_a_file_nested_60k_deep_without_overflowing() {
             "{}:1: invalid JSON: nested more than 128 levels deep",
             path.display()
         )
+    );
+}
+
+// --- What is read ------------------------------------------------------------------------
+
+/// Runs `f` on a thread of its own and waits up to 10 s for it: a call that blocks fails
+/// the test instead of hanging it.
+fn within_10s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("{what} blocked"))
+}
+
+#[cfg(unix)]
+fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success());
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_rules_file_linked_to_dev_zero_is_refused_not_read_until_memory_runs_out() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    symlink("/dev/zero", &path).unwrap();
+    let err = within_10s("the first load", {
+        let path = path.clone();
+        move || unwatched(&path).build().unwrap_err()
+    });
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: cannot read the rules: it is a device, not a regular file",
+            path.display()
+        )
+    );
+    // A link made after the start: refused at reload, the running rules stay.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, TOML).unwrap();
+    let rules = unwatched(&path).build().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    symlink("/dev/zero", &path).unwrap();
+    let err = within_10s("the reload", {
+        let rules = rules.clone();
+        move || rules.reload_file().unwrap_err()
+    });
+    assert!(
+        err.reason().contains("a device, not a regular file"),
+        "{err}"
+    );
+    assert_eq!(rules.status().failures, 1);
+    assert_eq!(quota(&rules).as_deref(), Some("3/min"));
+    assert_eq!(passes(&router(&rules), 5).await, 3);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_fifo_rules_file_is_refused_without_waiting_for_a_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    mkfifo(&path);
+    let err = within_10s("the first load", {
+        let path = path.clone();
+        move || unwatched(&path).build().unwrap_err()
+    });
+    assert!(
+        err.reason().contains("it is a FIFO, not a regular file"),
+        "{err}"
+    );
+    assert_eq!(err.file(), Some(path.display().to_string().as_str()));
+    // A FIFO moved in after the start: refused at reload (by a call, and by the watcher),
+    // the running rules stay.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, TOML).unwrap();
+    let rules = unwatched(&path).build().unwrap();
+    let watched = from_file(&path);
+    std::fs::remove_file(&path).unwrap();
+    mkfifo(&path);
+    let err = within_10s("the reload", {
+        let rules = rules.clone();
+        move || rules.reload_file().unwrap_err()
+    });
+    assert!(err.reason().contains("it is a FIFO"), "{err}");
+    eventually("the watcher's refusal", || watched.status().failures == 1).await;
+    let status = watched.status();
+    let error = status.last_error.unwrap();
+    assert!(error.reason().contains("it is a FIFO"), "{error}");
+    for rules in [rules, watched] {
+        assert_eq!(quota(&rules).as_deref(), Some("3/min"));
+        assert_eq!(passes(&router(&rules), 5).await, 3);
+    }
+}
+
+#[tokio::test]
+async fn a_rules_file_over_max_file_size_is_refused_and_one_at_the_cap_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, TOML).unwrap();
+    let cap = TOML.len() as u64;
+    let rules = unwatched(&path).max_file_size(cap).build().unwrap();
+    assert_eq!(quota(&rules).as_deref(), Some("3/min"));
+    let err = unwatched(&path).max_file_size(cap - 1).build().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: cannot read the rules: larger than {} bytes (`max_file_size`)",
+            path.display(),
+            cap - 1
+        )
+    );
+    // One byte more at reload: refused, the running rules stay.
+    std::fs::write(&path, TOML.replace("3/min", "4/min") + "#").unwrap();
+    let err = rules.reload_file().unwrap_err();
+    assert!(
+        err.reason().contains(&format!("larger than {cap} bytes")),
+        "{err}"
+    );
+    assert_eq!(quota(&rules).as_deref(), Some("3/min"));
+    assert_eq!(passes(&router(&rules), 5).await, 3);
+    // Back under the cap: read again.
+    std::fs::write(&path, TOML.replace("3/min", "4/min")).unwrap();
+    rules.reload_file().unwrap();
+    assert_eq!(quota(&rules).as_deref(), Some("4/min"));
+}
+
+#[test]
+fn a_rules_file_over_16_mib_is_refused_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    // Sparse: it costs no disk.
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(16 * 1024 * 1024 + 1).unwrap();
+    let err = unwatched(&path).build().unwrap_err();
+    assert!(
+        err.reason()
+            .contains("larger than 16777216 bytes (`max_file_size`)"),
+        "{err}"
     );
 }

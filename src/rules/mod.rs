@@ -74,6 +74,7 @@
 mod compile;
 mod document;
 mod locate;
+mod read;
 mod reload;
 mod watch;
 
