@@ -294,3 +294,35 @@ fn a_rules_file_over_16_mib_is_refused_by_default() {
         "{err}"
     );
 }
+
+// --- Links -------------------------------------------------------------------------------
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_rules_file_turned_into_a_link_after_the_start_is_followed_by_the_watcher() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let (here, there) = (dir.path().join("app"), dir.path().join("shared"));
+    std::fs::create_dir(&here).unwrap();
+    std::fs::create_dir(&there).unwrap();
+    let path = here.join("rules.toml");
+    std::fs::write(&path, TOML).unwrap();
+    let rules = from_file(&path);
+    // The file becomes a link to a file in another directory, swapped in by a rename.
+    let target = there.join("real.toml");
+    std::fs::write(&target, TOML.replace("3/min", "5/min")).unwrap();
+    symlink(&target, here.join("rules.toml.new")).unwrap();
+    std::fs::rename(here.join("rules.toml.new"), &path).unwrap();
+    eventually("the linked rules", || {
+        quota(&rules).as_deref() == Some("5/min")
+    })
+    .await;
+    // A change of the file it links to, in the other directory, reloads too.
+    std::fs::write(&target, TOML.replace("3/min", "6/min")).unwrap();
+    eventually("the changed target", || {
+        quota(&rules).as_deref() == Some("6/min")
+    })
+    .await;
+    let status = rules.status();
+    assert_eq!((status.reloads, status.failures), (2, 0));
+}
