@@ -274,12 +274,15 @@ impl<'de> Deserialize<'de> for Plans {
 impl Document {
     /// Reads a TOML document. Errors name the line and the field
     /// (`line 4: limits[0].quota: ...`); the document is not checked (see
-    /// [`check`](Self::check)).
+    /// [`check`](Self::check)). A document nested too deep is refused (`toml`'s
+    /// recursion limit).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         Self::parse(text, Format::Toml, None)
     }
 
-    /// Reads a JSON document, with the same names as TOML.
+    /// Reads a JSON document, with the same names as TOML. A document nested more than
+    /// 128 levels deep is refused (`line 1: invalid JSON: nested more than 128 levels
+    /// deep`).
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
         Self::parse(text, Format::Json, None)
     }

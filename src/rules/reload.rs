@@ -255,7 +255,8 @@ impl<St: Store> Rules<St> {
 impl<St: Store, R> RulesBuilder<St, R> {
     /// Reads the rules from `path` (JSON if it ends in `.json`, else TOML; see
     /// [`format`](Self::format)), and by default reloads them when the file changes and on
-    /// `SIGHUP`.
+    /// `SIGHUP`. Only a regular file (links followed) of at most
+    /// [`max_file_size`](Self::max_file_size) bytes is read.
     pub fn file(mut self, path: impl Into<PathBuf>) -> Self {
         self.source = Source::File(path.into());
         self
@@ -282,8 +283,9 @@ impl<St: Store, R> RulesBuilder<St, R> {
 
     /// Whether a change of the file reloads it (default: yes). The file's directory is
     /// watched, so a file written in place, replaced by a rename, or reached through a
-    /// link that is swapped (Kubernetes ConfigMaps) is seen; a change that leaves the text
-    /// as it was reloads nothing.
+    /// link that is swapped (Kubernetes ConfigMaps) is seen; a file that becomes a link to
+    /// another directory after the start is followed there; a change that leaves the text
+    /// as it was reloads nothing. The reload runs on the watcher's own thread.
     pub fn watch(mut self, watch: bool) -> Self {
         self.watch = watch;
         self
@@ -381,7 +383,9 @@ impl<St: Store, R> RulesBuilder<St, R> {
 impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
     /// Loads and compiles the first rules, and starts the reload triggers. Invalid rules
     /// are a [`ConfigError`] naming the file, the line and the field
-    /// (`rules.toml:14: limits[2].quota: ...`).
+    /// (`rules.toml:14: limits[2].quota: ...`); so is a file that cannot be read as rules
+    /// (not a regular file, over [`max_file_size`](Self::max_file_size), not UTF-8, or
+    /// not read within [`read_timeout`](Self::read_timeout)).
     pub fn build(self) -> Result<Rules<St, R>, ConfigError> {
         let (file, format) = match &self.source {
             Source::File(path) => (
