@@ -7,6 +7,8 @@
 mod support;
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -325,4 +327,45 @@ async fn a_rules_file_turned_into_a_link_after_the_start_is_followed_by_the_watc
     .await;
     let status = rules.status();
     assert_eq!((status.reloads, status.failures), (2, 0));
+}
+
+// --- Reloads at once ---------------------------------------------------------------------
+
+#[tokio::test]
+async fn reloads_of_the_file_asked_for_at_once_are_merged_and_end_on_its_last_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, TOML).unwrap();
+    let rules = unwatched(&path).build().unwrap();
+    let written = Arc::new(AtomicBool::new(false));
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let (rules, written) = (rules.clone(), written.clone());
+            std::thread::spawn(move || {
+                let mut calls = 0;
+                while !written.load(Ordering::Acquire) {
+                    rules.reload_file().unwrap();
+                    calls += 1;
+                }
+                // At least one call after the last write.
+                rules.reload_file().unwrap();
+                calls + 1
+            })
+        })
+        .collect();
+    for rate in 4..30 {
+        let tmp = dir.path().join("rules.toml.new");
+        std::fs::write(&tmp, TOML.replace("3/min", &format!("{rate}/min"))).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    written.store(true, Ordering::Release);
+    let calls: u64 = callers.into_iter().map(|c| c.join().unwrap()).sum();
+    // A merged call returns before the reload it joined reads the file once more.
+    eventually("the last text", || {
+        quota(&rules).as_deref() == Some("29/min")
+    })
+    .await;
+    let status = rules.status();
+    assert!(status.reloads <= calls, "{status:?}");
+    assert_eq!((status.failures, status.healthy), (0, true));
 }
