@@ -4,7 +4,10 @@
 //! has already been accepted by `serde_json` when it runs, or refused with a data error).
 //!
 //! Both walk the document recursively, so both stop at [`MAX_DEPTH`] levels: a hostile
-//! file nested ten thousand levels deep is refused, not a stack overflow.
+//! file nested ten thousand levels deep is refused, not a stack overflow. The JSON scanner
+//! also stops at [`MAX_NODES`] values: `serde_json` stops at a document's first error, and
+//! the spans of every value of a large file would cost many times its size (an error then
+//! names the line, without the field).
 
 use std::ops::Range;
 
@@ -14,6 +17,10 @@ use crate::rules::document::{Format, line_of};
 /// `limits`, a limit, its `plans`), few enough that walking it recursively is safe on any
 /// thread's stack.
 pub(crate) const MAX_DEPTH: usize = 128;
+
+/// How many values of a JSON document get a span: far more than a valid document has
+/// (a few per limit), few enough that the spans take a few megabytes at most.
+const MAX_NODES: usize = 100_000;
 
 /// Why a document has no [`Tree`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +70,7 @@ impl Tree {
                     at: 0,
                     depth: 0,
                     too_deep: None,
+                    nodes: 0,
                 };
                 let Some(node) = scanner.value() else {
                     return Err(scanner
@@ -273,6 +281,8 @@ struct Scanner<'a> {
     depth: usize,
     /// Where the value deeper than [`MAX_DEPTH`] starts, once met.
     too_deep: Option<usize>,
+    /// The values met so far, up to [`MAX_NODES`].
+    nodes: usize,
 }
 
 impl Scanner<'_> {
@@ -299,6 +309,10 @@ impl Scanner<'_> {
     }
 
     fn value(&mut self) -> Option<Node> {
+        self.nodes += 1;
+        if self.nodes > MAX_NODES {
+            return None;
+        }
         self.skip_ws();
         let start = self.at;
         let kind = match self.peek()? {
@@ -449,6 +463,20 @@ mod tests {
         // Up to the limit: parsed.
         let json = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
         assert!(Tree::parse(&json, Format::Json).is_ok());
+    }
+
+    #[test]
+    fn a_json_document_of_too_many_values_gets_no_spans() {
+        let values = |n: usize| format!("{{\"limits\": [{}1]}}", "1,".repeat(n - 1));
+        // The document, the array and its items.
+        assert!(Tree::parse(&values(MAX_NODES - 2), Format::Json).is_ok());
+        assert_eq!(
+            Tree::parse(&values(MAX_NODES - 1), Format::Json).err(),
+            Some(Unparsed::Invalid)
+        );
+        // Still an error with its line, from `serde_json`.
+        let err = crate::rules::Document::from_json(&values(1_000_000)).unwrap_err();
+        assert_eq!((err.line(), err.field()), (Some(1), ""));
     }
 
     #[test]
