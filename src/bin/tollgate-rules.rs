@@ -2,7 +2,9 @@
 //! as a server would load it, and prints its limits.
 //!
 //! Exit status 0 when the rules are valid; 1 with the error (`rules.toml:14:
-//! limits[2].quota: ...`) on standard error when they are not; 2 for a bad command line.
+//! limits[2].quota: ...`) on standard error when they are not (a file that is not a
+//! regular one, is larger than 16 MiB or nests more than 128 levels deep included, as a
+//! server would refuse it); 2 for a bad command line.
 
 use std::path::Path;
 use std::process::ExitCode;

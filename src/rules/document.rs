@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::error::ConfigError;
-use crate::rules::locate::Tree;
+use crate::rules::locate::{MAX_DEPTH, Tree, Unparsed};
 
 /// The format of a rules document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -274,12 +274,15 @@ impl<'de> Deserialize<'de> for Plans {
 impl Document {
     /// Reads a TOML document. Errors name the line and the field
     /// (`line 4: limits[0].quota: ...`); the document is not checked (see
-    /// [`check`](Self::check)).
+    /// [`check`](Self::check)). A document nested too deep is refused (`toml`'s
+    /// recursion limit).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         Self::parse(text, Format::Toml, None)
     }
 
-    /// Reads a JSON document, with the same names as TOML.
+    /// Reads a JSON document, with the same names as TOML. A document nested more than
+    /// 128 levels deep is refused (`line 1: invalid JSON: nested more than 128 levels
+    /// deep`).
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
         Self::parse(text, Format::Json, None)
     }
@@ -306,9 +309,15 @@ impl Document {
                     let field = match e.classify() {
                         serde_json::error::Category::Data => {
                             let offset = offset_of(text, e.line(), e.column());
-                            Tree::parse(text, format)
-                                .ok()
-                                .and_then(|t| t.path_at(offset))
+                            match Tree::parse(text, format) {
+                                Ok(tree) => tree.path_at(offset),
+                                // `serde_json` stops at the first value of the wrong type;
+                                // the rest of the text may nest without end.
+                                Err(Unparsed::TooDeep(at)) => {
+                                    return Err(too_deep(format, file, line_of(text, at)));
+                                }
+                                Err(Unparsed::Invalid) => None,
+                            }
                         }
                         _ => None,
                     };
@@ -330,6 +339,18 @@ impl Document {
         };
         Err(ConfigError::new(field, reason).located(file, line))
     }
+}
+
+/// A document nested deeper than [`MAX_DEPTH`] levels, at `line`.
+fn too_deep(format: Format, file: Option<&str>, line: usize) -> ConfigError {
+    ConfigError::new(
+        "",
+        format!(
+            "invalid {}: nested more than {MAX_DEPTH} levels deep",
+            format_name(format)
+        ),
+    )
+    .located(file, Some(line))
 }
 
 fn format_name(format: Format) -> &'static str {

@@ -1,11 +1,35 @@
 //! Where things are in a rules document: the byte spans of every key and value, for
 //! turning a field path (`limits[2].quota`) into a line, and an error's offset into a
 //! field path. TOML through `toml`'s spanned tree; JSON through a small scanner (the text
-//! has already been accepted by `serde_json` when it runs).
+//! has already been accepted by `serde_json` when it runs, or refused with a data error).
+//!
+//! Both walk the document recursively, so both stop at [`MAX_DEPTH`] levels: a hostile
+//! file nested ten thousand levels deep is refused, not a stack overflow. The JSON scanner
+//! also stops at [`MAX_NODES`] values: `serde_json` stops at a document's first error, and
+//! the spans of every value of a large file would cost many times its size (an error then
+//! names the line, without the field).
 
 use std::ops::Range;
 
 use crate::rules::document::{Format, line_of};
+
+/// How deep a document may nest: far more than a valid one (four levels: the document,
+/// `limits`, a limit, its `plans`), few enough that walking it recursively is safe on any
+/// thread's stack.
+pub(crate) const MAX_DEPTH: usize = 128;
+
+/// How many values of a JSON document get a span: far more than a valid document has
+/// (a few per limit), few enough that the spans take a few megabytes at most.
+const MAX_NODES: usize = 100_000;
+
+/// Why a document has no [`Tree`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unparsed {
+    /// It does not parse.
+    Invalid,
+    /// It nests deeper than [`MAX_DEPTH`]: the byte offset of the first value too deep.
+    TooDeep(usize),
+}
 
 /// One step of a field path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,19 +57,29 @@ pub(crate) struct Tree {
 }
 
 impl Tree {
-    /// The tree of `text`, or `Err` if it does not parse.
-    pub(crate) fn parse(text: &str, format: Format) -> Result<Self, ()> {
+    /// The tree of `text`, or why there is none.
+    pub(crate) fn parse(text: &str, format: Format) -> Result<Self, Unparsed> {
         let root = match format {
             Format::Toml => {
-                let table = toml::de::DeTable::parse(text).map_err(|_| ())?;
-                toml_table(table.get_ref(), table.span())
+                let table = toml::de::DeTable::parse(text).map_err(|_| Unparsed::Invalid)?;
+                toml_table(table.get_ref(), table.span(), 0)?
             }
             Format::Json => {
-                let mut scanner = Scanner { text, at: 0 };
-                let node = scanner.value().ok_or(())?;
+                let mut scanner = Scanner {
+                    text,
+                    at: 0,
+                    depth: 0,
+                    too_deep: None,
+                    nodes: 0,
+                };
+                let Some(node) = scanner.value() else {
+                    return Err(scanner
+                        .too_deep
+                        .map_or(Unparsed::Invalid, Unparsed::TooDeep));
+                };
                 scanner.skip_ws();
                 if scanner.at != text.len() {
-                    return Err(());
+                    return Err(Unparsed::Invalid);
                 }
                 node
             }
@@ -180,55 +214,75 @@ fn parse_path(path: &str) -> Vec<Seg> {
     segs
 }
 
-/// A TOML table. Its span is widened to cover its entries: the span `toml` gives an
-/// array of tables is its first header's.
-fn toml_table(table: &toml::de::DeTable<'_>, span: Range<usize>) -> Node {
-    let entries: Vec<_> = table
+/// A TOML table at `depth`. Its span is widened to cover its entries: the span `toml`
+/// gives an array of tables is its first header's.
+fn toml_table(
+    table: &toml::de::DeTable<'_>,
+    span: Range<usize>,
+    depth: usize,
+) -> Result<Node, Unparsed> {
+    if depth >= MAX_DEPTH {
+        return Err(Unparsed::TooDeep(span.start));
+    }
+    let entries = table
         .iter()
         .map(|(key, value)| {
-            (
+            Ok((
                 key.get_ref().to_string(),
                 key.span(),
-                toml_value(value.get_ref(), value.span()),
-            )
+                toml_value(value.get_ref(), value.span(), depth + 1)?,
+            ))
         })
-        .collect();
+        .collect::<Result<Vec<_>, Unparsed>>()?;
     let span = entries.iter().fold(span, |s, (_, key, value)| {
         s.start.min(key.start).min(value.span.start)..s.end.max(key.end).max(value.span.end)
     });
-    Node {
+    Ok(Node {
         span,
         kind: Kind::Table(entries),
-    }
+    })
 }
 
-fn toml_value(value: &toml::de::DeValue<'_>, span: Range<usize>) -> Node {
+fn toml_value(
+    value: &toml::de::DeValue<'_>,
+    span: Range<usize>,
+    depth: usize,
+) -> Result<Node, Unparsed> {
     match value {
-        toml::de::DeValue::Table(t) => toml_table(t, span),
+        toml::de::DeValue::Table(t) => toml_table(t, span, depth),
         toml::de::DeValue::Array(items) => {
-            let items: Vec<Node> = items
+            if depth >= MAX_DEPTH {
+                return Err(Unparsed::TooDeep(span.start));
+            }
+            let items = items
                 .iter()
-                .map(|v| toml_value(v.get_ref(), v.span()))
-                .collect();
+                .map(|v| toml_value(v.get_ref(), v.span(), depth + 1))
+                .collect::<Result<Vec<Node>, Unparsed>>()?;
             let span = items.iter().fold(span, |s, v| {
                 s.start.min(v.span.start)..s.end.max(v.span.end)
             });
-            Node {
+            Ok(Node {
                 span,
                 kind: Kind::Array(items),
-            }
+            })
         }
-        _ => Node {
+        _ => Ok(Node {
             span,
             kind: Kind::Leaf,
-        },
+        }),
     }
 }
 
-/// A JSON reader that keeps spans.
+/// A JSON reader that keeps spans, and stops at [`MAX_DEPTH`] levels.
 struct Scanner<'a> {
     text: &'a str,
     at: usize,
+    /// The objects and arrays open around `at`.
+    depth: usize,
+    /// Where the value deeper than [`MAX_DEPTH`] starts, once met.
+    too_deep: Option<usize>,
+    /// The values met so far, up to [`MAX_NODES`].
+    nodes: usize,
 }
 
 impl Scanner<'_> {
@@ -243,12 +297,27 @@ impl Scanner<'_> {
         self.text.as_bytes().get(self.at).copied()
     }
 
+    /// An object or an array opens at `start`: one level deeper, unless that is too deep.
+    fn enter(&mut self, start: usize) -> Option<()> {
+        if self.depth >= MAX_DEPTH {
+            self.too_deep = Some(start);
+            return None;
+        }
+        self.depth += 1;
+        self.at += 1;
+        Some(())
+    }
+
     fn value(&mut self) -> Option<Node> {
+        self.nodes += 1;
+        if self.nodes > MAX_NODES {
+            return None;
+        }
         self.skip_ws();
         let start = self.at;
         let kind = match self.peek()? {
             b'{' => {
-                self.at += 1;
+                self.enter(start)?;
                 let mut entries = Vec::new();
                 self.skip_ws();
                 if self.peek() == Some(b'}') {
@@ -275,10 +344,11 @@ impl Scanner<'_> {
                         }
                     }
                 }
+                self.depth -= 1;
                 Kind::Table(entries)
             }
             b'[' => {
-                self.at += 1;
+                self.enter(start)?;
                 let mut items = Vec::new();
                 self.skip_ws();
                 if self.peek() == Some(b']') {
@@ -297,6 +367,7 @@ impl Scanner<'_> {
                         }
                     }
                 }
+                self.depth -= 1;
                 Kind::Array(items)
             }
             b'"' => {
@@ -373,6 +444,39 @@ mod tests {
             let at = text.find("\"2/s\"").unwrap();
             assert_eq!(tree.path_at(at + 1).as_deref(), Some("limits[1].plans.pro"));
         }
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_walked() {
+        // Deeper than the limit: refused at the first value too deep, in both formats.
+        let deep = 10_000;
+        let json = format!("{{\"limits\": {}{}}}", "[".repeat(deep), "]".repeat(deep));
+        let first = json.find('[').unwrap();
+        assert_eq!(
+            Tree::parse(&json, Format::Json).err(),
+            Some(Unparsed::TooDeep(first + MAX_DEPTH - 1))
+        );
+        let keys = vec!["a"; deep].join(".");
+        for toml in [format!("[{keys}]\nx = 1\n"), format!("{keys} = 1\n")] {
+            assert!(Tree::parse(&toml, Format::Toml).is_err());
+        }
+        // Up to the limit: parsed.
+        let json = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(Tree::parse(&json, Format::Json).is_ok());
+    }
+
+    #[test]
+    fn a_json_document_of_too_many_values_gets_no_spans() {
+        let values = |n: usize| format!("{{\"limits\": [{}1]}}", "1,".repeat(n - 1));
+        // The document, the array and its items.
+        assert!(Tree::parse(&values(MAX_NODES - 2), Format::Json).is_ok());
+        assert_eq!(
+            Tree::parse(&values(MAX_NODES - 1), Format::Json).err(),
+            Some(Unparsed::Invalid)
+        );
+        // Still an error with its line, from `serde_json`.
+        let err = crate::rules::Document::from_json(&values(1_000_000)).unwrap_err();
+        assert_eq!((err.line(), err.field()), (Some(1), ""));
     }
 
     #[test]

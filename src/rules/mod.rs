@@ -28,6 +28,12 @@
 //! polled by `RulesBuilder::build_sql`, feature `rules-sql`). A limit that keeps its
 //! name keeps its buckets; invalid rules are refused whole and the running ones stay.
 //!
+//! A file is read, parsed and compiled off the request path (requests never wait for a
+//! reload), and only if it is a regular file of at most
+//! [`max_file_size`](RulesBuilder::max_file_size) bytes whose bytes come within
+//! [`read_timeout`](RulesBuilder::read_timeout), nested at most 128 levels deep: anything
+//! else is refused with an error naming the file, and the running rules stay.
+//!
 //! ```
 //! use tollgate::rules::Rules;
 //! use tollgate::store::MemoryStore;
@@ -74,6 +80,7 @@
 mod compile;
 mod document;
 mod locate;
+mod read;
 mod reload;
 mod watch;
 

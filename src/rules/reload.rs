@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use http::{Request, Response};
+use sha2::{Digest, Sha256};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -21,6 +22,7 @@ use crate::response::{DefaultOnRejection, OnRejection};
 use crate::rules::compile::{CustomKeys, compile, rebase};
 use crate::rules::document::{Document, Format};
 use crate::rules::locate::Tree;
+use crate::rules::read::{DEFAULT_MAX_FILE_SIZE, DEFAULT_READ_TIMEOUT, FileReader};
 use crate::rules::watch::{self, Watcher};
 use crate::store::Store;
 
@@ -104,7 +106,13 @@ struct Reloadable<St: Store, R> {
     file: Option<PathBuf>,
     format: Format,
     on_reload: Option<OnReload>,
-    /// Held during a reload: one at a time.
+    /// Reads the file, bounded in size and time.
+    reader: FileReader,
+    /// Whether a reload of the file is running, and whether another was asked for
+    /// meanwhile: one at a time, later ones merged into one more.
+    file_reload: Mutex<FileReload>,
+    /// Counts and the last outcome; held only to update them and to swap the rules,
+    /// never while reading or compiling.
     state: Mutex<State>,
     /// Kept alive with the rules.
     watcher: Mutex<Option<Watcher>>,
@@ -121,9 +129,36 @@ struct State {
     failures: u64,
     last_error: Option<ConfigError>,
     healthy: bool,
-    /// The text last read from the file: a change event that leaves it as it was (a
-    /// `touch`, a rewrite of the same text) reloads nothing.
-    last_text: Option<String>,
+    /// The SHA-256 of the text last read from the file: a change event that leaves it as
+    /// it was (a `touch`, a rewrite of the same text) reloads nothing.
+    last_hash: Option<[u8; 32]>,
+}
+
+#[derive(Default)]
+struct FileReload {
+    running: bool,
+    again: bool,
+}
+
+/// Ends a claim on [`Reloadable::file_reload`] however the reload ends (a panicking
+/// `on_reload` too), unless [`Reloadable::run_file_reloads`] ended it first.
+struct Claim<'a> {
+    queue: &'a Mutex<FileReload>,
+    done: bool,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            queue.running = false;
+            queue.again = false;
+        }
+    }
+}
+
+fn sha256(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
 }
 
 impl<St: Store, R> Drop for Reloadable<St, R> {
@@ -163,6 +198,8 @@ pub struct RulesBuilder<St: Store, R = DefaultOnRejection> {
     keys: CustomKeys,
     waits: WaitCounts,
     on_reload: Option<OnReload>,
+    max_file_size: u64,
+    read_timeout: Duration,
 }
 
 enum Source {
@@ -186,6 +223,8 @@ impl<St: Store, R> fmt::Debug for RulesBuilder<St, R> {
             .field("watch", &self.watch)
             .field("debounce", &self.debounce)
             .field("sighup", &self.sighup)
+            .field("max_file_size", &self.max_file_size)
+            .field("read_timeout", &self.read_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -207,6 +246,8 @@ impl<St: Store> Rules<St> {
             keys: CustomKeys::new(),
             waits: WaitCounts::default(),
             on_reload: None,
+            max_file_size: DEFAULT_MAX_FILE_SIZE,
+            read_timeout: DEFAULT_READ_TIMEOUT,
         }
     }
 }
@@ -214,7 +255,8 @@ impl<St: Store> Rules<St> {
 impl<St: Store, R> RulesBuilder<St, R> {
     /// Reads the rules from `path` (JSON if it ends in `.json`, else TOML; see
     /// [`format`](Self::format)), and by default reloads them when the file changes and on
-    /// `SIGHUP`.
+    /// `SIGHUP`. Only a regular file (links followed) of at most
+    /// [`max_file_size`](Self::max_file_size) bytes is read.
     pub fn file(mut self, path: impl Into<PathBuf>) -> Self {
         self.source = Source::File(path.into());
         self
@@ -241,8 +283,9 @@ impl<St: Store, R> RulesBuilder<St, R> {
 
     /// Whether a change of the file reloads it (default: yes). The file's directory is
     /// watched, so a file written in place, replaced by a rename, or reached through a
-    /// link that is swapped (Kubernetes ConfigMaps) is seen; a change that leaves the text
-    /// as it was reloads nothing.
+    /// link that is swapped (Kubernetes ConfigMaps) is seen; a file that becomes a link to
+    /// another directory after the start is followed there; a change that leaves the text
+    /// as it was reloads nothing. The reload runs on the watcher's own thread.
     pub fn watch(mut self, watch: bool) -> Self {
         self.watch = watch;
         self
@@ -257,9 +300,34 @@ impl<St: Store, R> RulesBuilder<St, R> {
 
     /// Whether `SIGHUP` reloads the file (default: yes, on Unix, for a file). It needs a
     /// Tokio runtime with I/O enabled when [`build`](Self::build) runs. Listening replaces
-    /// the signal's default action (ending the process) for the whole process.
+    /// the signal's default action (ending the process) for the whole process. The file is
+    /// read and compiled on threads of their own, never on the runtime's: requests do not
+    /// wait for a reload.
     pub fn sighup(mut self, listen: bool) -> Self {
         self.sighup = listen;
+        self
+    }
+
+    /// The largest rules file read, in bytes (default 16 MiB). A larger file is refused
+    /// with an error naming the file and the limit; reading stops one byte past it, so a
+    /// file that never ends costs no more.
+    ///
+    /// Whatever the limit, only a regular file is read (links are followed): a FIFO, a
+    /// device such as `/dev/zero`, a directory or a socket is refused, without waiting
+    /// for a FIFO's writer.
+    pub fn max_file_size(mut self, bytes: u64) -> Self {
+        self.max_file_size = bytes;
+        self
+    }
+
+    /// How long a load waits for the file's bytes (default 30 s): the first load, each
+    /// reload on a change, on `SIGHUP` or by [`Rules::reload_file`]. A read that takes
+    /// longer (a hung network filesystem) is abandoned and counted as a failed reload in
+    /// [`Rules::status`]; the running rules stay. Its thread may stay blocked in the
+    /// read: until it returns, later reloads of the file are refused with an error
+    /// rather than blocking another thread.
+    pub fn read_timeout(mut self, timeout: Duration) -> Self {
+        self.read_timeout = timeout;
         self
     }
 
@@ -306,6 +374,8 @@ impl<St: Store, R> RulesBuilder<St, R> {
             keys: self.keys,
             waits: self.waits,
             on_reload: self.on_reload,
+            max_file_size: self.max_file_size,
+            read_timeout: self.read_timeout,
         }
     }
 }
@@ -313,7 +383,9 @@ impl<St: Store, R> RulesBuilder<St, R> {
 impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
     /// Loads and compiles the first rules, and starts the reload triggers. Invalid rules
     /// are a [`ConfigError`] naming the file, the line and the field
-    /// (`rules.toml:14: limits[2].quota: ...`).
+    /// (`rules.toml:14: limits[2].quota: ...`); so is a file that cannot be read as rules
+    /// (not a regular file, over [`max_file_size`](Self::max_file_size), not UTF-8, or
+    /// not read within [`read_timeout`](Self::read_timeout)).
     pub fn build(self) -> Result<Rules<St, R>, ConfigError> {
         let (file, format) = match &self.source {
             Source::File(path) => (
@@ -322,7 +394,8 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             ),
             _ => (None, self.format.unwrap_or_default()),
         };
-        let (document, shared, text) = match self.source {
+        let reader = FileReader::new(self.max_file_size, self.read_timeout);
+        let (document, shared, hash) = match self.source {
             Source::None => {
                 return Err(ConfigError::new(
                     "rules",
@@ -330,7 +403,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
                 ));
             }
             Source::File(path) => {
-                let text = read(&path)?;
+                let text = reader.read(&path)?;
                 let name = path.display().to_string();
                 let doc = Document::parse(&text, format, Some(&name))?;
                 let shared = build_shared(
@@ -342,7 +415,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
                     &doc,
                     Some((&text, format, &name)),
                 )?;
-                (doc, shared, Some(text))
+                (doc, shared, Some(sha256(&text)))
             }
             Source::Text(text) => {
                 let doc = Document::parse(&text, format, None)?;
@@ -381,9 +454,11 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             file,
             format,
             on_reload: self.on_reload,
+            reader,
+            file_reload: Mutex::default(),
             state: Mutex::new(State {
                 healthy: true,
-                last_text: text,
+                last_hash: hash,
                 ..State::default()
             }),
             watcher: Mutex::new(None),
@@ -418,7 +493,9 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
     }
 }
 
-/// Reloads the file on each `SIGHUP` while the rules live.
+/// Reloads the file on each `SIGHUP` while the rules live: on a thread of its own, so the
+/// runtime's threads never block on the file; a signal that comes while a reload of the
+/// file is running is merged into it.
 #[cfg(unix)]
 fn listen_hangup<St: Store, R: Clone + Send + Sync + 'static>(
     rules: Weak<Reloadable<St, R>>,
@@ -434,17 +511,24 @@ fn listen_hangup<St: Store, R: Clone + Send + Sync + 'static>(
     let task = runtime.spawn(async move {
         while hangup.recv().await.is_some() {
             let Some(rules) = rules.upgrade() else { break };
-            let _ = rules.reload_file(Trigger::Signal, false);
+            if !rules.claim_file_reload() {
+                continue;
+            }
+            let claimed = rules.clone();
+            let spawned = std::thread::Builder::new()
+                .name("tollgate-rules-reload".into())
+                .spawn(move || {
+                    // Refusals are logged and counted; the running rules stay.
+                    let _ = claimed.run_file_reloads(Trigger::Signal, false);
+                });
+            if let Err(e) = spawned {
+                rules.release_file_reload();
+                let e = ConfigError::new("sighup", format!("no thread to reload on: {e}"));
+                rules.refused(Trigger::Signal, e);
+            }
         }
     });
     Ok(task.abort_handle())
-}
-
-fn read(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::new("", format!("cannot read the rules: {e}"))
-            .located(Some(&path.display().to_string()), None)
-    })
 }
 
 /// Compiles `doc` into an engine over `store`. `text`: the text it was read from, its
@@ -484,30 +568,91 @@ fn build_shared<St: Store, R: Clone>(
 }
 
 impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
-    /// Reads the file and installs it; `if_changed`: only if its text changed.
+    /// Reads the file and installs it; `if_changed`: only if its text changed. If a reload
+    /// of the file is already running, this one is merged into it (the running one reads
+    /// the file once more when it is done) and returns at once.
     fn reload_file(&self, trigger: Trigger, if_changed: bool) -> Result<(), ConfigError> {
+        if !self.claim_file_reload() {
+            return Ok(());
+        }
+        self.run_file_reloads(trigger, if_changed)
+    }
+
+    /// Claims the one reload of the file that may run; `false` if one is running (it will
+    /// read the file once more when it is done).
+    fn claim_file_reload(&self) -> bool {
+        let mut queue = self
+            .file_reload
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if queue.running {
+            queue.again = true;
+            tracing::debug!(
+                target: "tollgate::rules",
+                "a reload of the rules file is running; it reads the file once more when done"
+            );
+            return false;
+        }
+        queue.running = true;
+        true
+    }
+
+    /// Gives back a claim that ran nothing.
+    fn release_file_reload(&self) {
+        drop(Claim {
+            queue: &self.file_reload,
+            done: false,
+        });
+    }
+
+    /// With the claim of [`claim_file_reload`](Self::claim_file_reload): reloads the file,
+    /// and again (if it changed) as long as reloads were asked for meanwhile.
+    fn run_file_reloads(&self, trigger: Trigger, if_changed: bool) -> Result<(), ConfigError> {
+        let mut claim = Claim {
+            queue: &self.file_reload,
+            done: false,
+        };
+        let mut if_changed = if_changed;
+        loop {
+            let outcome = self.reload_file_once(trigger, if_changed);
+            let mut queue = claim.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            if queue.again {
+                queue.again = false;
+                if_changed = true;
+                continue;
+            }
+            queue.running = false;
+            claim.done = true;
+            return outcome;
+        }
+    }
+
+    fn reload_file_once(&self, trigger: Trigger, if_changed: bool) -> Result<(), ConfigError> {
         let Some(path) = &self.file else {
             return Err(ConfigError::new(
                 "file",
                 "these rules were not read from a file",
             ));
         };
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let text = match read(path) {
+        let text = match self.reader.read(path) {
             Ok(text) => text,
-            Err(e) => return Err(self.refused(&mut state, trigger, e)),
+            Err(e) => return Err(self.refused(trigger, e)),
         };
-        if if_changed && state.last_text.as_deref() == Some(text.as_str()) {
-            return Ok(());
+        let hash = sha256(&text);
+        {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if if_changed && state.last_hash == Some(hash) {
+                return Ok(());
+            }
+            state.last_hash = Some(hash);
         }
-        state.last_text = Some(text.clone());
         let name = path.display().to_string();
-        self.install_text(&mut state, trigger, &text, Some(&name))
+        self.install_text(trigger, &text, Some(&name))
     }
 
+    /// Parses and compiles `text` (without a lock), then installs it.
     fn install_text(
         &self,
-        state: &mut State,
         trigger: Trigger,
         text: &str,
         file: Option<&str>,
@@ -527,15 +672,14 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
         });
         match built {
             Ok((doc, shared)) => {
-                self.installed(state, trigger, doc, shared);
+                self.installed(trigger, doc, shared);
                 Ok(())
             }
-            Err(e) => Err(self.refused(state, trigger, e)),
+            Err(e) => Err(self.refused(trigger, e)),
         }
     }
 
     fn install_document(&self, trigger: Trigger, doc: Document) -> Result<(), ConfigError> {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let built = build_shared(
             &self.store,
             &self.on_rejection,
@@ -547,52 +691,48 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
         );
         match built {
             Ok(shared) => {
-                self.installed(&mut state, trigger, doc, shared);
+                self.installed(trigger, doc, shared);
                 Ok(())
             }
-            Err(e) => Err(self.refused(&mut state, trigger, e)),
+            Err(e) => Err(self.refused(trigger, e)),
         }
     }
 
-    fn installed(
-        &self,
-        state: &mut State,
-        trigger: Trigger,
-        doc: Document,
-        shared: Arc<Shared<St, R>>,
-    ) {
-        self.current.store(shared);
-        self.document.store(Arc::new(doc));
-        state.reloads += 1;
-        state.healthy = true;
+    /// Swaps in compiled rules: the rules and their document together, under the lock.
+    fn installed(&self, trigger: Trigger, doc: Document, shared: Arc<Shared<St, R>>) {
+        let doc = Arc::new(doc);
+        {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            self.current.store(shared);
+            self.document.store(doc.clone());
+            state.reloads += 1;
+            state.healthy = true;
+        }
         tracing::info!(
             target: "tollgate::rules",
             trigger = ?trigger,
-            limits = self.document.load().limits.len(),
+            limits = doc.limits.len(),
             "rules reloaded"
         );
         if let Some(on_reload) = &self.on_reload {
-            on_reload(Ok(&self.document.load()));
+            on_reload(Ok(&doc));
         }
     }
 
-    fn refused(&self, state: &mut State, trigger: Trigger, e: ConfigError) -> ConfigError {
-        self.refused_quietly(state, trigger, e, true)
+    fn refused(&self, trigger: Trigger, e: ConfigError) -> ConfigError {
+        self.refused_quietly(trigger, e, true)
     }
 
     /// Counts a refused reload; `announce`: log it as an `ERROR` and tell `on_reload`
     /// (else a `DEBUG` event: a failure repeated at each poll is announced once in a
     /// while).
-    fn refused_quietly(
-        &self,
-        state: &mut State,
-        trigger: Trigger,
-        e: ConfigError,
-        announce: bool,
-    ) -> ConfigError {
-        state.failures += 1;
-        state.healthy = false;
-        state.last_error = Some(e.clone());
+    fn refused_quietly(&self, trigger: Trigger, e: ConfigError, announce: bool) -> ConfigError {
+        {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.failures += 1;
+            state.healthy = false;
+            state.last_error = Some(e.clone());
+        }
         if !announce {
             tracing::debug!(
                 target: "tollgate::rules",
@@ -670,6 +810,12 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Rules<St, R> {
 
     /// Reads the file again and installs it (what a file change and `SIGHUP` do). On an
     /// error the running rules stay.
+    ///
+    /// It reads and compiles in the calling thread, waiting up to
+    /// [`read_timeout`](RulesBuilder::read_timeout) for the file: from async code, call it
+    /// in `spawn_blocking`. If a reload of the file is already running (a change, a
+    /// `SIGHUP`, another call), this call is merged into it: it returns `Ok` at once, and
+    /// the running reload reads the file once more when it is done.
     pub fn reload_file(&self) -> Result<(), ConfigError> {
         self.inner.reload_file(Trigger::Call, false)
     }
@@ -677,13 +823,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Rules<St, R> {
     /// Installs rules given as text, in the builder's format. On an error the running
     /// rules stay.
     pub fn reload(&self, text: &str) -> Result<(), ConfigError> {
-        let mut state = self
-            .inner
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        self.inner
-            .install_text(&mut state, Trigger::Call, text, None)
+        self.inner.install_text(Trigger::Call, text, None)
     }
 
     /// Installs a document built by code (e.g. read from a database). On an error the
@@ -702,12 +842,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Rules<St, R> {
     /// map); `announce` as in `refused_quietly`.
     #[cfg(feature = "rules-sql")]
     pub(crate) fn refuse(&self, trigger: Trigger, e: ConfigError, announce: bool) {
-        let mut state = self
-            .inner
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        self.inner.refused_quietly(&mut state, trigger, e, announce);
+        self.inner.refused_quietly(trigger, e, announce);
     }
 
     /// The source is readable again and still holds the running rules: healthy, without

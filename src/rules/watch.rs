@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use notify::event::{AccessKind, AccessMode};
@@ -12,7 +13,9 @@ use crate::error::ConfigError;
 
 /// Watches the directories of a rules file while it lives.
 pub(crate) struct Watcher {
-    _watcher: notify::RecommendedWatcher,
+    /// Shared with the thread only as a `Weak`, to watch more directories: dropping this
+    /// ends the watch, which ends the thread.
+    _watcher: Arc<Mutex<notify::RecommendedWatcher>>,
 }
 
 /// Calls `changed` once things have been quiet for `debounce` (at most 10 × `debounce`)
@@ -22,14 +25,18 @@ pub(crate) struct Watcher {
 ///
 /// The directory is watched rather than the file: a file replaced by a rename (editors,
 /// `mv`) or a link swapped (Kubernetes ConfigMaps swap a `..data` link) is a new file
-/// that a watch on the old one would never report.
+/// that a watch on the old one would never report. Where the file leads is looked up
+/// again after each change, before `changed` runs: a file that becomes a link to another
+/// directory (or a link that comes to point elsewhere) is followed there.
 pub(crate) fn watch(
     file: &Path,
     debounce: Duration,
     changed: impl Fn() -> bool + Send + 'static,
 ) -> Result<Watcher, ConfigError> {
-    let names = names(file);
-    let (tx, rx) = mpsc::channel::<()>();
+    let names = Arc::new(Mutex::new(names(file)));
+    // One pending wake-up is enough: however many events come, memory stays the same.
+    let (tx, rx) = mpsc::sync_channel::<()>(1);
+    let ours_names = names.clone();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<Event>| {
         let Ok(event) = event else { return };
         // Reads (ours too) change nothing.
@@ -40,20 +47,32 @@ pub(crate) fn watch(
         }
         // Only the file and the links that lead to it: a log written in the same
         // directory must not keep the quiet period from ever ending.
-        let ours = event
-            .paths
-            .iter()
-            .any(|p| p.file_name().is_some_and(|n| names.iter().any(|m| m == n)));
+        let ours = {
+            let names = ours_names.lock().unwrap_or_else(PoisonError::into_inner);
+            event
+                .paths
+                .iter()
+                .any(|p| p.file_name().is_some_and(|n| names.iter().any(|m| m == n)))
+        };
         if ours {
-            let _ = tx.send(());
+            let _ = tx.try_send(());
         }
     })
     .map_err(|e| failed(file, &e))?;
+    let mut watched = Vec::new();
     for dir in directories(file) {
         watcher
             .watch(&dir, RecursiveMode::NonRecursive)
             .map_err(|e| failed(&dir, &e))?;
+        watched.push(dir);
     }
+    let watcher = Arc::new(Mutex::new(watcher));
+    let mut follow = Follow {
+        file: file.to_owned(),
+        names,
+        watcher: Arc::downgrade(&watcher),
+        watched,
+    };
     // Changes that never pause still reload this often.
     let longest = debounce.saturating_mul(10);
     std::thread::Builder::new()
@@ -69,6 +88,7 @@ pub(crate) fn watch(
                         Err(RecvTimeoutError::Disconnected) => return,
                     }
                 }
+                follow.again();
                 if !changed() {
                     return;
                 }
@@ -76,6 +96,45 @@ pub(crate) fn watch(
         })
         .map_err(|e| failed(file, &e))?;
     Ok(Watcher { _watcher: watcher })
+}
+
+/// Where the file leads, looked up again after each change.
+struct Follow {
+    file: PathBuf,
+    /// The names the event handler listens for.
+    names: Arc<Mutex<Vec<OsString>>>,
+    watcher: Weak<Mutex<notify::RecommendedWatcher>>,
+    /// The directories watched so far (never unwatched: the names filter their events).
+    watched: Vec<PathBuf>,
+}
+
+impl Follow {
+    /// Listens for the names the file leads through now, in the directories it leads to
+    /// now.
+    fn again(&mut self) {
+        *self.names.lock().unwrap_or_else(PoisonError::into_inner) = names(&self.file);
+        let Some(watcher) = self.watcher.upgrade() else {
+            return;
+        };
+        for dir in directories(&self.file) {
+            if self.watched.contains(&dir) {
+                continue;
+            }
+            let watching = watcher
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .watch(&dir, RecursiveMode::NonRecursive);
+            match watching {
+                Ok(()) => self.watched.push(dir),
+                Err(e) => tracing::warn!(
+                    target: "tollgate::rules",
+                    error = %failed(&dir, &e),
+                    "the rules file now leads to a directory that cannot be watched; \
+                     SIGHUP still reloads it"
+                ),
+            }
+        }
+    }
 }
 
 /// The names whose changes may change the file's text: its own, the first step of the
