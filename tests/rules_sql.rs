@@ -370,7 +370,6 @@ fn bad_rows_are_errors_naming_the_row_and_the_column() {
             "RateLimitRule[rule_id=-5].rule_id",
             "negative",
         ),
-        (vec![], "RateLimitRule", "no active row"),
     ];
     for (rows, field, reason) in cases {
         let err = rules_document(&rows, &SqlSourceOptions::default()).unwrap_err();
@@ -505,10 +504,6 @@ async fn errors_at_start_are_returned() {
     let pool = database(&dir, "").await;
     let start =
         || Rules::builder(MemoryStore::new()).build_sql(pool.clone(), SqlSourceOptions::default());
-    match start().await.unwrap_err() {
-        SqlRulesError::Rules(e) => assert_eq!(e.field(), "RateLimitRule", "{e}"),
-        e => panic!("{e}"),
-    }
     exec(&pool, "INSERT INTO RateLimitRule (rule_id, key_pattern, scope, rate_per_second, burst_capacity) VALUES (4, 'ip', 'ip', 0, 1)").await;
     match start().await.unwrap_err() {
         SqlRulesError::Rules(e) => {
@@ -663,6 +658,97 @@ async fn bad_rows_are_refused_whole_and_the_running_rules_stay() {
     );
     assert_eq!(rules.status().failures, bad.len() as u64);
     assert_eq!(lines.matching("rules not reloaded").len(), bad.len());
+}
+
+#[tokio::test]
+async fn deactivating_the_last_active_rule_lifts_the_limit_instead_of_keeping_it() {
+    let lines = Lines::default();
+    let _guard = lines.capture();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(&dir, "(1, 'ip', 'ip', 0.01, 1, NULL)").await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    let app = router(&rules);
+    let from_a = || req("GET", "/", "192.0.2.1", &[]);
+    assert_eq!(passes(&app, 3, from_a).await, 1);
+
+    // Every rule switched off: no limits, a valid state, announced once.
+    exec(&pool, "UPDATE RateLimitRule SET is_active = 0").await;
+    eventually("the rules without limits", || rules.status().reloads == 1).await;
+    assert!(rules.document().limits.is_empty());
+    assert_eq!(passes(&app, 5, from_a).await, 5, "requests pass");
+    let status = rules.status();
+    assert!(status.healthy, "{status:?}");
+    assert_eq!(status.failures, 0);
+    tokio::time::sleep(POLL * 3).await;
+    let warned = lines.matching("no active row");
+    assert_eq!(warned.len(), 1, "one WARN per transition: {warned:?}");
+    assert!(warned[0].contains("WARN"), "{warned:?}");
+    assert_eq!(
+        rules.status().reloads,
+        1,
+        "nothing to reload while it stays so"
+    );
+
+    // Switched on again: enforced again (the store kept the client's empty bucket), and
+    // a new WARN next time.
+    exec(&pool, "UPDATE RateLimitRule SET is_active = 1").await;
+    eventually("the rule back", || rules.status().reloads == 2).await;
+    assert_eq!(passes(&app, 3, from_a).await, 0);
+    assert_eq!(
+        passes(&app, 3, || req("GET", "/", "192.0.2.2", &[])).await,
+        1
+    );
+    exec(&pool, "DELETE FROM RateLimitRule").await;
+    eventually("no rule again", || rules.status().reloads == 3).await;
+    assert_eq!(passes(&app, 3, from_a).await, 3);
+    assert_eq!(lines.matching("no active row").len(), 2);
+}
+
+#[tokio::test]
+async fn a_table_without_an_active_row_at_start_limits_nothing_instead_of_failing() {
+    let lines = Lines::default();
+    let _guard = lines.capture();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(&dir, "").await;
+    exec(&pool, "INSERT INTO RateLimitRule (rule_id, key_pattern, scope, rate_per_second, burst_capacity, is_active) VALUES (1, 'ip', 'ip', 0.01, 1, FALSE)").await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    assert!(rules.document().limits.is_empty());
+    assert!(rules.status().healthy);
+    let app = router(&rules);
+    assert_eq!(
+        passes(&app, 3, || req("GET", "/", "192.0.2.1", &[])).await,
+        3
+    );
+    assert_eq!(lines.matching("no active row").len(), 1);
+    // The first active row is picked up at the next poll.
+    exec(&pool, "UPDATE RateLimitRule SET is_active = 1").await;
+    eventually("the rule", || rules.status().reloads == 1).await;
+    assert_eq!(
+        passes(&app, 3, || req("GET", "/", "192.0.2.1", &[])).await,
+        1
+    );
+}
+
+#[test]
+fn only_rules_built_by_code_may_have_no_limits_an_empty_file_is_still_refused() {
+    let err = Rules::builder(MemoryStore::new())
+        .text("")
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "limits", "{err}");
+    assert!(Document::default().check().is_err());
+    let rules = rules_of(Document::default());
+    assert!(rules.document().limits.is_empty());
+    assert_eq!(
+        rules.reload("").unwrap_err().field(),
+        "limits",
+        "rules text stays refused"
+    );
+    rules
+        .reload_document(map(&[row(1, "ip", "ip", 1.0, 1)]))
+        .unwrap();
+    rules.reload_document(Document::default()).unwrap();
+    assert_eq!(rules.status().reloads, 2);
 }
 
 #[tokio::test]

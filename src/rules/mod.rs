@@ -99,13 +99,14 @@ impl Document {
     /// A [`RateLimitLayer`] with these rules over `store`, for rules read once, without
     /// reloading.
     pub fn layer<St: Store>(&self, store: St) -> Result<RateLimitLayer<St>, ConfigError> {
-        self.layer_with(store, &compile::CustomKeys::new())
+        self.layer_with(store, &compile::CustomKeys::new(), false)
     }
 
-    /// [`check`](Self::check) with key parts registered by code (`custom:<name>`).
+    /// [`check`](Self::check) of a document built by code, which may have no limits, with
+    /// key parts registered by code (`custom:<name>`).
     #[cfg(feature = "rules-sql")]
     pub(crate) fn check_with(&self, keys: &CustomKeys) -> Result<(), ConfigError> {
-        self.layer_with(crate::store::MemoryStore::new(), keys)
+        self.layer_with(crate::store::MemoryStore::new(), keys, true)
             .map(drop)
     }
 
@@ -113,8 +114,9 @@ impl Document {
         &self,
         store: St,
         keys: &compile::CustomKeys,
+        empty_ok: bool,
     ) -> Result<RateLimitLayer<St>, ConfigError> {
-        let compiled = compile::compile(self, keys)?;
+        let compiled = compile::compile_maybe_empty(self, keys, empty_ok)?;
         compiled
             .apply(RateLimitLayer::builder(store))
             .build()

@@ -99,16 +99,21 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
     /// rows become limits) and starts a task on the current Tokio runtime that reads the
     /// table every [`poll`](SqlSourceOptions::poll_every) interval.
     ///
-    /// An error at start (the table cannot be read, a row is invalid, there is no active
-    /// row) is returned. Later, the rules are reloaded only when the rows map to
-    /// different rules (edits of descriptions, or of inactive rows, reload nothing); a
-    /// limit whose `key_pattern` is unchanged keeps its buckets. A failed query or an
+    /// An error at start (the table cannot be read, a row is invalid) is returned. Later,
+    /// the rules are reloaded only when the rows map to different rules (edits of
+    /// descriptions, or of inactive rows, reload nothing); a limit whose `key_pattern` is
+    /// unchanged keeps its buckets. A failed query or an
     /// invalid set of rows keeps the running rules, is counted in
     /// [`Rules::status`](crate::rules::Rules::status) and logged as an `ERROR` (target
     /// `tollgate::rules`; a query error that repeats at each poll is logged again at
     /// most every 10 minutes, a set of rows once). A query taking more than 30 s counts
     /// as failed. Any `file`, `text` or `document` given to the builder is replaced by
     /// the table.
+    ///
+    /// No active row (an empty table, every rule switched off) means no limits: requests
+    /// pass (the settings' allow and deny lists still apply), with one `WARN` each time
+    /// the table comes to that state (at start too). A failed or timed-out query is what
+    /// keeps the last good rules.
     ///
     /// ```
     /// use std::time::Duration;
@@ -169,6 +174,9 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             builder = builder.custom_key(&name, key);
         }
         let rules = builder.build()?;
+        if document.limits.is_empty() {
+            warn_no_limits();
+        }
         let wake = Arc::new(Notify::new());
         let poll = Poll {
             rules: rules.downgrade(),
@@ -239,7 +247,14 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
             return;
         }
         let accepted = match &outcome {
-            Ok(document) => rules.install(Trigger::Sql, document.clone()).is_ok(),
+            Ok(document) => {
+                let installed = rules.install(Trigger::Sql, document.clone()).is_ok();
+                // Rows that map to other rules than the last: a new state of the table.
+                if installed && document.limits.is_empty() {
+                    warn_no_limits();
+                }
+                installed
+            }
             Err(e) => {
                 rules.refuse(Trigger::Sql, e.clone(), true);
                 false
@@ -265,4 +280,12 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
             announce,
         );
     }
+}
+
+/// The table has no active row: the rules limit nothing from now on.
+fn warn_no_limits() {
+    tracing::warn!(
+        target: "tollgate::rules",
+        "RateLimitRule has no active row: no limits from the table, every request passes"
+    );
 }
