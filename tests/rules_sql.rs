@@ -778,6 +778,104 @@ async fn a_failing_query_is_counted_each_poll_logged_once_and_recovered_from() {
     assert_eq!(lines.matching("rules readable again").len(), 1);
 }
 
+/// The rules' file in `dir` (see [`database`]).
+fn db_file(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path().join("tollgate.db")
+}
+
+/// Waits for a refused poll whose error contains `text`; the error.
+async fn refused_with(rules: &Rules<MemoryStore>, text: &str) -> tollgate::ConfigError {
+    eventually(text, || {
+        let status = rules.status();
+        !status.healthy && status.last_error.is_some_and(|e| e.reason().contains(text))
+    })
+    .await;
+    rules.status().last_error.unwrap()
+}
+
+#[tokio::test]
+async fn a_deleted_database_file_is_reported_not_read_silently_and_a_new_one_is_picked_up() {
+    let lines = Lines::default();
+    let _guard = lines.capture();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(&dir, "(1, 'ip', 'ip', 0.01, 1, NULL)").await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    let app = router(&rules);
+    let before = rules.document();
+
+    std::fs::remove_file(db_file(&dir)).unwrap();
+    let path = db_file(&dir).display().to_string();
+    let err = refused_with(&rules, "is gone").await;
+    assert_eq!(err.field(), "RateLimitRule", "{err}");
+    assert!(err.reason().contains(&path), "names the file: {err}");
+    eventually("more refused polls", || rules.status().failures >= 3).await;
+    assert_eq!(lines.matching("is gone").len(), 1, "logged once");
+    assert_eq!(rules.document(), before, "the running rules stay");
+    assert_eq!(
+        passes(&app, 3, || req("GET", "/", "192.0.2.1", &[])).await,
+        1
+    );
+
+    // A new database at the same path: read within a poll.
+    let fresh = database(&dir, "(1, 'ip', 'ip', 0.01, 3, NULL)").await;
+    eventually("the new database's rules", || rules.status().reloads == 1).await;
+    assert_eq!(
+        rules.document().limits[0].quota.as_deref(),
+        Some("1/100s; burst=3")
+    );
+    assert!(rules.status().healthy);
+    // And its later edits.
+    exec(&fresh, "UPDATE RateLimitRule SET burst_capacity = 4").await;
+    eventually("an edit of the new database", || {
+        rules.status().reloads == 2
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_database_file_replaced_by_a_non_database_file_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(&dir, "(1, 'ip', 'ip', 0.01, 1, NULL)").await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    let before = rules.document();
+    let other = dir.path().join("other");
+    std::fs::write(
+        &other,
+        "rules? no: a text file of ~100 bytes, not a SQLite database.\n".repeat(20),
+    )
+    .unwrap();
+    std::fs::rename(&other, db_file(&dir)).unwrap();
+    let err = refused_with(&rules, "not a database").await;
+    assert!(
+        err.reason().contains(&db_file(&dir).display().to_string()),
+        "{err}"
+    );
+    assert_eq!(rules.document(), before, "the running rules stay");
+}
+
+#[tokio::test]
+async fn a_database_file_of_mode_000_is_reported_even_to_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(&dir, "(1, 'ip', 'ip', 0.01, 1, NULL)").await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    let file = db_file(&dir);
+    // Root may read a file of mode 000 anyway; the source refuses it all the same (its
+    // owner has taken it away), so this holds for every user.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let err = refused_with(&rules, "lets no one read it").await;
+    assert!(err.reason().contains(&file.display().to_string()), "{err}");
+    assert_eq!(
+        rules.document().limits[0].name,
+        "ip",
+        "the running rules stay"
+    );
+    // Readable again, the same rows: healthy without a reload.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    eventually("healthy again", || rules.status().healthy).await;
+    assert_eq!(rules.status().reloads, 0);
+}
+
 #[tokio::test]
 async fn the_poller_stops_with_the_rules_or_its_handle_and_polls_on_demand() {
     let dir = tempfile::tempdir().unwrap();

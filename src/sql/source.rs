@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use super::file::DbFile;
 use super::mapping::{custom_keys, rules_document};
 use super::options::SqlSourceOptions;
 use super::{SqlPool, fetch_rules};
@@ -110,6 +111,16 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
     /// as failed. Any `file`, `text` or `document` given to the builder is replaced by
     /// the table.
     ///
+    /// A SQLite pool opened on a file path is followed: at each poll the file at the path
+    /// is compared with the one the pool opened (device and inode), since a pooled
+    /// connection keeps reading a deleted or replaced file. A file deleted, moved away or
+    /// unreadable (its mode lets no one read it, e.g. `chmod 000`) is a failed poll whose
+    /// error names the path (the running rules stay); another file at the path (a new
+    /// database, a restored backup) is opened with a new pool of the same options and read
+    /// at once; a file that is not a database is then a failed query. The pool given is
+    /// not closed (it may serve an audit sink too). PostgreSQL pools, in-memory databases
+    /// and `file:` URIs are not followed.
+    ///
     /// No active row (an empty table, every rule switched off) means no limits: requests
     /// pass (the settings' allow and deny lists still apply), with one `WARN` each time
     /// the table comes to that state (at start too). A failed or timed-out query is what
@@ -167,6 +178,8 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
         let rows = tokio::time::timeout(QUERY_TIMEOUT, fetch_rules(&pool))
             .await
             .map_err(|_| ConfigError::new("RateLimitRule", "the query timed out (30 s)"))??;
+        // The file the pool has just read, if it reads one.
+        let file = DbFile::of(&pool);
         let document = rules_document(&rows, &options)?;
         let mut builder = self.document(document.clone());
         // The key parts the check registered (`custom:user`), for every version.
@@ -181,6 +194,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
         let poll = Poll {
             rules: rules.downgrade(),
             pool,
+            file,
             options,
             wake: wake.clone(),
             last: Some(Attempt {
@@ -205,6 +219,8 @@ struct Attempt {
 struct Poll<St: Store, R> {
     rules: WeakRules<St, R>,
     pool: SqlPool,
+    /// The database file of a SQLite pool opened on a path, followed at each poll.
+    file: Option<DbFile>,
     options: SqlSourceOptions,
     wake: Arc<Notify>,
     /// The last rows that were acted on (installed or refused): the same again reload
@@ -223,13 +239,26 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
             if self.rules.upgrade().is_none() {
                 return;
             }
+            // A deleted, unreadable or replaced database file: reported, or reopened.
+            if let Some(file) = &mut self.file
+                && let Err(reason) = file.follow(&mut self.pool, QUERY_TIMEOUT).await
+            {
+                let Some(rules) = self.rules.upgrade() else {
+                    return;
+                };
+                self.failed(&rules, reason);
+                continue;
+            }
             let fetched = tokio::time::timeout(QUERY_TIMEOUT, fetch_rules(&self.pool)).await;
             let Some(rules) = self.rules.upgrade() else {
                 return;
             };
             match fetched {
                 Ok(Ok(rows)) => self.read(&rules, rules_document(&rows, &self.options)),
-                Ok(Err(e)) => self.failed(&rules, format!("cannot read the rules: {e}")),
+                Ok(Err(e)) => {
+                    let from = self.file.as_ref().map(DbFile::describe).unwrap_or_default();
+                    self.failed(&rules, format!("cannot read the rules{from}: {e}"));
+                }
                 Err(_) => self.failed(&rules, "the query timed out (30 s)".to_owned()),
             }
         }
