@@ -524,6 +524,123 @@ async fn errors_at_start_are_returned() {
     assert!(matches!(zero, Err(SqlRulesError::Rules(e)) if e.field() == "poll"));
 }
 
+/// A `RateLimitRule` table as an application may have made it: the columns, without
+/// `NOT NULL` (so `NULL`s, and NaNs, which SQLite stores as `NULL`, can be written).
+async fn loose_table(dir: &tempfile::TempDir) -> sqlx::SqlitePool {
+    let options = SqliteConnectOptions::new()
+        .filename(dir.path().join("loose.db"))
+        .create_if_missing(true);
+    let pool = SqlitePoolOptions::new()
+        .connect_with(options)
+        .await
+        .unwrap();
+    exec(
+        &pool,
+        "CREATE TABLE RateLimitRule (rule_id INTEGER PRIMARY KEY, key_pattern VARCHAR(128), \
+         scope VARCHAR(32), rate_per_second REAL, burst_capacity INTEGER, plan VARCHAR(32), \
+         is_active BOOLEAN DEFAULT TRUE, description TEXT)",
+    )
+    .await;
+    pool
+}
+
+#[tokio::test]
+async fn a_bad_value_in_any_column_is_named_after_that_column_not_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = loose_table(&dir).await;
+    // (the change to row 1, the column it must name, words of the reason)
+    let cases: &[(&str, &str, &str)] = &[
+        ("rule_id = -5", "rule_id", "negative"),
+        ("key_pattern = ''", "key_pattern", "empty"),
+        ("key_pattern = NULL", "key_pattern", "NULL"),
+        ("key_pattern = x'00ff'", "key_pattern", "BLOB"),
+        ("scope = 'country'", "scope", "global, ip, user, endpoint"),
+        ("scope = NULL", "scope", "NULL"),
+        ("rate_per_second = 0", "rate_per_second", "positive"),
+        ("rate_per_second = -1", "rate_per_second", "`-1`"),
+        ("rate_per_second = 1e400", "rate_per_second", "`inf`"),
+        ("rate_per_second = NULL", "rate_per_second", "NULL"),
+        ("rate_per_second = 'fast'", "rate_per_second", "TEXT"),
+        ("rate_per_second = 1e7", "rate_per_second", "microsecond"),
+        ("burst_capacity = 0", "burst_capacity", "at least 1"),
+        ("burst_capacity = -5", "burst_capacity", "`-5`"),
+        (
+            "burst_capacity = 3000000000",
+            "burst_capacity",
+            "out of range",
+        ),
+        (
+            "burst_capacity = -3000000000",
+            "burst_capacity",
+            "out of range",
+        ),
+        ("burst_capacity = 1.5", "burst_capacity", "REAL"),
+        ("burst_capacity = NULL", "burst_capacity", "NULL"),
+        (
+            "rate_per_second = 0.3, burst_capacity = 2000000000",
+            "burst_capacity",
+            "100 years",
+        ),
+        ("plan = ' pro'", "plan", "printable ASCII"),
+        ("plan = '*'", "plan", "NULL"),
+        ("plan = x'00'", "plan", "BLOB"),
+        ("is_active = 'maybe'", "is_active", "TEXT"),
+        ("is_active = NULL", "is_active", "NULL"),
+        ("description = x'ff'", "description", "BLOB"),
+    ];
+    let start =
+        || Rules::builder(MemoryStore::new()).build_sql(pool.clone(), SqlSourceOptions::default());
+    let reset = "DELETE FROM RateLimitRule; INSERT INTO RateLimitRule (rule_id, key_pattern, \
+                 scope, rate_per_second, burst_capacity, plan, is_active, description) VALUES \
+                 (1, 'ip', 'ip', 1, 1, NULL, TRUE, 'ok'), (2, 'global', 'global', 10, 10, NULL, TRUE, NULL)";
+    let expect = |err: SqlRulesError, column: &str, reason: &str, case: &str| match err {
+        SqlRulesError::Rules(e) => {
+            let id = if column == "rule_id" { "-5" } else { "1" };
+            assert_eq!(
+                e.field(),
+                format!("RateLimitRule[rule_id={id}].{column}"),
+                "{case}: {e}"
+            );
+            assert!(e.reason().contains(reason), "{case}: {e}");
+        }
+        e => panic!("{case}: not an error of the row: {e}"),
+    };
+    for (change, column, reason) in cases {
+        exec(&pool, reset).await;
+        exec(
+            &pool,
+            &format!("UPDATE RateLimitRule SET {change} WHERE rule_id = 1"),
+        )
+        .await;
+        expect(start().await.unwrap_err(), column, reason, change);
+    }
+    // A NaN: stored as NULL by SQLite, and said so.
+    exec(&pool, reset).await;
+    sqlx::query("UPDATE RateLimitRule SET rate_per_second = ? WHERE rule_id = 1")
+        .bind(f64::NAN)
+        .execute(&pool)
+        .await
+        .unwrap();
+    expect(start().await.unwrap_err(), "rate_per_second", "NaN", "NaN");
+
+    // While polling: a bad row refused as such (once), not a failed query.
+    exec(&pool, reset).await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    exec(
+        &pool,
+        "UPDATE RateLimitRule SET burst_capacity = 3000000000 WHERE rule_id = 2",
+    )
+    .await;
+    eventually("the bad row refused", || rules.status().failures == 1).await;
+    tokio::time::sleep(POLL * 3).await;
+    let status = rules.status();
+    assert_eq!(status.failures, 1, "refused once: {status:?}");
+    assert_eq!(
+        status.last_error.unwrap().field(),
+        "RateLimitRule[rule_id=2].burst_capacity"
+    );
+}
+
 #[tokio::test]
 async fn changes_apply_within_a_poll_and_unchanged_buckets_keep_their_state() {
     let dir = tempfile::tempdir().unwrap();

@@ -13,6 +13,7 @@ use tokio::task::AbortHandle;
 use super::file::DbFile;
 use super::mapping::{custom_keys, rules_document};
 use super::options::SqlSourceOptions;
+use super::rules::row_error;
 use super::{SqlPool, fetch_rules};
 use crate::error::ConfigError;
 use crate::rules::{Document, Rules, RulesBuilder, Trigger, WeakRules};
@@ -31,8 +32,9 @@ const REPEAT_EVERY: Duration = Duration::from_secs(600);
 pub enum SqlRulesError {
     /// The `RateLimitRule` table could not be read.
     Query(sqlx::Error),
-    /// The rows do not make valid rules (the error names the row and the column), or the
-    /// options are invalid.
+    /// The rows do not make valid rules, or hold a value that cannot be read (a `NULL`, a
+    /// number out of range: the error names the row and the column), or the options are
+    /// invalid.
     Rules(ConfigError),
 }
 
@@ -177,7 +179,11 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
         let pool = pool.into();
         let rows = tokio::time::timeout(QUERY_TIMEOUT, fetch_rules(&pool))
             .await
-            .map_err(|_| ConfigError::new("RateLimitRule", "the query timed out (30 s)"))??;
+            .map_err(|_| ConfigError::new("RateLimitRule", "the query timed out (30 s)"))?
+            .map_err(|e| match row_error(&e) {
+                Some(bad) => SqlRulesError::Rules(bad),
+                None => SqlRulesError::Query(e),
+            })?;
         // The file the pool has just read, if it reads one.
         let file = DbFile::of(&pool);
         let document = rules_document(&rows, &options)?;
@@ -255,10 +261,14 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
             };
             match fetched {
                 Ok(Ok(rows)) => self.read(&rules, rules_document(&rows, &self.options)),
-                Ok(Err(e)) => {
-                    let from = self.file.as_ref().map(DbFile::describe).unwrap_or_default();
-                    self.failed(&rules, format!("cannot read the rules{from}: {e}"));
-                }
+                Ok(Err(e)) => match row_error(&e) {
+                    // A value that cannot be read: a bad row, refused as such.
+                    Some(bad) => self.read(&rules, Err(bad)),
+                    None => {
+                        let from = self.file.as_ref().map(DbFile::describe).unwrap_or_default();
+                        self.failed(&rules, format!("cannot read the rules{from}: {e}"));
+                    }
+                },
                 Err(_) => self.failed(&rules, "the query timed out (30 s)".to_owned()),
             }
         }
