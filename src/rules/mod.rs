@@ -89,9 +89,10 @@ use crate::layer::RateLimitLayer;
 use crate::store::Store;
 
 impl Document {
-    /// Checks the whole document as [`Rules`] would (every value, duplicate names,
-    /// routes): the error names the field (`limits[2].quota`), without a line (see
-    /// [`Document::from_toml`] and [`Rules`] for located errors).
+    /// Checks the whole document as [`Rules`] would check rules text (every value,
+    /// duplicate names, routes, at least one limit): the error names the field
+    /// (`limits[2].quota`), without a line (see [`Document::from_toml`] and [`Rules`] for
+    /// located errors). A document given to [`Rules`] by code may have no limits.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.layer(crate::store::MemoryStore::new()).map(drop)
     }
