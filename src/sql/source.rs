@@ -105,13 +105,12 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
     /// An error at start (the table cannot be read, a row is invalid) is returned. Later,
     /// the rules are reloaded only when the rows map to different rules (edits of
     /// descriptions, or of inactive rows, reload nothing); a limit whose `key_pattern` is
-    /// unchanged keeps its buckets. A failed query or an
-    /// invalid set of rows keeps the running rules, is counted in
-    /// [`Rules::status`](crate::rules::Rules::status) and logged as an `ERROR` (target
-    /// `tollgate::rules`; a query error that repeats at each poll is logged again at
-    /// most every 10 minutes, a set of rows once). A query taking more than 30 s counts
-    /// as failed. Any `file`, `text` or `document` given to the builder is replaced by
-    /// the table.
+    /// unchanged keeps its buckets. A failed query or an invalid set of rows keeps the
+    /// running rules, is counted in [`Rules::status`](crate::rules::Rules::status) and
+    /// logged as an `ERROR` (target `tollgate::rules`; a query error that repeats at each
+    /// poll is logged again at most every 10 minutes, a set of rows once). A query taking
+    /// more than 30 s counts as failed. Any `file`, `text` or `document` given to the
+    /// builder is replaced by the table.
     ///
     /// A SQLite pool opened on a file path is followed: at each poll the file at the path
     /// is compared with the one the pool opened (device and inode), since a pooled
