@@ -74,8 +74,13 @@ fn rules_of(doc: Document) -> Rules<MemoryStore> {
 /// A SQLite file in `dir` with the tables, and `rows` (SQL `VALUES` tuples of
 /// `rule_id, key_pattern, scope, rate_per_second, burst_capacity, plan`).
 async fn database(dir: &tempfile::TempDir, rows: &str) -> sqlx::SqlitePool {
+    database_at(&dir.path().join("tollgate.db"), rows).await
+}
+
+/// [`database`] at `path`.
+async fn database_at(path: &std::path::Path, rows: &str) -> sqlx::SqlitePool {
     let options = SqliteConnectOptions::new()
-        .filename(dir.path().join("tollgate.db"))
+        .filename(path)
         .create_if_missing(true);
     let pool = SqlitePoolOptions::new()
         .max_connections(2)
@@ -933,8 +938,14 @@ async fn a_deleted_database_file_is_reported_not_read_silently_and_a_new_one_is_
         1
     );
 
-    // A new database at the same path: read within a poll.
-    let fresh = database(&dir, "(1, 'ip', 'ip', 0.01, 3, NULL)").await;
+    // A new database at the same path (made aside, then moved there whole): read within
+    // a poll.
+    let aside = dir.path().join("new.db");
+    database_at(&aside, "(1, 'ip', 'ip', 0.01, 3, NULL)")
+        .await
+        .close()
+        .await;
+    std::fs::rename(&aside, db_file(&dir)).unwrap();
     eventually("the new database's rules", || rules.status().reloads == 1).await;
     assert_eq!(
         rules.document().limits[0].quota.as_deref(),
@@ -942,6 +953,7 @@ async fn a_deleted_database_file_is_reported_not_read_silently_and_a_new_one_is_
     );
     assert!(rules.status().healthy);
     // And its later edits.
+    let fresh = database_at(&db_file(&dir), "").await;
     exec(&fresh, "UPDATE RateLimitRule SET burst_capacity = 4").await;
     eventually("an edit of the new database", || {
         rules.status().reloads == 2
