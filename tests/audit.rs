@@ -331,8 +331,12 @@ async fn peak_queued_counts_what_waits_behind_a_stuck_write_not_zero() {
     let (refused, _) = flood(&mut svc, CAPACITY + 100, None).await;
     assert_eq!(refused, CAPACITY as u64 + 99);
     let stats = audit.stats();
-    assert_eq!(stats.queued, CAPACITY as u64, "{stats:?}");
-    assert_eq!(stats.peak_queued, CAPACITY as u64, "{stats:?}");
+    // (One less if the writer took its one refusal only after the flood.)
+    assert!(stats.queued >= CAPACITY as u64 - 1, "{stats:?}");
+    assert_eq!(
+        stats.peak_queued, CAPACITY as u64,
+        "the queue was full: {stats:?}"
+    );
     // Released, the queue drains; the peak stays.
     gate.close();
     let stats = settled(&audit).await;
