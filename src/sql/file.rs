@@ -43,12 +43,11 @@ impl DbFile {
     /// The file `pool` reads: `None` unless it is a SQLite pool opened on a path where a
     /// file is now (PostgreSQL, in-memory databases and `file:` URIs are not followed).
     pub(crate) fn of(pool: &SqlPool) -> Option<Self> {
-        let pool = match pool {
-            SqlPool::Sqlite(pool) => pool,
+        let options = match pool {
+            SqlPool::Sqlite(pool) => pool.connect_options(),
             #[cfg(feature = "rules-postgres")]
             SqlPool::Postgres(_) => return None,
         };
-        let options = pool.connect_options();
         let path = std::path::absolute(options.get_filename()).ok()?;
         let meta = std::fs::metadata(&path).ok()?;
         meta.is_file().then(|| Self {
@@ -71,13 +70,14 @@ impl DbFile {
         if now == self.id {
             return Ok(());
         }
-        let SqlPool::Sqlite(old) = &*pool else {
-            return Ok(());
+        let reopened = match &*pool {
+            SqlPool::Sqlite(old) => old
+                .options()
+                .clone()
+                .connect_with((*old.connect_options()).clone()),
+            #[cfg(feature = "rules-postgres")]
+            SqlPool::Postgres(_) => return Ok(()),
         };
-        let reopened = old
-            .options()
-            .clone()
-            .connect_with((*old.connect_options()).clone());
         let new = match tokio::time::timeout(timeout, reopened).await {
             Ok(Ok(new)) => new,
             Ok(Err(e)) => {
