@@ -290,6 +290,9 @@ pub(crate) struct Settings {
     pub(crate) hooks: HookSettings,
     /// Delay mode's waiter counts, when they outlive this layer (reloaded rules).
     pub(crate) wait_counts: Option<WaitCounts>,
+    /// Whether a layer without limits is valid (rules built by code with no limit, e.g.
+    /// a `RateLimitRule` table with no active row): it limits nothing.
+    pub(crate) no_limits_ok: bool,
 }
 
 impl Default for Settings {
@@ -312,6 +315,7 @@ impl Default for Settings {
             address: Address::Peer,
             hooks: HookSettings::default(),
             wait_counts: None,
+            no_limits_ok: false,
         }
     }
 }
@@ -498,8 +502,17 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
 
     /// Delay mode's waiter counts from outside the layer, so that successive versions of
     /// reloaded rules count the same waiting requests.
+    #[cfg(feature = "rules")]
     pub(crate) fn wait_counts(mut self, counts: WaitCounts) -> Self {
         self.settings.wait_counts = Some(counts);
+        self
+    }
+
+    /// A layer without limits is valid: it limits nothing (the allow and deny lists still
+    /// apply). For rules built by code that have no limit.
+    #[cfg(feature = "rules")]
+    pub(crate) fn allow_no_limits(mut self) -> Self {
+        self.settings.no_limits_ok = true;
         self
     }
 
@@ -516,7 +529,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
 
 /// Checks a configuration and compiles it into an engine.
 pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St>, ConfigError> {
-    if s.always.is_empty() && s.routes.is_empty() && s.route_default.is_empty() {
+    if !s.no_limits_ok && s.always.is_empty() && s.routes.is_empty() && s.route_default.is_empty() {
         return Err(ConfigError::new("limits", "no limit is configured"));
     }
     if !(0.0..=1.0).contains(&s.jitter) {

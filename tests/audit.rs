@@ -307,6 +307,43 @@ async fn a_sink_that_never_returns_does_not_slow_requests() {
     assert_eq!(stats.batches, 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peak_queued_counts_what_waits_behind_a_stuck_write_not_zero() {
+    const CAPACITY: usize = 10_000;
+    // A sink that holds its first write until the gate closes.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate.clone();
+    let audit = AuditLog::builder(move |_batch: Vec<Violation>| {
+        let held = held.clone();
+        async move {
+            let _ = held.acquire().await;
+            Ok::<(), BoxError>(())
+        }
+    })
+    .capacity(CAPACITY)
+    .batch_size(1)
+    .flush_interval(Duration::from_millis(1))
+    .write_timeout(Duration::from_secs(3_600))
+    .build()
+    .unwrap();
+    let mut svc = flood_service(Some(audit.clone()));
+    // One request passes; the writer holds at most one refusal; the rest fill the queue.
+    let (refused, _) = flood(&mut svc, CAPACITY + 100, None).await;
+    assert_eq!(refused, CAPACITY as u64 + 99);
+    let stats = audit.stats();
+    // (One less if the writer took its one refusal only after the flood.)
+    assert!(stats.queued >= CAPACITY as u64 - 1, "{stats:?}");
+    assert_eq!(
+        stats.peak_queued, CAPACITY as u64,
+        "the queue was full: {stats:?}"
+    );
+    // Released, the queue drains; the peak stays.
+    gate.close();
+    let stats = settled(&audit).await;
+    assert_eq!(stats.accepted + stats.dropped, refused);
+    assert_eq!(stats.peak_queued, CAPACITY as u64, "{stats:?}");
+}
+
 #[tokio::test]
 async fn failed_and_timed_out_writes_lose_their_batch_and_are_counted_and_logged() {
     let lines = Lines::default();

@@ -74,8 +74,13 @@ fn rules_of(doc: Document) -> Rules<MemoryStore> {
 /// A SQLite file in `dir` with the tables, and `rows` (SQL `VALUES` tuples of
 /// `rule_id, key_pattern, scope, rate_per_second, burst_capacity, plan`).
 async fn database(dir: &tempfile::TempDir, rows: &str) -> sqlx::SqlitePool {
+    database_at(&dir.path().join("tollgate.db"), rows).await
+}
+
+/// [`database`] at `path`.
+async fn database_at(path: &std::path::Path, rows: &str) -> sqlx::SqlitePool {
     let options = SqliteConnectOptions::new()
-        .filename(dir.path().join("tollgate.db"))
+        .filename(path)
         .create_if_missing(true);
     let pool = SqlitePoolOptions::new()
         .max_connections(2)
@@ -370,7 +375,6 @@ fn bad_rows_are_errors_naming_the_row_and_the_column() {
             "RateLimitRule[rule_id=-5].rule_id",
             "negative",
         ),
-        (vec![], "RateLimitRule", "no active row"),
     ];
     for (rows, field, reason) in cases {
         let err = rules_document(&rows, &SqlSourceOptions::default()).unwrap_err();
@@ -505,10 +509,6 @@ async fn errors_at_start_are_returned() {
     let pool = database(&dir, "").await;
     let start =
         || Rules::builder(MemoryStore::new()).build_sql(pool.clone(), SqlSourceOptions::default());
-    match start().await.unwrap_err() {
-        SqlRulesError::Rules(e) => assert_eq!(e.field(), "RateLimitRule", "{e}"),
-        e => panic!("{e}"),
-    }
     exec(&pool, "INSERT INTO RateLimitRule (rule_id, key_pattern, scope, rate_per_second, burst_capacity) VALUES (4, 'ip', 'ip', 0, 1)").await;
     match start().await.unwrap_err() {
         SqlRulesError::Rules(e) => {
@@ -527,6 +527,123 @@ async fn errors_at_start_are_returned() {
         )
         .await;
     assert!(matches!(zero, Err(SqlRulesError::Rules(e)) if e.field() == "poll"));
+}
+
+/// A `RateLimitRule` table as an application may have made it: the columns, without
+/// `NOT NULL` (so `NULL`s, and NaNs, which SQLite stores as `NULL`, can be written).
+async fn loose_table(dir: &tempfile::TempDir) -> sqlx::SqlitePool {
+    let options = SqliteConnectOptions::new()
+        .filename(dir.path().join("loose.db"))
+        .create_if_missing(true);
+    let pool = SqlitePoolOptions::new()
+        .connect_with(options)
+        .await
+        .unwrap();
+    exec(
+        &pool,
+        "CREATE TABLE RateLimitRule (rule_id INTEGER PRIMARY KEY, key_pattern VARCHAR(128), \
+         scope VARCHAR(32), rate_per_second REAL, burst_capacity INTEGER, plan VARCHAR(32), \
+         is_active BOOLEAN DEFAULT TRUE, description TEXT)",
+    )
+    .await;
+    pool
+}
+
+#[tokio::test]
+async fn a_bad_value_in_any_column_is_named_after_that_column_not_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = loose_table(&dir).await;
+    // (the change to row 1, the column it must name, words of the reason)
+    let cases: &[(&str, &str, &str)] = &[
+        ("rule_id = -5", "rule_id", "negative"),
+        ("key_pattern = ''", "key_pattern", "empty"),
+        ("key_pattern = NULL", "key_pattern", "NULL"),
+        ("key_pattern = x'00ff'", "key_pattern", "BLOB"),
+        ("scope = 'country'", "scope", "global, ip, user, endpoint"),
+        ("scope = NULL", "scope", "NULL"),
+        ("rate_per_second = 0", "rate_per_second", "positive"),
+        ("rate_per_second = -1", "rate_per_second", "`-1`"),
+        ("rate_per_second = 1e400", "rate_per_second", "`inf`"),
+        ("rate_per_second = NULL", "rate_per_second", "NULL"),
+        ("rate_per_second = 'fast'", "rate_per_second", "TEXT"),
+        ("rate_per_second = 1e7", "rate_per_second", "microsecond"),
+        ("burst_capacity = 0", "burst_capacity", "at least 1"),
+        ("burst_capacity = -5", "burst_capacity", "`-5`"),
+        (
+            "burst_capacity = 3000000000",
+            "burst_capacity",
+            "out of range",
+        ),
+        (
+            "burst_capacity = -3000000000",
+            "burst_capacity",
+            "out of range",
+        ),
+        ("burst_capacity = 1.5", "burst_capacity", "REAL"),
+        ("burst_capacity = NULL", "burst_capacity", "NULL"),
+        (
+            "rate_per_second = 0.3, burst_capacity = 2000000000",
+            "burst_capacity",
+            "100 years",
+        ),
+        ("plan = ' pro'", "plan", "printable ASCII"),
+        ("plan = '*'", "plan", "NULL"),
+        ("plan = x'00'", "plan", "BLOB"),
+        ("is_active = 'maybe'", "is_active", "TEXT"),
+        ("is_active = NULL", "is_active", "NULL"),
+        ("description = x'ff'", "description", "BLOB"),
+    ];
+    let start =
+        || Rules::builder(MemoryStore::new()).build_sql(pool.clone(), SqlSourceOptions::default());
+    let reset = "DELETE FROM RateLimitRule; INSERT INTO RateLimitRule (rule_id, key_pattern, \
+                 scope, rate_per_second, burst_capacity, plan, is_active, description) VALUES \
+                 (1, 'ip', 'ip', 1, 1, NULL, TRUE, 'ok'), (2, 'global', 'global', 10, 10, NULL, TRUE, NULL)";
+    let expect = |err: SqlRulesError, column: &str, reason: &str, case: &str| match err {
+        SqlRulesError::Rules(e) => {
+            let id = if column == "rule_id" { "-5" } else { "1" };
+            assert_eq!(
+                e.field(),
+                format!("RateLimitRule[rule_id={id}].{column}"),
+                "{case}: {e}"
+            );
+            assert!(e.reason().contains(reason), "{case}: {e}");
+        }
+        e => panic!("{case}: not an error of the row: {e}"),
+    };
+    for (change, column, reason) in cases {
+        exec(&pool, reset).await;
+        exec(
+            &pool,
+            &format!("UPDATE RateLimitRule SET {change} WHERE rule_id = 1"),
+        )
+        .await;
+        expect(start().await.unwrap_err(), column, reason, change);
+    }
+    // A NaN: stored as NULL by SQLite, and said so.
+    exec(&pool, reset).await;
+    sqlx::query("UPDATE RateLimitRule SET rate_per_second = ? WHERE rule_id = 1")
+        .bind(f64::NAN)
+        .execute(&pool)
+        .await
+        .unwrap();
+    expect(start().await.unwrap_err(), "rate_per_second", "NaN", "NaN");
+
+    // While polling: a bad row refused as such (once), not a failed query.
+    exec(&pool, reset).await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    exec(
+        &pool,
+        "UPDATE RateLimitRule SET burst_capacity = 3000000000 WHERE rule_id = 2",
+    )
+    .await;
+    eventually("the bad row refused", || rules.status().failures == 1).await;
+    tokio::time::sleep(POLL * 3).await;
+    let status = rules.status();
+    assert_eq!(status.failures, 1, "refused once: {status:?}");
+    assert_eq!(
+        status.last_error.unwrap().field(),
+        "RateLimitRule[rule_id=2].burst_capacity"
+    );
 }
 
 #[tokio::test]
@@ -666,6 +783,97 @@ async fn bad_rows_are_refused_whole_and_the_running_rules_stay() {
 }
 
 #[tokio::test]
+async fn deactivating_the_last_active_rule_lifts_the_limit_instead_of_keeping_it() {
+    let lines = Lines::default();
+    let _guard = lines.capture();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(&dir, "(1, 'ip', 'ip', 0.01, 1, NULL)").await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    let app = router(&rules);
+    let from_a = || req("GET", "/", "192.0.2.1", &[]);
+    assert_eq!(passes(&app, 3, from_a).await, 1);
+
+    // Every rule switched off: no limits, a valid state, announced once.
+    exec(&pool, "UPDATE RateLimitRule SET is_active = 0").await;
+    eventually("the rules without limits", || rules.status().reloads == 1).await;
+    assert!(rules.document().limits.is_empty());
+    assert_eq!(passes(&app, 5, from_a).await, 5, "requests pass");
+    let status = rules.status();
+    assert!(status.healthy, "{status:?}");
+    assert_eq!(status.failures, 0);
+    tokio::time::sleep(POLL * 3).await;
+    let warned = lines.matching("no active row");
+    assert_eq!(warned.len(), 1, "one WARN per transition: {warned:?}");
+    assert!(warned[0].contains("WARN"), "{warned:?}");
+    assert_eq!(
+        rules.status().reloads,
+        1,
+        "nothing to reload while it stays so"
+    );
+
+    // Switched on again: enforced again (the store kept the client's empty bucket), and
+    // a new WARN next time.
+    exec(&pool, "UPDATE RateLimitRule SET is_active = 1").await;
+    eventually("the rule back", || rules.status().reloads == 2).await;
+    assert_eq!(passes(&app, 3, from_a).await, 0);
+    assert_eq!(
+        passes(&app, 3, || req("GET", "/", "192.0.2.2", &[])).await,
+        1
+    );
+    exec(&pool, "DELETE FROM RateLimitRule").await;
+    eventually("no rule again", || rules.status().reloads == 3).await;
+    assert_eq!(passes(&app, 3, from_a).await, 3);
+    assert_eq!(lines.matching("no active row").len(), 2);
+}
+
+#[tokio::test]
+async fn a_table_without_an_active_row_at_start_limits_nothing_instead_of_failing() {
+    let lines = Lines::default();
+    let _guard = lines.capture();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(&dir, "").await;
+    exec(&pool, "INSERT INTO RateLimitRule (rule_id, key_pattern, scope, rate_per_second, burst_capacity, is_active) VALUES (1, 'ip', 'ip', 0.01, 1, FALSE)").await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    assert!(rules.document().limits.is_empty());
+    assert!(rules.status().healthy);
+    let app = router(&rules);
+    assert_eq!(
+        passes(&app, 3, || req("GET", "/", "192.0.2.1", &[])).await,
+        3
+    );
+    assert_eq!(lines.matching("no active row").len(), 1);
+    // The first active row is picked up at the next poll.
+    exec(&pool, "UPDATE RateLimitRule SET is_active = 1").await;
+    eventually("the rule", || rules.status().reloads == 1).await;
+    assert_eq!(
+        passes(&app, 3, || req("GET", "/", "192.0.2.1", &[])).await,
+        1
+    );
+}
+
+#[test]
+fn only_rules_built_by_code_may_have_no_limits_an_empty_file_is_still_refused() {
+    let err = Rules::builder(MemoryStore::new())
+        .text("")
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "limits", "{err}");
+    assert!(Document::default().check().is_err());
+    let rules = rules_of(Document::default());
+    assert!(rules.document().limits.is_empty());
+    assert_eq!(
+        rules.reload("").unwrap_err().field(),
+        "limits",
+        "rules text stays refused"
+    );
+    rules
+        .reload_document(map(&[row(1, "ip", "ip", 1.0, 1)]))
+        .unwrap();
+    rules.reload_document(Document::default()).unwrap();
+    assert_eq!(rules.status().reloads, 2);
+}
+
+#[tokio::test]
 async fn a_failing_query_is_counted_each_poll_logged_once_and_recovered_from() {
     let lines = Lines::default();
     let _guard = lines.capture();
@@ -690,6 +898,111 @@ async fn a_failing_query_is_counted_each_poll_logged_once_and_recovered_from() {
     eventually("healthy", || rules.status().healthy).await;
     assert_eq!(rules.status().reloads, 0);
     assert_eq!(lines.matching("rules readable again").len(), 1);
+}
+
+/// The rules' file in `dir` (see [`database`]).
+fn db_file(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path().join("tollgate.db")
+}
+
+/// Waits for a refused poll whose error contains `text`; the error.
+async fn refused_with(rules: &Rules<MemoryStore>, text: &str) -> tollgate::ConfigError {
+    eventually(text, || {
+        let status = rules.status();
+        !status.healthy && status.last_error.is_some_and(|e| e.reason().contains(text))
+    })
+    .await;
+    rules.status().last_error.unwrap()
+}
+
+#[tokio::test]
+async fn a_deleted_database_file_is_reported_not_read_silently_and_a_new_one_is_picked_up() {
+    let lines = Lines::default();
+    let _guard = lines.capture();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(&dir, "(1, 'ip', 'ip', 0.01, 1, NULL)").await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    let app = router(&rules);
+    let before = rules.document();
+
+    std::fs::remove_file(db_file(&dir)).unwrap();
+    let path = db_file(&dir).display().to_string();
+    let err = refused_with(&rules, "is gone").await;
+    assert_eq!(err.field(), "RateLimitRule", "{err}");
+    assert!(err.reason().contains(&path), "names the file: {err}");
+    eventually("more refused polls", || rules.status().failures >= 3).await;
+    assert_eq!(lines.matching("is gone").len(), 1, "logged once");
+    assert_eq!(rules.document(), before, "the running rules stay");
+    assert_eq!(
+        passes(&app, 3, || req("GET", "/", "192.0.2.1", &[])).await,
+        1
+    );
+
+    // A new database at the same path (made aside, then moved there whole): read within
+    // a poll.
+    let aside = dir.path().join("new.db");
+    database_at(&aside, "(1, 'ip', 'ip', 0.01, 3, NULL)")
+        .await
+        .close()
+        .await;
+    std::fs::rename(&aside, db_file(&dir)).unwrap();
+    eventually("the new database's rules", || rules.status().reloads == 1).await;
+    assert_eq!(
+        rules.document().limits[0].quota.as_deref(),
+        Some("1/100s; burst=3")
+    );
+    assert!(rules.status().healthy);
+    // And its later edits.
+    let fresh = database_at(&db_file(&dir), "").await;
+    exec(&fresh, "UPDATE RateLimitRule SET burst_capacity = 4").await;
+    eventually("an edit of the new database", || {
+        rules.status().reloads == 2
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_database_file_replaced_by_a_non_database_file_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(&dir, "(1, 'ip', 'ip', 0.01, 1, NULL)").await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    let before = rules.document();
+    let other = dir.path().join("other");
+    std::fs::write(
+        &other,
+        "rules? no: a text file of ~100 bytes, not a SQLite database.\n".repeat(20),
+    )
+    .unwrap();
+    std::fs::rename(&other, db_file(&dir)).unwrap();
+    let err = refused_with(&rules, "not a database").await;
+    assert!(
+        err.reason().contains(&db_file(&dir).display().to_string()),
+        "{err}"
+    );
+    assert_eq!(rules.document(), before, "the running rules stay");
+}
+
+#[tokio::test]
+async fn a_database_file_of_mode_000_is_reported_even_to_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(&dir, "(1, 'ip', 'ip', 0.01, 1, NULL)").await;
+    let (rules, _poller) = polled(&pool, SqlSourceOptions::default()).await;
+    let file = db_file(&dir);
+    // Root may read a file of mode 000 anyway; the source refuses it all the same (its
+    // owner has taken it away), so this holds for every user.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let err = refused_with(&rules, "lets no one read it").await;
+    assert!(err.reason().contains(&file.display().to_string()), "{err}");
+    assert_eq!(
+        rules.document().limits[0].name,
+        "ip",
+        "the running rules stay"
+    );
+    // Readable again, the same rows: healthy without a reload.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    eventually("healthy again", || rules.status().healthy).await;
+    assert_eq!(rules.status().reloads, 0);
 }
 
 #[tokio::test]

@@ -107,8 +107,9 @@ pub struct AuditStats {
     pub batches: u64,
     /// Violations in the queue now (never more than `capacity`).
     pub queued: u64,
-    /// The most violations the writer found waiting in the queue, looking before and after
-    /// taking each batch (never more than `capacity`).
+    /// The most violations that waited in the queue at once (never more than `capacity`):
+    /// a high-water mark kept as violations are queued, so it counts those waiting behind
+    /// a slow or stuck write too.
     pub peak_queued: u64,
     /// The queue's bound.
     pub capacity: u64,
@@ -258,6 +259,15 @@ impl AuditLog {
             Ok(permit) => {
                 permit.send(make());
                 inner.counters.accepted.fetch_add(1, Ordering::Relaxed);
+                // The high-water mark, written only when it rises: a queue below its peak
+                // costs one more load.
+                let queued = (inner.capacity - inner.tx.capacity()) as u64;
+                if queued > inner.counters.peak_queued.load(Ordering::Relaxed) {
+                    inner
+                        .counters
+                        .peak_queued
+                        .fetch_max(queued, Ordering::Relaxed);
+                }
             }
             Err(_) => self.dropped(),
         }
@@ -297,10 +307,6 @@ impl Writer {
     async fn run(mut self) {
         let mut batch = Vec::with_capacity(self.batch_size);
         loop {
-            let waiting = self.rx.len() as u64;
-            self.counters
-                .peak_queued
-                .fetch_max(waiting, Ordering::Relaxed);
             if self.rx.recv_many(&mut batch, self.batch_size).await == 0 {
                 return; // every sender is gone and the queue is empty
             }
@@ -312,11 +318,6 @@ impl Writer {
                     Ok(_) => {}
                 }
             }
-            // What waits behind this batch (the batch has left the queue).
-            let waiting = self.rx.len() as u64;
-            self.counters
-                .peak_queued
-                .fetch_max(waiting, Ordering::Relaxed);
             // Keys are rendered (hashed) here, off the request path.
             let full: Vec<Violation> = batch.drain(..).map(Queued::into_violation).collect();
             self.write(full).await;

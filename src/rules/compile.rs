@@ -44,6 +44,10 @@ impl Compiled {
         self,
         mut b: RateLimitBuilder<St, R>,
     ) -> RateLimitBuilder<St, R> {
+        if self.limits.is_empty() {
+            // Only a document allowed to be empty gets here (`compile_maybe_empty`).
+            b = b.allow_no_limits();
+        }
         for (routes, limit) in self.limits {
             match routes {
                 None => b = b.limit(limit),
@@ -67,7 +71,14 @@ impl Compiled {
 }
 
 /// Checks `doc` and turns it into builder calls; `keys`: the `custom:<name>` key parts.
-pub(crate) fn compile(doc: &Document, keys: &CustomKeys) -> Result<Compiled, ConfigError> {
+/// A document without limits is valid only if `empty_ok` (a document built by code, e.g.
+/// from a `RateLimitRule` table with no active row): it limits nothing. Rules text is
+/// never allowed to be empty: an empty or truncated file is refused.
+pub(crate) fn compile_maybe_empty(
+    doc: &Document,
+    keys: &CustomKeys,
+    empty_ok: bool,
+) -> Result<Compiled, ConfigError> {
     let s = &doc.settings;
     let style = match s.headers.as_deref() {
         None | Some("draft-11") => HeaderStyle::Ietf,
@@ -120,7 +131,7 @@ pub(crate) fn compile(doc: &Document, keys: &CustomKeys) -> Result<Compiled, Con
             ));
         }
     };
-    if doc.limits.is_empty() {
+    if doc.limits.is_empty() && !empty_ok {
         return Err(ConfigError::new(
             "limits",
             "the document has no `[[limits]]`: at least one limit is needed",

@@ -96,9 +96,10 @@ use crate::layer::RateLimitLayer;
 use crate::store::Store;
 
 impl Document {
-    /// Checks the whole document as [`Rules`] would (every value, duplicate names,
-    /// routes): the error names the field (`limits[2].quota`), without a line (see
-    /// [`Document::from_toml`] and [`Rules`] for located errors).
+    /// Checks the whole document as [`Rules`] would check rules text (every value,
+    /// duplicate names, routes, at least one limit): the error names the field
+    /// (`limits[2].quota`), without a line (see [`Document::from_toml`] and [`Rules`] for
+    /// located errors). A document given to [`Rules`] by code may have no limits.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.layer(crate::store::MemoryStore::new()).map(drop)
     }
@@ -106,13 +107,14 @@ impl Document {
     /// A [`RateLimitLayer`] with these rules over `store`, for rules read once, without
     /// reloading.
     pub fn layer<St: Store>(&self, store: St) -> Result<RateLimitLayer<St>, ConfigError> {
-        self.layer_with(store, &compile::CustomKeys::new())
+        self.layer_with(store, &compile::CustomKeys::new(), false)
     }
 
-    /// [`check`](Self::check) with key parts registered by code (`custom:<name>`).
+    /// [`check`](Self::check) of a document built by code, which may have no limits, with
+    /// key parts registered by code (`custom:<name>`).
     #[cfg(feature = "rules-sql")]
     pub(crate) fn check_with(&self, keys: &CustomKeys) -> Result<(), ConfigError> {
-        self.layer_with(crate::store::MemoryStore::new(), keys)
+        self.layer_with(crate::store::MemoryStore::new(), keys, true)
             .map(drop)
     }
 
@@ -120,8 +122,9 @@ impl Document {
         &self,
         store: St,
         keys: &compile::CustomKeys,
+        empty_ok: bool,
     ) -> Result<RateLimitLayer<St>, ConfigError> {
-        let compiled = compile::compile(self, keys)?;
+        let compiled = compile::compile_maybe_empty(self, keys, empty_ok)?;
         compiled
             .apply(RateLimitLayer::builder(store))
             .build()

@@ -19,7 +19,7 @@ use crate::future::ResponseFuture;
 use crate::layer::{RateLimitBuilder, RateLimitLayer, Shared};
 use crate::limiter::Limiter;
 use crate::response::{DefaultOnRejection, OnRejection};
-use crate::rules::compile::{CustomKeys, compile, rebase};
+use crate::rules::compile::{CustomKeys, compile_maybe_empty, rebase};
 use crate::rules::document::{Document, Format};
 use crate::rules::locate::Tree;
 use crate::rules::read::{DEFAULT_MAX_FILE_SIZE, DEFAULT_READ_TIMEOUT, FileReader};
@@ -269,7 +269,8 @@ impl<St: Store, R> RulesBuilder<St, R> {
     }
 
     /// The first rules, as a document built by code (e.g. from database rows); later
-    /// versions go to [`Rules::reload_document`].
+    /// versions go to [`Rules::reload_document`]. It may have no limits (then the rules
+    /// limit nothing), unlike rules text, where an empty or truncated file is refused.
     pub fn document(mut self, document: Document) -> Self {
         self.source = Source::Document(Box::new(document));
         self
@@ -532,7 +533,8 @@ fn listen_hangup<St: Store, R: Clone + Send + Sync + 'static>(
 }
 
 /// Compiles `doc` into an engine over `store`. `text`: the text it was read from, its
-/// format and its file name (empty if none), to locate errors.
+/// format and its file name (empty if none), to locate errors. A document built by code
+/// (no text) may have no limits; rules text may not.
 fn build_shared<St: Store, R: Clone>(
     store: &St,
     on_rejection: &R,
@@ -542,7 +544,7 @@ fn build_shared<St: Store, R: Clone>(
     doc: &Document,
     text: Option<(&str, Format, &str)>,
 ) -> Result<Arc<Shared<St, R>>, ConfigError> {
-    let built = compile(doc, keys).and_then(|compiled| {
+    let built = compile_maybe_empty(doc, keys, text.is_none()).and_then(|compiled| {
         let mut builder = compiled
             .apply(RateLimitLayer::builder(store.clone()))
             .wait_counts(waits.clone());
@@ -827,7 +829,8 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Rules<St, R> {
     }
 
     /// Installs a document built by code (e.g. read from a database). On an error the
-    /// running rules stay.
+    /// running rules stay. A document built by code may have no limits: the rules then
+    /// limit nothing (rules text without a limit is refused).
     pub fn reload_document(&self, document: Document) -> Result<(), ConfigError> {
         self.inner.install_document(Trigger::Call, document)
     }

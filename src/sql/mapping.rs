@@ -51,8 +51,12 @@ const USER_KEY: &str = "user";
 /// - Every limit carries its `rule_id` ([`Limit::rule_id`](crate::Limit::rule_id)).
 ///
 /// A row that cannot be mapped refuses the whole set: the error names the row and the
-/// column, e.g. `RateLimitRule[rule_id=4].rate_per_second`. So does a set without an
-/// active row (a document needs a limit: the running rules stay).
+/// column, e.g. `RateLimitRule[rule_id=4].rate_per_second`.
+///
+/// No active row (an empty table, or every rule switched off) is a valid state: a
+/// document without limits, whose rules limit nothing (the settings' allow and deny lists
+/// still apply). Only rules built by code may be empty this way: rules text without a
+/// limit is refused.
 ///
 /// ```
 /// use tollgate::sql::{SqlRuleRow, SqlSourceOptions, rules_document};
@@ -70,6 +74,10 @@ const USER_KEY: &str = "user";
 /// let bad = vec![SqlRuleRow::new(7, "global", "global", -1.0, 10)];
 /// let err = rules_document(&bad, &SqlSourceOptions::default()).unwrap_err();
 /// assert_eq!(err.field(), "RateLimitRule[rule_id=7].rate_per_second");
+///
+/// let mut off = SqlRuleRow::new(8, "global", "global", 1.0, 1);
+/// off.is_active = false;
+/// assert!(rules_document(&[off], &SqlSourceOptions::default())?.limits.is_empty());
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
 pub fn rules_document(
@@ -169,12 +177,6 @@ fn map(rows: &[SqlRuleRow], options: &SqlSourceOptions) -> Result<Mapped, Config
 
     let mut active: Vec<&SqlRuleRow> = rows.iter().filter(|r| r.is_active).collect();
     active.sort_by_key(|r| r.rule_id);
-    if active.is_empty() {
-        return Err(ConfigError::new(
-            "RateLimitRule",
-            "no active row: at least one rule is needed (the running rules stay)",
-        ));
-    }
     // Groups in the order of their first rule id.
     let mut groups: Vec<Group<'_>> = Vec::new();
     let mut index: BTreeMap<&str, usize> = BTreeMap::new();

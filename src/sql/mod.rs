@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+mod file;
 mod mapping;
 mod options;
 mod rules;

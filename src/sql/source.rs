@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use super::file::DbFile;
 use super::mapping::{custom_keys, rules_document};
 use super::options::SqlSourceOptions;
+use super::rules::row_error;
 use super::{SqlPool, fetch_rules};
 use crate::error::ConfigError;
 use crate::rules::{Document, Rules, RulesBuilder, Trigger, WeakRules};
@@ -30,8 +32,9 @@ const REPEAT_EVERY: Duration = Duration::from_secs(600);
 pub enum SqlRulesError {
     /// The `RateLimitRule` table could not be read.
     Query(sqlx::Error),
-    /// The rows do not make valid rules (the error names the row and the column), or the
-    /// options are invalid.
+    /// The rows do not make valid rules, or hold a value that cannot be read (a `NULL`, a
+    /// number out of range: the error names the row and the column), or the options are
+    /// invalid.
     Rules(ConfigError),
 }
 
@@ -99,16 +102,30 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
     /// rows become limits) and starts a task on the current Tokio runtime that reads the
     /// table every [`poll`](SqlSourceOptions::poll_every) interval.
     ///
-    /// An error at start (the table cannot be read, a row is invalid, there is no active
-    /// row) is returned. Later, the rules are reloaded only when the rows map to
-    /// different rules (edits of descriptions, or of inactive rows, reload nothing); a
-    /// limit whose `key_pattern` is unchanged keeps its buckets. A failed query or an
-    /// invalid set of rows keeps the running rules, is counted in
-    /// [`Rules::status`](crate::rules::Rules::status) and logged as an `ERROR` (target
-    /// `tollgate::rules`; a query error that repeats at each poll is logged again at
-    /// most every 10 minutes, a set of rows once). A query taking more than 30 s counts
-    /// as failed. Any `file`, `text` or `document` given to the builder is replaced by
-    /// the table.
+    /// An error at start (the table cannot be read, a row is invalid) is returned. Later,
+    /// the rules are reloaded only when the rows map to different rules (edits of
+    /// descriptions, or of inactive rows, reload nothing); a limit whose `key_pattern` is
+    /// unchanged keeps its buckets. A failed query or an invalid set of rows keeps the
+    /// running rules, is counted in [`Rules::status`](crate::rules::Rules::status) and
+    /// logged as an `ERROR` (target `tollgate::rules`; a query error that repeats at each
+    /// poll is logged again at most every 10 minutes, a set of rows once). A query taking
+    /// more than 30 s counts as failed. Any `file`, `text` or `document` given to the
+    /// builder is replaced by the table.
+    ///
+    /// A SQLite pool opened on a file path is followed: at each poll the file at the path
+    /// is compared with the one the pool opened (device and inode), since a pooled
+    /// connection keeps reading a deleted or replaced file. A file deleted, moved away or
+    /// unreadable (its mode lets no one read it, e.g. `chmod 000`) is a failed poll whose
+    /// error names the path (the running rules stay); another file at the path (a new
+    /// database, a restored backup) is opened with a new pool of the same options and read
+    /// at once; a file that is not a database is then a failed query. The pool given is
+    /// not closed (it may serve an audit sink too). PostgreSQL pools, in-memory databases
+    /// and `file:` URIs are not followed.
+    ///
+    /// No active row (an empty table, every rule switched off) means no limits: requests
+    /// pass (the settings' allow and deny lists still apply), with one `WARN` each time
+    /// the table comes to that state (at start too). A failed or timed-out query is what
+    /// keeps the last good rules.
     ///
     /// ```
     /// use std::time::Duration;
@@ -161,7 +178,13 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
         let pool = pool.into();
         let rows = tokio::time::timeout(QUERY_TIMEOUT, fetch_rules(&pool))
             .await
-            .map_err(|_| ConfigError::new("RateLimitRule", "the query timed out (30 s)"))??;
+            .map_err(|_| ConfigError::new("RateLimitRule", "the query timed out (30 s)"))?
+            .map_err(|e| match row_error(&e) {
+                Some(bad) => SqlRulesError::Rules(bad),
+                None => SqlRulesError::Query(e),
+            })?;
+        // The file the pool has just read, if it reads one.
+        let file = DbFile::of(&pool);
         let document = rules_document(&rows, &options)?;
         let mut builder = self.document(document.clone());
         // The key parts the check registered (`custom:user`), for every version.
@@ -169,10 +192,14 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             builder = builder.custom_key(&name, key);
         }
         let rules = builder.build()?;
+        if document.limits.is_empty() {
+            warn_no_limits();
+        }
         let wake = Arc::new(Notify::new());
         let poll = Poll {
             rules: rules.downgrade(),
             pool,
+            file,
             options,
             wake: wake.clone(),
             last: Some(Attempt {
@@ -197,6 +224,8 @@ struct Attempt {
 struct Poll<St: Store, R> {
     rules: WeakRules<St, R>,
     pool: SqlPool,
+    /// The database file of a SQLite pool opened on a path, followed at each poll.
+    file: Option<DbFile>,
     options: SqlSourceOptions,
     wake: Arc<Notify>,
     /// The last rows that were acted on (installed or refused): the same again reload
@@ -215,13 +244,30 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
             if self.rules.upgrade().is_none() {
                 return;
             }
+            // A deleted, unreadable or replaced database file: reported, or reopened.
+            if let Some(file) = &mut self.file
+                && let Err(reason) = file.follow(&mut self.pool, QUERY_TIMEOUT).await
+            {
+                let Some(rules) = self.rules.upgrade() else {
+                    return;
+                };
+                self.failed(&rules, reason);
+                continue;
+            }
             let fetched = tokio::time::timeout(QUERY_TIMEOUT, fetch_rules(&self.pool)).await;
             let Some(rules) = self.rules.upgrade() else {
                 return;
             };
             match fetched {
                 Ok(Ok(rows)) => self.read(&rules, rules_document(&rows, &self.options)),
-                Ok(Err(e)) => self.failed(&rules, format!("cannot read the rules: {e}")),
+                Ok(Err(e)) => match row_error(&e) {
+                    // A value that cannot be read: a bad row, refused as such.
+                    Some(bad) => self.read(&rules, Err(bad)),
+                    None => {
+                        let from = self.file.as_ref().map(DbFile::describe).unwrap_or_default();
+                        self.failed(&rules, format!("cannot read the rules{from}: {e}"));
+                    }
+                },
                 Err(_) => self.failed(&rules, "the query timed out (30 s)".to_owned()),
             }
         }
@@ -239,7 +285,14 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
             return;
         }
         let accepted = match &outcome {
-            Ok(document) => rules.install(Trigger::Sql, document.clone()).is_ok(),
+            Ok(document) => {
+                let installed = rules.install(Trigger::Sql, document.clone()).is_ok();
+                // Rows that map to other rules than the last: a new state of the table.
+                if installed && document.limits.is_empty() {
+                    warn_no_limits();
+                }
+                installed
+            }
             Err(e) => {
                 rules.refuse(Trigger::Sql, e.clone(), true);
                 false
@@ -265,4 +318,12 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
             announce,
         );
     }
+}
+
+/// The table has no active row: the rules limit nothing from now on.
+fn warn_no_limits() {
+    tracing::warn!(
+        target: "tollgate::rules",
+        "RateLimitRule has no active row: no limits from the table, every request passes"
+    );
 }
