@@ -16,6 +16,7 @@ use smallvec::SmallVec;
 
 use crate::decision::{Decision, LimitDecision, Overall, Status};
 use crate::delay::{Delay, WaitCounts, Waiters};
+use crate::error::ConfigError;
 use crate::headers::{self, Fields, HeaderStyle, Report, RetryAfterFormat};
 use crate::intern::intern;
 use crate::key::{Key, KeyBuilder, KeyError};
@@ -47,16 +48,28 @@ pub(crate) struct Bound<St: Store> {
 }
 
 impl<St: Store> Bound<St> {
-    pub(crate) fn new(limit: Limit, store: &St, waits: &WaitCounts) -> Self {
-        Self {
-            name: intern(&limit.name),
+    /// The limit bound to its table; an error if its name cannot be interned (the
+    /// process has interned [`INTERN_BUDGET`](crate::intern::INTERN_BUDGET) bytes of
+    /// distinct names already).
+    pub(crate) fn new(limit: Limit, store: &St, waits: &WaitCounts) -> Result<Self, ConfigError> {
+        let Some(name) = intern(&limit.name) else {
+            return Err(ConfigError::new(
+                format!("limits[{:?}].name", &*limit.name),
+                format!(
+                    "this process has already kept {} MiB of distinct limit names (names live as long as the process): reuse names, or restart it to load more new ones",
+                    crate::intern::INTERN_BUDGET >> 20
+                ),
+            ));
+        };
+        Ok(Self {
+            name,
             ietf_prefix: headers::limit_prefix(&limit.name),
             table: store.table(&limit.name),
             misconfigured_log: LogThrottle::new(),
             shadow_log: LogThrottle::new(),
             waiters: Waiters::new(limit.on_limit, &limit.name, waits),
             limit,
-        }
+        })
     }
 }
 
@@ -455,7 +468,7 @@ impl<St: Store> Engine<St> {
         wait: Option<Duration>,
         fields: &mut Fields,
     ) {
-        let reports: SmallVec<[Report<'_>; 4]> = decision
+        let mut reports: SmallVec<[Report<'_>; 4]> = decision
             .limits()
             .zip(plan)
             .filter(|(l, _)| l.mode() == Mode::Enforce || self.shadow_headers)
@@ -473,6 +486,7 @@ impl<St: Store> Engine<St> {
                 })
             })
             .collect();
+        headers::keep_most_restrictive(&mut reports);
         let usual = reports.len() == g.reported
             && (!g.dynamic_quota
                 || decision

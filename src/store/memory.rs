@@ -84,9 +84,11 @@ struct Inner<C> {
     /// Keys the 128-bit hash of non-address keys.
     secret: (u64, u64),
     hasher: foldhash::fast::RandomState,
-    tables: Mutex<HashMap<Box<str>, Arc<Table>>>,
-    /// Entries in all tables.
-    len: AtomicUsize,
+    /// The tables by limit name, held by the engines that use them: a table no engine
+    /// holds any more (its limit was removed by a reload) is dropped with its buckets.
+    tables: Mutex<Tables>,
+    /// Entries in all tables (shared with the tables, which take theirs back when dropped).
+    len: Arc<AtomicUsize>,
     max_keys: AtomicUsize,
     /// How long a full bucket is kept (ns of the store's clock).
     grace_ns: AtomicU64,
@@ -97,6 +99,20 @@ struct Inner<C> {
     /// Whether tables report `tollgate_keys` (not the local stores of `Resilient`).
     #[cfg(feature = "metrics")]
     key_metrics: AtomicBool,
+}
+
+/// The tables of a store by name, not kept alive by the store.
+struct Tables {
+    by_name: HashMap<Box<str>, Weak<Table>>,
+    /// The size at which names of dropped tables are next cleared out: amortized over the
+    /// tables made, so making `n` tables costs `O(n)`.
+    prune_at: usize,
+}
+
+impl Tables {
+    fn live(&self) -> impl Iterator<Item = Arc<Table>> + '_ {
+        self.by_name.values().filter_map(Weak::upgrade)
+    }
 }
 
 /// One limit's buckets in a [`MemoryStore`] (see [`Store::table`]).
@@ -115,6 +131,8 @@ impl fmt::Debug for MemoryTable {
 
 struct Table {
     name: Box<str>,
+    /// The store's count of entries, which this table's entries leave when it is dropped.
+    store_len: Arc<AtomicUsize>,
     /// The stable hash of the name (random window phases).
     name_hash: u64,
     shards: Box<[Shard]>,
@@ -157,12 +175,37 @@ impl Shard {
     }
 }
 
+impl Drop for Table {
+    /// The table's entries leave the store's count (and the key gauge) with it.
+    fn drop(&mut self) {
+        let mut entries: usize = self
+            .shards
+            .iter_mut()
+            .map(|s| s.0.get_mut().unwrap_or_else(PoisonError::into_inner).len())
+            .sum();
+        if let Some(logs) = self.logs.get_mut() {
+            entries += logs
+                .iter_mut()
+                .map(windows::LogShard::len_mut)
+                .sum::<usize>();
+        }
+        if entries > 0 {
+            self.store_len.fetch_sub(entries, Ordering::Relaxed);
+            #[cfg(feature = "metrics")]
+            if let Some(keys) = &self.keys {
+                keys.decrement(entries as f64);
+            }
+        }
+    }
+}
+
 impl Table {
-    fn new(name: &str, _key_metrics: bool) -> Self {
+    fn new(name: &str, _key_metrics: bool, store_len: Arc<AtomicUsize>) -> Self {
         Self {
             #[cfg(feature = "metrics")]
             keys: _key_metrics.then(|| crate::metrics::keys(name)),
             name: name.into(),
+            store_len,
             name_hash: crate::algorithm::name_hash(name),
             shards: (0..SHARDS)
                 .map(|_| Shard(RwLock::new(HashTable::new())))
@@ -298,12 +341,12 @@ impl<C: Clock> Inner<C> {
         self.sweep_shard(table, i, now)
     }
 
+    /// The tables some engine still uses.
     fn tables(&self) -> Vec<Arc<Table>> {
         self.tables
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .cloned()
+            .live()
             .collect()
     }
 
@@ -354,8 +397,11 @@ impl<C: Clock> MemoryStore<C> {
                 clock,
                 secret: (random_u64(1), random_u64(2)),
                 hasher: foldhash::fast::RandomState::default(),
-                tables: Mutex::new(HashMap::new()),
-                len: AtomicUsize::new(0),
+                tables: Mutex::new(Tables {
+                    by_name: HashMap::new(),
+                    prune_at: 64,
+                }),
+                len: Arc::new(AtomicUsize::new(0)),
                 max_keys: AtomicUsize::new(DEFAULT_MAX_KEYS),
                 grace_ns: AtomicU64::new(DEFAULT_IDLE_GRACE.as_nanos() as u64),
                 at_cap: AtomicBool::new(false),
@@ -407,6 +453,18 @@ impl<C: Clock> MemoryStore<C> {
     /// The key cap, or `None` if [`unbounded`](Self::unbounded).
     pub fn key_cap(&self) -> Option<usize> {
         Some(self.inner.max_keys.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
+    }
+
+    /// Number of tables (one per limit name) that the layers and limiters built on this
+    /// store still use. A limit removed by a reload of rules takes its table, and its
+    /// keys, with it once no request uses the old rules.
+    pub fn table_count(&self) -> usize {
+        self.inner
+            .tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .live()
+            .count()
     }
 
     /// Number of keys tracked, over all limits (including idle ones not swept yet).
@@ -904,16 +962,24 @@ impl<C: Clock> Store for MemoryStore<C> {
     type Table = MemoryTable;
     type Future = Ready<Statuses>;
 
+    /// The table of `name`: the one the engines using it hold (a reload that keeps a
+    /// limit's name keeps its buckets), or a new one. The store itself does not keep it:
+    /// once no engine uses a name, its table and buckets are dropped.
     fn table(&self, name: &str) -> MemoryTable {
         let mut tables = self
             .inner
             .tables
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let table = tables
-            .entry(name.into())
-            .or_insert_with(|| Arc::new(Table::new(name, self.key_metrics())))
-            .clone();
+        if let Some(table) = tables.by_name.get(name).and_then(Weak::upgrade) {
+            return MemoryTable { table };
+        }
+        if tables.by_name.len() >= tables.prune_at {
+            tables.by_name.retain(|_, t| t.strong_count() > 0);
+            tables.prune_at = (tables.by_name.len() * 2).max(64);
+        }
+        let table = Arc::new(Table::new(name, self.key_metrics(), self.inner.len.clone()));
+        tables.by_name.insert(name.into(), Arc::downgrade(&table));
         MemoryTable { table }
     }
 

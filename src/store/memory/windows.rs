@@ -75,6 +75,16 @@ pub(super) type Log = VecDeque<(u64, u64)>;
 #[repr(align(128))]
 pub(super) struct LogShard(Mutex<HashMap<[u64; 2], Log, foldhash::fast::RandomState>>);
 
+impl LogShard {
+    /// The keys of the shard, by its owner (a table being dropped).
+    pub(super) fn len_mut(&mut self) -> usize {
+        self.0
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
 fn unpack_fixed(word: u64) -> (u32, u64) {
     ((word >> 32) as u32, word & 0xffff_ffff)
 }
