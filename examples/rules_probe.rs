@@ -306,7 +306,11 @@ fn sighup(size_mb: usize) {
             .count();
         println!(
             "requests answered 0.5-2 s after the FIFO's SIGHUP: {answered}{}",
-            if answered == 0 { " (server stalled)" } else { "" }
+            if answered == 0 {
+                " (server stalled)"
+            } else {
+                ""
+            }
         );
     }
     stop.store(true, Ordering::Relaxed);

@@ -212,6 +212,38 @@ fn ietf_limit_of(reports: &[Report<'_>]) -> Option<String> {
     Some(out)
 }
 
+/// The most limits the rate-limit fields of one response describe. A request under more
+/// limits gets the members of the most restrictive ones: those that refuse it first, then
+/// those with the fewest tokens left (ties: the longer reset), in configuration order. A
+/// response's fields stay a few hundred bytes however many limits apply.
+pub const MAX_MEMBERS: usize = 8;
+
+/// Keeps the [`MAX_MEMBERS`] most restrictive of `reports`, in their order.
+pub(crate) fn keep_most_restrictive<'a, const N: usize>(
+    reports: &mut smallvec::SmallVec<[Report<'a>; N]>,
+) {
+    if reports.len() <= MAX_MEMBERS {
+        return;
+    }
+    let mut order: Vec<usize> = (0..reports.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&reports[a], &reports[b]);
+        b.violated
+            .cmp(&a.violated)
+            .then(a.remaining.cmp(&b.remaining))
+            .then(b.reset_after.cmp(&a.reset_after))
+    });
+    let mut keep = vec![false; reports.len()];
+    for &i in &order[..MAX_MEMBERS] {
+        keep[i] = true;
+    }
+    let mut i = 0;
+    reports.retain(|_| {
+        i += 1;
+        keep[i - 1]
+    });
+}
+
 /// The limit the single-limit styles describe: among the refusing limits if any, the one
 /// with the fewest tokens left, ties broken by the longer reset.
 fn most_constrained<'r, 'a>(reports: &'r [Report<'a>]) -> Option<&'r Report<'a>> {
@@ -378,7 +410,8 @@ pub(crate) fn rate_limit_fields(
 ///
 /// The value is `'static` (interned: one copy per distinct value the process has built):
 /// cloning it per response touches no shared reference count, which a shared `Bytes`
-/// would on every core.
+/// would on every core. `None` when the process's budget of interned strings is spent:
+/// the field is then rendered per response.
 pub(crate) fn static_policy<'a>(
     items: impl IntoIterator<Item = (&'a str, u64, u64)>,
 ) -> Option<HeaderValue> {
@@ -389,7 +422,8 @@ pub(crate) fn static_policy<'a>(
     }))?;
     // Only visible ASCII and spaces are rendered; check like `HeaderValue::try_from`.
     HeaderValue::try_from(text.as_str()).ok()?;
-    Some(HeaderValue::from_static(crate::intern::intern(&text)))
+    // Past the process's budget of interned strings: rendered per response instead.
+    crate::intern::intern(&text).map(HeaderValue::from_static)
 }
 
 /// The name of `Retry-After`.

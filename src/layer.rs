@@ -12,6 +12,7 @@ use ipnet::IpNet;
 use smallvec::SmallVec;
 use tower_layer::Layer;
 
+use crate::algorithm::Algorithm;
 use crate::audit::Recorder;
 use crate::charge::{ChargeGuard, PendingCharge};
 use crate::decision::Decision;
@@ -269,6 +270,10 @@ pub struct RateLimitBuilder<St: Store, R = DefaultOnRejection> {
     on_rejection: R,
 }
 
+/// The default [`RateLimitBuilder::max_limits`]: far more than real configurations have,
+/// few enough that building stays quick and small.
+pub const DEFAULT_MAX_LIMITS: usize = 1_000;
+
 /// Everything a builder collects besides the store and the rejection responses.
 pub(crate) struct Settings {
     pub(crate) always: Vec<Limit>,
@@ -293,6 +298,8 @@ pub(crate) struct Settings {
     /// Whether a layer without limits is valid (rules built by code with no limit, e.g.
     /// a `RateLimitRule` table with no active row): it limits nothing.
     pub(crate) no_limits_ok: bool,
+    /// The most limits (route entries counted one by one) a layer takes.
+    pub(crate) max_limits: usize,
 }
 
 impl Default for Settings {
@@ -316,6 +323,7 @@ impl Default for Settings {
             hooks: HookSettings::default(),
             wait_counts: None,
             no_limits_ok: false,
+            max_limits: DEFAULT_MAX_LIMITS,
         }
     }
 }
@@ -500,6 +508,19 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         self
     }
 
+    /// The most limits the layer takes (default [`DEFAULT_MAX_LIMITS`]); more is a
+    /// [`ConfigError`] naming `limits` at [`build`](Self::build). Each entry counts: a
+    /// limit on three routes counts three.
+    ///
+    /// Real configurations have a few to a few hundred limits. The cap is there for
+    /// configuration that comes from elsewhere (a rules file, a database table): each
+    /// limit costs memory in the store (about 9 KB for a table of the memory store) and
+    /// time at every build, so a runaway file or table must not take the process down.
+    pub fn max_limits(mut self, n: usize) -> Self {
+        self.settings.max_limits = n;
+        self
+    }
+
     /// Delay mode's waiter counts from outside the layer, so that successive versions of
     /// reloaded rules count the same waiting requests.
     #[cfg(feature = "rules")]
@@ -538,25 +559,40 @@ pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St
             "must be a fraction within 0.0..=1.0",
         ));
     }
-    let mut bounds: Vec<Bound<St>> = Vec::new();
+    let count = s.always.len() + s.routes.len() + s.route_default.len();
+    if count > s.max_limits {
+        return Err(ConfigError::new(
+            "limits",
+            format!(
+                "{count} limits, more than the {} a layer takes (`max_limits`)",
+                s.max_limits
+            ),
+        ));
+    }
+    let mut bounds: Vec<Bound<St>> = Vec::with_capacity(count);
     let waits = s.wait_counts.clone().unwrap_or_default();
+    // The algorithm of each name bound so far: a table (one name) serves one algorithm,
+    // whose state means nothing to another.
+    let mut algorithms: HashMap<Arc<str>, Algorithm> = HashMap::with_capacity(count);
     let mut bind = |limit: Limit| -> Result<usize, ConfigError> {
         limit.validate()?;
-        // A table (one name) serves one algorithm: its state means nothing to another.
-        if let Some(other) = bounds
-            .iter()
-            .find(|b| b.limit.name == limit.name && b.limit.algorithm != limit.algorithm)
-        {
-            return Err(ConfigError::new(
-                "algorithm",
-                format!(
-                    "{:?} here, {:?} in another limit of the same name: limits that share buckets must count alike",
-                    limit.algorithm, other.limit.algorithm
-                ),
-            )
-            .within(format!("limits[{:?}]", &*limit.name)));
+        match algorithms.get(&limit.name) {
+            Some(other) if *other != limit.algorithm => {
+                return Err(ConfigError::new(
+                    "algorithm",
+                    format!(
+                        "{:?} here, {:?} in another limit of the same name: limits that share buckets must count alike",
+                        limit.algorithm, other
+                    ),
+                )
+                .within(format!("limits[{:?}]", &*limit.name)));
+            }
+            Some(_) => {}
+            None => {
+                algorithms.insert(limit.name.clone(), limit.algorithm);
+            }
         }
-        bounds.push(Bound::new(limit, &store, &waits));
+        bounds.push(Bound::new(limit, &store, &waits)?);
         Ok(bounds.len() - 1)
     };
     let always = s
@@ -595,13 +631,19 @@ pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St
                 .map(|&i| &bounds[i].limit)
                 .filter(|l| l.mode == Mode::Enforce || shadow_headers)
                 .collect();
-            let policy = headers::static_policy(reported.iter().map(|l| {
-                (
-                    &*l.name,
-                    l.quota.burst_size(),
-                    l.algorithm.window_secs(&l.quota),
-                )
-            }));
+            // Beyond `MAX_MEMBERS` limits, responses describe the most restrictive ones,
+            // which vary: their policy is rendered per response.
+            let policy = (reported.len() <= headers::MAX_MEMBERS)
+                .then(|| {
+                    headers::static_policy(reported.iter().map(|l| {
+                        (
+                            &*l.name,
+                            l.quota.burst_size(),
+                            l.algorithm.window_secs(&l.quota),
+                        )
+                    }))
+                })
+                .flatten();
             let limit = |&i: &usize| &bounds[i].limit;
             Ok(Group {
                 reported: reported.len(),
@@ -674,9 +716,10 @@ fn parse_net(text: &str) -> Result<IpNet, String> {
 
 /// Two limits of one request must not share a name: their headers and buckets would mix.
 fn check_unique<St: Store>(bounds: &[Bound<St>], limits: &[usize]) -> Result<(), ConfigError> {
-    for (n, &i) in limits.iter().enumerate() {
+    let mut seen = std::collections::HashSet::with_capacity(limits.len());
+    for &i in limits {
         let name = &bounds[i].limit.name;
-        if limits[..n].iter().any(|&j| bounds[j].limit.name == *name) {
+        if !seen.insert(&**name) {
             return Err(ConfigError::new(
                 format!("limits[{name:?}].name"),
                 "is used by two limits of the same request",

@@ -159,7 +159,7 @@ pub use decision::{Decision, LimitDecision, Outcome, Overall, Status, Verdict};
 pub use error::ConfigError;
 pub use future::ResponseFuture;
 pub use headers::{HeaderStyle, ResetFormat, RetryAfterFormat};
-pub use layer::{RateLimitBuilder, RateLimitLayer};
+pub use layer::{DEFAULT_MAX_LIMITS, RateLimitBuilder, RateLimitLayer};
 pub use limit::{FailurePolicy, Limit, MissingKey, Mode, OnLimit};
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
 pub use observe::RefusalLog;

@@ -261,6 +261,7 @@ impl Limiter {
         LimiterBuilder {
             store,
             limits: Vec::new(),
+            max_limits: crate::DEFAULT_MAX_LIMITS,
         }
     }
 
@@ -490,6 +491,7 @@ async fn settle(applied: Applied) -> Decision {
 pub struct LimiterBuilder<St: Store> {
     store: St,
     limits: Vec<Limit>,
+    max_limits: usize,
 }
 
 impl<St: Store> fmt::Debug for LimiterBuilder<St> {
@@ -508,12 +510,20 @@ impl<St: Store> LimiterBuilder<St> {
         self
     }
 
+    /// The most limits the handle takes (default [`DEFAULT_MAX_LIMITS`](crate::DEFAULT_MAX_LIMITS));
+    /// see [`RateLimitBuilder::max_limits`](crate::RateLimitBuilder::max_limits).
+    pub fn max_limits(mut self, n: usize) -> Self {
+        self.max_limits = n;
+        self
+    }
+
     /// Checks the limits (as a layer does; names must differ) and builds the handle.
     pub fn build(self) -> Result<Limiter, ConfigError> {
         let engine = compile(
             self.store,
             Settings {
                 always: self.limits,
+                max_limits: self.max_limits,
                 ..Settings::default()
             },
         )?;

@@ -811,11 +811,11 @@ async fn deactivating_the_last_active_rule_lifts_the_limit_instead_of_keeping_it
         "nothing to reload while it stays so"
     );
 
-    // Switched on again: enforced again (the store kept the client's empty bucket), and
-    // a new WARN next time.
+    // Switched on again: enforced again, and a new WARN next time. While no rules used
+    // the limit its table went, buckets and all: the client starts from a full bucket.
     exec(&pool, "UPDATE RateLimitRule SET is_active = 1").await;
     eventually("the rule back", || rules.status().reloads == 2).await;
-    assert_eq!(passes(&app, 3, from_a).await, 0);
+    assert_eq!(passes(&app, 3, from_a).await, 1);
     assert_eq!(
         passes(&app, 3, || req("GET", "/", "192.0.2.2", &[])).await,
         1

@@ -97,12 +97,8 @@ impl<St: Store, R> fmt::Debug for Rules<St, R> {
 struct Reloadable<St: Store, R> {
     current: ArcSwap<Shared<St, R>>,
     document: ArcSwap<Document>,
-    store: St,
-    on_rejection: R,
-    configure: Option<Configure<St>>,
-    keys: CustomKeys,
-    /// Delay mode's waiter counts, shared by every version of the rules.
-    waits: WaitCounts,
+    /// What every version is compiled with.
+    compiler: Compiler<St, R>,
     file: Option<PathBuf>,
     format: Format,
     on_reload: Option<OnReload>,
@@ -200,6 +196,7 @@ pub struct RulesBuilder<St: Store, R = DefaultOnRejection> {
     on_reload: Option<OnReload>,
     max_file_size: u64,
     read_timeout: Duration,
+    max_limits: usize,
 }
 
 enum Source {
@@ -225,6 +222,7 @@ impl<St: Store, R> fmt::Debug for RulesBuilder<St, R> {
             .field("sighup", &self.sighup)
             .field("max_file_size", &self.max_file_size)
             .field("read_timeout", &self.read_timeout)
+            .field("max_limits", &self.max_limits)
             .finish_non_exhaustive()
     }
 }
@@ -248,6 +246,7 @@ impl<St: Store> Rules<St> {
             on_reload: None,
             max_file_size: DEFAULT_MAX_FILE_SIZE,
             read_timeout: DEFAULT_READ_TIMEOUT,
+            max_limits: crate::DEFAULT_MAX_LIMITS,
         }
     }
 }
@@ -321,6 +320,17 @@ impl<St: Store, R> RulesBuilder<St, R> {
         self
     }
 
+    /// The most limits a document may have (default
+    /// [`DEFAULT_MAX_LIMITS`](crate::DEFAULT_MAX_LIMITS), 1,000): a document with more is
+    /// refused before anything is built, with an error naming `limits` and the cap, and
+    /// the running rules stay. Rules from a file, text, code or a `RateLimitRule` table
+    /// alike. It is also the layer's [`max_limits`](RateLimitBuilder::max_limits), which a
+    /// [`configure`](Self::configure) function may change for what it adds.
+    pub fn max_limits(mut self, n: usize) -> Self {
+        self.max_limits = n;
+        self
+    }
+
     /// How long a load waits for the file's bytes (default 30 s): the first load, each
     /// reload on a change, on `SIGHUP` or by [`Rules::reload_file`]. A read that takes
     /// longer (a hung network filesystem) is abandoned and counted as a failed reload in
@@ -377,6 +387,7 @@ impl<St: Store, R> RulesBuilder<St, R> {
             on_reload: self.on_reload,
             max_file_size: self.max_file_size,
             read_timeout: self.read_timeout,
+            max_limits: self.max_limits,
         }
     }
 }
@@ -396,6 +407,14 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             _ => (None, self.format.unwrap_or_default()),
         };
         let reader = FileReader::new(self.max_file_size, self.read_timeout);
+        let compiler = Compiler {
+            store: self.store,
+            on_rejection: self.on_rejection,
+            configure: self.configure,
+            keys: self.keys,
+            waits: self.waits,
+            max_limits: self.max_limits,
+        };
         let (document, shared, hash) = match self.source {
             Source::None => {
                 return Err(ConfigError::new(
@@ -407,51 +426,23 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
                 let text = reader.read(&path)?;
                 let name = path.display().to_string();
                 let doc = Document::parse(&text, format, Some(&name))?;
-                let shared = build_shared(
-                    &self.store,
-                    &self.on_rejection,
-                    self.configure.as_ref(),
-                    &self.keys,
-                    &self.waits,
-                    &doc,
-                    Some((&text, format, &name)),
-                )?;
+                let shared = compiler.build(&doc, Some((&text, format, &name)))?;
                 (doc, shared, Some(sha256(&text)))
             }
             Source::Text(text) => {
                 let doc = Document::parse(&text, format, None)?;
-                let shared = build_shared(
-                    &self.store,
-                    &self.on_rejection,
-                    self.configure.as_ref(),
-                    &self.keys,
-                    &self.waits,
-                    &doc,
-                    Some((&text, format, "")),
-                )?;
+                let shared = compiler.build(&doc, Some((&text, format, "")))?;
                 (doc, shared, None)
             }
             Source::Document(doc) => {
-                let shared = build_shared(
-                    &self.store,
-                    &self.on_rejection,
-                    self.configure.as_ref(),
-                    &self.keys,
-                    &self.waits,
-                    &doc,
-                    None,
-                )?;
+                let shared = compiler.build(&doc, None)?;
                 (*doc, shared, None)
             }
         };
         let inner = Arc::new(Reloadable {
             current: ArcSwap::new(shared),
             document: ArcSwap::from_pointee(document),
-            store: self.store,
-            on_rejection: self.on_rejection,
-            configure: self.configure,
-            keys: self.keys,
-            waits: self.waits,
+            compiler,
             file,
             format,
             on_reload: self.on_reload,
@@ -532,39 +523,65 @@ fn listen_hangup<St: Store, R: Clone + Send + Sync + 'static>(
     Ok(task.abort_handle())
 }
 
-/// Compiles `doc` into an engine over `store`. `text`: the text it was read from, its
-/// format and its file name (empty if none), to locate errors. A document built by code
-/// (no text) may have no limits; rules text may not.
-fn build_shared<St: Store, R: Clone>(
-    store: &St,
-    on_rejection: &R,
-    configure: Option<&Configure<St>>,
-    keys: &CustomKeys,
-    waits: &WaitCounts,
-    doc: &Document,
-    text: Option<(&str, Format, &str)>,
-) -> Result<Arc<Shared<St, R>>, ConfigError> {
-    let built = compile_maybe_empty(doc, keys, text.is_none()).and_then(|compiled| {
-        let mut builder = compiled
-            .apply(RateLimitLayer::builder(store.clone()))
-            .wait_counts(waits.clone());
-        if let Some(configure) = configure {
-            builder = configure(builder);
-        }
-        builder
-            .on_rejection(on_rejection.clone())
-            .build()
-            .map_err(|e| rebase(doc, e))
-    });
-    match (built, text) {
-        (Ok(layer), _) => Ok(layer.shared),
-        (Err(e), None) => Err(e),
-        (Err(e), Some((text, format, file))) => {
-            let line = Tree::parse(text, format)
-                .ok()
-                .and_then(|tree| tree.line(text, e.field()));
-            let file = (!file.is_empty()).then_some(file);
-            Err(e.located(file, line))
+/// A document with more than `max_limits` limits is refused before anything is built.
+fn check_count(doc: &Document, max_limits: usize) -> Result<(), ConfigError> {
+    let count = doc.limits.len();
+    if count > max_limits {
+        return Err(ConfigError::new(
+            "limits",
+            format!("{count} limits, more than the {max_limits} these rules take (`max_limits`)"),
+        ));
+    }
+    Ok(())
+}
+
+/// What every version of the rules is compiled with: the store, the rejection responses,
+/// the code's additions, and the bounds.
+struct Compiler<St: Store, R> {
+    store: St,
+    on_rejection: R,
+    configure: Option<Configure<St>>,
+    keys: CustomKeys,
+    /// Delay mode's waiter counts, shared by every version of the rules.
+    waits: WaitCounts,
+    /// The most limits a document may have.
+    max_limits: usize,
+}
+
+impl<St: Store, R: Clone> Compiler<St, R> {
+    /// Compiles `doc` into an engine over the store. `text`: the text it was read from,
+    /// its format and its file name (empty if none), to locate errors. A document built
+    /// by code (no text) may have no limits; rules text may not. A document over
+    /// `max_limits` is refused before anything is built.
+    fn build(
+        &self,
+        doc: &Document,
+        text: Option<(&str, Format, &str)>,
+    ) -> Result<Arc<Shared<St, R>>, ConfigError> {
+        let built = check_count(doc, self.max_limits)
+            .and_then(|()| compile_maybe_empty(doc, &self.keys, text.is_none()))
+            .and_then(|compiled| {
+                let mut builder = compiled
+                    .apply(RateLimitLayer::builder(self.store.clone()).max_limits(self.max_limits))
+                    .wait_counts(self.waits.clone());
+                if let Some(configure) = &self.configure {
+                    builder = configure(builder);
+                }
+                builder
+                    .on_rejection(self.on_rejection.clone())
+                    .build()
+                    .map_err(|e| rebase(doc, e))
+            });
+        match (built, text) {
+            (Ok(layer), _) => Ok(layer.shared),
+            (Err(e), None) => Err(e),
+            (Err(e), Some((text, format, file))) => {
+                let line = Tree::parse(text, format)
+                    .ok()
+                    .and_then(|tree| tree.line(text, e.field()));
+                let file = (!file.is_empty()).then_some(file);
+                Err(e.located(file, line))
+            }
         }
     }
 }
@@ -661,15 +678,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
     ) -> Result<(), ConfigError> {
         let built = Document::parse(text, self.format, file).and_then(|doc| {
             let located = (text, self.format, file.unwrap_or(""));
-            let shared = build_shared(
-                &self.store,
-                &self.on_rejection,
-                self.configure.as_ref(),
-                &self.keys,
-                &self.waits,
-                &doc,
-                Some(located),
-            )?;
+            let shared = self.compiler.build(&doc, Some(located))?;
             Ok((doc, shared))
         });
         match built {
@@ -682,15 +691,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
     }
 
     fn install_document(&self, trigger: Trigger, doc: Document) -> Result<(), ConfigError> {
-        let built = build_shared(
-            &self.store,
-            &self.on_rejection,
-            self.configure.as_ref(),
-            &self.keys,
-            &self.waits,
-            &doc,
-            None,
-        );
+        let built = self.compiler.build(&doc, None);
         match built {
             Ok(shared) => {
                 self.installed(trigger, doc, shared);

@@ -185,13 +185,21 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             })?;
         // The file the pool has just read, if it reads one.
         let file = DbFile::of(&pool);
-        let document = rules_document(&rows, &options)?;
-        let mut builder = self.document(document.clone());
-        // The key parts the check registered (`custom:user`), for every version.
-        for (name, key) in custom_keys(&options) {
-            builder = builder.custom_key(&name, key);
-        }
-        let rules = builder.build()?;
+        // Mapping and compiling grow with the table: on a blocking thread.
+        let (document, rules, options) = blocking(move || {
+            let document = rules_document(&rows, &options)?;
+            let mut builder = self.document(document.clone());
+            // The key parts the check registered (`custom:user`), for every version.
+            for (name, key) in custom_keys(&options) {
+                builder = builder.custom_key(&name, key);
+            }
+            let rules = builder.build()?;
+            Ok::<_, SqlRulesError>((document, rules, options))
+        })
+        .await
+        .map_err(|e| {
+            ConfigError::new("RateLimitRule", format!("mapping the rows failed: {e}"))
+        })??;
         if document.limits.is_empty() {
             warn_no_limits();
         }
@@ -259,10 +267,28 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
                 return;
             };
             match fetched {
-                Ok(Ok(rows)) => self.read(&rules, rules_document(&rows, &self.options)),
+                Ok(Ok(rows)) => {
+                    // Mapping the rows and compiling the rules is CPU work that grows with
+                    // the table: on a blocking thread, never on the runtime's workers.
+                    let recovering = self.query_failed.take().is_some();
+                    let (options, last) = (self.options.clone(), self.last.take());
+                    let on = rules.clone();
+                    let settled = blocking(move || {
+                        settle(&on, last, recovering, rules_document(&rows, &options))
+                    })
+                    .await;
+                    match settled {
+                        Ok(last) => self.last = last,
+                        // It panicked (a bug): nothing was installed; try again next poll.
+                        Err(e) => self.failed(&rules, format!("mapping the rows failed: {e}")),
+                    }
+                }
                 Ok(Err(e)) => match row_error(&e) {
                     // A value that cannot be read: a bad row, refused as such.
-                    Some(bad) => self.read(&rules, Err(bad)),
+                    Some(bad) => {
+                        let recovering = self.query_failed.take().is_some();
+                        self.last = settle(&rules, self.last.take(), recovering, Err(bad));
+                    }
                     None => {
                         let from = self.file.as_ref().map(DbFile::describe).unwrap_or_default();
                         self.failed(&rules, format!("cannot read the rules{from}: {e}"));
@@ -271,34 +297,6 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
                 Err(_) => self.failed(&rules, "the query timed out (30 s)".to_owned()),
             }
         }
-    }
-
-    /// A poll that read the table.
-    fn read(&mut self, rules: &Rules<St, R>, outcome: Result<Document, ConfigError>) {
-        let recovering = self.query_failed.take().is_some();
-        if let Some(last) = &self.last
-            && last.outcome == outcome
-        {
-            if recovering && last.accepted {
-                rules.recovered(Trigger::Sql);
-            }
-            return;
-        }
-        let accepted = match &outcome {
-            Ok(document) => {
-                let installed = rules.install(Trigger::Sql, document.clone()).is_ok();
-                // Rows that map to other rules than the last: a new state of the table.
-                if installed && document.limits.is_empty() {
-                    warn_no_limits();
-                }
-                installed
-            }
-            Err(e) => {
-                rules.refuse(Trigger::Sql, e.clone(), true);
-                false
-            }
-        };
-        self.last = Some(Attempt { outcome, accepted });
     }
 
     /// A poll that could not read the table: counted every time, announced when the
@@ -318,6 +316,52 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
             announce,
         );
     }
+}
+
+/// A poll that read the table, after `last`; `recovering`: the queries before it failed.
+/// Installs or refuses the rules they map to, unless they are the last ones again.
+/// Answers what is now the last attempt.
+fn settle<St: Store, R: Clone + Send + Sync + 'static>(
+    rules: &Rules<St, R>,
+    last: Option<Attempt>,
+    recovering: bool,
+    outcome: Result<Document, ConfigError>,
+) -> Option<Attempt> {
+    if let Some(last) = &last
+        && last.outcome == outcome
+    {
+        if recovering && last.accepted {
+            rules.recovered(Trigger::Sql);
+        }
+        return Some(Attempt {
+            outcome,
+            accepted: last.accepted,
+        });
+    }
+    let accepted = match &outcome {
+        Ok(document) => {
+            let installed = rules.install(Trigger::Sql, document.clone()).is_ok();
+            // Rows that map to other rules than the last: a new state of the table.
+            if installed && document.limits.is_empty() {
+                warn_no_limits();
+            }
+            installed
+        }
+        Err(e) => {
+            rules.refuse(Trigger::Sql, e.clone(), true);
+            false
+        }
+    };
+    Some(Attempt { outcome, accepted })
+}
+
+/// Runs `work` on the runtime's blocking threads, with the caller's `tracing` dispatcher
+/// (the reload's log lines go where the caller's would).
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    let dispatch = tracing::dispatcher::get_default(Clone::clone);
+    tokio::task::spawn_blocking(move || tracing::dispatcher::with_default(&dispatch, work)).await
 }
 
 /// The table has no active row: the rules limit nothing from now on.
