@@ -8,6 +8,7 @@
 //! cargo run --release --example rules_probe --features rules,axum -- sighup 50   # MB
 //! cargo run --release --example rules_probe --features rules,axum -- churn
 //! cargo run --release --example rules_probe --features rules,axum -- many 10000
+//! MAX_LIMITS=200000 cargo run --release --example rules_probe --features rules,axum -- many 100000
 //! ```
 //!
 //! Memory is reported twice: the bytes the program holds on its heap (counted by a
@@ -136,7 +137,12 @@ fn many(n: usize) {
     let text = limits((0..n).map(|i| format!("limit-{i}")), "100/s");
     memory("start (text built)");
     let started = Instant::now();
-    let built = Rules::builder(MemoryStore::new()).text(text).build();
+    let mut builder = Rules::builder(MemoryStore::new()).text(text);
+    // A cap raised past the default (1,000), to time building beyond it.
+    if let Some(max) = std::env::var("MAX_LIMITS").ok().and_then(|v| v.parse().ok()) {
+        builder = builder.max_limits(max);
+    }
+    let built = builder.build();
     let took = started.elapsed();
     match &built {
         Ok(_) => println!("{n} limits: loaded in {:.3} s", took.as_secs_f64()),
