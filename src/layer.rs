@@ -508,6 +508,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
 
     /// Delay mode's waiter counts from outside the layer, so that successive versions of
     /// reloaded rules count the same waiting requests.
+    #[cfg(feature = "rules")]
     pub(crate) fn wait_counts(mut self, counts: WaitCounts) -> Self {
         self.settings.wait_counts = Some(counts);
         self
