@@ -1081,7 +1081,6 @@ async fn a_reload_keeps_counting_the_requests_that_wait() {
     assert!(!waiting.is_finished(), "the second request waits");
     // New rules: the waiting request still holds the only place.
     rules.reload(&text("200/s")).unwrap();
-    let at = Instant::now();
     let third = send(&app, get_from("192.0.2.9")).await;
     assert_eq!(
         third.status(),
@@ -1094,6 +1093,7 @@ async fn a_reload_keeps_counting_the_requests_that_wait() {
         StatusCode::TOO_MANY_REQUESTS,
         "the place is taken, across the reload"
     );
-    assert!(at.elapsed() < Duration::from_millis(500));
+    // Both answered while the second request still waits (for 2 s): neither waited.
+    assert!(!waiting.is_finished(), "the third and fourth waited");
     waiting.abort();
 }
