@@ -365,7 +365,17 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     /// requests use the `GET` entry when there is no `HEAD` entry. Call it several times to
     /// put several limits on a route. A template axum's router would refuse (bad syntax,
     /// or two templates that conflict, such as `/users/{id}` and `/users/{name}`) is a
-    /// [`ConfigError`] naming the route.
+    /// [`ConfigError`] naming the route, and so is an entry no request could match:
+    ///
+    /// - a method other than the standard `GET`, `HEAD`, `POST`, `PUT`, `DELETE`,
+    ///   `CONNECT`, `OPTIONS`, `TRACE` and `PATCH` (those axum's method routing knows).
+    ///   Methods are case-sensitive: `"post /login"` is refused with a hint to write
+    ///   `POST`. An extension method (`PURGE`) is refused too, so that a misspelt method
+    ///   (`PSOT`) cannot pass for one: an entry without a method covers every method;
+    /// - a path that does not start with `/`, or holds whitespace, a query (`?`) or a
+    ///   fragment (`#`): routes match the request path alone;
+    /// - a segment in axum 0.7's syntax, `/users/:id` or `/files/*rest`, which axum 0.8
+    ///   takes literally: write `/users/{id}` and `/files/{*rest}`.
     pub fn route(mut self, route: impl Into<String>, limit: Limit) -> Self {
         self.settings.routes.push((route.into(), limit));
         self

@@ -91,35 +91,100 @@ impl RouteTable {
     }
 }
 
-/// `"POST /login"` or `"/login"`.
+/// The methods a route entry may name: the standard ones, which axum's method routing
+/// (`MethodFilter`) knows. Any other token, an extension method included, is refused:
+/// an entry without a method applies to every method.
+const METHODS: [Method; 9] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::CONNECT,
+    Method::OPTIONS,
+    Method::TRACE,
+    Method::PATCH,
+];
+
+/// `"POST /login"` or `"/login"`: the method, if any, and the path template.
+///
+/// Refuses an entry that could never match a request: a method token that is not one of
+/// [`METHODS`] (with a hint for a lower-case one, since methods are case-sensitive), a
+/// path that does not start with `/`, contains whitespace, a query or a fragment, or has
+/// a segment in axum 0.7's `:param` / `*param` syntax, which axum 0.8 (and the matcher)
+/// takes literally. matchit then refuses what axum's router would (bad braces, conflicts).
 pub(crate) fn parse_route(spec: &str) -> Result<(Option<Method>, &str), ConfigError> {
     let field = || format!("routes[{spec:?}]");
     let spec_trimmed = spec.trim();
     let (method, path) = match spec_trimmed.split_once(char::is_whitespace) {
-        Some((m, p)) if !m.starts_with('/') => {
-            let m = Method::from_bytes(m.as_bytes())
-                .map_err(|_| ConfigError::new(field(), format!("`{m}` is not a method")))?;
-            (Some(m), p.trim())
-        }
+        Some((m, p)) if !m.starts_with('/') => (
+            Some(method(m).map_err(|reason| ConfigError::new(field(), reason))?),
+            p.trim(),
+        ),
         _ => (None, spec_trimmed),
     };
+    check_path(path).map_err(|reason| ConfigError::new(field(), reason))?;
+    Ok((method, path))
+}
+
+/// The method a route entry names, or why no request could ever have it.
+fn method(token: &str) -> Result<Method, String> {
+    if let Some(m) = METHODS.iter().find(|m| m.as_str() == token) {
+        return Ok(m.clone());
+    }
+    let list = "GET, HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE or PATCH";
+    match METHODS
+        .iter()
+        .find(|m| m.as_str().eq_ignore_ascii_case(token))
+    {
+        Some(m) => Err(format!(
+            "`{token}` is not a method: methods are case-sensitive, write `{m}`"
+        )),
+        None => Err(format!(
+            "`{token}` is not a method: expected {list}, or no method for every method"
+        )),
+    }
+}
+
+/// Why no request path could ever match the template `path`, if so.
+fn check_path(path: &str) -> Result<(), String> {
     if !path.starts_with('/') {
-        return Err(ConfigError::new(
-            field(),
-            "expected a path starting with `/`, optionally after a method (`POST /login`)",
-        ));
+        return Err(
+            "expected a path starting with `/`, optionally after a method (`POST /login`)".into(),
+        );
     }
     // A request path never contains whitespace: such a route could never match.
     if path.contains(char::is_whitespace) {
-        return Err(ConfigError::new(
-            field(),
-            format!(
-                "the path `{path}` contains whitespace, which no request path can; \
-                 expected `<path>` or `<METHOD> <path>`"
-            ),
+        return Err(format!(
+            "the path `{path}` contains whitespace, which no request path can; \
+             expected `<path>` or `<METHOD> <path>`"
         ));
     }
-    Ok((method, path))
+    // Routes match the path alone: a query or a fragment is never part of it.
+    if let Some(c) = path.chars().find(|c| matches!(c, '?' | '#')) {
+        return Err(format!(
+            "the path `{path}` contains `{c}`: routes match the request path alone, \
+             without its query or fragment"
+        ));
+    }
+    for segment in path.split('/') {
+        let Some(name) = segment
+            .strip_prefix(':')
+            .map(|n| (n, false))
+            .or_else(|| segment.strip_prefix('*').map(|n| (n, true)))
+        else {
+            continue;
+        };
+        let written = match name {
+            (n, false) => format!("{{{}}}", if n.is_empty() { "id" } else { n }),
+            (n, true) => format!("{{*{}}}", if n.is_empty() { "rest" } else { n }),
+        };
+        return Err(format!(
+            "the segment `{segment}` of `{path}` would only match itself: axum 0.8 writes \
+             parameters in braces, `{written}` (`:param` and `*param` are axum 0.7's syntax)"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -210,5 +275,72 @@ mod tests {
         }
         // The template itself, as a raw path, is just a path like any other.
         assert_eq!(name(Method::GET, "/users/%7Bid%7D"), ["user"]);
+    }
+
+    fn build_err(route: &str) -> ConfigError {
+        RateLimitLayer::builder(MemoryStore::new())
+            .route(route, Limit::new("a", Quota::per_second(1)))
+            .build()
+            .map(|_| ())
+            .expect_err(route)
+    }
+
+    #[test]
+    fn a_misspelt_or_lower_case_method_is_refused_not_a_route_that_never_matches() {
+        for (route, hint) in [
+            ("PSOT /a", "expected GET, HEAD, POST"),
+            ("GETT /a", "expected GET, HEAD, POST"),
+            ("PURGE /a", "no method for every method"),
+            ("post /b", "write `POST`"),
+            ("Get /b", "write `GET`"),
+            ("delete /users/{id}", "write `DELETE`"),
+        ] {
+            let err = build_err(route);
+            assert_eq!(err.field(), format!("routes[{route:?}]"), "{err}");
+            assert!(err.reason().contains("is not a method"), "{route}: {err}");
+            assert!(err.reason().contains(hint), "{route}: {err}");
+        }
+        for m in METHODS {
+            let route = format!("{m} /a");
+            assert_eq!(parse_route(&route).unwrap(), (Some(m), "/a"));
+        }
+    }
+
+    #[test]
+    fn an_axum_0_7_colon_or_star_parameter_is_refused_not_a_route_that_never_matches() {
+        for (route, written) in [
+            ("GET /users/:id", "`{id}`"),
+            ("/orgs/:org/repos", "`{org}`"),
+            ("/files/*rest", "`{*rest}`"),
+            ("/a/:", "`{id}`"),
+            ("/a/*", "`{*rest}`"),
+        ] {
+            let err = build_err(route);
+            assert_eq!(err.field(), format!("routes[{route:?}]"), "{err}");
+            assert!(err.reason().contains("axum 0.8"), "{route}: {err}");
+            assert!(err.reason().contains(written), "{route}: {err}");
+        }
+        // A colon or a star inside a segment is a plain character.
+        assert!(parse_route("/v1/things:batch").is_ok());
+        assert!(parse_route("/a/b*").is_ok());
+    }
+
+    #[test]
+    fn a_query_a_fragment_or_unbalanced_braces_in_a_path_are_refused_not_a_route_that_never_matches()
+     {
+        for (route, reason) in [
+            ("", "starting with `/`"),
+            ("GET", "starting with `/`"),
+            ("GET users", "starting with `/`"),
+            ("/search?q=1", "query"),
+            ("/page#top", "fragment"),
+            ("/users/{id", "valid name"),
+            ("/users/id}", "valid name"),
+            ("/a/{}", "valid name"),
+        ] {
+            let err = build_err(route);
+            assert_eq!(err.field(), format!("routes[{route:?}]"), "{err}");
+            assert!(err.reason().contains(reason), "{route:?}: {err}");
+        }
     }
 }

@@ -31,9 +31,9 @@ fn app<St: tollgate::store::Store>(layer: RateLimitLayer<St>) -> Router {
         .route_layer(layer)
 }
 
-/// Waits until the writer has settled every accepted violation (or panics after 10 s).
+/// Waits until the writer has settled every accepted violation (or panics after 30 s).
 async fn settled(log: &AuditLog) -> AuditStats {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let s = log.stats();
         if s.queued == 0 && s.written + s.failed == s.accepted {
@@ -230,10 +230,16 @@ async fn a_flood_into_a_slow_sink_stays_bounded_and_counts_every_drop() {
     const CAPACITY: usize = 1_000;
     let delivered = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let seen = delivered.clone();
-    // A slow sink: 2 ms per batch of at most 100, so at most ~50k violations a second.
+    // A slow sink: its first write lasts until the queue has overflowed (however fast or
+    // slow the machine runs the flood), then 2 ms per batch of at most 100.
+    let this_log = Arc::new(std::sync::OnceLock::<AuditLog>::new());
+    let log = this_log.clone();
     let audit = AuditLog::builder(move |batch: Vec<Violation>| {
-        let seen = seen.clone();
+        let (seen, log) = (seen.clone(), log.clone());
         async move {
+            while log.get().is_none_or(|log| log.stats().dropped == 0) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             tokio::time::sleep(Duration::from_millis(2)).await;
             seen.fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
             Ok::<(), BoxError>(())
@@ -242,8 +248,10 @@ async fn a_flood_into_a_slow_sink_stays_bounded_and_counts_every_drop() {
     .capacity(CAPACITY)
     .batch_size(100)
     .flush_interval(Duration::from_millis(1))
+    .write_timeout(Duration::from_secs(3_600))
     .build()
     .unwrap();
+    this_log.set(audit.clone()).unwrap();
     let mut svc = flood_service(Some(audit.clone()));
     let (refused, largest) = flood(&mut svc, N, Some(&audit)).await;
     assert_eq!(refused, N as u64 - 1);

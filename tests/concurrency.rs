@@ -1,4 +1,4 @@
-//! Real concurrency and real time: no over-grant under contention.
+//! Real concurrency: no over-grant under contention.
 
 mod support;
 
@@ -14,37 +14,68 @@ use tollgate::key::PeerIp;
 use tollgate::store::{Item, MemoryStore, Store};
 use tollgate::{Quota, RateLimitLayer};
 
-/// 64 tasks hammer one key for 3 s through the middleware: burst 10 at 10/s admits at most
-/// 10 + 3 × 10 = 40 (the seed article's bound), and contention must not cost more than a
-/// couple of tokens at the edges.
+/// 64 tasks hammer one key through the middleware while the store's clock moves through
+/// 3 s in steps of 50 ms: burst 10 at 10/s admits at most 10 + 3 × 10 = 40, and contention
+/// must not cost more than a couple of tokens at the edges. The clock moves on only once
+/// every task has sent requests at the current instant, so the contention does not depend
+/// on how fast a loaded machine runs the tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_tasks_one_key_three_seconds() {
+    use std::sync::atomic::AtomicBool;
+    use tollgate::clock::FakeClock;
+    const TASKS: usize = 64;
+    let clock = FakeClock::at(Duration::from_secs(1_000));
     let layer = RateLimitLayer::new(
         Quota::per_second(10).burst(10),
         PeerIp::new(),
-        MemoryStore::new(),
+        MemoryStore::with_clock(clock.clone()),
     );
     let app = Router::new()
         .route("/", get(|| async { "" }))
         .route_layer(layer);
     let allowed = Arc::new(AtomicUsize::new(0));
     let total = Arc::new(AtomicUsize::new(0));
-    let start = Instant::now();
-    let deadline = start + Duration::from_millis(2_990);
-    let tasks: Vec<_> = (0..64)
-        .map(|_| {
+    let stop = Arc::new(AtomicBool::new(false));
+    // Each task's count of requests, for the steps to wait on.
+    let sent: Arc<Vec<AtomicUsize>> = Arc::new((0..TASKS).map(|_| AtomicUsize::new(0)).collect());
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|i| {
             let (app, allowed, total) = (app.clone(), allowed.clone(), total.clone());
+            let (stop, sent) = (stop.clone(), sent.clone());
             tokio::spawn(async move {
-                while Instant::now() < deadline {
+                while !stop.load(Ordering::Relaxed) {
                     let r = send(&app, req("/", "203.0.113.1")).await;
                     total.fetch_add(1, Ordering::Relaxed);
+                    sent[i].fetch_add(1, Ordering::Relaxed);
                     if r.status() == StatusCode::OK {
                         allowed.fetch_add(1, Ordering::Relaxed);
                     }
+                    // A memory store answers at once: without a yield, the first tasks
+                    // would keep the worker threads to themselves.
+                    tokio::task::yield_now().await;
                 }
             })
         })
         .collect();
+    // Every task sends at least one request at each instant, the last one included.
+    let every_task_sent_again = || async {
+        let before: Vec<usize> = sent.iter().map(|n| n.load(Ordering::Relaxed)).collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sent
+            .iter()
+            .zip(&before)
+            .any(|(n, b)| n.load(Ordering::Relaxed) < b + 2)
+        {
+            assert!(Instant::now() < deadline, "the tasks stopped sending");
+            tokio::task::yield_now().await;
+        }
+    };
+    every_task_sent_again().await;
+    for _ in 0..60 {
+        clock.advance(Duration::from_millis(50));
+        every_task_sent_again().await;
+    }
+    stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
     }
