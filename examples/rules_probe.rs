@@ -139,7 +139,10 @@ fn many(n: usize) {
     let started = Instant::now();
     let mut builder = Rules::builder(MemoryStore::new()).text(text);
     // A cap raised past the default (1,000), to time building beyond it.
-    if let Some(max) = std::env::var("MAX_LIMITS").ok().and_then(|v| v.parse().ok()) {
+    if let Some(max) = std::env::var("MAX_LIMITS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         builder = builder.max_limits(max);
     }
     let built = builder.build();
