@@ -95,7 +95,7 @@ impl Tollgate {
         }
     }
 
-    /// Each check a reservation (design brief §13) that may wait `max_wait`.
+    /// Each check a reservation that may wait `max_wait`.
     fn reserving(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
         self

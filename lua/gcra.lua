@@ -17,7 +17,7 @@ Then five arguments per limit, in KEYS order (ARGV[5i-3] ... ARGV[5i+1]):
   burst    bucket capacity in tokens (>= 1); a window limit: its limit
   cost     tokens this request takes (0 looks without consuming)
   enforce  1 if the limit may refuse the request, 0 for a shadow limit; followed by
-           ":<max_wait>" for a reservation (design brief §13): the limit also passes when
+           ":<max_wait>" for a reservation: the limit also passes when
            its tokens are there within max_wait microseconds (GCRA: new_tat - now <=
            tau + max_wait; fixed window: the window where the units fit starts within
            max_wait), taking them now; the bucket goes into debt

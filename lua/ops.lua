@@ -1,5 +1,5 @@
 --[[
-tollgate: one operation other than a check on GCRA buckets (design brief §10), atomically.
+tollgate: one operation other than a check on GCRA buckets, atomically.
 
 KEYS[i]  a bucket: its value is the TAT in microseconds since the Unix epoch; an absent key
          is a full bucket.

@@ -1,5 +1,5 @@
 --[[
-tollgate: the window algorithms (design brief §12), `src/window.rs` line for line, in
+tollgate: the window algorithms, `src/window.rs` line for line, in
 integer microseconds. Prepended to gcra.lua and ops.lua (one script text each).
 
 A window limit's arguments: len (W, µs), limit (L), and a kind string

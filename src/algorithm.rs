@@ -1,4 +1,4 @@
-//! [`Algorithm`]: how a limit counts (design brief §12).
+//! [`Algorithm`]: how a limit counts.
 
 use std::time::Duration;
 
@@ -55,7 +55,7 @@ pub const FIXED_WINDOW_MAX_LIMIT: u64 = u32::MAX as u64;
 #[non_exhaustive]
 pub enum Algorithm {
     /// The generic cell rate algorithm: a token bucket of `burst` tokens refilled at
-    /// `rate / period` (design brief §2).
+    /// `rate / period`.
     #[default]
     Gcra,
     /// At most `L` per window of length `W`, windows starting at `phase`. Each window

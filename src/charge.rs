@@ -1,4 +1,4 @@
-//! Charging by outcome: a limit that counts only some responses (design brief §11).
+//! Charging by outcome: a limit that counts only some responses.
 //!
 //! The cost is taken before the inner service runs, like any check, so that parallel
 //! attempts cannot all slip through; it is given back when the response does not count,

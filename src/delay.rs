@@ -1,4 +1,4 @@
-//! Delay mode (design brief §13): a request over a limit in delay mode reserves its tokens
+//! Delay mode: a request over a limit in delay mode reserves its tokens
 //! and waits for them instead of getting a 429.
 //!
 //! The engine asks the store for a reservation ([`Item::max_wait`](crate::store::Item))

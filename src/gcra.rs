@@ -138,7 +138,7 @@ pub fn decide(params: Params, tat: u64, now: u64, cost: u64) -> Decided {
     decide_within(params, tat, now, cost, 0)
 }
 
-/// [`decide`] for a reservation (design brief §13): the request also passes when its
+/// [`decide`] for a reservation: the request also passes when its
 /// tokens are there within `max_wait`, taking them now (the bucket goes into debt); it
 /// may proceed after [`Decided::wait`]. A `max_wait` of 0 is a check.
 ///
@@ -162,8 +162,8 @@ pub fn decide_within(params: Params, tat: u64, now: u64, cost: u64, max_wait: u6
         };
     }
     let new_tat = base.saturating_add(cost.saturating_mul(params.t));
-    // A peek (cost 0) is always allowed and writes nothing, even on a bucket in debt
-    // (design brief §2); what it reports says how far from a token the bucket is.
+    // A peek (cost 0) is always allowed and writes nothing, even on a bucket in debt;
+    // what it reports says how far from a token the bucket is.
     if cost == 0 || new_tat - now <= params.tau().saturating_add(max_wait) {
         Decided {
             verdict: Verdict::Allowed,

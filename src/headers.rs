@@ -431,7 +431,8 @@ pub(crate) const RETRY_AFTER_NAME: HeaderName = RETRY_AFTER;
 
 #[cfg(test)]
 mod tests {
-    //! The vectors of `shared/docs/headers.md` §8, and `sfv` as the parser of record.
+    //! Test vectors for every style (the drafts' examples and their edge cases), and `sfv`
+    //! as the parser of record.
     use super::*;
 
     fn s(d: f64) -> Duration {

@@ -141,7 +141,7 @@ impl Limit {
     /// [rules](crate#features)); then it proceeds. Beyond `max_wait`, or with
     /// `max_waiters` already waiting, it gets the usual 429 at once.
     ///
-    /// The tokens are reserved when the request arrives (design brief §13), so waiting
+    /// The tokens are reserved when the request arrives, so waiting
     /// requests are admitted in the order they came, one per emission interval; a
     /// request that goes away while it waits (its response future dropped: the client
     /// disconnected, a timeout fired) gives its tokens back. A waiting request holds no
@@ -166,11 +166,11 @@ impl Limit {
         })
     }
 
-    /// Caps the tokens a key may have reserved ahead (seed 004's `maxReserved`): a
+    /// Caps the tokens a key may have reserved ahead (what some token buckets call `maxReserved`): a
     /// reservation ([`Limiter::reserve`](crate::Limiter::reserve), or a request in delay
     /// mode) that would leave more than `tokens` reserved beyond an empty bucket is
-    /// refused, whatever its `max_wait`. It is the same bound as a wait of `tokens × T`
-    /// (design brief §13). GCRA only.
+    /// refused, whatever its `max_wait`. It is the same bound as a wait of `tokens × T`.
+    /// GCRA only.
     pub fn max_reserved(mut self, tokens: u32) -> Self {
         self.max_reserved = Some(tokens);
         self
@@ -273,8 +273,7 @@ impl Limit {
     /// Which responses count (default: all, [`Charge::always`]). With
     /// [`Charge::when`] the cost is still taken before the service runs — so parallel
     /// attempts cannot all pass — and given back when the response does not count, when
-    /// the service fails, or when the client goes away before the response (design brief
-    /// §11).
+    /// the service fails, or when the client goes away before the response.
     ///
     /// ```
     /// use tollgate::{key::PeerIp, Charge, Limit, Quota};
@@ -368,8 +367,8 @@ impl Limit {
 }
 
 impl Limit {
-    /// Delay mode and `max_reserved` need an algorithm that can reserve (design brief
-    /// §13): GCRA, or a fixed window for delay mode.
+    /// Delay mode and `max_reserved` need an algorithm that can reserve: GCRA, or a fixed
+    /// window for delay mode.
     fn validate_reservations(&self) -> Result<(), ConfigError> {
         let sliding = matches!(
             self.algorithm,

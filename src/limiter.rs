@@ -188,8 +188,8 @@ impl Handle for Live {
 ///
 /// The failed-login pattern: take the failure token *before* trying the password, keep it
 /// when the password is wrong, and reset the user's bucket on success. Taking it first is
-/// one atomic step, so N parallel guesses with one failure left cannot all try a password
-/// (design brief §11). A [`peek`](Self::peek) is no gate: a look of cost 0 always passes;
+/// one atomic step, so N parallel guesses with one failure left cannot all try a password.
+/// A [`peek`](Self::peek) is no gate: a look of cost 0 always passes;
 /// read its `remaining()`.
 ///
 /// ```
@@ -300,7 +300,7 @@ impl Limiter {
     /// The bucket's state, without consuming and without creating the key: the tokens
     /// left and the time to the next one.
     ///
-    /// A look (a request of cost 0) is always allowed (design brief §2), even on an empty
+    /// A look (a request of cost 0) is always allowed, even on an empty
     /// bucket or one in debt after [`penalize`](Self::penalize) or [`block`](Self::block):
     /// whether one more request would pass is `remaining() > Some(0)`, and
     /// `next_after()` says when the next token comes. To admit a request, use
@@ -346,7 +346,7 @@ impl Limiter {
     }
 
     /// Takes `cost` tokens now if they are there within `max_wait`, and answers when the
-    /// work may start (design brief §13): a [`Reservation`], whose
+    /// work may start: a [`Reservation`], whose
     /// [`wait`](Reservation::wait) sleeps until then, and which gives the tokens back if
     /// dropped or cancelled before then. A reservation that would wait longer is refused
     /// and takes nothing; one that would leave more than the limit's

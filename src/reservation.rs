@@ -1,4 +1,4 @@
-//! [`Reservation`]: tokens taken now for work that may start later (design brief §13).
+//! [`Reservation`]: tokens taken now for work that may start later.
 
 use std::fmt;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The window algorithms as pure functions (design brief §12): fixed window, sliding window
+//! The window algorithms as pure functions: fixed window, sliding window
 //! (two counters) and sliding log.
 //!
 //! As in [`gcra`](crate::gcra) the unit of time is the caller's (the memory store counts
@@ -97,7 +97,7 @@ pub fn fixed_check(g: Geometry, used: u64, until_end: u64, cost: u64) -> (Report
     fixed_check_within(g, used, until_end, cost, 0)
 }
 
-/// [`fixed_check`] for a reservation (design brief §13): the request also passes when the
+/// [`fixed_check`] for a reservation: the request also passes when the
 /// window `k` in which its units fit starts within `max_wait`; it takes them now (the use
 /// goes beyond the limit: a debt the following windows inherit) and may proceed after
 /// [`fixed_reserved_wait`]. Its units start together in window `k`, so what was left of

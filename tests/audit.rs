@@ -508,7 +508,7 @@ mod sql {
         );
         assert_eq!(rules[0].description.as_deref(), Some("free users"));
         assert_eq!(rules[1].description, None);
-        // The seed's unique (key_pattern, plan).
+        // The schema's unique (key_pattern, plan).
         let duplicate = sqlx::raw_sql(
             "INSERT INTO RateLimitRule (key_pattern, scope, rate_per_second, burst_capacity, plan)
              VALUES ('user:{user_id}', 'user', 1, 1, 'free')",

@@ -69,7 +69,7 @@ impl MapBackend {
         self.inner.tats.lock().unwrap().contains_key(bucket)
     }
 
-    /// Design brief §10, in nanoseconds of the fake clock.
+    /// Every `Op` on GCRA buckets, in nanoseconds of the fake clock.
     fn decide(&self, op: Op, items: &[Item<'_, String>]) -> Result<Statuses, StoreError> {
         let now = self.inner.clock.now();
         let mut tats = self.inner.tats.lock().unwrap();

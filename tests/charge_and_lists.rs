@@ -1,4 +1,4 @@
-//! Charging by outcome (design brief §11) and the allow and deny lists, through axum
+//! Charging by outcome and the allow and deny lists, through axum
 //! routers and plain tower services: the memory store on a fake clock, and Redis.
 
 mod support;
@@ -543,7 +543,7 @@ async fn peek_is_no_gate_an_empty_bucket_passes_a_look_with_no_token_left() {
     let refused = limiter.check("login-failures", "alice", 1).await.unwrap();
     assert!(!refused.allowed(), "only a check refuses");
     assert_eq!(refused.retry_after(), Some(Duration::from_secs(180)));
-    // In debt too, a look passes (design brief §2: a peek is always allowed) and says
+    // In debt too, a look passes (a peek is always allowed) and says
     // when the next token comes: after the debt and one more interval.
     let debt = limiter
         .penalize("login-failures", "alice", 1)

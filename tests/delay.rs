@@ -1,4 +1,4 @@
-//! Delay mode over real TCP (design brief §13): requests over a limit wait for their
+//! Delay mode over real TCP: requests over a limit wait for their
 //! reserved tokens, in order, up to `max_wait` and `max_waiters`; a client that goes away
 //! while it waits gives its tokens back; a waiting request holds no readied inner service.
 //! Exact timings are asserted on tokio's paused clock; over real TCP, tests wait on

@@ -48,7 +48,7 @@ proptest! {
         }
     }
 
-    /// Reservations (design brief §13) and checks mixed: the cost that starts over any
+    /// Reservations and checks mixed: the cost that starts over any
     /// interval `[a, b]` of start instants (`now + wait`) is at most `burst + (b - a) / T`,
     /// and no reservation waits longer than it allowed.
     #[test]

@@ -273,7 +273,7 @@ async fn penalize_debt_is_honoured_to_the_microsecond<H: Harness>(h: &H) {
     assert_eq!(o.next_after(), Some(11 * T));
     let refused = ok(limiter.check("penalize", "alice", 1)).await;
     assert_eq!(state(&refused), (false, Some(0), Some(11 * T)));
-    // A look still passes a bucket in debt (design brief §2: a peek is always allowed),
+    // A look still passes a bucket in debt (a peek is always allowed),
     // takes nothing, and says when the next token comes.
     let look = ok(limiter.peek("penalize", "alice")).await;
     assert_eq!(state(&look), (true, Some(0), None));

@@ -1,4 +1,4 @@
-//! Reservations through the `Limiter` handle (design brief §13): tokens taken now, work
+//! Reservations through the `Limiter` handle: tokens taken now, work
 //! started later; cancelled or dropped before their instant, the tokens go back once.
 
 mod support;

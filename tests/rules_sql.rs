@@ -267,7 +267,7 @@ fn rows_of_one_pattern_with_plans_are_one_limit_and_inactive_rows_are_left_out()
         "{doc}"
     );
 
-    // Without a NULL row (the seed's own example): other plans are not limited.
+    // Without a NULL row (rows for some plans only): other plans are not limited.
     let doc = map(&[
         planned(1, "user:{user_id}", 10.0, 50, "free"),
         planned(2, "user:{user_id}", 100.0, 500, "pro"),
@@ -455,7 +455,7 @@ async fn plans_choose_the_quota_and_requests_of_other_plans_get_the_null_row() {
     assert_eq!(passes(&app, 3, call("b", Some("free"))).await, 2);
     assert_eq!(passes(&app, 2, call("c", None)).await, 1);
     assert_eq!(passes(&app, 2, call("d", Some("gold"))).await, 1);
-    // The seed's example, without a NULL row: other plans are not limited.
+    // Rows for some plans only, without a NULL row: other plans are not limited.
     let app = app_of(&[planned(1, "u", 0.01, 2, "free")]);
     assert_eq!(passes(&app, 3, call("a", Some("free"))).await, 2);
     assert_eq!(passes(&app, 4, call("a", Some("gold"))).await, 4);

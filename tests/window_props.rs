@@ -1,4 +1,4 @@
-//! Property tests for the window algorithms, each with its own bound (design brief §12),
+//! Property tests for the window algorithms, each with its own bound,
 //! through the memory store on a fake clock; and the boundary case users fear.
 
 use std::time::Duration;
@@ -95,7 +95,7 @@ proptest! {
         }
     }
 
-    /// Reservations on an aligned fixed window (design brief §13), mixed with checks and
+    /// Reservations on an aligned fixed window, mixed with checks and
     /// with the store swept before every request: the units that start in any window
     /// (at `now + wait`) are at most `limit`, and no reservation waits longer than it
     /// allowed.

@@ -33,8 +33,8 @@ const USER_KEY: &str = "user";
 /// - `scope`: `global` is one bucket; `ip` one per client address (`client_ip` behind the
 ///   settings' trusted proxies, else the peer's address); `user` one per user (the
 ///   options' [`UserKey`](super::UserKey); requests without a user skip the rule);
-///   `endpoint` one bucket for the endpoint its `key_pattern` names (the seed's
-///   semantics: the endpoint's own capacity, shared by every client):
+///   `endpoint` one bucket for the endpoint its `key_pattern` names (the
+///   endpoint's own capacity, shared by every client):
 ///   `endpoint:/api/search` (every method) or `endpoint:POST /login`, in axum's path
 ///   syntax, checked on the requests of that route only. What follows `endpoint:` in a
 ///   `key_pattern` restricts a rule of any scope to that route: scope `ip` with

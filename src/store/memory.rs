@@ -688,7 +688,7 @@ impl<C: Clock> MemoryStore<C> {
         ))
     }
 
-    /// Applies an operation other than a check to one bucket (design brief §10), in one
+    /// Applies an operation other than a check to one bucket, in one
     /// compare-and-swap, and reports the bucket as it is afterwards.
     fn update_one(&self, op: Op, item: &Item<'_, MemoryTable>, now: u64) -> Status {
         if item.algorithm.is_window() {

@@ -49,7 +49,7 @@ use crate::key::Key;
 use crate::limit::{FailurePolicy, Mode};
 use crate::quota::Quota;
 
-/// What to do to the buckets of a call (design brief §10). Each is one atomic step per
+/// What to do to the buckets of a call. Each is one atomic step per
 /// bucket.
 ///
 /// | operation | bucket afterwards |
@@ -116,7 +116,7 @@ pub struct Item<'a, T> {
     /// How the limit counts ([`Algorithm::Gcra`] unless set). A table serves one
     /// algorithm: the items of one table must all have the same.
     pub algorithm: Algorithm,
-    /// A reservation (design brief §13) when non-zero: in an [`Op::Check`], the item also
+    /// A reservation when non-zero: in an [`Op::Check`], the item also
     /// passes when its tokens are there within this wait, taking them now; its outcome's
     /// [`wait`](crate::Outcome::wait) says when the request may proceed. GCRA and fixed
     /// windows only (the sliding algorithms ignore it). Zero: a check.

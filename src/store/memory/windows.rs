@@ -1,4 +1,4 @@
-//! The window algorithms in the memory store (design brief §12).
+//! The window algorithms in the memory store.
 //!
 //! A fixed window packs `(window index mod 2^32, used)` and a sliding window
 //! `(window index mod 2^32, current count, previous count)` into the entry's `AtomicU64`,
