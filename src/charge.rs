@@ -1,18 +1,15 @@
-//! Charging by outcome: a limit that counts only some responses.
+//! [`Charge`]: which responses a limit counts (charging by outcome).
 //!
 //! The cost is taken before the inner service runs, like any check, so that parallel
 //! attempts cannot all slip through; it is given back when the response does not count,
 //! when the inner service fails, or when the response future is dropped before the
-//! response exists (the client went away). A refund happens at most once.
+//! response exists (the client went away). A refund happens at most once: the request's
+//! `ChargeGuard` (`guard.rs`) does it.
 
 use std::fmt;
 use std::sync::Arc;
 
 use http::{HeaderMap, StatusCode};
-
-use crate::engine::{ChargeKeys, Plan};
-use crate::layer::Shared;
-use crate::store::Store;
 
 /// A predicate on a response: whether it counts.
 type Counts = Arc<dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync>;
@@ -71,67 +68,5 @@ impl fmt::Debug for Charge {
         } else {
             "Charge::Always"
         })
-    }
-}
-
-/// The charges of a request to settle when its response comes, if any.
-pub(crate) type PendingCharge<St, R> = Option<Box<ChargeGuard<St, R>>>;
-
-/// The costs a passing request took from limits that charge by outcome, given back when
-/// the outcome does not count — at most once: when the response is settled, or on drop.
-pub(crate) struct ChargeGuard<St: Store, R> {
-    shared: Arc<Shared<St, R>>,
-    plan: Plan,
-    /// Plan index and key of each limit still to settle.
-    pending: ChargeKeys,
-}
-
-impl<St: Store, R> ChargeGuard<St, R> {
-    /// A guard for the `charged` limits (plan indices) of a request, if any.
-    pub(crate) fn new(
-        shared: &Arc<Shared<St, R>>,
-        plan: &Plan,
-        keys: Option<Box<ChargeKeys>>,
-        charged: &[usize],
-    ) -> PendingCharge<St, R> {
-        let keys = keys?;
-        let pending: ChargeKeys = keys
-            .into_iter()
-            .filter(|(i, _)| charged.contains(i))
-            .collect();
-        (!pending.is_empty()).then(|| {
-            Box::new(Self {
-                shared: shared.clone(),
-                plan: plan.clone(),
-                pending,
-            })
-        })
-    }
-
-    /// The response exists: gives back the cost of each limit it does not count for.
-    pub(crate) fn settle(mut self: Box<Self>, status: StatusCode, headers: &HeaderMap) {
-        let engine = &self.shared.engine;
-        let refunds: ChargeKeys = std::mem::take(&mut self.pending)
-            .into_iter()
-            .filter(|(i, _)| {
-                !engine.bounds[self.plan[*i].bound]
-                    .limit
-                    .charge
-                    .counts(status, headers)
-            })
-            .collect();
-        if !refunds.is_empty() {
-            engine.refund(&self.plan, &refunds);
-        }
-    }
-}
-
-impl<St: Store, R> Drop for ChargeGuard<St, R> {
-    /// No response (the inner service failed, or the future was dropped): nothing counts.
-    fn drop(&mut self) {
-        if !self.pending.is_empty() {
-            let pending = std::mem::take(&mut self.pending);
-            self.shared.engine.refund(&self.plan, &pending);
-        }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::gcra;
-use crate::limit::Mode;
+use crate::policy::Mode;
 use crate::quota::Quota;
 use crate::window;
 

@@ -3,7 +3,7 @@
 //!
 //! The engine asks the store for a reservation ([`Item::max_wait`](crate::store::Item))
 //! only while the limit has room for one more waiter; a request the store lets through
-//! with a wait takes a waiter's place ([`Waiters::enter`]) and carries a [`DelayGuard`],
+//! with a wait takes a waiter's place ([`Waiters::enter`]) and carries a `DelayGuard` (`guard.rs`),
 //! which frees the place when the request proceeds or goes away, and gives its tokens back
 //! if it goes away before its instant — exactly once, whatever ends it.
 
@@ -16,10 +16,8 @@ use http::HeaderValue;
 use http::request::Parts;
 use smallvec::SmallVec;
 
-use crate::engine::{ChargeKeys, Plan};
-use crate::layer::Shared;
-use crate::limit::OnLimit;
-use crate::store::Store;
+use crate::engine::ChargeKeys;
+use crate::policy::OnLimit;
 
 /// How many requests wait, per limit name: shared by the limits of one name in a layer,
 /// and by the successive versions of reloaded rules (a reload must not reset the count
@@ -143,42 +141,6 @@ pub(crate) struct Delay {
     pub(crate) wait: Duration,
     pub(crate) places: SmallVec<[usize; 2]>,
     pub(crate) reserved: ChargeKeys,
-}
-
-/// A waiting request's places and reservation: dropped before [`admit`](Self::admit),
-/// it gives the tokens back; either way it frees the places once.
-pub(crate) struct DelayGuard<St: Store, R> {
-    shared: Arc<Shared<St, R>>,
-    plan: Plan,
-    places: SmallVec<[usize; 2]>,
-    reserved: ChargeKeys,
-}
-
-impl<St: Store, R> DelayGuard<St, R> {
-    pub(crate) fn new(shared: &Arc<Shared<St, R>>, plan: &Plan, delay: Delay) -> Self {
-        Self {
-            shared: shared.clone(),
-            plan: plan.clone(),
-            places: delay.places,
-            reserved: delay.reserved,
-        }
-    }
-
-    /// The instant has come: the request proceeds with its tokens, and waits no more.
-    pub(crate) fn admit(mut self) {
-        self.reserved.clear();
-        // Drop frees the places.
-    }
-}
-
-impl<St: Store, R> Drop for DelayGuard<St, R> {
-    /// Frees the places; gone before its instant (the client went away), the request
-    /// gives its tokens back.
-    fn drop(&mut self) {
-        self.shared
-            .engine
-            .release(&self.plan, &self.places, &self.reserved);
-    }
 }
 
 #[cfg(test)]

@@ -11,9 +11,8 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::charge::PendingCharge;
-use crate::delay::DelayGuard;
 use crate::engine::Prepared;
+use crate::guard::{DelayGuard, PendingCharge};
 use crate::headers::Fields;
 use crate::layer::{Passed, Shared, proceed};
 use crate::response::OnRejection;

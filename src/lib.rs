@@ -123,6 +123,7 @@ pub mod gcra;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
+mod guard;
 pub mod headers;
 mod intern;
 pub mod key;
@@ -135,6 +136,7 @@ mod lists;
 pub mod metrics;
 mod observe;
 mod offenders;
+mod policy;
 mod quota;
 mod reservation;
 pub mod response;
@@ -160,10 +162,11 @@ pub use error::ConfigError;
 pub use future::ResponseFuture;
 pub use headers::{HeaderStyle, ResetFormat, RetryAfterFormat};
 pub use layer::{DEFAULT_MAX_LIMITS, RateLimitBuilder, RateLimitLayer};
-pub use limit::{FailurePolicy, Limit, MissingKey, Mode, OnLimit};
+pub use limit::Limit;
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
 pub use observe::RefusalLog;
 pub use offenders::{OffenderTracking, RefusedKey};
+pub use policy::{FailurePolicy, MissingKey, Mode, OnLimit};
 pub use quota::Quota;
 pub use reservation::Reservation;
 pub use service::RateLimit;

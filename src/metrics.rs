@@ -46,7 +46,7 @@
 use ::metrics::{Counter, Gauge, Histogram, Unit};
 
 use crate::decision::{LimitDecision, Status};
-use crate::limit::Mode;
+use crate::policy::Mode;
 
 /// `tollgate_requests_total{limit, result}`.
 pub const REQUESTS_TOTAL: &str = "tollgate_requests_total";

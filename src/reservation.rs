@@ -8,8 +8,8 @@ use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::limit::Mode;
 use crate::limiter::Limiter;
+use crate::policy::Mode;
 
 /// Tokens taken ahead of time by [`Limiter::reserve`]: whether they were granted, and the
 /// instant the work may start.

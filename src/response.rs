@@ -404,7 +404,7 @@ mod tests {
     use super::*;
     use crate::decision::{LimitDecision, Outcome, Status};
     use crate::gcra::Verdict;
-    use crate::limit::Mode;
+    use crate::policy::Mode;
     use crate::quota::Quota;
 
     fn denied(name: &'static str, verdict: Verdict) -> Decision {

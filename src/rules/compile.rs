@@ -18,7 +18,8 @@ use crate::key::{
     query_param,
 };
 use crate::layer::RateLimitBuilder;
-use crate::limit::{FailurePolicy, Limit, MissingKey, Mode};
+use crate::limit::Limit;
+use crate::policy::{FailurePolicy, MissingKey, Mode};
 use crate::quota::{Quota, parse_period};
 use crate::routes::parse_route;
 use crate::rules::document::{CostSpec, Document, LimitRule, Plans};

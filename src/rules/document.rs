@@ -8,28 +8,8 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::error::ConfigError;
+use crate::rules::format::{Format, line_of};
 use crate::rules::locate::{MAX_DEPTH, Tree, Unparsed};
-
-/// The format of a rules document.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Format {
-    /// TOML (the default).
-    #[default]
-    Toml,
-    /// JSON, with the same names.
-    Json,
-}
-
-impl Format {
-    /// The format a file name suggests: JSON for `.json`, TOML otherwise.
-    pub fn from_path(path: &std::path::Path) -> Self {
-        match path.extension().and_then(|e| e.to_str()) {
-            Some(ext) if ext.eq_ignore_ascii_case("json") => Format::Json,
-            _ => Format::Toml,
-        }
-    }
-}
 
 /// A rules document: settings for the whole layer and a list of limits.
 ///
@@ -358,16 +338,6 @@ fn format_name(format: Format) -> &'static str {
         Format::Toml => "TOML",
         Format::Json => "JSON",
     }
-}
-
-/// The 1-based line of byte `offset`.
-pub(crate) fn line_of(text: &str, offset: usize) -> usize {
-    let end = offset.min(text.len());
-    text.as_bytes()[..end]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
 }
 
 /// The byte offset of serde_json's 1-based line and column (the column counts bytes).

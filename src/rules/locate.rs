@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use crate::rules::document::{Format, line_of};
+use crate::rules::format::{Format, line_of};
 
 /// How deep a document may nest: far more than a valid one (four levels: the document,
 /// `limits`, a limit, its `plans`), few enough that walking it recursively is safe on any

@@ -79,6 +79,7 @@
 
 mod compile;
 mod document;
+mod format;
 mod locate;
 mod read;
 mod reload;
@@ -86,7 +87,8 @@ mod watch;
 
 #[cfg(feature = "rules-sql")]
 pub(crate) use compile::CustomKeys;
-pub use document::{CostSpec, Document, Format, KeySpec, LimitRule, Plans, Settings};
+pub use document::{CostSpec, Document, KeySpec, LimitRule, Plans, Settings};
+pub use format::Format;
 pub use reload::{ReloadStatus, Rules, RulesBuilder, RulesLayer, RulesService};
 #[cfg(feature = "rules-sql")]
 pub(crate) use reload::{Trigger, WeakRules};

@@ -18,7 +18,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::decision::{Outcome, Status};
 use crate::gcra::{self, Params};
 use crate::key::Key;
-use crate::limit::Mode;
+use crate::policy::Mode;
 
 mod windows;
 

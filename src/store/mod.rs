@@ -46,7 +46,7 @@ pub use resilient::{Resilient, ResilientTable};
 
 use crate::algorithm::Algorithm;
 use crate::key::Key;
-use crate::limit::{FailurePolicy, Mode};
+use crate::policy::{FailurePolicy, Mode};
 use crate::quota::Quota;
 
 /// What to do to the buckets of a call. Each is one atomic step per

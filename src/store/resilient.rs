@@ -18,7 +18,7 @@ use crate::clock::{Clock, SharedClock};
 use crate::decision::{Outcome, Status};
 use crate::gcra::{self, Params};
 use crate::key::Key;
-use crate::limit::{FailurePolicy, Mode};
+use crate::policy::{FailurePolicy, Mode};
 use crate::quota::Quota;
 
 /// Keys the deny cache remembers at most.

@@ -22,7 +22,7 @@ use crate::algorithm::{Algorithm, phase_us};
 use crate::clock::Clock;
 use crate::decision::{Outcome, Status};
 use crate::gcra;
-use crate::limit::Mode;
+use crate::policy::Mode;
 use crate::store::{Item, Op, Statuses};
 use crate::window::{self, Geometry, Report};
 

@@ -18,7 +18,7 @@ use crate::algorithm::{Algorithm, phase_us};
 use crate::clock::{Clock, SharedClock};
 use crate::decision::{Outcome, Status};
 use crate::gcra::{self, Params};
-use crate::limit::Mode;
+use crate::policy::Mode;
 use crate::quota::Quota;
 use crate::window;
 
