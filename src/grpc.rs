@@ -57,7 +57,7 @@ use tonic_types::{ErrorDetails, QuotaViolation, StatusExt};
 
 use crate::decision::{Decision, Status};
 use crate::headers::Fields;
-use crate::layer::{RateLimitBuilder, Shared};
+use crate::layer::Shared;
 use crate::observe::ceil_ms;
 use crate::response::{OnRejection, Rejection};
 use crate::store::Store;
@@ -126,17 +126,6 @@ impl Grpc {
             return Some(HeaderValue::from_static("application/grpc-web"));
         }
         (grpc || self.always).then(|| HeaderValue::from_static("application/grpc"))
-    }
-}
-
-impl<St: Store, R> RateLimitBuilder<St, R> {
-    /// How refused gRPC calls are answered (feature `grpc`; see [`crate::grpc`]). Without
-    /// it, requests whose `content-type` is `application/grpc…` are already answered the
-    /// gRPC way with [`Grpc::new`]'s settings.
-    #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
-    pub fn grpc(mut self, grpc: Grpc) -> Self {
-        self.settings.hooks.grpc = grpc;
-        self
     }
 }
 

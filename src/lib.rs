@@ -111,6 +111,8 @@
 
 mod algorithm;
 pub mod audit;
+mod build;
+mod builder;
 mod charge;
 pub mod clock;
 mod cost;
@@ -155,13 +157,15 @@ pub mod window;
 pub use algorithm::{
     Algorithm, FIXED_WINDOW_MAX_LIMIT, Phase, SLIDING_LOG_MAX_LIMIT, SLIDING_WINDOW_MAX_LIMIT,
 };
+pub use build::DEFAULT_MAX_LIMITS;
+pub use builder::RateLimitBuilder;
 pub use charge::Charge;
 pub use cost::Cost;
 pub use decision::{Decision, LimitDecision, Outcome, Overall, Status, Verdict};
 pub use error::ConfigError;
 pub use future::ResponseFuture;
 pub use headers::{HeaderStyle, ResetFormat, RetryAfterFormat};
-pub use layer::{DEFAULT_MAX_LIMITS, RateLimitBuilder, RateLimitLayer};
+pub use layer::RateLimitLayer;
 pub use limit::Limit;
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
 pub use observe::RefusalLog;

@@ -10,11 +10,12 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::algorithm::Algorithm;
+use crate::build::{Settings, compile};
 use crate::decision::{Decision, LimitDecision};
 use crate::engine::Engine;
 use crate::error::ConfigError;
 use crate::key::{IntoKey, Key};
-use crate::layer::{Settings, Shared, compile};
+use crate::layer::Shared;
 use crate::limit::Limit;
 use crate::offenders::RefusedKey;
 use crate::policy::Mode;

@@ -12,7 +12,6 @@ use crate::decision::LimitDecision;
 use crate::key::Key;
 use crate::limit::RuleIdFn;
 use crate::lists::Address;
-use crate::store::Store;
 
 /// A layer's audit log, with what it needs to describe a refusal.
 pub(crate) struct Recorder {
@@ -80,20 +79,5 @@ impl Recorder {
             Address::Client(c) => c.client_ip(parts),
         };
         ip.ok()
-    }
-}
-
-impl<St: Store, R> crate::layer::RateLimitBuilder<St, R> {
-    /// Records every refusal in `log`, off the request path: the limit, the key (hashed as
-    /// in refusal events, see [`redact_keys`](Self::redact_keys)), the client's address
-    /// (behind trusted proxies with [`client_ip`](Self::client_ip)), the route, the tokens
-    /// left, the limit's [`rule_id`](crate::Limit::rule_id) and the time; shadow limits'
-    /// "would refuse" too, flagged. Refusals before any limit is checked (deny lists,
-    /// missing keys under `Reject`, misconfigurations) and store failures under `Deny` are
-    /// not violations and are not recorded, nor are the [`Limiter`](crate::Limiter)
-    /// handle's refusals (its caller has the answer). See [`crate::audit`].
-    pub fn audit(mut self, log: AuditLog) -> Self {
-        self.settings.hooks.audit = Some(log);
-        self
     }
 }

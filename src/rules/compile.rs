@@ -10,6 +10,7 @@ use http::request::Parts;
 use http::{HeaderName, StatusCode};
 
 use crate::algorithm::Algorithm;
+use crate::builder::RateLimitBuilder;
 use crate::cost::Cost;
 use crate::error::ConfigError;
 use crate::headers::{HeaderStyle, ResetFormat};
@@ -17,7 +18,6 @@ use crate::key::{
     ClientIp, Global, Header, KeyBuilder, KeyError, KeyExtractor, PeerIp, Query, TrustedProxies,
     query_param,
 };
-use crate::layer::RateLimitBuilder;
 use crate::limit::Limit;
 use crate::policy::{FailurePolicy, MissingKey, Mode};
 use crate::quota::{Quota, parse_period};

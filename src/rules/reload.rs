@@ -13,10 +13,11 @@ use sha2::{Digest, Sha256};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::builder::RateLimitBuilder;
 use crate::delay::WaitCounts;
 use crate::error::ConfigError;
 use crate::future::ResponseFuture;
-use crate::layer::{RateLimitBuilder, RateLimitLayer, Shared};
+use crate::layer::{RateLimitLayer, Shared};
 use crate::limiter::Limiter;
 use crate::response::{DefaultOnRejection, OnRejection};
 use crate::rules::compile::{CustomKeys, compile_maybe_empty, rebase};
