@@ -46,6 +46,9 @@ pub struct RateLimitBuilder<St: Store, R = DefaultOnRejection> {
     store: St,
     pub(crate) settings: Settings,
     on_rejection: R,
+    /// How refused gRPC calls are answered.
+    #[cfg(feature = "grpc")]
+    grpc: Grpc,
 }
 
 impl<St: Store, R> fmt::Debug for RateLimitBuilder<St, R> {
@@ -89,6 +92,8 @@ impl<St: Store> RateLimitBuilder<St> {
             store,
             settings: Settings::default(),
             on_rejection: DefaultOnRejection::new(),
+            #[cfg(feature = "grpc")]
+            grpc: Grpc::new(),
         }
     }
 }
@@ -218,6 +223,8 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
             store: self.store,
             settings: self.settings,
             on_rejection,
+            #[cfg(feature = "grpc")]
+            grpc: self.grpc,
         }
     }
 
@@ -307,6 +314,8 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
             shared: Arc::new(Shared {
                 engine: compile(self.store, self.settings)?,
                 on_rejection: self.on_rejection,
+                #[cfg(feature = "grpc")]
+                grpc: self.grpc,
             }),
         })
     }
@@ -381,7 +390,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     #[cfg(feature = "grpc")]
     #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
     pub fn grpc(mut self, grpc: Grpc) -> Self {
-        self.settings.hooks.grpc = grpc;
+        self.grpc = grpc;
         self
     }
 }

@@ -16,7 +16,7 @@ use http::HeaderValue;
 use http::request::Parts;
 use smallvec::SmallVec;
 
-use crate::engine::ChargeKeys;
+use crate::key::Key;
 use crate::policy::OnLimit;
 
 /// How many requests wait, per limit name: shared by the limits of one name in a layer,
@@ -140,7 +140,8 @@ fn grpc_timeout(value: &HeaderValue) -> Option<Duration> {
 pub(crate) struct Delay {
     pub(crate) wait: Duration,
     pub(crate) places: SmallVec<[usize; 2]>,
-    pub(crate) reserved: ChargeKeys,
+    /// The same shape as the engine's `ChargeKeys`: plan index and key.
+    pub(crate) reserved: SmallVec<[(usize, Key); 1]>,
 }
 
 #[cfg(test)]

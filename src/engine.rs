@@ -314,7 +314,7 @@ impl<St: Store> Engine<St> {
             }
         }
         #[cfg(feature = "metrics")]
-        self.hooks.decided(plan, &decision);
+        self.hooks.decided(plan.iter().map(|p| p.bound), &decision);
         if let Some(observer) = &self.observer {
             observer(&decision, parts);
         }

@@ -217,7 +217,7 @@ pub(crate) fn refuse<St: Store, R: OnRejection<B>, B>(
     wait: Option<Duration>,
     fields: Fields,
 ) -> Response<B> {
-    let grpc = &shared.engine.hooks.settings.grpc;
+    let grpc = &shared.grpc;
     let (rejection, code) = if unavailable {
         let wait = wait.unwrap_or(shared.engine.unavailable_retry);
         (

@@ -62,6 +62,9 @@ impl<St: Store, R> fmt::Debug for RateLimitLayer<St, R> {
 pub(crate) struct Shared<St: Store, R> {
     pub(crate) engine: Engine<St>,
     pub(crate) on_rejection: R,
+    /// How refused gRPC calls are answered.
+    #[cfg(feature = "grpc")]
+    pub(crate) grpc: crate::grpc::Grpc,
 }
 
 impl<St: Store, R> Shared<St, R> {
@@ -158,10 +161,16 @@ where
         } => {
             if !unavailable {
                 let hooks = &shared.engine.hooks;
-                hooks.refused(&prepared.plan, &decision, wait, parts, keys);
+                hooks.refused(
+                    prepared.plan.iter().map(|p| p.bound),
+                    &decision,
+                    wait,
+                    parts,
+                    keys,
+                );
             }
             #[cfg(feature = "grpc")]
-            if let Some(content_type) = shared.engine.hooks.settings.grpc.answer_type(parts) {
+            if let Some(content_type) = shared.grpc.answer_type(parts) {
                 return Err(crate::grpc::refuse(
                     shared,
                     content_type,

@@ -1,5 +1,5 @@
 //! What the engine tells operators: refusal events, top offenders, metrics (feature
-//! `metrics`), and the gRPC refusal settings (feature `grpc`). Built once per layer; the
+//! `metrics`). Built once per layer; the
 //! engine calls its hooks from `finish` (metrics) and the refusal path (events,
 //! offenders), so the request path pays only for what is configured.
 
@@ -10,7 +10,6 @@ use http::request::Parts;
 use tracing::Level;
 
 use crate::decision::Decision;
-use crate::engine::Planned;
 use crate::key::Key;
 use crate::offenders::{self, OffenderTracking, RefusedKey, TopRefused};
 use crate::store::Item;
@@ -86,11 +85,9 @@ pub(crate) struct HookSettings {
     pub(crate) audit: Option<crate::audit::AuditLog>,
     #[cfg(feature = "metrics")]
     pub(crate) near_limit: f64,
-    #[cfg(feature = "grpc")]
-    pub(crate) grpc: crate::grpc::Grpc,
 }
 
-// Derivable only without the `metrics` and `grpc` features, whose fields have other defaults.
+// Derivable only without the `metrics` feature, whose field has another default.
 #[allow(clippy::derivable_impls)]
 impl Default for HookSettings {
     fn default() -> Self {
@@ -101,8 +98,6 @@ impl Default for HookSettings {
             audit: None,
             #[cfg(feature = "metrics")]
             near_limit: 0.2,
-            #[cfg(feature = "grpc")]
-            grpc: crate::grpc::Grpc::new(),
         }
     }
 }
@@ -162,15 +157,6 @@ pub(crate) fn ceil_ms(wait: Duration) -> u128 {
     wait.as_nanos().div_ceil(1_000_000)
 }
 
-/// The route of a request in logs: axum's matched template, else the path.
-pub(crate) fn route(parts: &Parts) -> &str {
-    #[cfg(feature = "axum")]
-    if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return matched.as_str();
-    }
-    parts.uri.path()
-}
-
 macro_rules! event_at {
     ($level:expr, $target:literal, $($rest:tt)*) => {
         match $level {
@@ -223,9 +209,10 @@ impl Hooks {
     /// Every decision of the middleware (feature `metrics`).
     #[cfg(feature = "metrics")]
     #[inline]
-    pub(crate) fn decided(&self, plan: &[Planned], decision: &Decision) {
-        for (l, p) in decision.limits().zip(plan) {
-            self.limits[p.bound]
+    /// `bounds`: the bound index of each of the decision's limits, in order.
+    pub(crate) fn decided(&self, bounds: impl IntoIterator<Item = usize>, decision: &Decision) {
+        for (l, bound) in decision.limits().zip(bounds) {
+            self.limits[bound]
                 .metrics
                 .record(l, self.settings.near_limit);
         }
@@ -234,7 +221,7 @@ impl Hooks {
     /// A request refused by its limits (not a store failure): the event, the offenders.
     pub(crate) fn refused(
         &self,
-        plan: &[Planned],
+        bounds: impl IntoIterator<Item = usize>,
         decision: &Decision,
         wait: Option<Duration>,
         parts: &Parts,
@@ -245,17 +232,17 @@ impl Hooks {
         }
         let redact = self.settings.redact_keys;
         // The limit that imposes the wait is the one the event names.
-        let mut worst: Option<(usize, u128)> = None;
+        let mut worst: Option<(usize, usize, u128)> = None;
         // One sampling decision per request, whatever its number of refusing limits.
         let mut sampled: Option<Option<u64>> = None;
-        for (i, (l, p)) in decision.limits().zip(plan).enumerate() {
+        for (i, (l, bound)) in decision.limits().zip(bounds).enumerate() {
             if !l.denies() {
                 continue;
             }
             if let Some(audit) = &self.audit {
-                audit.record(p.bound, l, keys.key(i), parts, false);
+                audit.record(bound, l, keys.key(i), parts, false);
             }
-            let hooks = &self.limits[p.bound];
+            let hooks = &self.limits[bound];
             if let (Some(top), Some(key)) = (&hooks.offenders, keys.key(i))
                 && let Some(weight) = *sampled.get_or_insert_with(offenders::sample)
             {
@@ -265,15 +252,14 @@ impl Hooks {
             }
             // Never (a cost beyond the bucket) counts as the longest wait.
             let w = l.retry_after().map_or(u128::MAX, |w| w.as_nanos());
-            if worst.is_none_or(|(_, longest)| w > longest) {
-                worst = Some((i, w));
+            if worst.is_none_or(|(_, _, longest)| w > longest) {
+                worst = Some((i, bound, w));
             }
         }
-        let (Some(level), Some((i, _))) = (self.settings.refusal_log.level, worst) else {
+        let (Some(level), Some((i, bound, _))) = (self.settings.refusal_log.level, worst) else {
             return;
         };
-        let p = &plan[i];
-        let Some(suppressed) = self.limits[p.bound]
+        let Some(suppressed) = self.limits[bound]
             .refusal_log
             .permit(self.settings.refusal_log.every)
         else {
@@ -282,7 +268,7 @@ impl Hooks {
         let limit = decision.limits().nth(i).map_or("", |l| l.name());
         let key = keys.key(i).map(|k| offenders::render(k, redact));
         let key = key.as_deref().unwrap_or("");
-        let route = route(parts);
+        let route = crate::routes::logged_route(parts);
         let retry_after_ms = WaitMs(wait);
         event_at!(
             level,

@@ -187,6 +187,16 @@ fn check_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The route of a request in logs and audit records: axum's matched template, else the
+/// path.
+pub(crate) fn logged_route(parts: &http::request::Parts) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return matched.as_str();
+    }
+    parts.uri.path()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

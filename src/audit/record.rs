@@ -53,7 +53,7 @@ impl Recorder {
                 limit: limit.name,
                 key: String::new(),
                 client: self.client(parts),
-                route: bounded_route(crate::observe::route(parts)),
+                route: bounded_route(crate::routes::logged_route(parts)),
                 tokens_left: limit.remaining().unwrap_or(0),
                 retry_after: limit.retry_after(),
                 cost: limit.cost,
