@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# No incremental caches in a one-shot run: they only take disk.
+export CARGO_INCREMENTAL=0
+
 step() { printf '\n==> %s\n' "$*"; }
 
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
