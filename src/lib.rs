@@ -109,68 +109,52 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
-mod algorithm;
+// The crate is built in layers; each imports only the layers below it (ARCHITECTURE.md
+// draws them; tests/layering.rs checks them).
+mod algo;
 pub mod audit;
-mod build;
-mod builder;
-mod charge;
-pub mod clock;
-mod cost;
-mod decision;
-mod delay;
+mod base;
 mod engine;
-mod error;
-mod future;
-pub mod gcra;
-#[cfg(feature = "grpc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
-pub mod grpc;
-mod guard;
-pub mod headers;
-mod intern;
-pub mod key;
-mod layer;
-mod limit;
 mod limiter;
-mod lists;
-#[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub mod metrics;
+mod middleware;
+mod model;
 mod observe;
-mod offenders;
-mod policy;
-mod quota;
-mod reservation;
-pub mod response;
-mod routes;
 #[cfg(feature = "rules")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rules")))]
 pub mod rules;
-mod service;
 #[cfg(feature = "rules-sql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
 pub mod sql;
 pub mod store;
-mod throttle;
-pub mod window;
+mod web;
 
-pub use algorithm::{
+pub use algo::{gcra, window};
+pub use base::clock;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub use middleware::grpc;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use observe::metrics;
+pub use web::{headers, key, response};
+
+pub use algo::algorithm::{
     Algorithm, FIXED_WINDOW_MAX_LIMIT, Phase, SLIDING_LOG_MAX_LIMIT, SLIDING_WINDOW_MAX_LIMIT,
 };
-pub use build::DEFAULT_MAX_LIMITS;
-pub use builder::RateLimitBuilder;
-pub use charge::Charge;
-pub use cost::Cost;
-pub use decision::{Decision, LimitDecision, Outcome, Overall, Status, Verdict};
-pub use error::ConfigError;
-pub use future::ResponseFuture;
+pub use algo::quota::Quota;
+pub use base::error::ConfigError;
+pub use engine::build::DEFAULT_MAX_LIMITS;
 pub use headers::{HeaderStyle, ResetFormat, RetryAfterFormat};
-pub use layer::RateLimitLayer;
-pub use limit::Limit;
+pub use limiter::reservation::Reservation;
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
-pub use observe::RefusalLog;
-pub use offenders::{OffenderTracking, RefusedKey};
-pub use policy::{FailurePolicy, MissingKey, Mode, OnLimit};
-pub use quota::Quota;
-pub use reservation::Reservation;
-pub use service::RateLimit;
+pub use middleware::builder::RateLimitBuilder;
+pub use middleware::future::ResponseFuture;
+pub use middleware::layer::RateLimitLayer;
+pub use middleware::service::RateLimit;
+pub use model::decision::{Decision, LimitDecision, Outcome, Overall, Status, Verdict};
+pub use model::policy::{FailurePolicy, MissingKey, Mode, OnLimit};
+pub use observe::offenders::{OffenderTracking, RefusedKey};
+pub use web::charge::Charge;
+pub use web::cost::Cost;
+pub use web::hooks::RefusalLog;
+pub use web::limit::Limit;

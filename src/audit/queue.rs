@@ -10,8 +10,8 @@ use tokio::sync::mpsc;
 
 use super::violation::Queued;
 use super::{AuditSink, Violation};
-use crate::error::ConfigError;
-use crate::throttle::LogThrottle;
+use crate::base::error::ConfigError;
+use crate::base::throttle::LogThrottle;
 
 /// How often the "queue full" and "sink failed" warnings may be logged (with a count).
 const WARN_EVERY: Duration = Duration::from_secs(10);

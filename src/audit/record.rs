@@ -8,10 +8,10 @@ use http::request::Parts;
 
 use super::violation::{Queued, bounded_route};
 use super::{AuditLog, Violation};
-use crate::decision::LimitDecision;
-use crate::key::Key;
-use crate::limit::RuleIdFn;
-use crate::lists::Address;
+use crate::model::decision::LimitDecision;
+use crate::web::key::Key;
+use crate::web::limit::RuleIdFn;
+use crate::web::lists::Address;
 
 /// A layer's audit log, with what it needs to describe a refusal.
 pub(crate) struct Recorder {
@@ -53,7 +53,7 @@ impl Recorder {
                 limit: limit.name,
                 key: String::new(),
                 client: self.client(parts),
-                route: bounded_route(crate::routes::logged_route(parts)),
+                route: bounded_route(crate::web::routes::logged_route(parts)),
                 tokens_left: limit.remaining().unwrap_or(0),
                 retry_after: limit.retry_after(),
                 cost: limit.cost,
@@ -75,7 +75,7 @@ impl Recorder {
 
     fn client(&self, parts: &Parts) -> Option<IpAddr> {
         let ip = match &self.address {
-            Address::Peer => crate::key::peer_ip(parts),
+            Address::Peer => crate::web::key::peer_ip(parts),
             Address::Client(c) => c.client_ip(parts),
         };
         ip.ok()

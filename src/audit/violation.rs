@@ -57,7 +57,7 @@ impl Violation {
 /// inline, so this costs a copy, and the hashing or formatting happens in the writer).
 pub(crate) struct Queued {
     pub(crate) violation: Violation,
-    pub(crate) key: Option<crate::key::Key>,
+    pub(crate) key: Option<crate::web::key::Key>,
     /// The layer's `redact_keys` (one log may serve several layers).
     pub(crate) redact: Option<bool>,
 }
@@ -67,7 +67,7 @@ impl Queued {
     pub(crate) fn into_violation(self) -> Violation {
         let mut v = self.violation;
         if let Some(key) = &self.key {
-            v.key = crate::offenders::render(key, self.redact);
+            v.key = crate::observe::offenders::render(key, self.redact);
         }
         v
     }

@@ -9,21 +9,21 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::{HeaderName, StatusCode};
 
-use crate::algorithm::Algorithm;
-use crate::builder::RateLimitBuilder;
-use crate::cost::Cost;
-use crate::error::ConfigError;
-use crate::headers::{HeaderStyle, ResetFormat};
-use crate::key::{
+use crate::algo::algorithm::Algorithm;
+use crate::algo::quota::{Quota, parse_period};
+use crate::base::error::ConfigError;
+use crate::middleware::builder::RateLimitBuilder;
+use crate::model::policy::{FailurePolicy, MissingKey, Mode};
+use crate::rules::document::{CostSpec, Document, LimitRule, Plans};
+use crate::store::Store;
+use crate::web::cost::Cost;
+use crate::web::headers::{HeaderStyle, ResetFormat};
+use crate::web::key::{
     ClientIp, Global, Header, KeyBuilder, KeyError, KeyExtractor, PeerIp, Query, TrustedProxies,
     query_param,
 };
-use crate::limit::Limit;
-use crate::policy::{FailurePolicy, MissingKey, Mode};
-use crate::quota::{Quota, parse_period};
-use crate::routes::parse_route;
-use crate::rules::document::{CostSpec, Document, LimitRule, Plans};
-use crate::store::Store;
+use crate::web::limit::Limit;
+use crate::web::routes::parse_route;
 
 /// Key parts registered by code, named `custom:<name>` in a document (the SQL source's
 /// user key read from a request extension).
@@ -460,7 +460,7 @@ fn key_part(
                 });
         }
         #[cfg(feature = "axum")]
-        "route" => return Ok(Box::new(crate::key::Route)),
+        "route" => return Ok(Box::new(crate::web::key::Route)),
         #[cfg(not(feature = "axum"))]
         "route" => {
             return Err(ConfigError::new(

@@ -7,7 +7,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::error::ConfigError;
+use crate::base::error::ConfigError;
 use crate::rules::format::{Format, line_of};
 use crate::rules::locate::{MAX_DEPTH, Tree, Unparsed};
 

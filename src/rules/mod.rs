@@ -17,7 +17,7 @@
 //! Every field, its values and defaults are described in the README ("Rules from a
 //! file") and on [`Document`], [`Settings`] and [`LimitRule`]; each maps onto the
 //! builder API ([`Limit`](crate::Limit), [`Quota`](crate::Quota)'s string syntax, the
-//! [`key`](crate::key) extractors, [`Cost`](crate::Cost), ...), so a file can say nothing
+//! [`key`](crate::web::key) extractors, [`Cost`](crate::Cost), ...), so a file can say nothing
 //! code could not.
 //!
 //! [`Rules`] holds the compiled rules behind an `ArcSwap` and serves them through
@@ -93,8 +93,8 @@ pub use reload::{ReloadStatus, Rules, RulesBuilder, RulesLayer, RulesService};
 #[cfg(feature = "rules-sql")]
 pub(crate) use reload::{Trigger, WeakRules};
 
-use crate::error::ConfigError;
-use crate::layer::RateLimitLayer;
+use crate::base::error::ConfigError;
+use crate::middleware::layer::RateLimitLayer;
 use crate::store::Store;
 
 impl Document {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
-use crate::error::ConfigError;
+use crate::base::error::ConfigError;
 
 /// The largest rules file read by default: 16 MiB.
 pub(crate) const DEFAULT_MAX_FILE_SIZE: u64 = 16 * 1024 * 1024;

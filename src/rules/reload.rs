@@ -13,13 +13,12 @@ use sha2::{Digest, Sha256};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::builder::RateLimitBuilder;
-use crate::delay::WaitCounts;
-use crate::error::ConfigError;
-use crate::future::ResponseFuture;
-use crate::layer::{RateLimitLayer, Shared};
+use crate::base::error::ConfigError;
+use crate::engine::delay::WaitCounts;
 use crate::limiter::Limiter;
-use crate::response::{DefaultOnRejection, OnRejection};
+use crate::middleware::builder::RateLimitBuilder;
+use crate::middleware::future::ResponseFuture;
+use crate::middleware::layer::{RateLimitLayer, Shared};
 use crate::rules::compile::{CustomKeys, compile_maybe_empty, rebase};
 use crate::rules::document::Document;
 use crate::rules::format::Format;
@@ -27,6 +26,7 @@ use crate::rules::locate::Tree;
 use crate::rules::read::{DEFAULT_MAX_FILE_SIZE, DEFAULT_READ_TIMEOUT, FileReader};
 use crate::rules::watch::{self, Watcher};
 use crate::store::Store;
+use crate::web::response::{DefaultOnRejection, OnRejection};
 
 /// What [`RulesBuilder::configure`] does to the builder of every compiled version.
 type Configure<St> =
@@ -368,12 +368,16 @@ impl<St: Store, R> RulesBuilder<St, R> {
     /// Registers a key part that documents name `custom:<name>` (a key no string can
     /// describe, such as a request extension's type).
     #[cfg(feature = "rules-sql")]
-    pub(crate) fn custom_key(mut self, name: &str, key: Arc<dyn crate::key::KeyExtractor>) -> Self {
+    pub(crate) fn custom_key(
+        mut self,
+        name: &str,
+        key: Arc<dyn crate::web::key::KeyExtractor>,
+    ) -> Self {
         self.keys.insert(name.to_owned(), key);
         self
     }
 
-    /// Replaces the responses to refused requests (see [`crate::response`]).
+    /// Replaces the responses to refused requests (see [`crate::web::response`]).
     pub fn on_rejection<R2>(self, on_rejection: R2) -> RulesBuilder<St, R2> {
         RulesBuilder {
             store: self.store,
@@ -971,6 +975,6 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         // One load per request; the request keeps these rules to its end.
         let current = self.rules.current.load();
-        crate::service::call(&current, &mut self.inner, req)
+        crate::middleware::service::call(&current, &mut self.inner, req)
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use notify::event::{AccessKind, AccessMode};
 use notify::{Event, EventKind, RecursiveMode, Watcher as _};
 
-use crate::error::ConfigError;
+use crate::base::error::ConfigError;
 
 /// Watches the directories of a rules file while it lives.
 pub(crate) struct Watcher {

@@ -9,8 +9,8 @@ use sha2::{Digest, Sha256};
 
 use super::SqlRuleRow;
 use super::options::{SqlSourceOptions, UserKeyRepr};
-use crate::error::ConfigError;
-use crate::quota::Quota;
+use crate::algo::quota::Quota;
+use crate::base::error::ConfigError;
 use crate::rules::{CustomKeys, Document, KeySpec, LimitRule, Plans};
 
 /// The plan name of a row whose `plan` is `NULL`: the default quota of its limit.
@@ -352,7 +352,7 @@ fn check_plan(plan: &str, id: i64) -> Result<(), ConfigError> {
 /// `endpoint:<route>`: the route, checked.
 fn route(spec: &str, id: i64) -> Result<String, ConfigError> {
     let spec = spec.trim();
-    crate::routes::parse_route(spec).map_err(|e| {
+    crate::web::routes::parse_route(spec).map_err(|e| {
         ConfigError::new(
             at(id, "key_pattern"),
             format!(
@@ -367,7 +367,7 @@ fn route(spec: &str, id: i64) -> Result<String, ConfigError> {
 
 /// A stable, valid limit name for `pattern`.
 fn limit_name(pattern: &str) -> String {
-    if crate::limit::validate_name(pattern).is_ok() {
+    if crate::web::limit::validate_name(pattern).is_ok() {
         return pattern.to_owned();
     }
     let digest = Sha256::digest(pattern.as_bytes());
@@ -481,12 +481,12 @@ mod tests {
         assert_eq!(limit_name("endpoint:POST /login"), "endpoint:POST /login");
         let long = "x".repeat(80);
         let a = limit_name(&long);
-        assert!(crate::limit::validate_name(&a).is_ok(), "{a}");
+        assert!(crate::web::limit::validate_name(&a).is_ok(), "{a}");
         assert_eq!(a, limit_name(&long), "stable");
         assert_ne!(a, limit_name(&format!("{long}y")));
         let accents = limit_name("user:é");
         assert!(accents.starts_with("user:_~"), "{accents}");
         assert_ne!(accents, limit_name("user:è"));
-        assert!(crate::limit::validate_name(&limit_name(" padded ")).is_ok());
+        assert!(crate::web::limit::validate_name(&limit_name(" padded ")).is_ok());
     }
 }

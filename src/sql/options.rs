@@ -5,8 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::key::{Extension, KeyExtractor, KeyPart};
 use crate::rules::Settings;
+use crate::web::key::{Extension, KeyExtractor, KeyPart};
 
 /// Where a `user` rule reads the user of a request.
 ///
@@ -46,7 +46,7 @@ impl UserKey {
         Self(UserKeyRepr::Header(name.into()))
     }
 
-    /// The request extension of type `T` (see [`key::Extension`](crate::key::Extension)).
+    /// The request extension of type `T` (see [`key::Extension`](crate::web::key::Extension)).
     /// Documents name it `custom:user`.
     pub fn extension<T: KeyPart + Send + Sync + 'static>() -> Self {
         Self(UserKeyRepr::Extension {

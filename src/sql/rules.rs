@@ -3,7 +3,7 @@
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use super::SqlPool;
-use crate::error::ConfigError;
+use crate::base::error::ConfigError;
 
 /// One row of `RateLimitRule`, as stored (the columns of the schema, in SQL's types).
 #[derive(Debug, Clone, PartialEq)]

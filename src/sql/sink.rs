@@ -57,7 +57,7 @@ impl From<Violation> for Values {
             cost: i64::from(v.cost),
             retry_after_ms: v
                 .retry_after
-                .map(|w| i64::try_from(crate::observe::ceil_ms(w)).unwrap_or(i64::MAX)),
+                .map(|w| i64::try_from(crate::web::hooks::ceil_ms(w)).unwrap_or(i64::MAX)),
             key: v.key,
             route: v.route,
             limit: v.limit,

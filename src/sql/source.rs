@@ -15,7 +15,7 @@ use super::mapping::{custom_keys, rules_document};
 use super::options::SqlSourceOptions;
 use super::rules::row_error;
 use super::{SqlPool, fetch_rules};
-use crate::error::ConfigError;
+use crate::base::error::ConfigError;
 use crate::rules::{Document, Rules, RulesBuilder, Trigger, WeakRules};
 use crate::store::Store;
 

@@ -14,11 +14,11 @@ use hashbrown::HashTable;
 use smallvec::SmallVec;
 
 use super::{Checked, Item, Op, Statuses, Store};
-use crate::clock::{Clock, MonotonicClock};
-use crate::decision::{Outcome, Status};
-use crate::gcra::{self, Params};
-use crate::key::Key;
-use crate::policy::Mode;
+use crate::algo::gcra::{self, Params};
+use crate::base::clock::{Clock, MonotonicClock};
+use crate::model::decision::{Outcome, Status};
+use crate::model::policy::Mode;
+use crate::web::key::Key;
 
 mod windows;
 
@@ -203,10 +203,10 @@ impl Table {
     fn new(name: &str, _key_metrics: bool, store_len: Arc<AtomicUsize>) -> Self {
         Self {
             #[cfg(feature = "metrics")]
-            keys: _key_metrics.then(|| crate::metrics::keys(name)),
+            keys: _key_metrics.then(|| crate::observe::metrics::keys(name)),
             name: name.into(),
             store_len,
-            name_hash: crate::algorithm::name_hash(name),
+            name_hash: crate::algo::algorithm::name_hash(name),
             shards: (0..SHARDS)
                 .map(|_| Shard(RwLock::new(HashTable::new())))
                 .collect(),
@@ -390,7 +390,7 @@ async fn sweep_in_background<C: Clock>(store: Weak<Inner<C>>) {
 }
 
 impl<C: Clock> MemoryStore<C> {
-    /// An empty store on `clock` (e.g. a [`FakeClock`](crate::clock::FakeClock) in tests).
+    /// An empty store on `clock` (e.g. a [`FakeClock`](crate::base::clock::FakeClock) in tests).
     pub fn with_clock(clock: C) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -1013,9 +1013,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::clock::FakeClock;
-    use crate::key::Key;
-    use crate::quota::Quota;
+    use crate::algo::quota::Quota;
+    use crate::base::clock::FakeClock;
+    use crate::web::key::Key;
 
     fn check(store: &MemoryStore<FakeClock>, table: &MemoryTable, key: Key) -> bool {
         let Checked::Ready(s) = store.check(&[Item::new(table, key, Quota::per_hour(10), 1)])

@@ -37,17 +37,17 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-pub use crate::decision::Status;
+pub use crate::model::decision::Status;
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisBackend, RedisStore, RedisTable};
 pub use resilient::{Resilient, ResilientTable};
 
-use crate::algorithm::Algorithm;
-use crate::key::Key;
-use crate::policy::{FailurePolicy, Mode};
-use crate::quota::Quota;
+use crate::algo::algorithm::Algorithm;
+use crate::algo::quota::Quota;
+use crate::model::policy::{FailurePolicy, Mode};
+use crate::web::key::Key;
 
 /// What to do to the buckets of a call. Each is one atomic step per
 /// bucket.
@@ -241,7 +241,7 @@ pub trait Store: Clone + Send + Sync + 'static {
 /// changed some buckets before failing gives them back first). It copies what it needs
 /// from the items before returning its future.
 ///
-/// A backend in a few lines, with the pure algorithm ([`gcra`](crate::gcra)) doing the
+/// A backend in a few lines, with the pure algorithm ([`gcra`](crate::algo::gcra)) doing the
 /// arithmetic, is in `tests/backend.rs`.
 pub trait Backend: Clone + Send + Sync + 'static {
     /// A handle to one limit's buckets.

@@ -13,13 +13,13 @@ use smallvec::SmallVec;
 use super::breaker::{Breaker, Permit};
 use super::memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 use super::{Backend, Checked, Item, Op, Statuses, Store, StoreError};
-use crate::algorithm::Algorithm;
-use crate::clock::{Clock, SharedClock};
-use crate::decision::{Outcome, Status};
-use crate::gcra::{self, Params};
-use crate::key::Key;
-use crate::policy::{FailurePolicy, Mode};
-use crate::quota::Quota;
+use crate::algo::algorithm::Algorithm;
+use crate::algo::gcra::{self, Params};
+use crate::algo::quota::Quota;
+use crate::base::clock::{Clock, SharedClock};
+use crate::model::decision::{Outcome, Status};
+use crate::model::policy::{FailurePolicy, Mode};
+use crate::web::key::Key;
 
 /// Keys the deny cache remembers at most.
 const DENY_CACHE_MAX_KEYS: usize = 100_000;
@@ -49,7 +49,7 @@ const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(1);
 ///
 /// The breaker, the fallback and the deny cache run on one clock, by default the monotonic
 /// clock; [`clock`](Self::clock) injects another (a
-/// [`FakeClock`](crate::clock::FakeClock) in tests, which then need no sleeps).
+/// [`FakeClock`](crate::base::clock::FakeClock) in tests, which then need no sleeps).
 ///
 /// ```
 /// use std::time::Duration;
@@ -98,7 +98,7 @@ pub(super) struct Inner<B> {
     fallback: MemoryStore<SharedClock>,
     deny_cache: Option<MemoryStore<SharedClock>>,
     #[cfg(feature = "metrics")]
-    metrics: crate::metrics::StoreMetrics,
+    metrics: crate::observe::metrics::StoreMetrics,
 }
 
 impl<B> Inner<B> {
@@ -161,7 +161,7 @@ impl<B: Backend> Resilient<B> {
                         .max_keys(DENY_CACHE_MAX_KEYS),
                 ),
                 #[cfg(feature = "metrics")]
-                metrics: crate::metrics::StoreMetrics::new(backend.name()),
+                metrics: crate::observe::metrics::StoreMetrics::new(backend.name()),
                 backend,
                 clock,
             }),
@@ -450,7 +450,7 @@ impl<B: Backend> Resilient<B> {
         };
         #[cfg(feature = "metrics")]
         {
-            use crate::metrics::ErrorKind;
+            use crate::observe::metrics::ErrorKind;
             let m = &inner.metrics;
             m.duration(inner.clock.now().saturating_sub(sent_at));
             match &result {
@@ -536,7 +536,7 @@ impl<B: Backend> Store for Resilient<B> {
             fallback: self.inner.fallback.table(name),
             deny: self.inner.deny_cache.as_ref().map(|c| c.table(name)),
             #[cfg(feature = "metrics")]
-            deny_hits: crate::metrics::deny_cache_hits(name),
+            deny_hits: crate::observe::metrics::deny_cache_hits(name),
         }
     }
 
@@ -589,7 +589,7 @@ impl<B: Backend> Store for Resilient<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::Verdict;
+    use crate::model::decision::Verdict;
 
     #[test]
     fn cached_denials_report_the_remembered_wait() {

@@ -7,7 +7,7 @@
 //! 2^32 (an entry is swept long before 2^32 windows pass). A sliding log has variable
 //! state (at most `L` timestamps): a per-table sharded map of logs under mutexes,
 //! counted against the same key cap. Time is the store clock plus its
-//! [`unix_origin`](crate::clock::Clock::unix_origin): windows are aligned to the Unix
+//! [`unix_origin`](crate::base::clock::Clock::unix_origin): windows are aligned to the Unix
 //! epoch, as in Redis. Window arithmetic counts whole microseconds, as Redis does, so
 //! both stores report the same waits (a window is a whole number of microseconds).
 
@@ -18,13 +18,13 @@ use std::sync::{Mutex, PoisonError};
 use smallvec::SmallVec;
 
 use super::{MemoryStore, MemoryTable, SHARD_SHIFT, SHARDS, Slot, Table};
-use crate::algorithm::{Algorithm, phase_us};
-use crate::clock::Clock;
-use crate::decision::{Outcome, Status};
-use crate::gcra;
-use crate::policy::Mode;
+use crate::algo::algorithm::{Algorithm, phase_us};
+use crate::algo::gcra;
+use crate::algo::window::{self, Geometry, Report};
+use crate::base::clock::Clock;
+use crate::model::decision::{Outcome, Status};
+use crate::model::policy::Mode;
 use crate::store::{Item, Op, Statuses};
-use crate::window::{self, Geometry, Report};
 
 /// What the sweeper needs to know about the entries of a window table.
 #[derive(Debug, Clone, Copy)]

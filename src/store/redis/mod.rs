@@ -14,13 +14,13 @@ use smallvec::SmallVec;
 use self::keys::{Groups, push_grouped};
 use super::resilient::{Resilient, ResilientTable};
 use super::{Backend, Checked, Item, Op, Statuses, Store, StoreError};
-use crate::algorithm::{Algorithm, phase_us};
-use crate::clock::{Clock, SharedClock};
-use crate::decision::{Outcome, Status};
-use crate::gcra::{self, Params};
-use crate::policy::Mode;
-use crate::quota::Quota;
-use crate::window;
+use crate::algo::algorithm::{Algorithm, phase_us};
+use crate::algo::gcra::{self, Params};
+use crate::algo::quota::Quota;
+use crate::algo::window;
+use crate::base::clock::{Clock, SharedClock};
+use crate::model::decision::{Outcome, Status};
+use crate::model::policy::Mode;
 
 static GCRA: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
@@ -214,9 +214,9 @@ impl RedisStore {
     }
 
     /// Takes the time from `clock` (nanoseconds since the Unix epoch, e.g.
-    /// [`SystemClock`](crate::clock::SystemClock)) instead of Redis `TIME`; the breaker,
+    /// [`SystemClock`](crate::base::clock::SystemClock)) instead of Redis `TIME`; the breaker,
     /// the local fallback limiter and the deny cache then use the same clock. For tests, a
-    /// [`FakeClock`](crate::clock::FakeClock) makes decisions deterministic.
+    /// [`FakeClock`](crate::base::clock::FakeClock) makes decisions deterministic.
     ///
     /// Every instance must use the same kind of clock, and their skew matters: a bucket's
     /// state is a time, so an instance whose clock runs `s` ahead of the others sees every
@@ -643,7 +643,7 @@ impl Backend for RedisBackend {
     fn table(&self, name: &str) -> RedisTable {
         RedisTable {
             prefix: keys::table_prefix(&self.prefix, name),
-            name_hash: crate::algorithm::name_hash(name),
+            name_hash: crate::algo::algorithm::name_hash(name),
         }
     }
 

@@ -1,0 +1,7 @@
+//! The bottom layer: errors, clocks, interned names and log throttling. Imports nothing
+//! of the crate.
+
+pub mod clock;
+pub(crate) mod error;
+pub(crate) mod intern;
+pub(crate) mod throttle;

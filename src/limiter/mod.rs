@@ -1,0 +1,538 @@
+//! [`Limiter`]: the engine from code — peek, check, refund, penalize, block and reset the
+//! buckets the middleware fills, from handlers, background jobs or other stacks.
+
+pub(crate) mod reservation;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::algo::algorithm::Algorithm;
+use crate::algo::quota::Quota;
+use crate::base::error::ConfigError;
+use crate::engine::Engine;
+use crate::engine::build::{Settings, compile};
+use crate::limiter::reservation::Reservation;
+use crate::middleware::layer::Shared;
+use crate::model::decision::{Decision, LimitDecision};
+use crate::model::policy::Mode;
+use crate::observe::offenders::RefusedKey;
+use crate::store::{Checked, Item, Op, Statuses, Store};
+use crate::web::key::{IntoKey, Key};
+use crate::web::limit::Limit;
+
+/// Why a [`Limiter`] call was not made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LimiterError {
+    /// No limit of this name is configured.
+    UnknownLimit(String),
+    /// The operation means nothing to the limit's algorithm: a penalty or a block on a
+    /// sliding window or sliding log (fixed windows and GCRA take every operation).
+    Unsupported {
+        /// The limit's name.
+        limit: String,
+        /// The operation (`"penalize"`, `"block"`).
+        operation: &'static str,
+    },
+}
+
+impl fmt::Display for LimiterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimiterError::UnknownLimit(name) => write!(f, "no limit is called {name:?}"),
+            LimiterError::Unsupported { limit, operation } => write!(
+                f,
+                "the limit {limit:?} counts with a sliding window or log, which has no {operation}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LimiterError {}
+
+/// The calls of one operation: (limit, key, cost).
+type Calls<'a> = SmallVec<[(&'a str, Key, u32); 2]>;
+
+/// What one item was: limit name, quota, cost, mode.
+type Meta = (&'static str, Quota, u32, Mode);
+
+/// What each item was, and the store's answer (now or later).
+struct Applied {
+    meta: SmallVec<[Meta; 2]>,
+    checked: Checked<Pin<Box<dyn Future<Output = Statuses> + Send>>>,
+}
+
+/// An engine reached by limit names, whatever its store.
+trait Handle: Send + Sync + 'static {
+    /// Applies `op` to the calls' buckets; a check with a non-zero `max_wait` is a
+    /// reservation.
+    fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError>;
+    fn names(&self) -> Vec<&'static str>;
+    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError>;
+}
+
+impl<St: Store> Handle for Engine<St> {
+    fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
+        let reserve = op == Op::Check && !max_wait.is_zero();
+        let mut items: SmallVec<[Item<'_, St::Table>; 4]> = SmallVec::new();
+        let mut meta = SmallVec::new();
+        for (name, key, cost) in calls {
+            let index = self
+                .find(name)
+                .ok_or_else(|| LimiterError::UnknownLimit(name.to_owned()))?;
+            let bound = &self.bounds[index];
+            let limit = &bound.limit;
+            if matches!(
+                limit.algorithm,
+                Algorithm::SlidingWindow | Algorithm::SlidingLog
+            ) {
+                let operation = match op {
+                    Op::Penalize => Some("penalize"),
+                    Op::Block(_) => Some("block"),
+                    Op::Check if reserve => Some("reserve"),
+                    _ => None,
+                };
+                if let Some(operation) = operation {
+                    return Err(LimiterError::Unsupported {
+                        limit: name.to_owned(),
+                        operation,
+                    });
+                }
+            }
+            let mut item = Item::new(&bound.table, key, limit.quota, cost)
+                .mode(limit.mode)
+                .on_failure(limit.on_failure)
+                .algorithm(limit.algorithm);
+            // A shadow limit never holds a request back: it is checked as usual.
+            if reserve && limit.mode == Mode::Enforce {
+                item = item.max_wait(limit.reservation_wait(&limit.quota, max_wait));
+            }
+            items.push(item);
+            meta.push((bound.name, limit.quota, cost, limit.mode));
+        }
+        let checked = if items.is_empty() {
+            Checked::Ready(Statuses::new())
+        } else {
+            match self.store.apply(op, &items) {
+                Checked::Ready(s) => Checked::Ready(s),
+                Checked::Pending(f) => Checked::Pending(Box::pin(f) as Pin<Box<_>>),
+            }
+        };
+        Ok(Applied { meta, checked })
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = self.by_name.keys().copied().collect();
+        names.sort();
+        names
+    }
+
+    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
+        let index = self
+            .find(limit)
+            .ok_or_else(|| LimiterError::UnknownLimit(limit.to_owned()))?;
+        Ok(self.hooks.top_refused(index, n))
+    }
+}
+
+impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
+    fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
+        self.engine.apply(op, calls, max_wait)
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        self.engine.names()
+    }
+
+    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
+        self.engine.top_refused(limit, n)
+    }
+}
+
+/// An engine that is replaced while handles to it live (rules reloads): each call asks
+/// for the current one.
+#[cfg(feature = "rules")]
+struct Live(Box<dyn Fn() -> Arc<dyn Handle> + Send + Sync>);
+
+#[cfg(feature = "rules")]
+impl Handle for Live {
+    fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
+        (self.0)().apply(op, calls, max_wait)
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        (self.0)().names()
+    }
+
+    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
+        (self.0)().top_refused(limit, n)
+    }
+}
+
+/// A cheap, clonable handle to a limiter's engine and store: the operations of the
+/// middleware, and more, from code.
+///
+/// Made by [`RateLimitLayer::limiter`](crate::RateLimitLayer::limiter) (sharing the layer's
+/// limits and store; the layer also puts it in every request's extensions, for axum's
+/// `Extension<Limiter>`), or on its own by [`Limiter::builder`].
+///
+/// Limits are named as configured; the handle uses each limit's own quota, mode and
+/// failure policy (a store failure is answered as in the middleware: a fallback decision,
+/// [`Status::FailedOpen`](crate::Status::FailedOpen) or
+/// [`Status::FailedClosed`](crate::Status::FailedClosed)). Keys are what the extractors
+/// make: `limiter.reset("login", "alice")` reaches the bucket that
+/// [`Header::new("x-user")`](crate::web::key::Header) fills for `x-user: alice`; for addresses
+/// use [`PeerIp::key`](crate::web::key::PeerIp::key) to get the same prefix grouping. Every
+/// method returns a `'static` future that can be spawned.
+///
+/// The failed-login pattern: take the failure token *before* trying the password, keep it
+/// when the password is wrong, and reset the user's bucket on success. Taking it first is
+/// one atomic step, so N parallel guesses with one failure left cannot all try a password.
+/// A [`peek`](Self::peek) is no gate: a look of cost 0 always passes;
+/// read its `remaining()`.
+///
+/// ```
+/// use tollgate::{store::MemoryStore, Limit, Limiter, LimiterError, Quota};
+///
+/// async fn login(limiter: &Limiter, user: &str, password_ok: bool) -> Result<u16, LimiterError> {
+///     let charged = limiter.check("login-failures", user, 1).await?;
+///     if !charged.allowed() {
+///         return Ok(429); // too many failures: Retry-After from charged.retry_after()
+///     }
+///     if password_ok {
+///         limiter.reset("login-failures", user).await?; // gives this token back too
+///         Ok(200)
+///     } else {
+///         Ok(401) // the token stays taken
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // 5 failures per 15 minutes: a bucket of 5, one back every 3 minutes.
+/// let limiter = Limiter::builder(MemoryStore::new())
+///     .limit(Limit::new("login-failures", Quota::per_hour(20).burst(5)))
+///     .build()?;
+/// for _ in 0..5 {
+///     assert_eq!(login(&limiter, "alice", false).await?, 401);
+/// }
+/// assert_eq!(login(&limiter, "alice", true).await?, 429); // even the right password
+/// assert_eq!(login(&limiter, "bob", true).await?, 200);
+/// let look = limiter.peek("login-failures", "alice").await?;
+/// assert!(look.allowed() && look.remaining() == Some(0)); // a look passes: no gate
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<dyn Handle>,
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("limits", &self.inner.names())
+            .finish()
+    }
+}
+
+impl Limiter {
+    pub(crate) fn new<St: Store, R: Send + Sync + 'static>(shared: Arc<Shared<St, R>>) -> Self {
+        Self { inner: shared }
+    }
+
+    /// A handle on whatever engine `current` returns at each call.
+    #[cfg(feature = "rules")]
+    pub(crate) fn live<St, R, F>(current: F) -> Self
+    where
+        St: Store,
+        R: Send + Sync + 'static,
+        F: Fn() -> Arc<Shared<St, R>> + Send + Sync + 'static,
+    {
+        let current = move || current() as Arc<dyn Handle>;
+        Self {
+            inner: Arc::new(Live(Box::new(current))),
+        }
+    }
+
+    /// A limiter of its own, without a layer: for background jobs, outbound calls, or
+    /// anything that is not an HTTP request.
+    pub fn builder<St: Store>(store: St) -> LimiterBuilder<St> {
+        LimiterBuilder {
+            store,
+            limits: Vec::new(),
+            max_limits: crate::DEFAULT_MAX_LIMITS,
+        }
+    }
+
+    /// The names of the limits this handle reaches.
+    pub fn limits(&self) -> Vec<&'static str> {
+        self.inner.names()
+    }
+
+    fn one(
+        &self,
+        op: Op,
+        limit: &str,
+        key: Key,
+        cost: u32,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        let applied = self
+            .inner
+            .apply(op, smallvec::smallvec![(limit, key, cost)], Duration::ZERO);
+        async move {
+            let mut decision = settle(applied?).await;
+            Ok(decision.limits.remove(0))
+        }
+    }
+
+    /// Takes `cost` tokens if they are there (a shadow limit never refuses): the limit's
+    /// decision, as the middleware would make it.
+    pub fn check(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        cost: u32,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Check, limit, key.into_key(), cost)
+    }
+
+    /// The bucket's state, without consuming and without creating the key: the tokens
+    /// left and the time to the next one.
+    ///
+    /// A look (a request of cost 0) is always allowed, even on an empty
+    /// bucket or one in debt after [`penalize`](Self::penalize) or [`block`](Self::block):
+    /// whether one more request would pass is `remaining() > Some(0)`, and
+    /// `next_after()` says when the next token comes. To admit a request, use
+    /// [`check`](Self::check) rather than peek-then-check, which lets parallel callers
+    /// all pass the look.
+    pub fn peek(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Check, limit, key.into_key(), 0)
+    }
+
+    /// Several checks, all or nothing as in the middleware: if an enforcing limit
+    /// refuses, nothing is taken from any of them.
+    ///
+    /// ```
+    /// # use tollgate::{store::MemoryStore, Limit, Limiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .limit(Limit::new("per-user", Quota::per_minute(10)))
+    ///     .limit(Limit::new("per-tenant", Quota::per_minute(2)))
+    ///     .build()?;
+    /// let calls = [("per-user", "alice", 1), ("per-tenant", "acme", 1)];
+    /// assert!(limiter.check_all(calls).await?.allowed());
+    /// assert!(limiter.check_all(calls).await?.allowed());
+    /// assert!(!limiter.check_all(calls).await?.allowed()); // the tenant is out
+    /// // ... and the refused call took nothing from the user's bucket.
+    /// assert_eq!(limiter.peek("per-user", "alice").await?.remaining(), Some(8));
+    /// # Ok(()) }
+    /// ```
+    pub fn check_all<'a, K: IntoKey>(
+        &self,
+        calls: impl IntoIterator<Item = (&'a str, K, u32)>,
+    ) -> impl Future<Output = Result<Decision, LimiterError>> + Send + 'static {
+        let calls: Calls<'a> = calls
+            .into_iter()
+            .map(|(l, k, c)| (l, k.into_key(), c))
+            .collect();
+        let applied = self.inner.apply(Op::Check, calls, Duration::ZERO);
+        async move { Ok(settle(applied?).await) }
+    }
+
+    /// Takes `cost` tokens now if they are there within `max_wait`, and answers when the
+    /// work may start: a [`Reservation`], whose
+    /// [`wait`](Reservation::wait) sleeps until then, and which gives the tokens back if
+    /// dropped or cancelled before then. A reservation that would wait longer is refused
+    /// and takes nothing; one that would leave more than the limit's
+    /// [`max_reserved`](Limit::max_reserved) tokens reserved too.
+    ///
+    /// Atomic in every store (in Redis, part of the same script as a check). GCRA and
+    /// fixed windows (whose reservations take units of the following windows); a sliding
+    /// window or log answers [`LimiterError::Unsupported`].
+    pub fn reserve(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        cost: u32,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Reservation, LimiterError>> + Send + 'static {
+        self.reserve_all([(limit, key, cost)], max_wait)
+    }
+
+    /// Several reservations, all or nothing as [`check_all`](Self::check_all): every
+    /// limit's tokens are taken or none; the work may start after the longest wait.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tollgate::{store::MemoryStore, Algorithm, Limit, Limiter, Quota};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .limit(Limit::new("per-user", Quota::per_second(10)))
+    ///     .limit(Limit::new("per-day", Quota::per_day(1_000)).algorithm(Algorithm::fixed_window()))
+    ///     .build()?;
+    /// let calls = [("per-user", "alice", 1), ("per-day", "alice", 1)];
+    /// let r = limiter.reserve_all(calls, Duration::from_secs(1)).await?;
+    /// assert!(r.is_granted());
+    /// # Ok(()) }
+    /// ```
+    pub fn reserve_all<'a, K: IntoKey>(
+        &self,
+        calls: impl IntoIterator<Item = (&'a str, K, u32)>,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Reservation, LimiterError>> + Send + 'static {
+        let calls: Calls<'a> = calls
+            .into_iter()
+            .map(|(l, k, c)| (l, k.into_key(), c))
+            .collect();
+        let keys: SmallVec<[Key; 2]> = calls.iter().map(|(_, k, _)| k.clone()).collect();
+        let applied = self.inner.apply(Op::Check, calls, max_wait);
+        let limiter = self.clone();
+        async move {
+            let decision = settle(applied?).await;
+            // The wait counts from the store's `now`, which came before its answer: timed
+            // from the answer, the instant errs late, never early.
+            let made_at = tokio::time::Instant::now();
+            Ok(Reservation::new(limiter, decision, keys, made_at))
+        }
+    }
+
+    /// Gives back what a reservation took (see [`Reservation::cancel`]); `None` if a
+    /// limit is gone.
+    pub(crate) fn apply_refund(
+        &self,
+        calls: SmallVec<[(&'static str, Key, u32); 2]>,
+    ) -> Option<Checked<Pin<Box<dyn Future<Output = Statuses> + Send>>>> {
+        let calls: Calls<'_> = calls.into_iter().collect();
+        let applied = self.inner.apply(Op::Refund, calls, Duration::ZERO).ok()?;
+        Some(applied.checked)
+    }
+
+    /// Gives `cost` tokens back, never beyond a full bucket (a key the store does not
+    /// hold is already full, and stays absent).
+    pub fn refund(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        cost: u32,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Refund, limit, key.into_key(), cost)
+    }
+
+    /// Takes `cost` tokens whatever is left: the bucket may go into debt, and the next
+    /// request passes only once the debt has refilled.
+    pub fn penalize(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        cost: u32,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Penalize, limit, key.into_key(), cost)
+    }
+
+    /// Refuses the key for `duration`, whatever its tokens; then one token is there and the
+    /// bucket refills from it. [`reset`](Self::reset) lifts it.
+    pub fn block(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        duration: Duration,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Block(duration), limit, key.into_key(), 0)
+    }
+
+    /// Makes the key a full bucket again, and unblocks it.
+    pub fn reset(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+    ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
+        self.one(Op::Reset, limit, key.into_key(), 0)
+    }
+
+    /// The `n` keys the layer refused most often for `limit`, most refused first, from its
+    /// bounded summary (see
+    /// [`RateLimitBuilder::track_offenders`](crate::RateLimitBuilder::track_offenders);
+    /// empty when the layer does not track offenders). Counts are upper bounds, off by at
+    /// most each entry's `error`; keys are hashed if the layer redacts them.
+    pub fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
+        self.inner.top_refused(limit, n)
+    }
+}
+
+/// Waits for the store and names each status.
+async fn settle(applied: Applied) -> Decision {
+    let statuses = match applied.checked {
+        Checked::Ready(s) => s,
+        Checked::Pending(f) => f.await,
+    };
+    let limits = applied
+        .meta
+        .into_iter()
+        .zip(statuses)
+        .map(|((name, quota, cost, mode), status)| LimitDecision {
+            name,
+            quota,
+            cost,
+            mode,
+            status,
+        })
+        .collect();
+    Decision { limits }
+}
+
+/// Builds a [`Limiter`] without a layer (see [`Limiter::builder`]).
+pub struct LimiterBuilder<St: Store> {
+    store: St,
+    limits: Vec<Limit>,
+    max_limits: usize,
+}
+
+impl<St: Store> fmt::Debug for LimiterBuilder<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimiterBuilder")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store> LimiterBuilder<St> {
+    /// A limit the handle reaches by its name. Its key extractor and cost rule are not
+    /// used: the caller gives keys and costs.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// The most limits the handle takes (default [`DEFAULT_MAX_LIMITS`](crate::DEFAULT_MAX_LIMITS));
+    /// see [`RateLimitBuilder::max_limits`](crate::RateLimitBuilder::max_limits).
+    pub fn max_limits(mut self, n: usize) -> Self {
+        self.max_limits = n;
+        self
+    }
+
+    /// Checks the limits (as a layer does; names must differ) and builds the handle.
+    pub fn build(self) -> Result<Limiter, ConfigError> {
+        let engine = compile(
+            self.store,
+            Settings {
+                always: self.limits,
+                max_limits: self.max_limits,
+                ..Settings::default()
+            },
+        )?;
+        Ok(Limiter {
+            inner: Arc::new(engine),
+        })
+    }
+}

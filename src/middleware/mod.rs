@@ -1,0 +1,11 @@
+//! The tower middleware: the layer and its builder, the service, its response future,
+//! the request guards, and gRPC refusals. Nothing in the crate imports this layer but
+//! the configuration front-ends (rules), through its public builder.
+
+pub(crate) mod builder;
+pub(crate) mod future;
+#[cfg(feature = "grpc")]
+pub mod grpc;
+pub(crate) mod guard;
+pub(crate) mod layer;
+pub(crate) mod service;

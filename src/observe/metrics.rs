@@ -1,0 +1,255 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature `metrics`):
+//! install any recorder (Prometheus, OpenTelemetry bridge, StatsD, ...) and tollgate's
+//! layers report to it.
+//!
+//! # Schema
+//!
+//! Every label value comes from configuration (limit names, the store's name, a fixed
+//! set of results and error kinds): never a key, a path or an address, so the number of
+//! series is bounded by the configuration, whatever the traffic.
+//!
+//! | metric | type | labels | what |
+//! |---|---|---|---|
+//! | `tollgate_requests_total` | counter | `limit`, `result` | one per limit of each request the middleware checked; `result` is `allowed`, `denied` (an enforcing limit refused), `shadow_denied` (a shadow limit would have refused), `fallback_allowed` / `fallback_denied` (the store failed and the local fallback limiter answered), `failed_open` / `failed_closed` (the store failed and the limit's policy let the request pass / refused it) |
+//! | `tollgate_near_limit_total` | counter | `limit` | allowed requests that left fewer than the near-limit fraction (default 20 %) of the burst ([`RateLimitBuilder::near_limit_fraction`](crate::RateLimitBuilder::near_limit_fraction)) |
+//! | `tollgate_store_duration_seconds` | histogram | `store` | time of each call to a remote store ([`Resilient`](crate::store::Resilient), e.g. `RedisStore`), timeouts included |
+//! | `tollgate_store_errors_total` | counter | `store`, `kind` | failed calls: `kind` is `timeout`, `backend` (the store answered an error) or `protocol` (a wrong answer) |
+//! | `tollgate_breaker_open` | gauge | `store` | 1 while the circuit breaker skips the store, else 0 |
+//! | `tollgate_deny_cache_hits_total` | counter | `limit` | requests refused from the remote store's local deny cache, without a call |
+//! | `tollgate_keys` | gauge | `limit` | keys the memory store tracks for the limit (updated on insertion and by the sweeper, never per request) |
+//! | `tollgate_delayed_total` | counter | `limit` | requests of a limit in delay mode ([`Limit::delay`](crate::Limit::delay)) that waited for their tokens instead of being refused (also counted `allowed` above) |
+//! | `tollgate_delay_seconds` | histogram | `limit` | the wait of each such request (the time it was to spend in the queue) |
+//!
+//! `store` is the backend's name in lower case (`redis`). Requests refused before any
+//! limit is checked (allow and deny lists, missing keys, misconfiguration) and checks made
+//! through the [`Limiter`](crate::Limiter) handle are not counted.
+//!
+//! # Cost
+//!
+//! The handles are registered once, when a layer (or a store table) is built, and kept:
+//! a request adds one to one counter per limit (an atomic add in the Prometheus
+//! recorder), with no lookup by name. **Install the recorder before building layers and
+//! stores**: handles registered while no recorder is installed stay no-ops.
+//!
+//! ```
+//! use tollgate::{store::MemoryStore, Limit, Quota, RateLimitLayer};
+//!
+//! // e.g. metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+//! let layer = RateLimitLayer::builder(MemoryStore::new())
+//!     .limit(Limit::new("global", Quota::per_second(100)))
+//!     .near_limit_fraction(0.1)
+//!     .build()?;
+//! # let _ = layer;
+//! # Ok::<(), tollgate::ConfigError>(())
+//! ```
+
+use ::metrics::{Counter, Gauge, Histogram, Unit};
+
+use crate::model::decision::{LimitDecision, Status};
+use crate::model::policy::Mode;
+
+/// `tollgate_requests_total{limit, result}`.
+pub const REQUESTS_TOTAL: &str = "tollgate_requests_total";
+/// `tollgate_near_limit_total{limit}`.
+pub const NEAR_LIMIT_TOTAL: &str = "tollgate_near_limit_total";
+/// `tollgate_store_duration_seconds{store}`.
+pub const STORE_DURATION_SECONDS: &str = "tollgate_store_duration_seconds";
+/// `tollgate_store_errors_total{store, kind}`.
+pub const STORE_ERRORS_TOTAL: &str = "tollgate_store_errors_total";
+/// `tollgate_breaker_open{store}`.
+pub const BREAKER_OPEN: &str = "tollgate_breaker_open";
+/// `tollgate_deny_cache_hits_total{limit}`.
+pub const DENY_CACHE_HITS_TOTAL: &str = "tollgate_deny_cache_hits_total";
+/// `tollgate_keys{limit}`.
+pub const KEYS: &str = "tollgate_keys";
+/// `tollgate_delayed_total{limit}`.
+pub const DELAYED_TOTAL: &str = "tollgate_delayed_total";
+/// `tollgate_delay_seconds{limit}`.
+pub const DELAY_SECONDS: &str = "tollgate_delay_seconds";
+
+/// The values of `result` in `tollgate_requests_total`.
+pub const RESULTS: [&str; 7] = [
+    "allowed",
+    "denied",
+    "shadow_denied",
+    "fallback_allowed",
+    "fallback_denied",
+    "failed_open",
+    "failed_closed",
+];
+
+fn describe() {
+    use std::sync::Once;
+    // Once per recorder would be exact; once per process is what a recorder installed
+    // at start-up needs.
+    static DESCRIBED: Once = Once::new();
+    DESCRIBED.call_once(|| {
+        ::metrics::describe_counter!(
+            REQUESTS_TOTAL,
+            "Limits checked per request, by limit and result"
+        );
+        ::metrics::describe_counter!(
+            NEAR_LIMIT_TOTAL,
+            "Allowed requests that left less than the near-limit fraction of the burst"
+        );
+        ::metrics::describe_histogram!(
+            STORE_DURATION_SECONDS,
+            Unit::Seconds,
+            "Duration of calls to a remote rate-limit store"
+        );
+        ::metrics::describe_counter!(STORE_ERRORS_TOTAL, "Failed calls to a remote store");
+        ::metrics::describe_gauge!(BREAKER_OPEN, "1 while the store's circuit breaker is open");
+        ::metrics::describe_counter!(
+            DENY_CACHE_HITS_TOTAL,
+            "Requests refused from the local deny cache"
+        );
+        ::metrics::describe_gauge!(KEYS, "Keys tracked by the memory store, per limit");
+        ::metrics::describe_counter!(
+            DELAYED_TOTAL,
+            "Requests that waited for their tokens (delay mode)"
+        );
+        ::metrics::describe_histogram!(
+            DELAY_SECONDS,
+            Unit::Seconds,
+            "How long each delayed request was to wait for its tokens"
+        );
+    });
+}
+
+/// One limit's counters, registered when the layer is built.
+pub(crate) struct LimitMetrics {
+    results: [Counter; 7],
+    near_limit: Counter,
+}
+
+impl LimitMetrics {
+    pub(crate) fn new(limit: &'static str) -> Self {
+        describe();
+        Self {
+            results: RESULTS.map(
+                |result| ::metrics::counter!(REQUESTS_TOTAL, "limit" => limit, "result" => result),
+            ),
+            near_limit: ::metrics::counter!(NEAR_LIMIT_TOTAL, "limit" => limit),
+        }
+    }
+
+    /// Counts one limit's part in a decision.
+    #[inline]
+    pub(crate) fn record(&self, l: &LimitDecision, near_fraction: f64) {
+        let shadow = l.mode() == Mode::Shadow;
+        let (result, outcome) = match l.status() {
+            Status::Checked(o) if o.is_allowed() => (0, Some(o)),
+            Status::Checked(_) if shadow => (2, None),
+            Status::Checked(_) => (1, None),
+            Status::Fallback(o) if o.is_allowed() => (3, Some(o)),
+            Status::Fallback(_) if shadow => (2, None),
+            Status::Fallback(_) => (4, None),
+            Status::FailedOpen => (5, None),
+            Status::FailedClosed => (6, None),
+            // Not looked at (another limit was refused from the deny cache).
+            Status::Unchecked => return,
+        };
+        self.results[result].increment(1);
+        if let Some(o) = outcome
+            && (o.remaining() as f64) < near_fraction * l.quota().burst_size() as f64
+        {
+            self.near_limit.increment(1);
+        }
+    }
+}
+
+/// A remote store's metrics, registered when the store is made.
+#[derive(Clone)]
+pub(crate) struct StoreMetrics {
+    duration: Histogram,
+    timeout: Counter,
+    backend: Counter,
+    protocol: Counter,
+    breaker_open: Gauge,
+}
+
+/// What went wrong with a call.
+#[derive(Clone, Copy)]
+pub(crate) enum ErrorKind {
+    Timeout,
+    Backend,
+    Protocol,
+}
+
+/// A store's name as a label: lower case, `_` for anything but letters and digits.
+pub(crate) fn store_label(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+impl StoreMetrics {
+    pub(crate) fn new(store: &str) -> Self {
+        describe();
+        let store = store_label(store);
+        let error = |kind: &'static str| ::metrics::counter!(STORE_ERRORS_TOTAL, "store" => store.clone(), "kind" => kind);
+        Self {
+            duration: ::metrics::histogram!(STORE_DURATION_SECONDS, "store" => store.clone()),
+            timeout: error("timeout"),
+            backend: error("backend"),
+            protocol: error("protocol"),
+            breaker_open: ::metrics::gauge!(BREAKER_OPEN, "store" => store.clone()),
+        }
+    }
+
+    pub(crate) fn duration(&self, ns: u64) {
+        self.duration.record(ns as f64 / 1e9);
+    }
+
+    pub(crate) fn error(&self, kind: ErrorKind) {
+        match kind {
+            ErrorKind::Timeout => &self.timeout,
+            ErrorKind::Backend => &self.backend,
+            ErrorKind::Protocol => &self.protocol,
+        }
+        .increment(1);
+    }
+
+    pub(crate) fn breaker(&self, open: bool) {
+        self.breaker_open.set(if open { 1.0 } else { 0.0 });
+    }
+}
+
+/// `tollgate_deny_cache_hits_total{limit}`.
+pub(crate) fn deny_cache_hits(limit: &str) -> Counter {
+    describe();
+    ::metrics::counter!(DENY_CACHE_HITS_TOTAL, "limit" => limit.to_owned())
+}
+
+/// `tollgate_keys{limit}`.
+pub(crate) fn keys(limit: &str) -> Gauge {
+    describe();
+    ::metrics::gauge!(KEYS, "limit" => limit.to_owned())
+}
+
+/// A delay-mode limit's `tollgate_delayed_total` and `tollgate_delay_seconds`.
+pub(crate) struct DelayMetrics {
+    delayed: Counter,
+    wait: Histogram,
+}
+
+impl DelayMetrics {
+    pub(crate) fn new(limit: &str) -> Self {
+        describe();
+        Self {
+            delayed: ::metrics::counter!(DELAYED_TOTAL, "limit" => limit.to_owned()),
+            wait: ::metrics::histogram!(DELAY_SECONDS, "limit" => limit.to_owned()),
+        }
+    }
+
+    pub(crate) fn record(&self, wait: std::time::Duration) {
+        self.delayed.increment(1);
+        self.wait.record(wait.as_secs_f64());
+    }
+}

@@ -1,0 +1,521 @@
+//! [`Limit`]: one named policy.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+
+use crate::algo::algorithm::Algorithm;
+use crate::algo::quota::Quota;
+use crate::base::error::ConfigError;
+use crate::model::policy::{FailurePolicy, MissingKey, Mode, OnLimit};
+use crate::web::charge::Charge;
+use crate::web::cost::Cost;
+use crate::web::key::{Global, KeyExtractor};
+
+/// The longest limit name: it appears in headers and in Redis keys.
+const MAX_NAME_LEN: usize = 64;
+
+/// A function choosing the quota per request (see [`Limit::quota_by`]).
+pub(crate) type QuotaFn = Arc<dyn Fn(&Parts) -> Option<Quota> + Send + Sync>;
+
+/// A function choosing the rule id of a refused request (a rules document's plans, each
+/// from its own `RateLimitRule` row); `None`: the limit's own [`Limit::rule_id`].
+pub(crate) type RuleIdFn = Arc<dyn Fn(&Parts) -> Option<u64> + Send + Sync>;
+
+/// One named limit: a quota, a key extractor, a cost, a mode, and policies for missing
+/// keys and store failures.
+///
+/// The name identifies the limit in headers (`RateLimit: "per-ip";r=4`), logs and store
+/// keys: limits with the same name in the same store share their buckets (which is how
+/// several routes, layers or app instances share one limit).
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use tollgate::{key::Header, Cost, Limit, MissingKey, Quota};
+///
+/// let per_key = Limit::new("per-key", Quota::per_second(20).burst(100))
+///     .key(Header::new("x-api-key"))
+///     .cost(Cost::header("x-cost").default(1))
+///     .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
+/// # let _ = per_key;
+/// ```
+#[derive(Clone)]
+pub struct Limit {
+    pub(crate) name: Arc<str>,
+    pub(crate) quota: Quota,
+    pub(crate) quota_fn: Option<QuotaFn>,
+    pub(crate) key: Arc<dyn KeyExtractor>,
+    pub(crate) cost: Cost,
+    pub(crate) mode: Mode,
+    pub(crate) missing: MissingKey,
+    pub(crate) on_failure: FailurePolicy,
+    pub(crate) charge: Charge,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) on_limit: OnLimit,
+    /// Outstanding reserved tokens per key (GCRA): the debt a reservation may leave.
+    pub(crate) max_reserved: Option<u32>,
+    pub(crate) rule_id: Option<u64>,
+    /// The rule id per request (plans from SQL rows), asked only when a request is refused.
+    pub(crate) rule_id_by: Option<RuleIdFn>,
+}
+
+impl Limit {
+    /// A limit called `name` with `quota`, one global bucket, cost 1, enforcing.
+    pub fn new(name: impl AsRef<str>, quota: Quota) -> Self {
+        Self {
+            name: name.as_ref().into(),
+            quota,
+            quota_fn: None,
+            key: Arc::new(Global),
+            cost: Cost::fixed(1),
+            mode: Mode::Enforce,
+            missing: MissingKey::SharedBucket,
+            on_failure: FailurePolicy::Fallback,
+            charge: Charge::always(),
+            algorithm: Algorithm::Gcra,
+            on_limit: OnLimit::Reject,
+            max_reserved: None,
+            rule_id: None,
+            rule_id_by: None,
+        }
+    }
+
+    /// What the layer does with a request over this limit: refuse it with a 429
+    /// ([`OnLimit::Reject`], the default), or let it wait for its tokens
+    /// ([`OnLimit::Delay`], nginx's `burst` + `delay`): see [`Limit::delay`].
+    pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
+        self.on_limit = on_limit;
+        self
+    }
+
+    /// Delay mode: a request over the limit whose tokens are there within `max_wait`
+    /// waits for them instead of getting a 429, while fewer than `max_waiters` requests
+    /// of this limit wait (in this layer, counted by limit name, and across reloads of
+    /// [rules](crate#features)); then it proceeds. Beyond `max_wait`, or with
+    /// `max_waiters` already waiting, it gets the usual 429 at once.
+    ///
+    /// The tokens are reserved when the request arrives, so waiting
+    /// requests are admitted in the order they came, one per emission interval; a
+    /// request that goes away while it waits (its response future dropped: the client
+    /// disconnected, a timeout fired) gives its tokens back. A waiting request holds no
+    /// readied inner service and no lock. GCRA and fixed windows only (a sliding window
+    /// or log is a [`ConfigError`] at build); needs a Tokio runtime with its timer, as
+    /// `axum::serve` has (without a runtime the request is refused as in reject mode).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{key::PeerIp, Limit, Quota};
+    ///
+    /// // 10 per second with a burst of 5; up to 100 requests wait up to 2 s each.
+    /// let smooth = Limit::new("smooth", Quota::per_second(10).burst(5))
+    ///     .key(PeerIp::new())
+    ///     .delay(Duration::from_secs(2), 100);
+    /// # let _ = smooth;
+    /// ```
+    pub fn delay(self, max_wait: Duration, max_waiters: usize) -> Self {
+        self.on_limit(OnLimit::Delay {
+            max_wait,
+            max_waiters,
+        })
+    }
+
+    /// Caps the tokens a key may have reserved ahead (what some token buckets call `maxReserved`): a
+    /// reservation ([`Limiter::reserve`](crate::Limiter::reserve), or a request in delay
+    /// mode) that would leave more than `tokens` reserved beyond an empty bucket is
+    /// refused, whatever its `max_wait`. It is the same bound as a wait of `tokens × T`.
+    /// GCRA only.
+    pub fn max_reserved(mut self, tokens: u32) -> Self {
+        self.max_reserved = Some(tokens);
+        self
+    }
+
+    /// The longest a reservation of this limit may wait for a request with `quota`:
+    /// `max_wait`, capped by [`max_reserved`](Self::max_reserved) tokens.
+    #[inline]
+    pub(crate) fn reservation_wait(&self, quota: &Quota, max_wait: Duration) -> Duration {
+        match self.max_reserved {
+            Some(tokens) => {
+                let cap = u64::from(tokens).saturating_mul(quota.t_ns());
+                max_wait.min(Duration::from_nanos(cap))
+            }
+            None => max_wait,
+        }
+    }
+
+    /// How the limit counts: [`Algorithm::Gcra`] (the default, a token bucket), or a
+    /// fixed window, a sliding window or a sliding log, for which the quota's rate is the
+    /// window's limit and its period the window's length (see [`Algorithm`]).
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Limit, Quota};
+    ///
+    /// // 100 per calendar minute.
+    /// let per_minute = Limit::new("api", Quota::per_minute(100)).algorithm(Algorithm::fixed_window());
+    /// # let _ = per_minute;
+    /// ```
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The key extractor: what a bucket is (per IP, per API key, ...). Default: [`Global`].
+    pub fn key(mut self, key: impl KeyExtractor) -> Self {
+        self.key = Arc::new(key);
+        self
+    }
+
+    /// The cost of a request (default 1). A `u32` is a fixed cost.
+    pub fn cost(mut self, cost: impl Into<Cost>) -> Self {
+        self.cost = cost.into();
+        self
+    }
+
+    /// Chooses the quota per request, e.g. by plan; `None` means the limit's own quota.
+    ///
+    /// The bucket of a key keeps its state when its quota changes (an upgrade takes effect
+    /// at once; after a downgrade the client may have to wait for the smaller bucket to
+    /// have room).
+    ///
+    /// ```
+    /// use tollgate::{Limit, Quota, key::Header};
+    ///
+    /// #[derive(Clone, Copy)]
+    /// enum Plan { Free, Pro, Enterprise }
+    ///
+    /// let per_key = Limit::new("per-key", Quota::per_minute(60))
+    ///     .key(Header::new("x-api-key"))
+    ///     .quota_by(|parts| match parts.extensions.get::<Plan>()? {
+    ///         Plan::Free => None, // the limit's own quota
+    ///         Plan::Pro => Some(Quota::per_second(10).burst(50)),
+    ///         Plan::Enterprise => Some(Quota::per_second(100).burst(500)),
+    ///     });
+    /// # let _ = per_key;
+    /// ```
+    pub fn quota_by<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<Quota> + Send + Sync + 'static,
+    {
+        self.quota_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// Reports without refusing: see [`Mode::Shadow`].
+    pub fn shadow(mut self) -> Self {
+        self.mode = Mode::Shadow;
+        self
+    }
+
+    /// Sets the mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// What to do with requests that have no key. Default: [`MissingKey::SharedBucket`].
+    pub fn on_missing_key(mut self, policy: MissingKey) -> Self {
+        self.missing = policy;
+        self
+    }
+
+    /// What to do when the store fails. Default: [`FailurePolicy::Fallback`].
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.on_failure = policy;
+        self
+    }
+
+    /// Which responses count (default: all, [`Charge::always`]). With
+    /// [`Charge::when`] the cost is still taken before the service runs — so parallel
+    /// attempts cannot all pass — and given back when the response does not count, when
+    /// the service fails, or when the client goes away before the response.
+    ///
+    /// ```
+    /// use tollgate::{key::PeerIp, Charge, Limit, Quota};
+    ///
+    /// // 3 failed logins a minute per client: only 401s count.
+    /// let failed = Limit::new("login-basic", Quota::per_minute(3))
+    ///     .key(PeerIp::new())
+    ///     .charge(Charge::when(|status, _| status == 401));
+    /// # let _ = failed;
+    /// ```
+    pub fn charge(mut self, charge: Charge) -> Self {
+        self.charge = charge;
+        self
+    }
+
+    /// The id of the rule this limit comes from (a `RateLimitRule.rule_id`, or any number
+    /// the operator chooses), carried into the audit log's violations
+    /// ([`Violation::rule_id`](crate::audit::Violation::rule_id)). At most `i64::MAX`, the
+    /// largest SQL `BIGINT`.
+    ///
+    /// ```
+    /// use tollgate::{Limit, Quota};
+    ///
+    /// let search = Limit::new("search", Quota::per_second(1_000).burst(2_000)).rule_id(3);
+    /// assert!(format!("{search:?}").contains("rule_id: Some(3)"));
+    /// ```
+    pub fn rule_id(mut self, id: u64) -> Self {
+        self.rule_id = Some(id);
+        self
+    }
+
+    /// The limit's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limit's own quota (requests may get another one, see [`Limit::quota_by`]).
+    pub fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// The quota for one request.
+    pub(crate) fn quota_for(&self, parts: &Parts) -> Quota {
+        match &self.quota_fn {
+            Some(f) => f(parts).unwrap_or(self.quota),
+            None => self.quota,
+        }
+    }
+
+    /// Checks everything that can be checked before the first request. Errors name the
+    /// field as `limits["<name>"].<field>`.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        validate_name(&self.name)?;
+        let at = || format!("limits[{:?}]", &*self.name);
+        if self.rule_id.is_some_and(|id| id > i64::MAX as u64) {
+            return Err(ConfigError::new(
+                "rule_id",
+                "must be at most i64::MAX (9223372036854775807), the largest SQL BIGINT",
+            )
+            .within(at()));
+        }
+        self.cost.validate().map_err(|e| e.within(at()))?;
+        self.algorithm
+            .validate(&self.quota)
+            .map_err(|(field, reason)| ConfigError::new(field, reason).within(at()))?;
+        if self.algorithm.is_window() && self.quota_fn.is_some() {
+            return Err(ConfigError::new(
+                "quota_by",
+                "a window limit takes one quota (its window's length is part of its state)",
+            )
+            .within(at()));
+        }
+        // With a quota chosen per request the burst is not known here.
+        if self.quota_fn.is_none() {
+            self.cost
+                .validate_for(self.quota.burst_size())
+                .map_err(|e| e.within(at()))?;
+        }
+        self.validate_reservations().map_err(|e| e.within(at()))?;
+        if let MissingKey::Reject(status) = self.missing
+            && !status.is_client_error()
+        {
+            return Err(ConfigError::new(
+                "on_missing_key",
+                format!("a request without a key is the client's error: use a 4xx, not {status}"),
+            )
+            .within(at()));
+        }
+        Ok(())
+    }
+}
+
+impl Limit {
+    /// Delay mode and `max_reserved` need an algorithm that can reserve: GCRA, or a fixed
+    /// window for delay mode.
+    fn validate_reservations(&self) -> Result<(), ConfigError> {
+        let sliding = matches!(
+            self.algorithm,
+            Algorithm::SlidingWindow | Algorithm::SlidingLog
+        );
+        if let Some(tokens) = self.max_reserved {
+            if self.algorithm.is_window() {
+                return Err(ConfigError::new(
+                    "max_reserved",
+                    "only a GCRA limit counts reserved tokens (a fixed window's reservations are bounded by their wait)",
+                ));
+            }
+            if tokens == 0 {
+                return Err(ConfigError::new(
+                    "max_reserved",
+                    "must be at least 1 (0 would refuse every reservation)",
+                ));
+            }
+        }
+        if let OnLimit::Delay {
+            max_wait,
+            max_waiters,
+        } = self.on_limit
+        {
+            if sliding {
+                return Err(ConfigError::new(
+                    "on_limit",
+                    "a sliding window or sliding log cannot reserve, so cannot delay: use GCRA or a fixed window",
+                ));
+            }
+            if self.mode == Mode::Shadow {
+                return Err(ConfigError::new(
+                    "on_limit",
+                    "a shadow limit never refuses, so never delays",
+                ));
+            }
+            if max_wait.is_zero() {
+                return Err(ConfigError::new(
+                    "on_limit.max_wait",
+                    "must be more than zero (zero is reject mode)",
+                ));
+            }
+            if max_waiters == 0 {
+                return Err(ConfigError::new(
+                    "on_limit.max_waiters",
+                    "must be at least 1 (zero is reject mode)",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A name must be printable ASCII (it is an RFC 9651 string in the headers) of 1 to 64
+/// characters, without spaces at either end (a name that is only spaces, or that differs
+/// from another by a trailing space, would be unreadable in headers and logs).
+pub(crate) fn validate_name(name: &str) -> Result<(), ConfigError> {
+    let field = || format!("limits[{name:?}].name");
+    if name.is_empty() {
+        return Err(ConfigError::new(field(), "must not be empty"));
+    }
+    if name.trim().is_empty() {
+        return Err(ConfigError::new(field(), "must not be only whitespace"));
+    }
+    if name.trim() != name {
+        return Err(ConfigError::new(
+            field(),
+            format!(
+                "must not start or end with whitespace (did you mean {:?}?)",
+                name.trim()
+            ),
+        ));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(ConfigError::new(field(), "must be at most 64 characters"));
+    }
+    if !name.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(ConfigError::new(
+            field(),
+            "must be printable ASCII (no control characters, tabs or non-ASCII letters)",
+        ));
+    }
+    Ok(())
+}
+
+impl fmt::Debug for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limit")
+            .field("name", &self.name)
+            .field("quota", &self.quota)
+            .field("per_request_quota", &self.quota_fn.is_some())
+            .field("cost", &self.cost)
+            .field("mode", &self.mode)
+            .field("missing", &self.missing)
+            .field("on_failure", &self.on_failure)
+            .field("charge", &self.charge)
+            .field("algorithm", &self.algorithm)
+            .field("on_limit", &self.on_limit)
+            .field("max_reserved", &self.max_reserved)
+            .field("rule_id", &self.rule_id)
+            .field("rule_id_by", &self.rule_id_by.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::StatusCode;
+
+    #[test]
+    fn names_are_validated() {
+        let q = Quota::per_second(1);
+        assert!(Limit::new("per user", q).validate().is_ok());
+        assert!(Limit::new(r#"a"b\c"#, q).validate().is_ok());
+        for bad in ["", "café", "tab\there", "new\nline", &"x".repeat(65)] {
+            let err = Limit::new(bad, q).validate().unwrap_err();
+            assert!(err.field().ends_with(".name"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn blank_or_padded_names_are_config_errors() {
+        let q = Quota::per_second(1);
+        for (bad, reason) in [
+            ("", "must not be empty"),
+            (" ", "must not be only whitespace"),
+            ("   ", "must not be only whitespace"),
+            (" api", "must not start or end with whitespace"),
+            ("api ", "must not start or end with whitespace"),
+        ] {
+            let err = Limit::new(bad, q).validate().unwrap_err();
+            assert_eq!(err.field(), format!("limits[{bad:?}].name"), "as written");
+            assert!(err.reason().starts_with(reason), "{bad:?}: {err}");
+        }
+        let err = Limit::new("api ", q).validate().unwrap_err();
+        assert!(err.reason().contains(r#""api""#), "{err}");
+    }
+
+    #[test]
+    fn a_default_cost_above_the_burst_is_a_config_error() {
+        let q = Quota::per_second(10);
+        for cost in [
+            Cost::header("x-cost").default(20),
+            Cost::query("weight").default(11),
+            Cost::from_fn(|_| Some(1)).default(11),
+        ] {
+            let err = Limit::new("api", q).cost(cost).validate().unwrap_err();
+            assert_eq!(err.field(), r#"limits["api"].cost"#);
+            assert!(err.reason().contains("exceeds the burst of 10"), "{err}");
+        }
+        let err = Limit::new("api", q)
+            .cost(Cost::header("x-cost").default(20))
+            .validate()
+            .unwrap_err();
+        assert!(err.reason().contains("default 20"), "{err}");
+        assert!(err.reason().contains("`x-cost`"), "{err}");
+        // A default up to the burst is fine; so is a request value above it (that request
+        // gets a 429 saying it can never pass).
+        assert!(
+            Limit::new("api", q)
+                .cost(Cost::header("x-cost").default(10))
+                .validate()
+                .is_ok()
+        );
+        // With a quota per request, the burst that applies is not known at build time.
+        assert!(
+            Limit::new("api", q)
+                .cost(Cost::header("x-cost").default(20))
+                .quota_by(|_| Some(Quota::per_second(100)))
+                .validate()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn impossible_costs_and_bad_statuses_are_config_errors() {
+        let q = Quota::per_second(10);
+        let err = Limit::new("api", q).cost(11).validate().unwrap_err();
+        assert_eq!(err.field(), r#"limits["api"].cost"#);
+        let err = Limit::new("api", q).cost(0).validate().unwrap_err();
+        assert_eq!(err.field(), r#"limits["api"].cost"#);
+        let err = Limit::new("api", q)
+            .on_missing_key(MissingKey::Reject(StatusCode::OK))
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field(), r#"limits["api"].on_missing_key"#);
+        assert!(
+            Limit::new("api", q)
+                .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+                .validate()
+                .is_ok()
+        );
+    }
+}

@@ -1,0 +1,13 @@
+//! The HTTP policy: key extractors, `Limit` (a limit with its key, cost and charge
+//! rules), route tables, allow and deny lists, the rate-limit header fields, rejections,
+//! and the hooks that report decisions. Knows `http::request::Parts`, not tower.
+
+pub(crate) mod charge;
+pub(crate) mod cost;
+pub mod headers;
+pub(crate) mod hooks;
+pub mod key;
+pub(crate) mod limit;
+pub(crate) mod lists;
+pub mod response;
+pub(crate) mod routes;

@@ -1,0 +1,517 @@
+//! The responses the limiter gives instead of calling the service, and how to replace them.
+//!
+//! Every outcome is a response, never an error: [`Rejection`] says why a request is
+//! refused, and an [`OnRejection`] turns it into a response. The default,
+//! [`DefaultOnRejection`], answers with an `application/problem+json` body (RFC 9457).
+//! Whatever the response, the layer then adds its rate-limit fields, `Retry-After` (when a
+//! wait helps) and `Cache-Control: no-store`:
+//!
+//! - in the IETF style ([`HeaderStyle::Ietf`](crate::HeaderStyle)), `RateLimit` and
+//!   `RateLimit-Policy` are lists, and the layer's members are *appended*: a response that
+//!   already carries these fields (set by your [`OnRejection`]) ends up with both your
+//!   members and the layer's, as separate field lines of one list. Leave these fields to
+//!   the layer, or use [`HeaderStyle::None`](crate::HeaderStyle) and write your own;
+//! - in the other styles the fields hold one value, and each is set only if the response
+//!   does not have it already;
+//! - `Retry-After` and `Cache-Control` are set only if the response does not have them.
+//!
+//! ```
+//! use axum::{body::Body, http::{Response, StatusCode}};
+//! use tollgate::{response::Rejection, store::MemoryStore, key::PeerIp, Limit, Quota, RateLimitLayer};
+//!
+//! let layer = RateLimitLayer::builder(MemoryStore::new())
+//!     .limit(Limit::new("per-ip", Quota::per_second(5)).key(PeerIp::new()))
+//!     .on_rejection(|rejection: &Rejection<'_>| {
+//!         let status = rejection.status();
+//!         let text = match rejection.retry_after() {
+//!             Some(wait) => format!("slow down, try again in {} ms", wait.as_millis()),
+//!             None => status.canonical_reason().unwrap_or("refused").to_owned(),
+//!         };
+//!         Response::builder().status(status).body(Body::from(text)).unwrap()
+//!     })
+//!     .build()?;
+//! # Ok::<(), tollgate::ConfigError>(())
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Response, StatusCode};
+
+use crate::model::decision::Decision;
+
+/// Why a request is refused.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Rejection<'a> {
+    /// An enforcing limit refused the request (429).
+    Limited {
+        /// The decision over all limits.
+        decision: &'a Decision,
+        /// How long until the request would pass (with jitter, if configured); `None` if
+        /// its cost exceeds a bucket and it can never pass.
+        retry_after: Option<Duration>,
+    },
+    /// A store failed under a [`FailurePolicy::Deny`](crate::FailurePolicy) limit (503).
+    Unavailable {
+        /// The decision over all limits.
+        decision: &'a Decision,
+        /// How long before trying again is useful.
+        retry_after: Duration,
+    },
+    /// The request has no key for a limit whose policy is
+    /// [`MissingKey::Reject`](crate::MissingKey).
+    MissingKey {
+        /// The limit.
+        limit: &'a str,
+        /// The status configured for this case.
+        status: StatusCode,
+    },
+    /// The client is on the layer's deny list
+    /// ([`RateLimitBuilder::deny_cidrs`](crate::RateLimitBuilder::deny_cidrs)): 403,
+    /// before any limit is checked.
+    Blocked {
+        /// The status (403).
+        status: StatusCode,
+    },
+    /// The application is set up so that a limit cannot work, e.g. peer addresses without
+    /// connection info (500). The reason, naming the fix, is logged.
+    Misconfigured {
+        /// The limit.
+        limit: &'a str,
+        /// What is wrong and how to fix it.
+        reason: &'static str,
+    },
+}
+
+impl Rejection<'_> {
+    /// The status of this rejection: 429, 503, the configured 4xx, or 500.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Rejection::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Rejection::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::MissingKey { status, .. } | Rejection::Blocked { status } => *status,
+            Rejection::Misconfigured { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// How long before trying again is useful, when a wait helps.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Rejection::Limited { retry_after, .. } => *retry_after,
+            Rejection::Unavailable { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The decision, for rejections made after checking the limits.
+    pub fn decision(&self) -> Option<&Decision> {
+        match self {
+            Rejection::Limited { decision, .. } | Rejection::Unavailable { decision, .. } => {
+                Some(decision)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Turns a [`Rejection`] into a response.
+///
+/// Implemented by [`DefaultOnRejection`] and by closures
+/// `Fn(&Rejection<'_>) -> Response<B>`.
+pub trait OnRejection<B>: Clone + Send + Sync + 'static {
+    /// The response for `rejection`.
+    fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<B>;
+
+    /// The response for a refused gRPC call (feature `grpc`, see [`crate::middleware::grpc`]). The
+    /// layer makes it a Trailers-Only gRPC answer (status `200`, `content-type`, the
+    /// `grpc-*` fields), so its **body must be empty**. The default is
+    /// [`on_rejection`](Self::on_rejection)'s response: a closure used in front of gRPC
+    /// services should answer with an empty body. [`DefaultOnRejection`] answers with an
+    /// empty body here.
+    fn on_grpc_rejection(&self, rejection: &Rejection<'_>) -> Response<B> {
+        self.on_rejection(rejection)
+    }
+}
+
+impl<B, F> OnRejection<B> for F
+where
+    F: Fn(&Rejection<'_>) -> Response<B> + Clone + Send + Sync + 'static,
+{
+    fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<B> {
+        self(rejection)
+    }
+}
+
+/// Problem details (RFC 9457) for every rejection.
+///
+/// A 429 reads:
+///
+/// ```text
+/// Content-Type: application/problem+json
+///
+/// {"type":"about:blank","title":"Too Many Requests","status":429,
+///  "detail":"Rate limit \"per-ip\" exceeded; retry in 3 s.","violated-policies":["per-ip"]}
+/// ```
+///
+/// With [`DefaultOnRejection::ietf_problem_types`], the problem types of the IETF draft
+/// (`…#quota-exceeded`, `…#temporary-reduced-capacity`) are used instead of `about:blank`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultOnRejection {
+    ietf_types: bool,
+}
+
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+const REDUCED_CAPACITY: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
+
+impl DefaultOnRejection {
+    /// `about:blank` problems titled with the status text.
+    pub const fn new() -> Self {
+        Self { ietf_types: false }
+    }
+
+    /// The problem types of draft-ietf-httpapi-ratelimit-headers (not registered with IANA
+    /// until the draft becomes an RFC).
+    pub const fn ietf_problem_types() -> Self {
+        Self { ietf_types: true }
+    }
+
+    /// The problem document for `rejection`, as JSON text.
+    pub fn problem(&self, rejection: &Rejection<'_>) -> String {
+        let status = rejection.status();
+        let title: &'static str = status.canonical_reason().unwrap_or("Error");
+        let mut doc = Problem::new();
+        let (problem_type, title) = match rejection {
+            Rejection::Limited { .. } if self.ietf_types => (QUOTA_EXCEEDED, "Quota Exceeded"),
+            Rejection::Unavailable { .. } if self.ietf_types => {
+                (REDUCED_CAPACITY, "Temporary Reduced Capacity")
+            }
+            _ => ("about:blank", title),
+        };
+        doc.string("type", problem_type);
+        doc.string("title", title);
+        doc.number("status", status.as_u16().into());
+        match rejection {
+            Rejection::Limited {
+                decision,
+                retry_after,
+            } => {
+                let never = decision.violated().find(|l| {
+                    l.outcome()
+                        .is_some_and(crate::model::decision::Outcome::is_never)
+                });
+                doc.key("detail");
+                doc.open();
+                match (never, retry_after) {
+                    (Some(l), _) => {
+                        doc.text("A request costing ");
+                        doc.integer(l.cost().into());
+                        doc.text(" exceeds the capacity (");
+                        doc.integer(l.quota().burst_size());
+                        doc.text(") of limit ");
+                        doc.quoted(l.name());
+                        doc.text(": it can never be satisfied.");
+                    }
+                    (None, wait) => {
+                        doc.text("Rate limit ");
+                        for (i, l) in decision.violated().enumerate() {
+                            if i > 0 {
+                                doc.text(", ");
+                            }
+                            doc.quoted(l.name());
+                        }
+                        match wait {
+                            Some(wait) => {
+                                doc.text(" exceeded; retry in ");
+                                doc.integer(crate::web::headers::ceil_secs(*wait));
+                                doc.text(" s.");
+                            }
+                            None => doc.text(" exceeded."),
+                        }
+                    }
+                }
+                doc.close();
+                doc.strings("violated-policies", decision.violated().map(|l| l.name()));
+            }
+            Rejection::Unavailable { decision, .. } => {
+                doc.string(
+                    "detail",
+                    "The rate limiter cannot reach its store; try again shortly.",
+                );
+                doc.strings(
+                    "violated-policies",
+                    decision
+                        .limits()
+                        .filter(|l| *l.status() == crate::model::decision::Status::FailedClosed)
+                        .map(|l| l.name()),
+                );
+            }
+            Rejection::MissingKey { limit, .. } => {
+                doc.key("detail");
+                doc.open();
+                doc.text("The request lacks what limit ");
+                doc.quoted(limit);
+                doc.text(" is keyed by.");
+                doc.close();
+            }
+            Rejection::Blocked { .. } => {
+                doc.string("detail", "This client is not allowed to use this service.");
+            }
+            Rejection::Misconfigured { .. } => {}
+        }
+        doc.finish()
+    }
+}
+
+/// A JSON object written member by member into one buffer: the problem documents have a
+/// fixed shape, and this is on the path of every refused request.
+struct Problem(String);
+
+impl Problem {
+    fn new() -> Self {
+        Problem(String::with_capacity(256))
+    }
+
+    fn key(&mut self, key: &'static str) {
+        self.0.push(if self.0.is_empty() { '{' } else { ',' });
+        self.0.push('"');
+        self.0.push_str(key);
+        self.0.push_str("\":");
+    }
+
+    fn open(&mut self) {
+        self.0.push('"');
+    }
+
+    fn close(&mut self) {
+        self.0.push('"');
+    }
+
+    /// Constant text inside an open string (plain: nothing to escape).
+    fn text(&mut self, s: &'static str) {
+        self.0.push_str(s);
+    }
+
+    /// A name in quotes inside an open string: `\"name\"`.
+    fn quoted(&mut self, name: &str) {
+        self.0.push_str("\\\"");
+        push_json_escaped(&mut self.0, name);
+        self.0.push_str("\\\"");
+    }
+
+    fn integer(&mut self, n: u64) {
+        self.0.push_str(itoa::Buffer::new().format(n));
+    }
+
+    /// A constant string member.
+    fn string(&mut self, key: &'static str, value: &'static str) {
+        self.key(key);
+        self.open();
+        self.text(value);
+        self.close();
+    }
+
+    fn number(&mut self, key: &'static str, value: u64) {
+        self.key(key);
+        self.integer(value);
+    }
+
+    fn strings<'a>(&mut self, key: &'static str, values: impl Iterator<Item = &'a str>) {
+        self.key(key);
+        self.0.push('[');
+        for (i, v) in values.enumerate() {
+            if i > 0 {
+                self.0.push(',');
+            }
+            self.open();
+            push_json_escaped(&mut self.0, v);
+            self.close();
+        }
+        self.0.push(']');
+    }
+
+    fn finish(mut self) -> String {
+        self.0.push('}');
+        self.0
+    }
+}
+
+/// Appends `s` escaped for a JSON string (RFC 8259: quote, backslash and control
+/// characters).
+fn push_json_escaped(out: &mut String, s: &str) {
+    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.push_str(s);
+        return;
+    }
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                out.push_str("\\u00");
+                out.push(char::from_digit(c as u32 >> 4, 16).unwrap_or('0'));
+                out.push(char::from_digit(c as u32 & 0xf, 16).unwrap_or('0'));
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+impl<B: From<Bytes>> OnRejection<B> for DefaultOnRejection {
+    fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<B> {
+        let body = self.problem(rejection);
+        let mut response = Response::new(B::from(Bytes::from(body)));
+        *response.status_mut() = rejection.status();
+        // Room for what the layer adds: the rate-limit fields, Retry-After, Cache-Control.
+        *response.headers_mut() = http::HeaderMap::with_capacity(6);
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        response
+    }
+
+    fn on_grpc_rejection(&self, rejection: &Rejection<'_>) -> Response<B> {
+        let mut response = Response::new(B::from(Bytes::new()));
+        *response.status_mut() = rejection.status();
+        *response.headers_mut() = http::HeaderMap::with_capacity(8);
+        response
+    }
+}
+
+impl fmt::Display for Rejection<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::Limited { decision, .. } => {
+                f.write_str("rate limit")?;
+                for (i, l) in decision.violated().enumerate() {
+                    write!(f, "{}{:?}", if i == 0 { " " } else { ", " }, l.name())?;
+                }
+                f.write_str(" exceeded")
+            }
+            Rejection::Unavailable { .. } => f.write_str("rate limit store unavailable"),
+            Rejection::MissingKey { limit, .. } => write!(f, "no key for limit {limit:?}"),
+            Rejection::Blocked { .. } => f.write_str("client on the deny list"),
+            Rejection::Misconfigured { limit, reason } => write!(f, "limit {limit:?}: {reason}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::gcra::Verdict;
+    use crate::algo::quota::Quota;
+    use crate::model::decision::{LimitDecision, Outcome, Status};
+    use crate::model::policy::Mode;
+
+    fn denied(name: &'static str, verdict: Verdict) -> Decision {
+        Decision {
+            limits: smallvec::smallvec![LimitDecision {
+                name,
+                quota: Quota::per_minute(10),
+                cost: 12,
+                mode: Mode::Enforce,
+                status: Status::Checked(Outcome::new(
+                    verdict,
+                    60_000_000,
+                    crate::algo::gcra::Params::new(6_000_000, 10),
+                    1_000
+                )),
+            }],
+        }
+    }
+
+    fn limited(d: &Decision, wait: Option<Duration>) -> Rejection<'_> {
+        Rejection::Limited {
+            decision: d,
+            retry_after: wait,
+        }
+    }
+
+    #[test]
+    fn the_429_problem_has_the_generic_shape() {
+        let d = denied(
+            "default",
+            Verdict::Denied {
+                retry_after: 2_500_000,
+            },
+        );
+        let body =
+            DefaultOnRejection::new().problem(&limited(&d, Some(Duration::from_millis(2_500))));
+        assert_eq!(
+            body,
+            r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"Rate limit \"default\" exceeded; retry in 3 s.","violated-policies":["default"]}"#
+        );
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["status"], 429);
+    }
+
+    #[test]
+    fn the_draft_problem_types_on_request() {
+        let d = denied(
+            "default",
+            Verdict::Denied {
+                retry_after: 1_000_000,
+            },
+        );
+        let body = DefaultOnRejection::ietf_problem_types()
+            .problem(&limited(&d, Some(Duration::from_secs(1))));
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v["type"],
+            "https://iana.org/assignments/http-problem-types#quota-exceeded"
+        );
+        assert_eq!(v["title"], "Quota Exceeded");
+        assert_eq!(v["violated-policies"], serde_json::json!(["default"]));
+    }
+
+    #[test]
+    fn names_are_escaped_and_never_costs_are_explained() {
+        let name = r#"odd "name" \ here"#;
+        let d = denied(name, Verdict::Never);
+        let body = DefaultOnRejection::new().problem(&limited(&d, None));
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["violated-policies"][0], name);
+        let detail = v["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("costing 12 exceeds the capacity (10)"),
+            "{detail}"
+        );
+        assert!(detail.contains("never be satisfied"));
+    }
+
+    #[test]
+    fn every_rejection_is_valid_json_with_its_status() {
+        let d = denied(
+            "x",
+            Verdict::Denied {
+                retry_after: 1_000_000,
+            },
+        );
+        let cases = [
+            limited(&d, Some(Duration::from_secs(1))),
+            Rejection::Unavailable {
+                decision: &d,
+                retry_after: Duration::from_secs(1),
+            },
+            Rejection::MissingKey {
+                limit: "k\"ey",
+                status: StatusCode::UNAUTHORIZED,
+            },
+            Rejection::Misconfigured {
+                limit: "k",
+                reason: "why",
+            },
+        ];
+        for r in cases {
+            let v: serde_json::Value =
+                serde_json::from_str(&DefaultOnRejection::new().problem(&r)).unwrap();
+            assert_eq!(v["status"], r.status().as_u16());
+            assert_eq!(v["title"], r.status().canonical_reason().unwrap());
+        }
+    }
+}
