@@ -27,9 +27,8 @@
 
 use std::time::Duration;
 
-use tollgate::Limit;
 use tollgate::store::MemoryStore;
-use tollgate::{LimitDecision, Limiter, LimiterError, Quota};
+use tollgate::{LimitDecision, LimitSpec, Limiter, LimiterError, Quota};
 
 /// A bucket of 3, one token back every 10 s.
 const USER: &str = "per-user";
@@ -37,8 +36,8 @@ const USER: &str = "per-user";
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limiter = Limiter::builder(MemoryStore::new())
-        .limit(Limit::new(USER, Quota::per_minute(6).burst(3)))
-        .limit(Limit::new("per-tenant", Quota::per_minute(2)))
+        .limit(LimitSpec::new(USER, Quota::per_minute(6).burst(3)))
+        .limit(LimitSpec::new("per-tenant", Quota::per_minute(2)))
         .build()?;
     println!("limits: {:?}\n", limiter.limits());
 

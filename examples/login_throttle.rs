@@ -91,7 +91,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use tollgate::key::PeerIp;
 use tollgate::store::{MemoryStore, Store};
-use tollgate::{Charge, Limit, LimitDecision, Limiter, Quota, RateLimitLayer};
+use tollgate::{Charge, Limit, LimitDecision, LimitSpec, Limiter, Quota, RateLimitLayer};
 use tracing_subscriber::EnvFilter;
 
 /// The demo password of every user.
@@ -153,7 +153,7 @@ fn app<St: Store>(store: St) -> Result<Router, tollgate::ConfigError> {
     // 5 per 15 minutes, burst 5: five failures at once, then one more every 3 minutes.
     let failures = Quota::new(5, Duration::from_secs(15 * 60))?;
     let limiter = Limiter::builder(store.clone())
-        .limit(Limit::new(FAILURES, failures))
+        .limit(LimitSpec::new(FAILURES, failures))
         .build()?;
 
     // The layer-only variant: per client address, only 401s count.

@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tollgate::store::MemoryStore;
-use tollgate::{Algorithm, Limit, Limiter, Quota};
+use tollgate::{Algorithm, LimitSpec, Limiter, Quota};
 
 const PER_WINDOW: u64 = 100;
 const JOBS: u32 = 250;
@@ -59,7 +59,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let max_wait = window * 3;
     let limiter = Limiter::builder(MemoryStore::new())
         .limit(
-            Limit::new("vendor-api", Quota::new(PER_WINDOW, window)?)
+            LimitSpec::new("vendor-api", Quota::new(PER_WINDOW, window)?)
                 .algorithm(Algorithm::fixed_window_random()),
         )
         .build()?;

@@ -143,7 +143,7 @@ pub use algo::algorithm::{
 };
 pub use algo::quota::Quota;
 pub use base::error::ConfigError;
-pub use engine::build::DEFAULT_MAX_LIMITS;
+pub use engine::DEFAULT_MAX_LIMITS;
 pub use headers::{HeaderStyle, ResetFormat, RetryAfterFormat};
 pub use limiter::reservation::Reservation;
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
@@ -153,6 +153,7 @@ pub use middleware::layer::RateLimitLayer;
 pub use middleware::service::RateLimit;
 pub use model::decision::{Decision, LimitDecision, Outcome, Overall, Status, Verdict};
 pub use model::policy::{FailurePolicy, MissingKey, Mode, OnLimit};
+pub use model::spec::LimitSpec;
 pub use observe::offenders::{OffenderTracking, RefusedKey};
 pub use web::charge::Charge;
 pub use web::cost::Cost;

@@ -21,8 +21,8 @@ use tollgate::clock::{Clock, FakeClock};
 use tollgate::gcra::{self, Params};
 use tollgate::store::{Backend, Item, Op, Resilient, Statuses, StoreError};
 use tollgate::{
-    FailurePolicy, Limit, LimitDecision, Limiter, Mode, Outcome, Overall, Quota, RateLimitLayer,
-    Status,
+    FailurePolicy, Limit, LimitDecision, LimitSpec, Limiter, Mode, Outcome, Overall, Quota,
+    RateLimitLayer, Status,
 };
 
 /// Buckets in a map, keyed by `{limit}:{key}`; a switch makes every call fail, another
@@ -197,7 +197,7 @@ impl Setup {
     /// A limiter with one limit, `api`, under `policy`.
     fn limiter(&self, policy: FailurePolicy) -> Limiter {
         Limiter::builder(self.store.clone())
-            .limit(Limit::new("api", Q).on_store_failure(policy))
+            .limit(LimitSpec::new("api", Q).on_store_failure(policy))
             .build()
             .unwrap()
     }
@@ -224,8 +224,8 @@ fn state(d: &LimitDecision) -> (&'static str, bool, Option<u64>, Option<Duration
 async fn an_answering_backend_decides_every_operation() {
     let s = setup();
     let limiter = Limiter::builder(s.store.clone())
-        .limit(Limit::new("api", Q))
-        .limit(Limit::new("tenant", Quota::per_second(10).burst(2)))
+        .limit(LimitSpec::new("api", Q))
+        .limit(LimitSpec::new("tenant", Quota::per_second(10).burst(2)))
         .build()
         .unwrap();
     for left in (0..BURST).rev() {
@@ -404,7 +404,7 @@ async fn a_hanging_backend_times_out_and_opens_the_breaker() {
         .breaker(2, COOL_DOWN)
         .timeout(Duration::from_millis(20));
     let limiter = Limiter::builder(store.clone())
-        .limit(Limit::new("api", Q))
+        .limit(LimitSpec::new("api", Q))
         .build()
         .unwrap();
     backend.set_hanging(true);

@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use tollgate::clock::FakeClock;
 use tollgate::key::{ClientIp, PeerAddr, PeerIp, TrustedProxies};
 use tollgate::store::{MemoryStore, Store};
-use tollgate::{Charge, Limit, Limiter, Quota, RateLimitLayer};
+use tollgate::{Charge, Limit, LimitSpec, Limiter, Quota, RateLimitLayer};
 use tower::{Service, ServiceExt};
 
 const PEER: &str = "192.0.2.1";
@@ -528,7 +528,10 @@ fn a_bad_cidr_is_a_config_error_naming_the_entry() {
 #[tokio::test]
 async fn peek_is_no_gate_an_empty_bucket_passes_a_look_with_no_token_left() {
     let limiter = Limiter::builder(store())
-        .limit(Limit::new("login-failures", Quota::per_hour(20).burst(5)))
+        .limit(LimitSpec::new(
+            "login-failures",
+            Quota::per_hour(20).burst(5),
+        ))
         .build()
         .unwrap();
     for left in (0..5).rev() {

@@ -54,6 +54,7 @@ async fn a_tonic_client_decodes_the_code_the_pushback_and_every_detail() {
     let store = MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)));
     let layer = RateLimitLayer::builder(store)
         .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))
+        .grpc(Grpc::new())
         .on_rejection(GrpcOnRejection)
         .build()
         .unwrap();
@@ -167,6 +168,7 @@ async fn a_store_failure_under_deny_answers_unavailable() {
     let layer = RateLimitLayer::builder(Resilient::new(Down))
         .limit(Limit::new("shared", Quota::per_second(5)).on_store_failure(FailurePolicy::Deny))
         .unavailable_retry_after(Duration::from_millis(1_500))
+        .grpc(Grpc::new())
         .on_rejection(GrpcOnRejection)
         .build()
         .unwrap();
@@ -204,6 +206,7 @@ async fn http_and_grpc_routes_of_one_app_share_one_budget() {
     let store = MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)));
     let layer = RateLimitLayer::builder(store)
         .limit(Limit::new("per-ip", Quota::per_minute(4)).key(PeerIp::new()))
+        .grpc(Grpc::new())
         .build()
         .unwrap();
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -264,4 +267,42 @@ async fn http_and_grpc_routes_of_one_app_share_one_budget() {
         get_hello().await,
         (429, Some("application/problem+json".to_owned()))
     );
+}
+
+/// The `grpc` feature is additive: enabling it (here, for this test binary) changes
+/// nothing for a layer whose builder did not ask for gRPC answers; a refused gRPC call
+/// gets the usual HTTP 429.
+#[tokio::test]
+async fn a_layer_answers_grpc_calls_the_grpc_way_only_if_its_builder_asked() {
+    use tower::{Service, ServiceExt};
+
+    let request = || {
+        http::Request::builder()
+            .uri("/grpc.health.v1.Health/Check")
+            .header("content-type", "application/grpc")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    for (asked, status, content_type) in [
+        (false, 429, "application/problem+json"),
+        (true, 200, "application/grpc"),
+    ] {
+        let mut builder = RateLimitLayer::builder(MemoryStore::new())
+            .limit(Limit::new("one", Quota::per_minute(1)));
+        if asked {
+            builder = builder.grpc(Grpc::new());
+        }
+        let layer = builder.build().unwrap();
+        let mut svc = tower::ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|_| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+            });
+        let first = svc.ready().await.unwrap().call(request()).await.unwrap();
+        assert_eq!(first.status(), 200);
+        let refused = svc.ready().await.unwrap().call(request()).await.unwrap();
+        assert_eq!(refused.status(), status, "asked for gRPC answers: {asked}");
+        assert_eq!(refused.headers()["content-type"], content_type);
+        assert_eq!(refused.headers().contains_key("grpc-status"), asked);
+    }
 }

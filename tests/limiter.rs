@@ -49,7 +49,9 @@ trait Harness {
     fn limiter(&self, limits: impl IntoIterator<Item = Limit>) -> Limiter {
         limits
             .into_iter()
-            .fold(Limiter::builder(self.store()), |b, l| b.limit(l))
+            .fold(Limiter::builder(self.store()), |b, l| {
+                b.limit(l.spec().clone())
+            })
             .build()
             .unwrap()
     }

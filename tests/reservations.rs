@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use tollgate::clock::FakeClock;
 use tollgate::store::{MemoryStore, Store};
-use tollgate::{Algorithm, Limit, Limiter, LimiterError, Quota, Reservation};
+use tollgate::{Algorithm, LimitSpec, Limiter, LimiterError, Quota, Reservation};
 
 const T: Duration = Duration::from_millis(100);
 
-fn limiter<St: Store>(store: St, limits: Vec<Limit>) -> Limiter {
+fn limiter<St: Store>(store: St, limits: Vec<LimitSpec>) -> Limiter {
     limits
         .into_iter()
         .fold(Limiter::builder(store), |b, l| b.limit(l))
@@ -21,8 +21,8 @@ fn limiter<St: Store>(store: St, limits: Vec<Limit>) -> Limiter {
 }
 
 /// 10 per second, a burst of 1: one token every 100 ms.
-fn one_per_t() -> Limit {
-    Limit::new("paced", Quota::per_second(10).burst(1))
+fn one_per_t() -> LimitSpec {
+    LimitSpec::new("paced", Quota::per_second(10).burst(1))
 }
 
 /// The wait of a reservation's first limit.
@@ -88,7 +88,7 @@ async fn under_the_real_clock_no_reservation_starts_early() {
     let t = Duration::from_millis(5);
     let l = limiter(
         MemoryStore::new(),
-        vec![Limit::new("paced", Quota::new(1, t).unwrap())],
+        vec![LimitSpec::new("paced", Quota::new(1, t).unwrap())],
     );
     let t0 = Instant::now();
     let tasks: Vec<_> = (0..64)
@@ -214,7 +214,7 @@ async fn max_reserved_caps_the_tokens_reserved_ahead() {
     // A fixed window counts no reserved tokens: a configuration error.
     let err = Limiter::builder(MemoryStore::new())
         .limit(
-            Limit::new("w", Quota::per_second(5))
+            LimitSpec::new("w", Quota::per_second(5))
                 .algorithm(Algorithm::fixed_window())
                 .max_reserved(2),
         )
@@ -230,7 +230,7 @@ async fn several_limits_are_reserved_all_or_nothing_and_wait_for_the_longest() {
         MemoryStore::with_clock(clock),
         vec![
             one_per_t(),
-            Limit::new("slow", Quota::per_second(2).burst(1)), // one per 500 ms
+            LimitSpec::new("slow", Quota::per_second(2).burst(1)), // one per 500 ms
         ],
     );
     let max = Duration::from_millis(600);
@@ -271,7 +271,7 @@ async fn a_fixed_window_reserves_units_of_the_following_windows() {
     let store = MemoryStore::with_clock(clock);
     let l = limiter(
         store,
-        vec![Limit::new("w", Quota::per_second(3)).algorithm(Algorithm::fixed_window())],
+        vec![LimitSpec::new("w", Quota::per_second(3)).algorithm(Algorithm::fixed_window())],
     );
     let max = Duration::from_millis(2_000);
     let mut got = Vec::new();
@@ -307,8 +307,8 @@ async fn sliding_limits_cannot_reserve() {
     let l = limiter(
         MemoryStore::new(),
         vec![
-            Limit::new("sw", Quota::per_second(3)).algorithm(Algorithm::SlidingWindow),
-            Limit::new("log", Quota::per_second(3)).algorithm(Algorithm::SlidingLog),
+            LimitSpec::new("sw", Quota::per_second(3)).algorithm(Algorithm::SlidingWindow),
+            LimitSpec::new("log", Quota::per_second(3)).algorithm(Algorithm::SlidingLog),
         ],
     );
     for name in ["sw", "log"] {
@@ -383,7 +383,7 @@ async fn a_shadow_limit_never_holds_a_reservation_back() {
         MemoryStore::with_clock(clock),
         vec![
             one_per_t(),
-            Limit::new("trial", Quota::per_minute(1)).shadow(),
+            LimitSpec::new("trial", Quota::per_minute(1)).shadow(),
         ],
     );
     let max = Duration::from_secs(60);

@@ -37,7 +37,7 @@ fn limits() -> Vec<Limit> {
 fn limiter<St: Store>(store: St) -> Limiter {
     limits()
         .into_iter()
-        .fold(Limiter::builder(store), |b, l| b.limit(l))
+        .fold(Limiter::builder(store), |b, l| b.limit(l.spec().clone()))
         .build()
         .unwrap()
 }
@@ -276,7 +276,7 @@ mod redis_server {
         let build = |store| {
             Limiter::builder(store)
                 .limit(
-                    Limit::new("phase", Quota::per_minute(3))
+                    tollgate::LimitSpec::new("phase", Quota::per_minute(3))
                         .algorithm(Algorithm::fixed_window_random()),
                 )
                 .build()
@@ -286,7 +286,7 @@ mod redis_server {
         let b = build(super::redis_harness::single(&clock).await);
         let memory = Limiter::builder(MemoryStore::with_clock(clock.clone()))
             .limit(
-                Limit::new("phase", Quota::per_minute(3))
+                tollgate::LimitSpec::new("phase", Quota::per_minute(3))
                     .algorithm(Algorithm::fixed_window_random()),
             )
             .build()
@@ -358,7 +358,9 @@ fn window_misconfigurations_are_config_errors() {
     let build = |limits: Vec<Limit>| {
         limits
             .into_iter()
-            .fold(Limiter::builder(MemoryStore::new()), |b, l| b.limit(l))
+            .fold(RateLimitLayer::builder(MemoryStore::new()), |b, l| {
+                b.limit(l)
+            })
             .build()
             .map(|_| ())
             .map_err(|e| e.to_string())

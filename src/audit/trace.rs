@@ -5,7 +5,7 @@ use std::future;
 use tracing::Level;
 
 use super::{AuditSink, Violation, WriteFuture};
-use crate::web::hooks::event_at;
+use crate::base::event::event_at;
 
 /// Writes each violation as one `tracing` event, target `tollgate::audit`, message
 /// `rate limit violation`, with the fields `limit`, `key`, `client` (when known), `route`,
@@ -49,7 +49,7 @@ impl AuditSink for TracingSink {
     fn write(&self, batch: Vec<Violation>) -> WriteFuture<'_> {
         for v in &batch {
             let client = v.client.map(tracing::field::display);
-            let retry_after_ms = v.retry_after.map(|w| crate::web::hooks::ceil_ms(w) as u64);
+            let retry_after_ms = v.retry_after.map(|w| crate::base::round::ceil_ms(w) as u64);
             let at = v.at_rfc3339();
             event_at!(
                 self.level,

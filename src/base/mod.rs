@@ -3,5 +3,7 @@
 
 pub mod clock;
 pub(crate) mod error;
+pub(crate) mod event;
 pub(crate) mod intern;
+pub(crate) mod round;
 pub(crate) mod throttle;

@@ -12,12 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use http::HeaderValue;
-use http::request::Parts;
 use smallvec::SmallVec;
 
+use crate::model::key::Key;
 use crate::model::policy::OnLimit;
-use crate::web::key::Key;
 
 /// How many requests wait, per limit name: shared by the limits of one name in a layer,
 /// and by the successive versions of reloaded rules (a reload must not reset the count
@@ -68,15 +66,10 @@ impl Waiters {
         }
     }
 
-    /// The longest a request may wait: the limit's `max_wait`, or less if the request
-    /// carries a deadline (`grpc-timeout`): a call that would wait past its deadline is
-    /// better refused at once.
+    /// The longest a request may wait: the limit's `max_wait`.
     #[inline]
-    pub(crate) fn max_wait(&self, parts: &Parts) -> Duration {
-        match parts.headers.get("grpc-timeout").and_then(grpc_timeout) {
-            Some(deadline) => self.max_wait.min(deadline),
-            None => self.max_wait,
-        }
+    pub(crate) fn max_wait(&self) -> Duration {
+        self.max_wait
     }
 
     /// A request took a place and waits `_wait` (feature `metrics`).
@@ -115,25 +108,6 @@ impl Waiters {
     }
 }
 
-/// A `grpc-timeout` value (gRPC over HTTP/2: up to 8 digits and a unit, `H M S m u n`).
-fn grpc_timeout(value: &HeaderValue) -> Option<Duration> {
-    let text = value.to_str().ok()?;
-    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n * 3_600),
-        "M" => Duration::from_secs(n * 60),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 /// What the engine decided for a request that waits: how long, the waiters' places it
 /// took (bound indices), and the tokens it reserved (plan index and key of each limit that
 /// consumed).
@@ -147,42 +121,6 @@ pub(crate) struct Delay {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_grpc_deadline_caps_the_wait() {
-        let w = Waiters::new(
-            OnLimit::Delay {
-                max_wait: Duration::from_secs(2),
-                max_waiters: 3,
-            },
-            "l",
-            &WaitCounts::default(),
-        )
-        .unwrap();
-        let parts = |timeout: Option<&str>| {
-            let mut b = http::Request::builder();
-            if let Some(t) = timeout {
-                b = b.header("grpc-timeout", t);
-            }
-            b.body(()).unwrap().into_parts().0
-        };
-        assert_eq!(w.max_wait(&parts(None)), Duration::from_secs(2));
-        assert_eq!(w.max_wait(&parts(Some("500m"))), Duration::from_millis(500));
-        assert_eq!(w.max_wait(&parts(Some("1H"))), Duration::from_secs(2));
-        assert_eq!(w.max_wait(&parts(Some("3S"))), Duration::from_secs(2));
-        assert_eq!(
-            w.max_wait(&parts(Some("250000u"))),
-            Duration::from_millis(250)
-        );
-        // Not a gRPC timeout: the limit's own wait.
-        for bad in ["", "m", "10", "10x", "123456789S", "-5m", "1.5S"] {
-            assert_eq!(
-                w.max_wait(&parts(Some(bad))),
-                Duration::from_secs(2),
-                "{bad:?}"
-            );
-        }
-    }
 
     #[test]
     fn places_are_bounded_even_when_requests_race_for_the_last_one() {

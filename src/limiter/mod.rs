@@ -14,16 +14,15 @@ use smallvec::SmallVec;
 use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::Quota;
 use crate::base::error::ConfigError;
-use crate::engine::Engine;
-use crate::engine::build::{Settings, compile};
+use crate::engine::delay::WaitCounts;
+use crate::engine::{Engine, unique_names};
 use crate::limiter::reservation::Reservation;
-use crate::middleware::layer::Shared;
 use crate::model::decision::{Decision, LimitDecision};
+use crate::model::key::{IntoKey, Key};
 use crate::model::policy::Mode;
+use crate::model::spec::LimitSpec;
 use crate::observe::offenders::RefusedKey;
 use crate::store::{Checked, Item, Op, Statuses, Store};
-use crate::web::key::{IntoKey, Key};
-use crate::web::limit::Limit;
 
 /// Why a [`Limiter`] call was not made.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,19 +55,19 @@ impl fmt::Display for LimiterError {
 impl std::error::Error for LimiterError {}
 
 /// The calls of one operation: (limit, key, cost).
-type Calls<'a> = SmallVec<[(&'a str, Key, u32); 2]>;
+pub(crate) type Calls<'a> = SmallVec<[(&'a str, Key, u32); 2]>;
 
 /// What one item was: limit name, quota, cost, mode.
 type Meta = (&'static str, Quota, u32, Mode);
 
 /// What each item was, and the store's answer (now or later).
-struct Applied {
+pub(crate) struct Applied {
     meta: SmallVec<[Meta; 2]>,
     checked: Checked<Pin<Box<dyn Future<Output = Statuses> + Send>>>,
 }
 
 /// An engine reached by limit names, whatever its store.
-trait Handle: Send + Sync + 'static {
+pub(crate) trait Handle: Send + Sync + 'static {
     /// Applies `op` to the calls' buckets; a check with a non-zero `max_wait` is a
     /// reservation.
     fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError>;
@@ -86,7 +85,7 @@ impl<St: Store> Handle for Engine<St> {
                 .find(name)
                 .ok_or_else(|| LimiterError::UnknownLimit(name.to_owned()))?;
             let bound = &self.bounds[index];
-            let limit = &bound.limit;
+            let limit = &bound.spec;
             if matches!(
                 limit.algorithm,
                 Algorithm::SlidingWindow | Algorithm::SlidingLog
@@ -104,10 +103,7 @@ impl<St: Store> Handle for Engine<St> {
                     });
                 }
             }
-            let mut item = Item::new(&bound.table, key, limit.quota, cost)
-                .mode(limit.mode)
-                .on_failure(limit.on_failure)
-                .algorithm(limit.algorithm);
+            let mut item = self.item(index, key, limit.quota, cost);
             // A shadow limit never holds a request back: it is checked as usual.
             if reserve && limit.mode == Mode::Enforce {
                 item = item.max_wait(limit.reservation_wait(&limit.quota, max_wait));
@@ -127,50 +123,14 @@ impl<St: Store> Handle for Engine<St> {
     }
 
     fn names(&self) -> Vec<&'static str> {
-        let mut names: Vec<&'static str> = self.by_name.keys().copied().collect();
-        names.sort();
-        names
+        Engine::names(self)
     }
 
-    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
-        let index = self
-            .find(limit)
+    /// A limiter of its own tracks no offenders.
+    fn top_refused(&self, limit: &str, _n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
+        self.find(limit)
             .ok_or_else(|| LimiterError::UnknownLimit(limit.to_owned()))?;
-        Ok(self.hooks.top_refused(index, n))
-    }
-}
-
-impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
-    fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
-        self.engine.apply(op, calls, max_wait)
-    }
-
-    fn names(&self) -> Vec<&'static str> {
-        self.engine.names()
-    }
-
-    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
-        self.engine.top_refused(limit, n)
-    }
-}
-
-/// An engine that is replaced while handles to it live (rules reloads): each call asks
-/// for the current one.
-#[cfg(feature = "rules")]
-struct Live(Box<dyn Fn() -> Arc<dyn Handle> + Send + Sync>);
-
-#[cfg(feature = "rules")]
-impl Handle for Live {
-    fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
-        (self.0)().apply(op, calls, max_wait)
-    }
-
-    fn names(&self) -> Vec<&'static str> {
-        (self.0)().names()
-    }
-
-    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
-        (self.0)().top_refused(limit, n)
+        Ok(Vec::new())
     }
 }
 
@@ -197,7 +157,7 @@ impl Handle for Live {
 /// read its `remaining()`.
 ///
 /// ```
-/// use tollgate::{store::MemoryStore, Limit, Limiter, LimiterError, Quota};
+/// use tollgate::{store::MemoryStore, LimitSpec, Limiter, LimiterError, Quota};
 ///
 /// async fn login(limiter: &Limiter, user: &str, password_ok: bool) -> Result<u16, LimiterError> {
 ///     let charged = limiter.check("login-failures", user, 1).await?;
@@ -216,7 +176,7 @@ impl Handle for Live {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// // 5 failures per 15 minutes: a bucket of 5, one back every 3 minutes.
 /// let limiter = Limiter::builder(MemoryStore::new())
-///     .limit(Limit::new("login-failures", Quota::per_hour(20).burst(5)))
+///     .limit(LimitSpec::new("login-failures", Quota::per_hour(20).burst(5)))
 ///     .build()?;
 /// for _ in 0..5 {
 ///     assert_eq!(login(&limiter, "alice", false).await?, 401);
@@ -241,22 +201,9 @@ impl fmt::Debug for Limiter {
 }
 
 impl Limiter {
-    pub(crate) fn new<St: Store, R: Send + Sync + 'static>(shared: Arc<Shared<St, R>>) -> Self {
-        Self { inner: shared }
-    }
-
-    /// A handle on whatever engine `current` returns at each call.
-    #[cfg(feature = "rules")]
-    pub(crate) fn live<St, R, F>(current: F) -> Self
-    where
-        St: Store,
-        R: Send + Sync + 'static,
-        F: Fn() -> Arc<Shared<St, R>> + Send + Sync + 'static,
-    {
-        let current = move || current() as Arc<dyn Handle>;
-        Self {
-            inner: Arc::new(Live(Box::new(current))),
-        }
+    /// A handle on `handle`: a layer's engine, or the live engine of reloaded rules.
+    pub(crate) fn from_handle(handle: Arc<dyn Handle>) -> Self {
+        Self { inner: handle }
     }
 
     /// A limiter of its own, without a layer: for background jobs, outbound calls, or
@@ -322,12 +269,12 @@ impl Limiter {
     /// refuses, nothing is taken from any of them.
     ///
     /// ```
-    /// # use tollgate::{store::MemoryStore, Limit, Limiter, Quota};
+    /// # use tollgate::{store::MemoryStore, LimitSpec, Limiter, Quota};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let limiter = Limiter::builder(MemoryStore::new())
-    ///     .limit(Limit::new("per-user", Quota::per_minute(10)))
-    ///     .limit(Limit::new("per-tenant", Quota::per_minute(2)))
+    ///     .limit(LimitSpec::new("per-user", Quota::per_minute(10)))
+    ///     .limit(LimitSpec::new("per-tenant", Quota::per_minute(2)))
     ///     .build()?;
     /// let calls = [("per-user", "alice", 1), ("per-tenant", "acme", 1)];
     /// assert!(limiter.check_all(calls).await?.allowed());
@@ -354,7 +301,7 @@ impl Limiter {
     /// [`wait`](Reservation::wait) sleeps until then, and which gives the tokens back if
     /// dropped or cancelled before then. A reservation that would wait longer is refused
     /// and takes nothing; one that would leave more than the limit's
-    /// [`max_reserved`](Limit::max_reserved) tokens reserved too.
+    /// [`max_reserved`](LimitSpec::max_reserved) tokens reserved too.
     ///
     /// Atomic in every store (in Redis, part of the same script as a check). GCRA and
     /// fixed windows (whose reservations take units of the following windows); a sliding
@@ -374,12 +321,12 @@ impl Limiter {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use tollgate::{store::MemoryStore, Algorithm, Limit, Limiter, Quota};
+    /// # use tollgate::{store::MemoryStore, Algorithm, LimitSpec, Limiter, Quota};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let limiter = Limiter::builder(MemoryStore::new())
-    ///     .limit(Limit::new("per-user", Quota::per_second(10)))
-    ///     .limit(Limit::new("per-day", Quota::per_day(1_000)).algorithm(Algorithm::fixed_window()))
+    ///     .limit(LimitSpec::new("per-user", Quota::per_second(10)))
+    ///     .limit(LimitSpec::new("per-day", Quota::per_day(1_000)).algorithm(Algorithm::fixed_window()))
     ///     .build()?;
     /// let calls = [("per-user", "alice", 1), ("per-day", "alice", 1)];
     /// let r = limiter.reserve_all(calls, Duration::from_secs(1)).await?;
@@ -492,9 +439,9 @@ async fn settle(applied: Applied) -> Decision {
 }
 
 /// Builds a [`Limiter`] without a layer (see [`Limiter::builder`]).
-pub struct LimiterBuilder<St: Store> {
+pub struct LimiterBuilder<St> {
     store: St,
-    limits: Vec<Limit>,
+    limits: Vec<LimitSpec>,
     max_limits: usize,
 }
 
@@ -507,9 +454,8 @@ impl<St: Store> fmt::Debug for LimiterBuilder<St> {
 }
 
 impl<St: Store> LimiterBuilder<St> {
-    /// A limit the handle reaches by its name. Its key extractor and cost rule are not
-    /// used: the caller gives keys and costs.
-    pub fn limit(mut self, limit: Limit) -> Self {
+    /// A limit the handle reaches by its name; the caller gives keys and costs.
+    pub fn limit(mut self, limit: LimitSpec) -> Self {
         self.limits.push(limit);
         self
     }
@@ -523,14 +469,24 @@ impl<St: Store> LimiterBuilder<St> {
 
     /// Checks the limits (as a layer does; names must differ) and builds the handle.
     pub fn build(self) -> Result<Limiter, ConfigError> {
-        let engine = compile(
-            self.store,
-            Settings {
-                always: self.limits,
-                max_limits: self.max_limits,
-                ..Settings::default()
-            },
-        )?;
+        let count = self.limits.len();
+        if count == 0 {
+            return Err(ConfigError::new("limits", "no limit is configured"));
+        }
+        if count > self.max_limits {
+            return Err(ConfigError::new(
+                "limits",
+                format!(
+                    "{count} limits, more than the {} a limiter takes (`max_limits`)",
+                    self.max_limits
+                ),
+            ));
+        }
+        unique_names(self.limits.iter().map(|l| l.name()))?;
+        let mut engine = Engine::new(self.store, WaitCounts::default(), count);
+        for spec in self.limits {
+            engine.bind(spec)?;
+        }
         Ok(Limiter {
             inner: Arc::new(engine),
         })

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 
 use crate::limiter::Limiter;
 use crate::model::decision::Decision;
+use crate::model::key::Key;
 use crate::model::policy::Mode;
-use crate::web::key::Key;
 
 /// Tokens taken ahead of time by [`Limiter::reserve`]: whether they were granted, and the
 /// instant the work may start.
@@ -26,12 +26,12 @@ use crate::web::key::Key;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::{store::MemoryStore, Limit, Limiter, Quota};
+/// use tollgate::{store::MemoryStore, LimitSpec, Limiter, Quota};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let limiter = Limiter::builder(MemoryStore::new())
-///     .limit(Limit::new("outbound", Quota::per_second(10).burst(1)))
+///     .limit(LimitSpec::new("outbound", Quota::per_second(10).burst(1)))
 ///     .build()?;
 /// let first = limiter.reserve("outbound", "api", 1, Duration::from_secs(1)).await?;
 /// let second = limiter.reserve("outbound", "api", 1, Duration::from_secs(1)).await?;

@@ -8,14 +8,15 @@ use std::time::Duration;
 use crate::algo::quota::Quota;
 use crate::audit::AuditLog;
 use crate::base::error::ConfigError;
-use crate::engine::build::{Settings, compile};
 #[cfg(feature = "rules")]
 use crate::engine::delay::WaitCounts;
 #[cfg(feature = "grpc")]
 use crate::middleware::grpc::Grpc;
-use crate::middleware::layer::{RateLimitLayer, Shared};
+use crate::middleware::layer::RateLimitLayer;
+use crate::middleware::shared::Shared;
 use crate::observe::offenders::OffenderTracking;
 use crate::store::Store;
+use crate::web::compile::{Settings, compile};
 use crate::web::headers::{HeaderStyle, RetryAfterFormat};
 use crate::web::hooks::RefusalLog;
 use crate::web::key::{ClientIp, KeyExtractor};
@@ -48,7 +49,7 @@ pub struct RateLimitBuilder<St: Store, R = DefaultOnRejection> {
     on_rejection: R,
     /// How refused gRPC calls are answered.
     #[cfg(feature = "grpc")]
-    grpc: Grpc,
+    grpc: Option<Grpc>,
 }
 
 impl<St: Store, R> fmt::Debug for RateLimitBuilder<St, R> {
@@ -57,7 +58,7 @@ impl<St: Store, R> fmt::Debug for RateLimitBuilder<St, R> {
             .field("limits", &self.settings.always)
             .field("routes", &self.settings.routes)
             .field("route_default", &self.settings.route_default)
-            .field("headers", &self.settings.style)
+            .field("headers", &self.settings.options.style)
             .finish_non_exhaustive()
     }
 }
@@ -93,7 +94,7 @@ impl<St: Store> RateLimitBuilder<St> {
             settings: Settings::default(),
             on_rejection: DefaultOnRejection::new(),
             #[cfg(feature = "grpc")]
-            grpc: Grpc::new(),
+            grpc: None,
         }
     }
 }
@@ -148,20 +149,20 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
 
     /// Which rate-limit fields responses carry (default [`HeaderStyle::Ietf`]).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
-        self.settings.style = style;
+        self.settings.options.style = style;
         self
     }
 
     /// Whether shadow limits appear in the rate-limit fields (default: no, since they do
     /// not limit the client).
     pub fn shadow_headers(mut self, show: bool) -> Self {
-        self.settings.shadow_headers = show;
+        self.settings.options.shadow_headers = show;
         self
     }
 
     /// How `Retry-After` is written (default: whole seconds).
     pub fn retry_after_format(mut self, format: RetryAfterFormat) -> Self {
-        self.settings.retry_format = format;
+        self.settings.options.retry_format = format;
         self
     }
 
@@ -170,21 +171,21 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     /// key, so a client always gets the same offset. Never shorter than the real wait.
     /// Must be within `0.0..=1.0`.
     pub fn retry_after_jitter(mut self, fraction: f64) -> Self {
-        self.settings.jitter = fraction;
+        self.settings.options.jitter = fraction;
         self
     }
 
     /// The `Retry-After` of a 503 when a store fails under
     /// [`FailurePolicy::Deny`](crate::FailurePolicy) (default 1 s).
     pub fn unavailable_retry_after(mut self, wait: Duration) -> Self {
-        self.settings.unavailable_retry = wait;
+        self.settings.options.unavailable_retry = wait;
         self
     }
 
     /// Whether the [`Decision`](crate::Decision) is put in the request extensions for the
     /// handler (default: yes).
     pub fn decision_extension(mut self, insert: bool) -> Self {
-        self.settings.decision_extension = insert;
+        self.settings.options.decision_extension = insert;
         self
     }
 
@@ -213,7 +214,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     where
         F: Fn(&crate::Decision, &http::request::Parts) + Send + Sync + 'static,
     {
-        self.settings.observer = Some(Arc::new(observer));
+        self.settings.options.observer = Some(Arc::new(observer));
         self
     }
 
@@ -231,7 +232,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     /// Whether the [`Limiter`](crate::Limiter) handle is put in the request extensions for the handler
     /// (default: yes), where axum's `Extension<Limiter>` finds it.
     pub fn limiter_extension(mut self, insert: bool) -> Self {
-        self.settings.limiter_extension = insert;
+        self.settings.options.limiter_extension = insert;
         self
     }
 
@@ -310,13 +311,18 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
 
     /// Checks the configuration and builds the layer, or names the first bad field.
     pub fn build(self) -> Result<RateLimitLayer<St, R>, ConfigError> {
-        Ok(RateLimitLayer {
-            shared: Arc::new(Shared {
-                engine: compile(self.store, self.settings)?,
-                on_rejection: self.on_rejection,
-                #[cfg(feature = "grpc")]
-                grpc: self.grpc,
-            }),
+        self.build_shared().map(RateLimitLayer::fixed)
+    }
+
+    /// What the layer's services share: for a layer, or one version of reloaded rules.
+    pub(crate) fn build_shared(self) -> Result<Shared<St, R>, ConfigError> {
+        let (engine, policy) = compile(self.store, self.settings)?;
+        Ok(Shared {
+            engine: Arc::new(engine),
+            policy,
+            on_rejection: self.on_rejection,
+            #[cfg(feature = "grpc")]
+            grpc: self.grpc,
         })
     }
 
@@ -384,13 +390,14 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         self
     }
 
-    /// How refused gRPC calls are answered (feature `grpc`; see [`crate::middleware::grpc`]). Without
-    /// it, requests whose `content-type` is `application/grpc…` are already answered the
-    /// gRPC way with [`Grpc::new`]'s settings.
+    /// Answers refused gRPC calls the gRPC way (feature `grpc`; see [`crate::grpc`]):
+    /// requests whose `content-type` is `application/grpc…` (or every request, with
+    /// [`Grpc::always`]) get a Trailers-Only response with `grpc-status`. Without it, a
+    /// layer answers every request as HTTP, whoever else enabled the feature.
     #[cfg(feature = "grpc")]
     #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
     pub fn grpc(mut self, grpc: Grpc) -> Self {
-        self.grpc = grpc;
+        self.grpc = Some(grpc);
         self
     }
 }

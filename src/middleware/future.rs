@@ -11,11 +11,11 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::engine::Prepared;
 use crate::middleware::guard::{DelayGuard, PendingCharge};
-use crate::middleware::layer::{Passed, Shared, proceed};
+use crate::middleware::shared::{Passed, Shared, proceed};
 use crate::store::Store;
 use crate::web::headers::Fields;
+use crate::web::policy::Prepared;
 use crate::web::response::OnRejection;
 
 type KeptKeys = smallvec::SmallVec<[crate::web::key::Key; 4]>;
@@ -56,7 +56,7 @@ pin_project! {
     /// inner service that is not made ready until the wait is over, so no capacity of the
     /// inner service (a concurrency permit, a buffer slot) is held while it sleeps.
     /// Boxed, as [`Waiting`].
-    struct Delayed<S, St, R, ReqBody>
+    struct Delayed<S, St, ReqBody>
     where
         St: Store,
     {
@@ -65,9 +65,9 @@ pin_project! {
         service: S,
         request: Option<(Parts, ReqBody)>,
         fields: Fields,
-        charge: PendingCharge<St, R>,
+        charge: PendingCharge<St>,
         // Gives the tokens back if the request goes away before its instant.
-        guard: Option<DelayGuard<St, R>>,
+        guard: Option<DelayGuard<St>>,
     }
 }
 
@@ -82,14 +82,14 @@ pin_project! {
             waiting: Pin<Box<Waiting<S, St, R, ReqBody>>>,
         },
         Delaying {
-            delayed: Pin<Box<Delayed<S, St, R, ReqBody>>>,
+            delayed: Pin<Box<Delayed<S, St, ReqBody>>>,
         },
         Calling {
             #[pin]
             future: S::Future,
             fields: Fields,
             // The costs to give back if the response does not count (or never comes).
-            charge: PendingCharge<St, R>,
+            charge: PendingCharge<St>,
         },
         Done {
             response: Option<S::Response>,
@@ -110,7 +110,7 @@ where
         }
     }
 
-    pub(crate) fn calling(future: S::Future, fields: Fields, charge: PendingCharge<St, R>) -> Self {
+    pub(crate) fn calling(future: S::Future, fields: Fields, charge: PendingCharge<St>) -> Self {
         Self {
             state: State::Calling {
                 future,
@@ -122,7 +122,7 @@ where
 
     /// A request that passed, on the `service` made ready for it: called now, or in
     /// delay mode after its wait.
-    pub(crate) fn passed(passed: Passed<St, R>, mut service: S, parts: Parts, body: ReqBody) -> Self
+    pub(crate) fn passed(passed: Passed<St>, mut service: S, parts: Parts, body: ReqBody) -> Self
     where
         S: Clone,
     {

@@ -47,7 +47,6 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::time::Duration;
 
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::request::Parts;
@@ -55,11 +54,8 @@ use http::{Response, StatusCode};
 use tonic::Code;
 use tonic_types::{ErrorDetails, QuotaViolation, StatusExt};
 
-use crate::middleware::layer::Shared;
-use crate::model::decision::{Decision, Status};
-use crate::store::Store;
+use crate::base::round::ceil_ms;
 use crate::web::headers::Fields;
-use crate::web::hooks::ceil_ms;
 use crate::web::response::{OnRejection, Rejection};
 
 /// `grpc-retry-pushback-ms` (gRFC A6).
@@ -178,11 +174,7 @@ fn details(grpc: &Grpc, rejection: &Rejection<'_>) -> ErrorDetails {
             );
         }
         Rejection::Unavailable { decision, .. } => {
-            let limits: Vec<&str> = decision
-                .limits()
-                .filter(|l| *l.status() == Status::FailedClosed)
-                .map(|l| l.name())
-                .collect();
+            let limits: Vec<&str> = Rejection::failed_closed(decision).collect();
             details.set_error_info(
                 RATE_LIMITER_UNAVAILABLE,
                 grpc.domain.clone(),
@@ -209,40 +201,24 @@ fn message(rejection: &Rejection<'_>) -> String {
 }
 
 /// The Trailers-Only answer to a refused gRPC call.
-pub(crate) fn refuse<St: Store, R: OnRejection<B>, B>(
-    shared: &Shared<St, R>,
+pub(crate) fn refuse<R: OnRejection<B>, B>(
+    grpc: &Grpc,
+    on_rejection: &R,
     content_type: HeaderValue,
-    decision: &Decision,
-    unavailable: bool,
-    wait: Option<Duration>,
+    rejection: &Rejection<'_>,
     fields: Fields,
 ) -> Response<B> {
-    let grpc = &shared.grpc;
-    let (rejection, code) = if unavailable {
-        let wait = wait.unwrap_or(shared.engine.unavailable_retry);
-        (
-            Rejection::Unavailable {
-                decision,
-                retry_after: wait,
-            },
-            Code::Unavailable,
-        )
-    } else {
-        (
-            Rejection::Limited {
-                decision,
-                retry_after: wait,
-            },
-            grpc.code,
-        )
+    let code = match rejection {
+        Rejection::Unavailable { .. } => Code::Unavailable,
+        _ => grpc.code,
     };
-    let mut response = shared.on_rejection.on_grpc_rejection(&rejection);
+    let mut response = on_rejection.on_grpc_rejection(rejection);
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.remove(CONTENT_LENGTH);
     headers.insert(CONTENT_TYPE, content_type);
     let status =
-        tonic::Status::with_error_details(code, message(&rejection), details(grpc, &rejection));
+        tonic::Status::with_error_details(code, message(rejection), details(grpc, rejection));
     if let Err(e) = status.add_header(headers) {
         tracing::debug!(error = %e, "tollgate: cannot write the gRPC status");
     }

@@ -10,85 +10,91 @@ use http::{HeaderMap, StatusCode};
 use smallvec::SmallVec;
 
 use crate::engine::delay::Delay;
-use crate::engine::{ChargeKeys, Plan};
-use crate::middleware::layer::Shared;
+use crate::engine::{ChargeKeys, Engine, Plan};
 use crate::store::Store;
+use crate::web::charge::Charge;
+use crate::web::policy::Policy;
 
 /// The charges of a request to settle when its response comes, if any.
-pub(crate) type PendingCharge<St, R> = Option<Box<ChargeGuard<St, R>>>;
+pub(crate) type PendingCharge<St> = Option<Box<ChargeGuard<St>>>;
 
 /// The costs a passing request took from limits that charge by outcome, given back when
 /// the outcome does not count — at most once: when the response is settled, or on drop.
-pub(crate) struct ChargeGuard<St: Store, R> {
-    shared: Arc<Shared<St, R>>,
+pub(crate) struct ChargeGuard<St: Store> {
+    engine: Arc<Engine<St>>,
     plan: Plan,
     /// Plan index and key of each limit still to settle.
     pending: ChargeKeys,
+    /// The charge rule of each of them, in the same order.
+    rules: SmallVec<[Charge; 1]>,
 }
 
-impl<St: Store, R> ChargeGuard<St, R> {
+impl<St: Store> ChargeGuard<St> {
     /// A guard for the `charged` limits (plan indices) of a request, if any.
     pub(crate) fn new(
-        shared: &Arc<Shared<St, R>>,
+        engine: &Arc<Engine<St>>,
+        policy: &Policy,
         plan: &Plan,
         keys: Option<Box<ChargeKeys>>,
         charged: &[usize],
-    ) -> PendingCharge<St, R> {
+    ) -> PendingCharge<St> {
         let keys = keys?;
         let pending: ChargeKeys = keys
             .into_iter()
             .filter(|(i, _)| charged.contains(i))
             .collect();
         (!pending.is_empty()).then(|| {
+            let rules = pending
+                .iter()
+                .map(|(i, _)| policy.limits[plan[*i].bound].limit.charge.clone())
+                .collect();
             Box::new(Self {
-                shared: shared.clone(),
+                engine: engine.clone(),
                 plan: plan.clone(),
                 pending,
+                rules,
             })
         })
     }
 
     /// The response exists: gives back the cost of each limit it does not count for.
     pub(crate) fn settle(mut self: Box<Self>, status: StatusCode, headers: &HeaderMap) {
-        let engine = &self.shared.engine;
+        let rules = std::mem::take(&mut self.rules);
         let refunds: ChargeKeys = std::mem::take(&mut self.pending)
             .into_iter()
-            .filter(|(i, _)| {
-                !engine.bounds[self.plan[*i].bound]
-                    .limit
-                    .charge
-                    .counts(status, headers)
-            })
+            .zip(rules)
+            .filter(|(_, charge)| !charge.counts(status, headers))
+            .map(|(pending, _)| pending)
             .collect();
         if !refunds.is_empty() {
-            engine.refund(&self.plan, &refunds);
+            self.engine.refund(&self.plan, &refunds);
         }
     }
 }
 
-impl<St: Store, R> Drop for ChargeGuard<St, R> {
+impl<St: Store> Drop for ChargeGuard<St> {
     /// No response (the inner service failed, or the future was dropped): nothing counts.
     fn drop(&mut self) {
         if !self.pending.is_empty() {
             let pending = std::mem::take(&mut self.pending);
-            self.shared.engine.refund(&self.plan, &pending);
+            self.engine.refund(&self.plan, &pending);
         }
     }
 }
 
 /// A waiting request's places and reservation: dropped before [`admit`](Self::admit),
 /// it gives the tokens back; either way it frees the places once.
-pub(crate) struct DelayGuard<St: Store, R> {
-    shared: Arc<Shared<St, R>>,
+pub(crate) struct DelayGuard<St: Store> {
+    engine: Arc<Engine<St>>,
     plan: Plan,
     places: SmallVec<[usize; 2]>,
     reserved: ChargeKeys,
 }
 
-impl<St: Store, R> DelayGuard<St, R> {
-    pub(crate) fn new(shared: &Arc<Shared<St, R>>, plan: &Plan, delay: Delay) -> Self {
+impl<St: Store> DelayGuard<St> {
+    pub(crate) fn new(engine: &Arc<Engine<St>>, plan: &Plan, delay: Delay) -> Self {
         Self {
-            shared: shared.clone(),
+            engine: engine.clone(),
             plan: plan.clone(),
             places: delay.places,
             reserved: delay.reserved,
@@ -102,12 +108,11 @@ impl<St: Store, R> DelayGuard<St, R> {
     }
 }
 
-impl<St: Store, R> Drop for DelayGuard<St, R> {
+impl<St: Store> Drop for DelayGuard<St> {
     /// Frees the places; gone before its instant (the client went away), the request
     /// gives its tokens back.
     fn drop(&mut self) {
-        self.shared
-            .engine
+        self.engine
             .release(&self.plan, &self.places, &self.reserved);
     }
 }

@@ -9,3 +9,5 @@ pub mod grpc;
 pub(crate) mod guard;
 pub(crate) mod layer;
 pub(crate) mod service;
+pub(crate) mod shared;
+pub(crate) mod source;

@@ -9,11 +9,12 @@ use http::{Request, Response};
 use smallvec::SmallVec;
 use tower_service::Service;
 
-use crate::engine::Early;
 use crate::middleware::future::ResponseFuture;
-use crate::middleware::layer::{Shared, insert_limiter, proceed};
+use crate::middleware::shared::{Shared, insert_limiter, proceed};
+use crate::middleware::source::Source;
 use crate::store::{Checked, Item, Store};
 use crate::web::headers::Fields;
+use crate::web::policy::Early;
 use crate::web::response::OnRejection;
 
 /// The rate limiting middleware; made by [`RateLimitLayer`](crate::RateLimitLayer).
@@ -23,7 +24,7 @@ use crate::web::response::OnRejection;
 /// 4xx or 500), never an error. Clones share all state.
 pub struct RateLimit<S, St: Store, R> {
     pub(crate) inner: S,
-    pub(crate) shared: Arc<Shared<St, R>>,
+    pub(crate) source: Source<St, R>,
 }
 
 impl<S, St: Store, R> RateLimit<S, St, R> {
@@ -47,7 +48,7 @@ impl<S: Clone, St: Store, R> Clone for RateLimit<S, St, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: self.shared.clone(),
+            source: self.source.clone(),
         }
     }
 }
@@ -75,14 +76,14 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        call(&self.shared, &mut self.inner, req)
+        let inner = &mut self.inner;
+        self.source.with(|shared| call(shared, inner, req))
     }
 }
 
-/// A request through the engine of `shared` and then `inner`: the body of
-/// [`RateLimit::call`], shared with the services whose engine is replaced while they run
-/// (rules reloads), which pass the engine they loaded for this request.
-pub(crate) fn call<S, St, R, ReqBody, ResBody>(
+/// A request through the limits of `shared` (the version current when it arrived) and
+/// then `inner`.
+fn call<S, St, R, ReqBody, ResBody>(
     shared: &Arc<Shared<St, R>>,
     inner: &mut S,
     req: Request<ReqBody>,
@@ -93,9 +94,9 @@ where
     R: OnRejection<ResBody> + Send + Sync + 'static,
 {
     let (mut parts, body) = req.into_parts();
-    let engine = &shared.engine;
+    let engine = &*shared.engine;
     let mut items = SmallVec::<[Item<'_, St::Table>; 4]>::new();
-    let prepared = match engine.prepare(&parts, &mut items) {
+    let prepared = match shared.policy.prepare(engine, &parts, &mut items) {
         Ok(prepared) => prepared,
         Err(Early::Pass) => {
             drop(items);
@@ -129,7 +130,7 @@ where
             }
         }
         Checked::Pending(check) => {
-            let keys = engine.hooks.keep_keys(&items);
+            let keys = shared.policy.hooks.keep_keys(&items);
             drop(items);
             // Take the service that was made ready; leave a clone for the next call.
             let clone = inner.clone();

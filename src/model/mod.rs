@@ -4,3 +4,4 @@
 pub(crate) mod decision;
 pub(crate) mod key;
 pub(crate) mod policy;
+pub(crate) mod spec;

@@ -89,7 +89,7 @@ mod watch;
 pub(crate) use compile::CustomKeys;
 pub use document::{CostSpec, Document, KeySpec, LimitRule, Plans, Settings};
 pub use format::Format;
-pub use reload::{ReloadStatus, Rules, RulesBuilder, RulesLayer, RulesService};
+pub use reload::{ReloadStatus, Rules, RulesBuilder};
 #[cfg(feature = "rules-sql")]
 pub(crate) use reload::{Trigger, WeakRules};
 

@@ -4,21 +4,18 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use http::{Request, Response};
 use sha2::{Digest, Sha256};
-use tower_layer::Layer;
-use tower_service::Service;
 
 use crate::base::error::ConfigError;
 use crate::engine::delay::WaitCounts;
 use crate::limiter::Limiter;
 use crate::middleware::builder::RateLimitBuilder;
-use crate::middleware::future::ResponseFuture;
-use crate::middleware::layer::{RateLimitLayer, Shared};
+use crate::middleware::layer::RateLimitLayer;
+use crate::middleware::shared::Shared;
+use crate::middleware::source::Live;
 use crate::rules::compile::{CustomKeys, compile_maybe_empty, rebase};
 use crate::rules::document::Document;
 use crate::rules::format::Format;
@@ -26,7 +23,7 @@ use crate::rules::locate::Tree;
 use crate::rules::read::{DEFAULT_MAX_FILE_SIZE, DEFAULT_READ_TIMEOUT, FileReader};
 use crate::rules::watch::{self, Watcher};
 use crate::store::Store;
-use crate::web::response::{DefaultOnRejection, OnRejection};
+use crate::web::response::DefaultOnRejection;
 
 /// What [`RulesBuilder::configure`] does to the builder of every compiled version.
 type Configure<St> =
@@ -575,11 +572,11 @@ impl<St: Store, R: Clone> Compiler<St, R> {
                 }
                 builder
                     .on_rejection(self.on_rejection.clone())
-                    .build()
+                    .build_shared()
                     .map_err(|e| rebase(doc, e))
             });
         match (built, text) {
-            (Ok(layer), _) => Ok(layer.shared),
+            (Ok(shared), _) => Ok(Arc::new(shared)),
             (Err(e), None) => Err(e),
             (Err(e), Some((text, format, file))) => {
                 let line = Tree::parse(text, format)
@@ -787,10 +784,8 @@ impl<St: Store, R> Reloadable<St, R> {
 
 impl<St: Store, R: Clone + Send + Sync + 'static> Rules<St, R> {
     /// The middleware: requests are limited by the rules current when they arrive.
-    pub fn layer(&self) -> RulesLayer<St, R> {
-        RulesLayer {
-            rules: self.inner.clone(),
-        }
+    pub fn layer(&self) -> RateLimitLayer<St, R> {
+        RateLimitLayer::live(self.inner.clone())
     }
 
     /// A [`Limiter`] handle on the current rules: each call uses the rules current at that
@@ -798,8 +793,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Rules<St, R> {
     /// [`UnknownLimit`](crate::LimiterError::UnknownLimit)). The handle in a request's
     /// extensions is the one of the rules that request runs on.
     pub fn limiter(&self) -> Limiter {
-        let inner = self.inner.clone();
-        Limiter::live(move || inner.current.load_full())
+        self.layer().limiter()
     }
 
     /// The current document.
@@ -902,79 +896,10 @@ impl<St: Store, R> WeakRules<St, R> {
     }
 }
 
-/// The middleware of [`Rules`]: applies [`RulesService`].
-pub struct RulesLayer<St: Store, R = DefaultOnRejection> {
-    rules: Arc<Reloadable<St, R>>,
-}
-
-impl<St: Store, R> Clone for RulesLayer<St, R> {
-    fn clone(&self) -> Self {
-        Self {
-            rules: self.rules.clone(),
-        }
-    }
-}
-
-impl<St: Store, R> fmt::Debug for RulesLayer<St, R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RulesLayer")
-            .field("limits", &self.rules.limit_names())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, St: Store, R> Layer<S> for RulesLayer<St, R> {
-    type Service = RulesService<S, St, R>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RulesService {
-            inner,
-            rules: self.rules.clone(),
-        }
-    }
-}
-
-/// The rate limiting middleware of [`Rules`]: [`RateLimit`](crate::RateLimit) on the rules
-/// current when each request arrives.
-pub struct RulesService<S, St: Store, R> {
-    inner: S,
-    rules: Arc<Reloadable<St, R>>,
-}
-
-impl<S: Clone, St: Store, R> Clone for RulesService<S, St, R> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            rules: self.rules.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, St: Store, R> fmt::Debug for RulesService<S, St, R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RulesService")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, St, R, ReqBody, ResBody> Service<Request<ReqBody>> for RulesService<S, St, R>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    St: Store,
-    R: OnRejection<ResBody> + Send + Sync + 'static,
-{
-    type Response = Response<ResBody>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S, St, R, ReqBody>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // One load per request; the request keeps these rules to its end.
-        let current = self.rules.current.load();
-        crate::middleware::service::call(&current, &mut self.inner, req)
+/// The rules are a live source for their layer: each request loads the version current
+/// when it arrives.
+impl<St: Store, R: Send + Sync + 'static> Live<St, R> for Reloadable<St, R> {
+    fn current(&self) -> arc_swap::Guard<Arc<Shared<St, R>>> {
+        self.current.load()
     }
 }

@@ -25,7 +25,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{HeaderName, HeaderValue};
 
 /// Which rate-limit fields responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -84,10 +84,7 @@ static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-
 static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 static X_RATELIMIT_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-after");
 
-/// Seconds, rounded up: a positive wait is never `0`.
-pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
+pub(crate) use crate::base::round::ceil_secs;
 
 /// Appends an RFC 9651 string. Limit names are checked to be printable ASCII when the
 /// layer is built; anything else is replaced by `?` rather than producing a bad field.
@@ -425,9 +422,6 @@ pub(crate) fn static_policy<'a>(
     // Past the process's budget of interned strings: rendered per response instead.
     crate::base::intern::intern(&text).map(HeaderValue::from_static)
 }
-
-/// The name of `Retry-After`.
-pub(crate) const RETRY_AFTER_NAME: HeaderName = RETRY_AFTER;
 
 #[cfg(test)]
 mod tests {

@@ -152,23 +152,9 @@ impl fmt::Display for WaitMs {
     }
 }
 
-/// Milliseconds, rounded up.
-pub(crate) fn ceil_ms(wait: Duration) -> u128 {
-    wait.as_nanos().div_ceil(1_000_000)
-}
+pub(crate) use crate::base::round::ceil_ms;
 
-macro_rules! event_at {
-    ($level:expr, $target:literal, $($rest:tt)*) => {
-        match $level {
-            Level::ERROR => tracing::event!(target: $target, Level::ERROR, $($rest)*),
-            Level::WARN => tracing::event!(target: $target, Level::WARN, $($rest)*),
-            Level::INFO => tracing::event!(target: $target, Level::INFO, $($rest)*),
-            Level::DEBUG => tracing::event!(target: $target, Level::DEBUG, $($rest)*),
-            Level::TRACE => tracing::event!(target: $target, Level::TRACE, $($rest)*),
-        }
-    };
-}
-pub(crate) use event_at;
+pub(crate) use crate::base::event::event_at;
 
 impl Hooks {
     pub(crate) fn new(

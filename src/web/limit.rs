@@ -10,12 +10,12 @@ use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::Quota;
 use crate::base::error::ConfigError;
 use crate::model::policy::{FailurePolicy, MissingKey, Mode, OnLimit};
+use crate::model::spec::LimitSpec;
+#[cfg(feature = "rules-sql")]
+pub(crate) use crate::model::spec::validate_name;
 use crate::web::charge::Charge;
 use crate::web::cost::Cost;
 use crate::web::key::{Global, KeyExtractor};
-
-/// The longest limit name: it appears in headers and in Redis keys.
-const MAX_NAME_LEN: usize = 64;
 
 /// A function choosing the quota per request (see [`Limit::quota_by`]).
 pub(crate) type QuotaFn = Arc<dyn Fn(&Parts) -> Option<Quota> + Send + Sync>;
@@ -43,20 +43,13 @@ pub(crate) type RuleIdFn = Arc<dyn Fn(&Parts) -> Option<u64> + Send + Sync>;
 /// ```
 #[derive(Clone)]
 pub struct Limit {
-    pub(crate) name: Arc<str>,
-    pub(crate) quota: Quota,
+    /// What the limit is, whatever asks it.
+    pub(crate) spec: LimitSpec,
     pub(crate) quota_fn: Option<QuotaFn>,
     pub(crate) key: Arc<dyn KeyExtractor>,
     pub(crate) cost: Cost,
-    pub(crate) mode: Mode,
     pub(crate) missing: MissingKey,
-    pub(crate) on_failure: FailurePolicy,
     pub(crate) charge: Charge,
-    pub(crate) algorithm: Algorithm,
-    pub(crate) on_limit: OnLimit,
-    /// Outstanding reserved tokens per key (GCRA): the debt a reservation may leave.
-    pub(crate) max_reserved: Option<u32>,
-    pub(crate) rule_id: Option<u64>,
     /// The rule id per request (plans from SQL rows), asked only when a request is refused.
     pub(crate) rule_id_by: Option<RuleIdFn>,
 }
@@ -65,19 +58,12 @@ impl Limit {
     /// A limit called `name` with `quota`, one global bucket, cost 1, enforcing.
     pub fn new(name: impl AsRef<str>, quota: Quota) -> Self {
         Self {
-            name: name.as_ref().into(),
-            quota,
+            spec: LimitSpec::new(name, quota),
             quota_fn: None,
             key: Arc::new(Global),
             cost: Cost::fixed(1),
-            mode: Mode::Enforce,
             missing: MissingKey::SharedBucket,
-            on_failure: FailurePolicy::Fallback,
             charge: Charge::always(),
-            algorithm: Algorithm::Gcra,
-            on_limit: OnLimit::Reject,
-            max_reserved: None,
-            rule_id: None,
             rule_id_by: None,
         }
     }
@@ -86,7 +72,7 @@ impl Limit {
     /// ([`OnLimit::Reject`], the default), or let it wait for its tokens
     /// ([`OnLimit::Delay`], nginx's `burst` + `delay`): see [`Limit::delay`].
     pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
-        self.on_limit = on_limit;
+        self.spec = self.spec.on_limit(on_limit);
         self
     }
 
@@ -127,21 +113,8 @@ impl Limit {
     /// refused, whatever its `max_wait`. It is the same bound as a wait of `tokens × T`.
     /// GCRA only.
     pub fn max_reserved(mut self, tokens: u32) -> Self {
-        self.max_reserved = Some(tokens);
+        self.spec = self.spec.max_reserved(tokens);
         self
-    }
-
-    /// The longest a reservation of this limit may wait for a request with `quota`:
-    /// `max_wait`, capped by [`max_reserved`](Self::max_reserved) tokens.
-    #[inline]
-    pub(crate) fn reservation_wait(&self, quota: &Quota, max_wait: Duration) -> Duration {
-        match self.max_reserved {
-            Some(tokens) => {
-                let cap = u64::from(tokens).saturating_mul(quota.t_ns());
-                max_wait.min(Duration::from_nanos(cap))
-            }
-            None => max_wait,
-        }
     }
 
     /// How the limit counts: [`Algorithm::Gcra`] (the default, a token bucket), or a
@@ -156,7 +129,7 @@ impl Limit {
     /// # let _ = per_minute;
     /// ```
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
-        self.algorithm = algorithm;
+        self.spec = self.spec.algorithm(algorithm);
         self
     }
 
@@ -203,13 +176,13 @@ impl Limit {
 
     /// Reports without refusing: see [`Mode::Shadow`].
     pub fn shadow(mut self) -> Self {
-        self.mode = Mode::Shadow;
+        self.spec = self.spec.shadow();
         self
     }
 
     /// Sets the mode.
     pub fn mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
+        self.spec = self.spec.mode(mode);
         self
     }
 
@@ -221,7 +194,7 @@ impl Limit {
 
     /// What to do when the store fails. Default: [`FailurePolicy::Fallback`].
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
-        self.on_failure = policy;
+        self.spec = self.spec.on_store_failure(policy);
         self
     }
 
@@ -256,45 +229,41 @@ impl Limit {
     /// assert!(format!("{search:?}").contains("rule_id: Some(3)"));
     /// ```
     pub fn rule_id(mut self, id: u64) -> Self {
-        self.rule_id = Some(id);
+        self.spec = self.spec.rule_id(id);
         self
     }
 
     /// The limit's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.spec.name
     }
 
     /// The limit's own quota (requests may get another one, see [`Limit::quota_by`]).
     pub fn quota(&self) -> Quota {
-        self.quota
+        self.spec.quota
+    }
+
+    /// What the limit is without its request rules: the definition a
+    /// [`Limiter`](crate::Limiter) built on its own takes.
+    pub fn spec(&self) -> &LimitSpec {
+        &self.spec
     }
 
     /// The quota for one request.
     pub(crate) fn quota_for(&self, parts: &Parts) -> Quota {
         match &self.quota_fn {
-            Some(f) => f(parts).unwrap_or(self.quota),
-            None => self.quota,
+            Some(f) => f(parts).unwrap_or(self.spec.quota),
+            None => self.spec.quota,
         }
     }
 
     /// Checks everything that can be checked before the first request. Errors name the
     /// field as `limits["<name>"].<field>`.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        validate_name(&self.name)?;
-        let at = || format!("limits[{:?}]", &*self.name);
-        if self.rule_id.is_some_and(|id| id > i64::MAX as u64) {
-            return Err(ConfigError::new(
-                "rule_id",
-                "must be at most i64::MAX (9223372036854775807), the largest SQL BIGINT",
-            )
-            .within(at()));
-        }
+        self.spec.validate()?;
+        let at = || format!("limits[{:?}]", &*self.spec.name);
         self.cost.validate().map_err(|e| e.within(at()))?;
-        self.algorithm
-            .validate(&self.quota)
-            .map_err(|(field, reason)| ConfigError::new(field, reason).within(at()))?;
-        if self.algorithm.is_window() && self.quota_fn.is_some() {
+        if self.spec.algorithm.is_window() && self.quota_fn.is_some() {
             return Err(ConfigError::new(
                 "quota_by",
                 "a window limit takes one quota (its window's length is part of its state)",
@@ -304,10 +273,9 @@ impl Limit {
         // With a quota chosen per request the burst is not known here.
         if self.quota_fn.is_none() {
             self.cost
-                .validate_for(self.quota.burst_size())
+                .validate_for(self.spec.quota.burst_size())
                 .map_err(|e| e.within(at()))?;
         }
-        self.validate_reservations().map_err(|e| e.within(at()))?;
         if let MissingKey::Reject(status) = self.missing
             && !status.is_client_error()
         {
@@ -321,109 +289,14 @@ impl Limit {
     }
 }
 
-impl Limit {
-    /// Delay mode and `max_reserved` need an algorithm that can reserve: GCRA, or a fixed
-    /// window for delay mode.
-    fn validate_reservations(&self) -> Result<(), ConfigError> {
-        let sliding = matches!(
-            self.algorithm,
-            Algorithm::SlidingWindow | Algorithm::SlidingLog
-        );
-        if let Some(tokens) = self.max_reserved {
-            if self.algorithm.is_window() {
-                return Err(ConfigError::new(
-                    "max_reserved",
-                    "only a GCRA limit counts reserved tokens (a fixed window's reservations are bounded by their wait)",
-                ));
-            }
-            if tokens == 0 {
-                return Err(ConfigError::new(
-                    "max_reserved",
-                    "must be at least 1 (0 would refuse every reservation)",
-                ));
-            }
-        }
-        if let OnLimit::Delay {
-            max_wait,
-            max_waiters,
-        } = self.on_limit
-        {
-            if sliding {
-                return Err(ConfigError::new(
-                    "on_limit",
-                    "a sliding window or sliding log cannot reserve, so cannot delay: use GCRA or a fixed window",
-                ));
-            }
-            if self.mode == Mode::Shadow {
-                return Err(ConfigError::new(
-                    "on_limit",
-                    "a shadow limit never refuses, so never delays",
-                ));
-            }
-            if max_wait.is_zero() {
-                return Err(ConfigError::new(
-                    "on_limit.max_wait",
-                    "must be more than zero (zero is reject mode)",
-                ));
-            }
-            if max_waiters == 0 {
-                return Err(ConfigError::new(
-                    "on_limit.max_waiters",
-                    "must be at least 1 (zero is reject mode)",
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A name must be printable ASCII (it is an RFC 9651 string in the headers) of 1 to 64
-/// characters, without spaces at either end (a name that is only spaces, or that differs
-/// from another by a trailing space, would be unreadable in headers and logs).
-pub(crate) fn validate_name(name: &str) -> Result<(), ConfigError> {
-    let field = || format!("limits[{name:?}].name");
-    if name.is_empty() {
-        return Err(ConfigError::new(field(), "must not be empty"));
-    }
-    if name.trim().is_empty() {
-        return Err(ConfigError::new(field(), "must not be only whitespace"));
-    }
-    if name.trim() != name {
-        return Err(ConfigError::new(
-            field(),
-            format!(
-                "must not start or end with whitespace (did you mean {:?}?)",
-                name.trim()
-            ),
-        ));
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(ConfigError::new(field(), "must be at most 64 characters"));
-    }
-    if !name.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
-        return Err(ConfigError::new(
-            field(),
-            "must be printable ASCII (no control characters, tabs or non-ASCII letters)",
-        ));
-    }
-    Ok(())
-}
-
 impl fmt::Debug for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Limit")
-            .field("name", &self.name)
-            .field("quota", &self.quota)
+        self.spec
+            .debug_fields(&mut f.debug_struct("Limit"))
             .field("per_request_quota", &self.quota_fn.is_some())
             .field("cost", &self.cost)
-            .field("mode", &self.mode)
             .field("missing", &self.missing)
-            .field("on_failure", &self.on_failure)
             .field("charge", &self.charge)
-            .field("algorithm", &self.algorithm)
-            .field("on_limit", &self.on_limit)
-            .field("max_reserved", &self.max_reserved)
-            .field("rule_id", &self.rule_id)
             .field("rule_id_by", &self.rule_id_by.is_some())
             .finish_non_exhaustive()
     }

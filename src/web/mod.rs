@@ -3,11 +3,14 @@
 //! and the hooks that report decisions. Knows `http::request::Parts`, not tower.
 
 pub(crate) mod charge;
+pub(crate) mod compile;
 pub(crate) mod cost;
+pub(crate) mod deadline;
 pub mod headers;
 pub(crate) mod hooks;
 pub mod key;
 pub(crate) mod limit;
 pub(crate) mod lists;
+pub(crate) mod policy;
 pub mod response;
 pub(crate) mod routes;

@@ -86,6 +86,38 @@ pub enum Rejection<'a> {
     },
 }
 
+impl<'a> Rejection<'a> {
+    /// The rejection of a request its decision refused: [`Unavailable`](Self::Unavailable)
+    /// (retry after `wait`, else `unavailable_retry`) if a store failed under a denying
+    /// policy, [`Limited`](Self::Limited) otherwise.
+    pub(crate) fn refused(
+        decision: &'a Decision,
+        unavailable: bool,
+        wait: Option<Duration>,
+        unavailable_retry: Duration,
+    ) -> Self {
+        if unavailable {
+            Rejection::Unavailable {
+                decision,
+                retry_after: wait.unwrap_or(unavailable_retry),
+            }
+        } else {
+            Rejection::Limited {
+                decision,
+                retry_after: wait,
+            }
+        }
+    }
+
+    /// The names of the limits whose store failed under a denying policy.
+    pub(crate) fn failed_closed(decision: &Decision) -> impl Iterator<Item = &str> {
+        decision
+            .limits()
+            .filter(|l| *l.status() == crate::model::decision::Status::FailedClosed)
+            .map(|l| l.name())
+    }
+}
+
 impl Rejection<'_> {
     /// The status of this rejection: 429, 503, the configured 4xx, or 500.
     pub fn status(&self) -> StatusCode {
@@ -241,13 +273,7 @@ impl DefaultOnRejection {
                     "detail",
                     "The rate limiter cannot reach its store; try again shortly.",
                 );
-                doc.strings(
-                    "violated-policies",
-                    decision
-                        .limits()
-                        .filter(|l| *l.status() == crate::model::decision::Status::FailedClosed)
-                        .map(|l| l.name()),
-                );
+                doc.strings("violated-policies", Rejection::failed_closed(decision));
             }
             Rejection::MissingKey { limit, .. } => {
                 doc.key("detail");

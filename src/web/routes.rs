@@ -213,8 +213,7 @@ mod tests {
             .route_default(Limit::new("other", q))
             .build()
             .unwrap();
-        let shared = &layer.shared.engine;
-        let name = |m: Method, p: &str| names_for(shared, m, p);
+        let name = |m: Method, p: &str| layer.source.with(|s| names_for(&s.policy, m, p));
         assert_eq!(name(Method::POST, "/login"), ["login-post"]);
         assert_eq!(name(Method::GET, "/login"), ["login-any"]);
         assert_eq!(name(Method::GET, "/items"), ["items"]);
@@ -224,22 +223,18 @@ mod tests {
     }
 
     /// The names of the limits a request gets, without axum's `MatchedPath`.
-    fn names_for(
-        shared: &crate::engine::Engine<MemoryStore>,
-        method: Method,
-        path: &str,
-    ) -> Vec<String> {
+    fn names_for(policy: &crate::web::policy::Policy, method: Method, path: &str) -> Vec<String> {
         let (parts, _) = Request::builder()
             .method(method)
             .uri(path)
             .body(())
             .unwrap()
             .into_parts();
-        let g = shared.routes.group_for(&parts);
-        shared.groups[g]
+        let g = policy.routes.group_for(&parts);
+        policy.groups[g]
             .limits
             .iter()
-            .map(|&i| shared.bounds[i].limit.name().to_owned())
+            .map(|&i| policy.limits[i].limit.name().to_owned())
             .collect()
     }
 
@@ -256,8 +251,7 @@ mod tests {
             .route_default(Limit::new("other", q))
             .build()
             .unwrap();
-        let shared = &layer.shared.engine;
-        let name = |m: Method, p: &str| names_for(shared, m, p);
+        let name = |m: Method, p: &str| layer.source.with(|s| names_for(&s.policy, m, p));
         assert_eq!(name(Method::GET, "/users/7"), ["user"]);
         assert_eq!(name(Method::GET, "/users/8"), ["user"]);
         assert_eq!(name(Method::DELETE, "/users/8"), ["user"]);

@@ -1,57 +1,41 @@
-//! Building an engine: the settings a builder collects ([`Settings`]), checked and
-//! compiled into an [`Engine`] ([`compile`]) — bound limits, route groups with their
-//! pre-rendered policies, lists, hooks. Shared by the layer's builder and the
-//! [`Limiter`](crate::Limiter)'s, so neither goes through the other.
-
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+//! Building a layer: the settings a builder collects ([`Settings`]), checked and compiled
+//! into an engine and its HTTP policy ([`compile`]): bound limits, route groups with their
+//! pre-rendered policies, lists, hooks. Used by the layer's builder and by rules reloads.
 
 use ipnet::IpNet;
 use smallvec::SmallVec;
 
-use crate::algo::algorithm::Algorithm;
 use crate::audit::Recorder;
 use crate::base::error::ConfigError;
 use crate::engine::delay::WaitCounts;
-use crate::engine::{Bound, Engine, Group, Observer};
+use crate::engine::{DEFAULT_MAX_LIMITS, Engine, unique_names};
 use crate::model::policy::Mode;
 use crate::store::Store;
-use crate::web::headers::{self, HeaderStyle, RetryAfterFormat};
+use crate::web::headers;
 use crate::web::hooks::{HookSettings, Hooks};
 use crate::web::limit::Limit;
 use crate::web::lists::{Address, Lists, Predicate};
+use crate::web::policy::{Group, Options, Policy, PolicyLimit};
 use crate::web::routes::{RouteTable, parse_route};
 
-/// The default [`RateLimitBuilder::max_limits`](crate::RateLimitBuilder::max_limits): far more than real configurations have,
-/// few enough that building stays quick and small.
-pub const DEFAULT_MAX_LIMITS: usize = 1_000;
-
-/// Everything a builder collects besides the store and the rejection responses.
+/// Everything a builder collects.
 pub(crate) struct Settings {
     pub(crate) always: Vec<Limit>,
     pub(crate) routes: Vec<(String, Limit)>,
     pub(crate) route_default: Vec<Limit>,
-    pub(crate) style: HeaderStyle,
-    pub(crate) shadow_headers: bool,
-    pub(crate) retry_format: RetryAfterFormat,
-    pub(crate) jitter: f64,
-    pub(crate) unavailable_retry: Duration,
-    pub(crate) decision_extension: bool,
-    pub(crate) limiter_extension: bool,
-    pub(crate) observer: Option<Observer>,
+    /// How the layer answers; kept as they are.
+    pub(crate) options: Options,
     pub(crate) allow: Vec<String>,
     pub(crate) deny: Vec<String>,
     pub(crate) allow_if: Option<Predicate>,
     pub(crate) address: Address,
-    /// Refusal events, offenders, metrics and gRPC settings.
+    /// Refusal events, offenders, metrics, the audit log.
     pub(crate) hooks: HookSettings,
-    /// Delay mode's waiter counts, when they outlive this layer (reloaded rules).
+    /// Shared with earlier versions of reloaded rules.
     pub(crate) wait_counts: Option<WaitCounts>,
-    /// Whether a layer without limits is valid (rules built by code with no limit, e.g.
-    /// a `RateLimitRule` table with no active row): it limits nothing.
+    /// Rules may have no limit at all (every row of a table inactive).
     pub(crate) no_limits_ok: bool,
-    /// The most limits (route entries counted one by one) a layer takes.
+    /// The most limits the layer takes.
     pub(crate) max_limits: usize,
 }
 
@@ -61,14 +45,7 @@ impl Default for Settings {
             always: Vec::new(),
             routes: Vec::new(),
             route_default: Vec::new(),
-            style: HeaderStyle::Ietf,
-            shadow_headers: false,
-            retry_format: RetryAfterFormat::Seconds,
-            jitter: 0.0,
-            unavailable_retry: Duration::from_secs(1),
-            decision_extension: true,
-            limiter_extension: true,
-            observer: None,
+            options: Options::default(),
             allow: Vec::new(),
             deny: Vec::new(),
             allow_if: None,
@@ -81,12 +58,15 @@ impl Default for Settings {
     }
 }
 
-/// Checks a configuration and compiles it into an engine.
-pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St>, ConfigError> {
+/// Checks a configuration and compiles it into an engine and its HTTP policy.
+pub(crate) fn compile<St: Store>(
+    store: St,
+    mut s: Settings,
+) -> Result<(Engine<St>, Policy), ConfigError> {
     if !s.no_limits_ok && s.always.is_empty() && s.routes.is_empty() && s.route_default.is_empty() {
         return Err(ConfigError::new("limits", "no limit is configured"));
     }
-    if !(0.0..=1.0).contains(&s.jitter) {
+    if !(0.0..=1.0).contains(&s.options.jitter) {
         return Err(ConfigError::new(
             "retry_after_jitter",
             "must be a fraction within 0.0..=1.0",
@@ -102,31 +82,13 @@ pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St
             ),
         ));
     }
-    let mut bounds: Vec<Bound<St>> = Vec::with_capacity(count);
-    let waits = s.wait_counts.clone().unwrap_or_default();
-    // The algorithm of each name bound so far: a table (one name) serves one algorithm,
-    // whose state means nothing to another.
-    let mut algorithms: HashMap<Arc<str>, Algorithm> = HashMap::with_capacity(count);
+    let mut engine = Engine::new(store, s.wait_counts.clone().unwrap_or_default(), count);
+    let mut limits: Vec<PolicyLimit> = Vec::with_capacity(count);
     let mut bind = |limit: Limit| -> Result<usize, ConfigError> {
         limit.validate()?;
-        match algorithms.get(&limit.name) {
-            Some(other) if *other != limit.algorithm => {
-                return Err(ConfigError::new(
-                    "algorithm",
-                    format!(
-                        "{:?} here, {:?} in another limit of the same name: limits that share buckets must count alike",
-                        limit.algorithm, other
-                    ),
-                )
-                .within(format!("limits[{:?}]", &*limit.name)));
-            }
-            Some(_) => {}
-            None => {
-                algorithms.insert(limit.name.clone(), limit.algorithm);
-            }
-        }
-        bounds.push(Bound::new(limit, &store, &waits)?);
-        Ok(bounds.len() - 1)
+        let index = engine.bind(limit.spec.clone())?;
+        limits.push(PolicyLimit::new(limit));
+        Ok(index)
     };
     let always = s
         .always
@@ -154,15 +116,15 @@ pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St
         let index = bind(limit).map_err(|e| e.within(format!("routes[{spec:?}]")))?;
         group_limits[group].push(index);
     }
-    let shadow_headers = s.shadow_headers;
+    let shadow_headers = s.options.shadow_headers;
     let groups = group_limits
         .into_iter()
-        .map(|limits| {
-            check_unique(&bounds, &limits)?;
-            let reported: Vec<&Limit> = limits
+        .map(|members| {
+            check_unique(&limits, &members)?;
+            let reported: Vec<&Limit> = members
                 .iter()
-                .map(|&i| &bounds[i].limit)
-                .filter(|l| l.mode == Mode::Enforce || shadow_headers)
+                .map(|&i| &limits[i].limit)
+                .filter(|l| l.spec.mode == Mode::Enforce || shadow_headers)
                 .collect();
             // Beyond `MAX_MEMBERS` limits, responses describe the most restrictive ones,
             // which vary: their policy is rendered per response.
@@ -170,22 +132,25 @@ pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St
                 .then(|| {
                     headers::static_policy(reported.iter().map(|l| {
                         (
-                            &*l.name,
-                            l.quota.burst_size(),
-                            l.algorithm.window_secs(&l.quota),
+                            &*l.spec.name,
+                            l.spec.quota.burst_size(),
+                            l.spec.algorithm.window_secs(&l.spec.quota),
                         )
                     }))
                 })
                 .flatten();
-            let limit = |&i: &usize| &bounds[i].limit;
+            let limit = |&i: &usize| &limits[i].limit;
             Ok(Group {
                 reported: reported.len(),
                 policy,
-                dynamic_quota: limits.iter().map(limit).any(|l| l.quota_fn.is_some()),
-                shadow: limits.iter().map(limit).any(|l| l.mode == Mode::Shadow),
-                charged: limits.iter().map(limit).any(|l| l.charge.is_conditional()),
-                delayed: limits.iter().any(|&i| bounds[i].waiters.is_some()),
-                limits,
+                dynamic_quota: members.iter().map(limit).any(|l| l.quota_fn.is_some()),
+                shadow: members
+                    .iter()
+                    .map(limit)
+                    .any(|l| l.spec.mode == Mode::Shadow),
+                charged: members.iter().map(limit).any(|l| l.charge.is_conditional()),
+                delayed: members.iter().any(|&i| engine.bounds[i].waiters.is_some()),
+                limits: members,
             })
         })
         .collect::<Result<Vec<_>, ConfigError>>()?;
@@ -200,17 +165,13 @@ pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St
     let allow = parse_nets("allow", s.allow)?;
     let deny = parse_nets("deny", s.deny)?;
     let audit = s.hooks.audit.take().map(|log| {
-        let rule_ids = bounds
+        let rule_ids = limits
             .iter()
-            .map(|b| (b.limit.rule_id, b.limit.rule_id_by.clone()));
+            .map(|l| (l.limit.spec.rule_id, l.limit.rule_id_by.clone()));
         Recorder::new(log, s.address.clone(), s.hooks.redact_keys, rule_ids)
     });
     let lists = (!allow.is_empty() || !deny.is_empty() || s.allow_if.is_some())
         .then(|| Lists::new(allow, deny, s.allow_if, s.address));
-    let mut by_name = HashMap::new();
-    for (i, b) in bounds.iter().enumerate() {
-        by_name.entry(b.name).or_insert(i);
-    }
     #[cfg(feature = "metrics")]
     if !(0.0..=1.0).contains(&s.hooks.near_limit) {
         return Err(ConfigError::new(
@@ -218,25 +179,17 @@ pub(crate) fn compile<St: Store>(store: St, mut s: Settings) -> Result<Engine<St
             "must be a fraction within 0.0..=1.0",
         ));
     }
-    let names: Vec<&'static str> = bounds.iter().map(|b| b.name).collect();
+    let names: Vec<&'static str> = engine.bounds.iter().map(|b| b.name).collect();
     let hooks = Hooks::new(s.hooks, &names, audit);
-    Ok(Engine {
-        store,
-        bounds,
-        by_name,
+    let policy = Policy {
+        limits,
         groups,
         routes,
         lists,
-        style: s.style,
-        shadow_headers,
-        retry_format: s.retry_format,
-        jitter: s.jitter,
-        unavailable_retry: s.unavailable_retry,
-        decision_extension: s.decision_extension,
-        limiter_extension: s.limiter_extension,
-        observer: s.observer,
+        options: s.options,
         hooks,
-    })
+    };
+    Ok((engine, policy))
 }
 
 /// A CIDR (`10.0.0.0/8`) or a single address.
@@ -248,16 +201,6 @@ fn parse_net(text: &str) -> Result<IpNet, String> {
 }
 
 /// Two limits of one request must not share a name: their headers and buckets would mix.
-fn check_unique<St: Store>(bounds: &[Bound<St>], limits: &[usize]) -> Result<(), ConfigError> {
-    let mut seen = std::collections::HashSet::with_capacity(limits.len());
-    for &i in limits {
-        let name = &bounds[i].limit.name;
-        if !seen.insert(&**name) {
-            return Err(ConfigError::new(
-                format!("limits[{name:?}].name"),
-                "is used by two limits of the same request",
-            ));
-        }
-    }
-    Ok(())
+pub(crate) fn check_unique(limits: &[PolicyLimit], members: &[usize]) -> Result<(), ConfigError> {
+    unique_names(members.iter().map(|&i| &*limits[i].limit.spec.name))
 }

@@ -1,0 +1,177 @@
+//! What a layer and its services share ([`Shared`]: the engine, the HTTP policy, the
+//! rejection responses), and the request path once the store has answered: [`proceed`]
+//! to the service with the request's guards, or the refusal.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::Response;
+use http::header::{CACHE_CONTROL, HeaderValue, RETRY_AFTER};
+use http::request::Parts;
+
+use crate::engine::Engine;
+use crate::limiter::{Applied, Calls, Handle, Limiter, LimiterError};
+use crate::middleware::guard::{ChargeGuard, DelayGuard, PendingCharge};
+use crate::observe::offenders::RefusedKey;
+use crate::store::{Op, Statuses, Store};
+use crate::web::headers::{self, Fields};
+use crate::web::hooks::Keys;
+use crate::web::policy::{Next, Policy, Prepared};
+use crate::web::response::{OnRejection, Rejection};
+
+/// Everything a layer and its services share.
+pub(crate) struct Shared<St: Store, R> {
+    /// The limits and their store; the request guards and limiter handles keep it too.
+    pub(crate) engine: Arc<Engine<St>>,
+    pub(crate) policy: Policy,
+    pub(crate) on_rejection: R,
+    /// How refused gRPC calls are answered; `None`: as any HTTP request.
+    #[cfg(feature = "grpc")]
+    pub(crate) grpc: Option<crate::middleware::grpc::Grpc>,
+}
+
+impl<St: Store, R> Shared<St, R> {
+    /// The response to a request refused before the store was asked.
+    pub(crate) fn early<B>(&self, rejection: &Rejection<'_>) -> Response<B>
+    where
+        R: OnRejection<B>,
+    {
+        self.on_rejection.on_rejection(rejection)
+    }
+
+    /// The response to a refused request, with the layer's rate-limit fields (IETF lists
+    /// appended to any the response has; single-valued styles only if absent), and
+    /// `Retry-After` and `Cache-Control` if absent.
+    fn refuse<B>(&self, rejection: &Rejection<'_>, fields: Fields) -> Response<B>
+    where
+        R: OnRejection<B>,
+    {
+        let mut response = self.on_rejection.on_rejection(rejection);
+        let headers = response.headers_mut();
+        fields.apply(headers);
+        if let Some(wait) = rejection.retry_after()
+            && !headers.contains_key(RETRY_AFTER)
+        {
+            headers.insert(
+                RETRY_AFTER,
+                headers::retry_after(wait, self.policy.options.retry_format, SystemTime::now),
+            );
+        }
+        if !headers.contains_key(CACHE_CONTROL) {
+            headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        }
+        response
+    }
+}
+
+/// A request the limits let through: the fields for its response, the charges to settle
+/// when it comes, and in delay mode how long it waits first (and what it holds meanwhile).
+pub(crate) struct Passed<St: Store> {
+    pub(crate) fields: Fields,
+    pub(crate) charge: PendingCharge<St>,
+    pub(crate) delay: Option<(Duration, DelayGuard<St>)>,
+}
+
+/// What follows the store's answer: the request passes, or the refusal.
+pub(crate) fn proceed<St, R, B>(
+    shared: &Arc<Shared<St, R>>,
+    prepared: Prepared,
+    statuses: Statuses,
+    parts: &mut Parts,
+    keys: &(impl Keys + ?Sized),
+) -> Result<Passed<St>, Response<B>>
+where
+    St: Store,
+    R: OnRejection<B> + Send + Sync + 'static,
+{
+    let policy = &shared.policy;
+    match policy.finish(&shared.engine, &prepared, statuses, parts, keys) {
+        Next::Proceed {
+            fields,
+            charged,
+            delay,
+        } => {
+            insert_limiter(shared, parts);
+            let engine = &shared.engine;
+            let delay = delay.map(|d| (d.wait, DelayGuard::new(engine, &prepared.plan, d)));
+            let charge = ChargeGuard::new(
+                engine,
+                policy,
+                &prepared.plan,
+                prepared.charge_keys,
+                &charged,
+            );
+            Ok(Passed {
+                fields,
+                charge,
+                delay,
+            })
+        }
+        Next::Refuse {
+            decision,
+            unavailable,
+            wait,
+            fields,
+        } => {
+            if !unavailable {
+                policy.hooks.refused(
+                    prepared.plan.iter().map(|p| p.bound),
+                    &decision,
+                    wait,
+                    parts,
+                    keys,
+                );
+            }
+            let rejection = Rejection::refused(
+                &decision,
+                unavailable,
+                wait,
+                policy.options.unavailable_retry,
+            );
+            #[cfg(feature = "grpc")]
+            if let Some(grpc) = &shared.grpc
+                && let Some(content_type) = grpc.answer_type(parts)
+            {
+                return Err(crate::middleware::grpc::refuse(
+                    grpc,
+                    &shared.on_rejection,
+                    content_type,
+                    &rejection,
+                    fields,
+                ));
+            }
+            Err(shared.refuse(&rejection, fields))
+        }
+    }
+}
+
+/// Puts the [`Limiter`] in the request's extensions, if the layer does.
+pub(crate) fn insert_limiter<St: Store, R: Send + Sync + 'static>(
+    shared: &Arc<Shared<St, R>>,
+    parts: &mut Parts,
+) {
+    if shared.policy.options.limiter_extension {
+        parts
+            .extensions
+            .insert(Limiter::from_handle(shared.clone()));
+    }
+}
+
+/// A layer's limiter reaches its engine, and its refusal hooks for the top offenders.
+impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
+    fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
+        self.engine.apply(op, calls, max_wait)
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        self.engine.names()
+    }
+
+    fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
+        let index = self
+            .engine
+            .find(limit)
+            .ok_or_else(|| LimiterError::UnknownLimit(limit.to_owned()))?;
+        Ok(self.policy.hooks.top_refused(index, n))
+    }
+}

@@ -1,0 +1,515 @@
+//! The HTTP policy of a layer: which limits a request meets (routes, allow and deny
+//! lists), its key, quota and cost in each ([`Policy::prepare`]), and what its decision
+//! means for the response: the rate-limit fields, the refusal, delay mode's wait
+//! ([`Policy::finish`]). The engine below it holds the limits and the store.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::StatusCode;
+use http::header::HeaderValue;
+use http::request::Parts;
+use smallvec::SmallVec;
+
+use crate::base::throttle::LogThrottle;
+use crate::engine::delay::Delay;
+use crate::engine::{ChargeKeys, Engine, Plan, Planned};
+use crate::model::decision::{Decision, LimitDecision, Overall, Status};
+use crate::model::key::{Key, KeyBuilder};
+use crate::model::policy::{MissingKey, Mode};
+use crate::store::{Item, Statuses, Store};
+use crate::web::deadline::max_wait_of;
+use crate::web::headers::{self, Fields, HeaderStyle, Report, RetryAfterFormat};
+use crate::web::hooks::Hooks;
+use crate::web::key::KeyError;
+use crate::web::limit::Limit;
+use crate::web::lists::{Listed, Lists};
+use crate::web::response::Rejection;
+use crate::web::routes::RouteTable;
+
+/// How often a shadow limit's "would refuse" is logged (with the count since the last line).
+pub(crate) const SHADOW_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A function told every decision (see
+/// [`RateLimitBuilder::on_decision`](crate::RateLimitBuilder::on_decision)).
+pub(crate) type Observer = Arc<dyn Fn(&Decision, &Parts) + Send + Sync>;
+
+/// How a layer answers: the header style and the extensions it sets. Collected by the
+/// builder and kept as they are.
+#[derive(Clone)]
+pub(crate) struct Options {
+    pub(crate) style: HeaderStyle,
+    pub(crate) shadow_headers: bool,
+    pub(crate) retry_format: RetryAfterFormat,
+    pub(crate) jitter: f64,
+    pub(crate) unavailable_retry: Duration,
+    pub(crate) decision_extension: bool,
+    pub(crate) limiter_extension: bool,
+    pub(crate) observer: Option<Observer>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            style: HeaderStyle::Ietf,
+            shadow_headers: false,
+            retry_format: RetryAfterFormat::Seconds,
+            jitter: 0.0,
+            unavailable_retry: Duration::from_secs(1),
+            decision_extension: true,
+            limiter_extension: true,
+            observer: None,
+        }
+    }
+}
+
+/// One limit's request rules (by the engine's bound index).
+pub(crate) struct PolicyLimit {
+    pub(crate) limit: Limit,
+    /// The start of this limit's `RateLimit` member, `"name";r=`.
+    pub(crate) ietf_prefix: Box<str>,
+    /// Misconfigurations hit by requests: logged once a minute.
+    pub(crate) misconfigured_log: LogThrottle,
+    /// Shadow "would refuse"s: logged once per [`SHADOW_LOG_EVERY`], with a count.
+    pub(crate) shadow_log: LogThrottle,
+}
+
+impl PolicyLimit {
+    pub(crate) fn new(limit: Limit) -> Self {
+        Self {
+            ietf_prefix: headers::limit_prefix(&limit.spec.name),
+            misconfigured_log: LogThrottle::new(),
+            shadow_log: LogThrottle::new(),
+            limit,
+        }
+    }
+}
+
+/// The limits that apply to one kind of request.
+pub(crate) struct Group {
+    pub(crate) limits: SmallVec<[usize; 4]>,
+    /// `RateLimit-Policy` for the usual case: every reported limit with its own quota.
+    pub(crate) policy: Option<HeaderValue>,
+    /// How many limits that usual case reports.
+    pub(crate) reported: usize,
+    /// Whether a limit of the group chooses its quota per request.
+    pub(crate) dynamic_quota: bool,
+    /// Whether a limit of the group is in shadow mode.
+    pub(crate) shadow: bool,
+    /// Whether a limit of the group charges only some outcomes.
+    pub(crate) charged: bool,
+    /// Whether a limit of the group is in delay mode.
+    pub(crate) delayed: bool,
+}
+
+/// A layer's HTTP policy over its engine.
+pub(crate) struct Policy {
+    /// By the engine's bound index.
+    pub(crate) limits: Vec<PolicyLimit>,
+    /// Group 0 applies to requests that match no route entry.
+    pub(crate) groups: Vec<Group>,
+    pub(crate) routes: RouteTable,
+    pub(crate) lists: Option<Lists>,
+    pub(crate) options: Options,
+    /// Refusal events, offenders, metrics, the audit log.
+    pub(crate) hooks: Hooks,
+}
+
+/// A request, prepared for the store.
+pub(crate) struct Prepared {
+    pub(crate) group: usize,
+    pub(crate) plan: Plan,
+    pub(crate) charge_keys: Option<Box<ChargeKeys>>,
+}
+
+/// Why a request does not go to the store.
+pub(crate) enum Early<'a> {
+    /// No limit applies (a safelisted client): the service is called as it is.
+    Pass,
+    /// The request is answered at once.
+    Refuse(Rejection<'a>),
+}
+
+/// What the policy decided for a request that went to the store.
+// Taken apart right after it is returned: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Next {
+    /// Call the service, then add these fields to its response. `charged`: the plan
+    /// indices of limits that charge only some outcomes and took their cost.
+    Proceed {
+        fields: Fields,
+        charged: SmallVec<[usize; 1]>,
+        /// Delay mode: the request waits this long for its reserved tokens first.
+        delay: Option<Delay>,
+    },
+    /// An enforcing limit refused (429), or a store failed under `Deny` (503).
+    Refuse {
+        decision: Decision,
+        unavailable: bool,
+        wait: Option<Duration>,
+        fields: Fields,
+    },
+}
+
+impl Policy {
+    /// Extracts each limit's key, quota and cost into `items` and the plan.
+    pub(crate) fn prepare<'a, St: Store>(
+        &'a self,
+        engine: &'a Engine<St>,
+        parts: &Parts,
+        items: &mut SmallVec<[Item<'a, St::Table>; 4]>,
+    ) -> Result<Prepared, Early<'a>> {
+        if let Some(lists) = &self.lists {
+            match lists.classify(parts) {
+                Ok(Listed::No) => {}
+                Ok(Listed::Allowed) => return Err(Early::Pass),
+                Ok(Listed::Denied) => {
+                    return Err(Early::Refuse(Rejection::Blocked {
+                        status: StatusCode::FORBIDDEN,
+                    }));
+                }
+                Err(reason) => {
+                    lists.log_misconfiguration(reason);
+                    return Err(Early::Refuse(Rejection::Misconfigured {
+                        limit: "(allow and deny lists)",
+                        reason,
+                    }));
+                }
+            }
+        }
+        let group = self.routes.group_for(parts);
+        let g = &self.groups[group];
+        let mut prepared = Prepared {
+            group,
+            plan: Plan::new(),
+            charge_keys: None,
+        };
+        for &index in &g.limits {
+            let rules = &self.limits[index];
+            let limit = &rules.limit;
+            let mut builder = KeyBuilder::new();
+            let key = match limit.key.extract(parts, &mut builder) {
+                Ok(()) => builder.take(),
+                Err(KeyError::Missing) => match limit.missing {
+                    MissingKey::SharedBucket => Key::missing(),
+                    MissingKey::Skip => continue,
+                    MissingKey::Reject(status) => {
+                        return Err(Early::Refuse(Rejection::MissingKey {
+                            limit: &limit.spec.name,
+                            status,
+                        }));
+                    }
+                },
+                Err(KeyError::Misconfigured(reason)) => {
+                    log_misconfiguration(rules, reason);
+                    return Err(Early::Refuse(Rejection::Misconfigured {
+                        limit: &limit.spec.name,
+                        reason,
+                    }));
+                }
+            };
+            let quota = limit.quota_for(parts);
+            let cost = limit.cost.resolve(parts);
+            let key_hash = if self.options.jitter > 0.0 {
+                key.stable_hash()
+            } else {
+                0
+            };
+            // Delay mode keeps every key: a request that goes away while it waits gives
+            // its reservation back.
+            if g.delayed || (g.charged && limit.charge.is_conditional()) {
+                prepared
+                    .charge_keys
+                    .get_or_insert_with(Default::default)
+                    .push((prepared.plan.len(), key.clone()));
+            }
+            prepared.plan.push(Planned {
+                bound: index,
+                quota,
+                cost,
+                key_hash,
+            });
+            let mut item = engine.item(index, key, quota, cost);
+            if let Some(w) = &engine.bounds[index].waiters
+                && w.has_room()
+                && tokio::runtime::Handle::try_current().is_ok()
+            {
+                let wait = max_wait_of(w.max_wait(), parts);
+                item = item.max_wait(limit.spec.reservation_wait(&quota, wait));
+            }
+            items.push(item);
+        }
+        Ok(prepared)
+    }
+
+    /// Builds the decision from the store's answer and decides what happens to the request.
+    pub(crate) fn finish<St: Store>(
+        &self,
+        engine: &Engine<St>,
+        prepared: &Prepared,
+        statuses: Statuses,
+        parts: &mut Parts,
+        keys: &(impl crate::web::hooks::Keys + ?Sized),
+    ) -> Next {
+        let plan = &prepared.plan;
+        let limits = plan
+            .iter()
+            .zip(statuses)
+            .map(|(p, status)| {
+                let bound = &engine.bounds[p.bound];
+                LimitDecision {
+                    name: bound.name,
+                    quota: p.quota,
+                    cost: p.cost,
+                    mode: bound.spec.mode,
+                    status,
+                }
+            })
+            .collect();
+        let mut decision = Decision { limits };
+        let g = &self.groups[prepared.group];
+        // Only a request its limits let through waits: a refused one took nothing (its
+        // limits report the state they looked at, which may be in debt).
+        let delay = if g.delayed && decision.overall() == Overall::Allowed {
+            self.delay(engine, prepared, &mut decision)
+        } else {
+            None
+        };
+        if g.shadow {
+            for (i, (l, p)) in decision.limits().zip(plan).enumerate() {
+                if l.mode() == Mode::Shadow && !l.allowed() {
+                    log_shadow_refusal(&self.limits[p.bound], parts);
+                    self.hooks.shadow_refused(i, p.bound, l, parts, keys);
+                }
+            }
+        }
+        #[cfg(feature = "metrics")]
+        self.hooks.decided(plan.iter().map(|p| p.bound), &decision);
+        if let Some(observer) = &self.options.observer {
+            observer(&decision, parts);
+        }
+        let overall = decision.overall();
+        let mut fields = Fields::default();
+        let wait = match overall {
+            Overall::Limited => decision
+                .retry_after()
+                .map(|w| self.jittered(plan, &decision, w)),
+            _ => None,
+        };
+        if self.options.style != HeaderStyle::None {
+            self.render(g, plan, &decision, wait, &mut fields);
+        }
+        match overall {
+            Overall::Allowed => {
+                let mut charged = SmallVec::new();
+                if prepared.charge_keys.is_some() {
+                    for (i, (l, p)) in decision.limits().zip(plan).enumerate() {
+                        let consumed = p.cost > 0 && l.allowed() && l.outcome().is_some();
+                        if consumed && self.limits[p.bound].limit.charge.is_conditional() {
+                            charged.push(i);
+                        }
+                    }
+                }
+                if self.options.decision_extension {
+                    // Stacked layers: the handler sees every layer's limits in one decision.
+                    match parts.extensions.get_mut::<Decision>() {
+                        Some(outer) => outer.limits.extend(decision.limits),
+                        None => {
+                            parts.extensions.insert(decision);
+                        }
+                    }
+                }
+                Next::Proceed {
+                    fields,
+                    charged,
+                    delay,
+                }
+            }
+            // Logged by the refusal path (observe.rs), throttled.
+            Overall::Limited => Next::Refuse {
+                decision,
+                unavailable: false,
+                wait,
+                fields,
+            },
+            Overall::Unavailable => Next::Refuse {
+                decision,
+                unavailable: true,
+                wait: Some(self.options.unavailable_retry),
+                fields,
+            },
+        }
+    }
+
+    /// Delay mode: whether a request the store let through must wait for its reserved
+    /// tokens, and the waiters' places it takes. A request that finds every place taken
+    /// (it raced others for the last ones) gives its tokens back and is refused: the
+    /// limits whose places were taken report a denial with the wait.
+    fn delay<St: Store>(
+        &self,
+        engine: &Engine<St>,
+        prepared: &Prepared,
+        decision: &mut Decision,
+    ) -> Option<Delay> {
+        let waits = |(l, p): (&LimitDecision, &Planned)| {
+            let waits = p.cost > 0 && engine.bounds[p.bound].waiters.is_some();
+            let wait = l.outcome().filter(|o| o.is_allowed()).map(|o| o.wait());
+            wait.filter(|w| waits && !w.is_zero())
+        };
+        let wait = decision
+            .limits()
+            .zip(&prepared.plan)
+            .filter_map(waits)
+            .max()?;
+        let mut places: SmallVec<[usize; 2]> = SmallVec::new();
+        let mut full = false;
+        for (l, p) in decision.limits().zip(&prepared.plan) {
+            if waits((l, p)).is_some() {
+                let w = engine.bounds[p.bound].waiters.as_ref().expect("delay mode");
+                if w.enter() {
+                    places.push(p.bound);
+                } else {
+                    full = true;
+                }
+            }
+        }
+        // What the request took: every consuming limit (`by_outcome`: also those that
+        // charge by outcome, which the charge guard gives back if the request goes away
+        // while it waits — the delay guard must not give them back twice).
+        let consumed = |by_outcome: bool| -> ChargeKeys {
+            let Some(keys) = prepared.charge_keys.as_deref() else {
+                return ChargeKeys::new();
+            };
+            keys.iter()
+                .filter(|(i, _)| {
+                    let l = &decision.limits[*i];
+                    let p = &prepared.plan[*i];
+                    let conditional = self.limits[p.bound].limit.charge.is_conditional();
+                    p.cost > 0
+                        && l.allowed()
+                        && l.outcome().is_some()
+                        && (by_outcome || !conditional)
+                })
+                .cloned()
+                .collect()
+        };
+        if !full {
+            for &b in &places {
+                engine.bounds[b]
+                    .waiters
+                    .as_ref()
+                    .expect("delay mode")
+                    .record(wait);
+            }
+            return Some(Delay {
+                wait,
+                places,
+                reserved: consumed(false),
+            });
+        }
+        // Every place was taken (requests raced for the last ones): no charge guard will
+        // exist, so everything the request took goes back here.
+        engine.release(&prepared.plan, &places, &consumed(true));
+        for l in decision.limits.iter_mut() {
+            if let Status::Checked(o) | Status::Fallback(o) = &mut l.status
+                && o.is_allowed()
+                && !o.wait().is_zero()
+                && l.mode == Mode::Enforce
+            {
+                *o = o.refused_after_wait();
+            }
+        }
+        None
+    }
+
+    /// The rate-limit fields of a decision.
+    fn render(
+        &self,
+        g: &Group,
+        plan: &[Planned],
+        decision: &Decision,
+        wait: Option<Duration>,
+        fields: &mut Fields,
+    ) {
+        let mut reports: SmallVec<[Report<'_>; 4]> = decision
+            .limits()
+            .zip(plan)
+            .filter(|(l, _)| l.mode() == Mode::Enforce || self.options.shadow_headers)
+            .filter_map(|(l, p)| {
+                let o = l.outcome()?;
+                Some(Report {
+                    name: l.name(),
+                    prefix: &self.limits[p.bound].ietf_prefix,
+                    burst: l.quota.burst_size(),
+                    window: self.limits[p.bound]
+                        .limit
+                        .spec
+                        .algorithm
+                        .window_secs(&l.quota),
+                    remaining: o.remaining(),
+                    next_after: o.next_after(),
+                    reset_after: o.reset_after(),
+                    violated: l.denies(),
+                })
+            })
+            .collect();
+        headers::keep_most_restrictive(&mut reports);
+        let usual = reports.len() == g.reported
+            && (!g.dynamic_quota
+                || decision
+                    .limits()
+                    .zip(plan)
+                    .all(|(l, p)| l.quota == self.limits[p.bound].limit.spec.quota));
+        let policy = if usual { g.policy.as_ref() } else { None };
+        headers::rate_limit_fields(
+            self.options.style,
+            &reports,
+            policy,
+            SystemTime::now,
+            wait,
+            fields,
+        );
+    }
+
+    /// The wait, lengthened by up to `jitter` of itself, by an amount fixed per client key.
+    fn jittered(&self, plan: &[Planned], decision: &Decision, wait: Duration) -> Duration {
+        if self.options.jitter <= 0.0 {
+            return wait;
+        }
+        // Seeded by the key of the limit that imposes the wait.
+        let hash = decision
+            .limits()
+            .zip(plan)
+            .filter(|(l, _)| l.denies())
+            .max_by_key(|(l, _)| l.retry_after())
+            .map_or(0, |(_, p)| p.key_hash);
+        let fraction = (hash >> 11) as f64 / (1u64 << 53) as f64;
+        wait + wait.mul_f64(self.options.jitter * fraction)
+    }
+}
+
+/// Logs a misconfiguration at most once a minute per limit.
+fn log_misconfiguration(rules: &PolicyLimit, reason: &str) {
+    if let Some(suppressed) = rules.misconfigured_log.permit(Duration::from_secs(60)) {
+        tracing::error!(
+            limit = &*rules.limit.spec.name,
+            suppressed,
+            "tollgate cannot apply this limit: {reason}"
+        );
+    }
+}
+
+/// Logs that a shadow limit would have refused a request: the first time, then once per
+/// [`SHADOW_LOG_EVERY`] per limit with the number of refusals in between, whatever the
+/// flood.
+fn log_shadow_refusal(rules: &PolicyLimit, parts: &Parts) {
+    if let Some(suppressed) = rules.shadow_log.permit(SHADOW_LOG_EVERY) {
+        tracing::info!(
+            limit = &*rules.limit.spec.name,
+            method = %parts.method,
+            path = parts.uri.path(),
+            more_since_last_line = suppressed,
+            "shadow limit would refuse this request"
+        );
+    }
+}
