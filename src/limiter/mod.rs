@@ -146,8 +146,8 @@ impl<St: Store> Handle for Engine<St> {
 /// [`Status::FailedOpen`](crate::Status::FailedOpen) or
 /// [`Status::FailedClosed`](crate::Status::FailedClosed)). Keys are what the extractors
 /// make: `limiter.reset("login", "alice")` reaches the bucket that
-/// [`Header::new("x-user")`](crate::web::key::Header) fills for `x-user: alice`; for addresses
-/// use [`PeerIp::key`](crate::web::key::PeerIp::key) to get the same prefix grouping. Every
+/// [`Header::new("x-user")`](crate::key::Header) fills for `x-user: alice`; for addresses
+/// use [`PeerIp::key`](crate::key::PeerIp::key) to get the same prefix grouping. Every
 /// method returns a `'static` future that can be spawned.
 ///
 /// The failed-login pattern: take the failure token *before* trying the password, keep it

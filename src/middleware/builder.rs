@@ -251,7 +251,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     }
 
     /// Clients in these networks are refused with `403 Forbidden` before any limit is
-    /// checked (see [`Rejection::Blocked`](crate::web::response::Rejection::Blocked)). Same address rules as
+    /// checked (see [`Rejection::Blocked`](crate::response::Rejection::Blocked)). Same address rules as
     /// [`allow_cidrs`](Self::allow_cidrs); bad entries name `deny[i]`.
     pub fn deny_cidrs<I, S>(mut self, nets: I) -> Self
     where

@@ -25,11 +25,11 @@
 //!
 //! The response comes from the layer's [`OnRejection`]'s
 //! [`on_grpc_rejection`](OnRejection::on_grpc_rejection), which must give an empty body:
-//! [`DefaultOnRejection`](crate::web::response::DefaultOnRejection) does (for bodies made
+//! [`DefaultOnRejection`](crate::response::DefaultOnRejection) does (for bodies made
 //! `From<Bytes>`, such as axum's), and [`GrpcOnRejection`] does for any body with a
 //! `Default` (tonic's own `tonic::body::Body`, for `tonic::transport::Server::layer`).
 //!
-//! [`PeerIp`](crate::web::key::PeerIp) reads the peer address tonic's server puts in each
+//! [`PeerIp`](crate::key::PeerIp) reads the peer address tonic's server puts in each
 //! request (`TcpConnectInfo`), so per-client limits work behind
 //! `tonic::transport::Server::builder().layer(..)` as they do with axum.
 //!

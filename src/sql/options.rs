@@ -46,7 +46,7 @@ impl UserKey {
         Self(UserKeyRepr::Header(name.into()))
     }
 
-    /// The request extension of type `T` (see [`key::Extension`](crate::web::key::Extension)).
+    /// The request extension of type `T` (see [`key::Extension`](crate::key::Extension)).
     /// Documents name it `custom:user`.
     pub fn extension<T: KeyPart + Send + Sync + 'static>() -> Self {
         Self(UserKeyRepr::Extension {

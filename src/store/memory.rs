@@ -390,7 +390,7 @@ async fn sweep_in_background<C: Clock>(store: Weak<Inner<C>>) {
 }
 
 impl<C: Clock> MemoryStore<C> {
-    /// An empty store on `clock` (e.g. a [`FakeClock`](crate::base::clock::FakeClock) in tests).
+    /// An empty store on `clock` (e.g. a [`FakeClock`](crate::clock::FakeClock) in tests).
     pub fn with_clock(clock: C) -> Self {
         Self {
             inner: Arc::new(Inner {

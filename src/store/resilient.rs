@@ -49,7 +49,7 @@ const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(1);
 ///
 /// The breaker, the fallback and the deny cache run on one clock, by default the monotonic
 /// clock; [`clock`](Self::clock) injects another (a
-/// [`FakeClock`](crate::base::clock::FakeClock) in tests, which then need no sleeps).
+/// [`FakeClock`](crate::clock::FakeClock) in tests, which then need no sleeps).
 ///
 /// ```
 /// use std::time::Duration;

@@ -18,7 +18,7 @@ pub(crate) type Predicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 /// Where the lists read the client's address.
 #[derive(Debug, Clone, Default)]
 pub(crate) enum Address {
-    /// The connection's peer (axum `ConnectInfo` or [`PeerAddr`](crate::web::key::PeerAddr)).
+    /// The connection's peer (axum `ConnectInfo` or [`PeerAddr`](crate::key::PeerAddr)).
     #[default]
     Peer,
     /// The client behind trusted proxies.

@@ -7,7 +7,7 @@
 //! 2^32 (an entry is swept long before 2^32 windows pass). A sliding log has variable
 //! state (at most `L` timestamps): a per-table sharded map of logs under mutexes,
 //! counted against the same key cap. Time is the store clock plus its
-//! [`unix_origin`](crate::base::clock::Clock::unix_origin): windows are aligned to the Unix
+//! [`unix_origin`](crate::clock::Clock::unix_origin): windows are aligned to the Unix
 //! epoch, as in Redis. Window arithmetic counts whole microseconds, as Redis does, so
 //! both stores report the same waits (a window is a whole number of microseconds).
 

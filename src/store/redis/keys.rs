@@ -2,7 +2,7 @@
 //!
 //! The limit name is percent-encoded so that it contains no `:` (two limits cannot
 //! collide), and the key's rendering escapes `{`, `}`, `:` and anything not plain (see
-//! [`Key`](crate::web::key::Key)), so request input can neither choose a Redis Cluster hash slot
+//! [`Key`](crate::key::Key)), so request input can neither choose a Redis Cluster hash slot
 //! nor grow a key beyond ~65 bytes. Only the operator's prefix may hold a hash tag, e.g.
 //! `"{rl}:"` to keep every bucket in one slot.
 

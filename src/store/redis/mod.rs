@@ -214,9 +214,9 @@ impl RedisStore {
     }
 
     /// Takes the time from `clock` (nanoseconds since the Unix epoch, e.g.
-    /// [`SystemClock`](crate::base::clock::SystemClock)) instead of Redis `TIME`; the breaker,
+    /// [`SystemClock`](crate::clock::SystemClock)) instead of Redis `TIME`; the breaker,
     /// the local fallback limiter and the deny cache then use the same clock. For tests, a
-    /// [`FakeClock`](crate::base::clock::FakeClock) makes decisions deterministic.
+    /// [`FakeClock`](crate::clock::FakeClock) makes decisions deterministic.
     ///
     /// Every instance must use the same kind of clock, and their skew matters: a bucket's
     /// state is a time, so an instance whose clock runs `s` ahead of the others sees every
