@@ -204,18 +204,13 @@ pub(crate) fn name_hash(name: &str) -> u64 {
     h.finish()
 }
 
-/// The phase, in microseconds, of a window of `len_us` for `key` of the limit whose
-/// [`name_hash`] is `name`: the configured offset of an aligned fixed window, or for a
+/// The phase, in microseconds, of a window of `len_us` for the key whose stable phase
+/// hash (`Key::phase_hash`) is `key` in the limit whose [`name_hash`] is `name`: the configured offset of an aligned fixed window, or for a
 /// [`Phase::Random`] one a mix of the name's and the key's stable hashes — the same in
 /// every process and store (the memory store uses it in microseconds too, so both stores
 /// place a key's windows alike). 0 for the sliding algorithms.
 #[inline]
-pub(crate) fn phase_us(
-    algorithm: Algorithm,
-    name: u64,
-    key: &crate::web::key::Key,
-    len_us: u64,
-) -> u64 {
+pub(crate) fn phase_us(algorithm: Algorithm, name: u64, key: u64, len_us: u64) -> u64 {
     let len_us = len_us.max(1);
     match algorithm {
         Algorithm::FixedWindow {
@@ -234,7 +229,7 @@ pub(crate) fn phase_us(
             phase: Phase::Random,
         } => {
             // splitmix64's finalizer over the two hashes.
-            let mut x = name ^ key.phase_hash().rotate_left(32);
+            let mut x = name ^ key.rotate_left(32);
             x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
             x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
             // Into 0..len_us by a multiplication (no division on the request path).

@@ -274,7 +274,12 @@ impl<C: Clock> MemoryStore<C> {
     fn ctx(&self, item: &Item<'_, MemoryTable>, now: u64) -> Ctx {
         let table = &*item.table.table;
         let len_us = (item.quota.period_ns() / 1_000).max(1);
-        let phase = phase_us(item.algorithm, table.name_hash, &item.key, len_us);
+        let phase = phase_us(
+            item.algorithm,
+            table.name_hash,
+            item.key.phase_hash(),
+            len_us,
+        );
         let unix_origin = self.inner.clock.unix_origin();
         table.spec.get_or_init(|| Spec {
             algorithm: item.algorithm,

@@ -659,7 +659,7 @@ impl Backend for RedisBackend {
                 phase_us: phase_us(
                     item.algorithm,
                     item.table.name_hash,
-                    &item.key,
+                    item.key.phase_hash(),
                     item.quota.period_ns() / 1_000,
                 ),
                 max_wait_us: u64::try_from(item.max_wait.as_micros()).unwrap_or(u64::MAX),
