@@ -2,32 +2,29 @@
 //! plans, routes and settings. Errors name the document's field path
 //! (`limits[2].quota`), which the caller locates in the text.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fmt;
+mod keys;
+mod plans;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::request::Parts;
-use http::{HeaderName, StatusCode};
+use http::StatusCode;
 
+pub(crate) use self::keys::CustomKeys;
+use self::keys::{Composite, One, Source, key_part, source, unknown};
+use self::plans::{Gated, parse_quota, plans_table};
 use crate::algo::algorithm::Algorithm;
-use crate::algo::quota::{Quota, parse_period};
+use crate::algo::quota::parse_period;
 use crate::base::error::ConfigError;
 use crate::middleware::builder::RateLimitBuilder;
 use crate::model::policy::{FailurePolicy, MissingKey, Mode};
-use crate::rules::document::{CostSpec, Document, LimitRule, Plans};
+use crate::rules::document::{CostSpec, Document, LimitRule};
 use crate::store::Store;
 use crate::web::cost::Cost;
 use crate::web::headers::{HeaderStyle, ResetFormat};
-use crate::web::key::{
-    ClientIp, Global, Header, KeyBuilder, KeyError, KeyExtractor, PeerIp, Query, TrustedProxies,
-    query_param,
-};
+use crate::web::key::{ClientIp, Global, KeyExtractor, TrustedProxies};
 use crate::web::limit::Limit;
 use crate::web::routes::parse_route;
-
-/// Key parts registered by code, named `custom:<name>` in a document (the SQL source's
-/// user key read from a request extension).
-pub(crate) type CustomKeys = BTreeMap<String, Arc<dyn KeyExtractor>>;
 
 /// A document, checked: what it adds to a [`RateLimitBuilder`].
 pub(crate) struct Compiled {
@@ -213,13 +210,6 @@ pub(crate) fn rebase(doc: &Document, err: ConfigError) -> ConfigError {
     err
 }
 
-fn unknown(field: impl Into<String>, value: &str, expected: &str) -> ConfigError {
-    ConfigError::new(
-        field.into(),
-        format!("unknown value `{value}`; expected one of: {expected}"),
-    )
-}
-
 /// One `[[limits]]` entry as a [`Limit`]; errors are relative to the entry.
 fn limit(
     rule: &LimitRule,
@@ -337,11 +327,6 @@ fn limit(
     Ok(limit)
 }
 
-fn parse_quota(text: &str, field: &str) -> Result<Quota, ConfigError> {
-    text.parse::<Quota>()
-        .map_err(|e| ConfigError::new(field.to_owned(), format!("{}: {}", e.field(), e.reason())))
-}
-
 fn algorithm(rule: &LimitRule) -> Result<Algorithm, ConfigError> {
     let algorithm = match rule.algorithm.as_deref() {
         None | Some("gcra") => Algorithm::Gcra,
@@ -405,82 +390,6 @@ fn missing_key(rule: &LimitRule) -> Result<MissingKey, ConfigError> {
     }
 }
 
-/// `header:<name>` or `query:<name>`: where a value is read.
-enum Source {
-    Header(HeaderName),
-    Query(Box<str>),
-}
-
-fn source(text: &str, field: &str) -> Result<Option<Source>, ConfigError> {
-    let bad = |reason: String| ConfigError::new(field.to_owned(), reason);
-    if let Some(name) = text.strip_prefix("header:") {
-        let name = HeaderName::try_from(name.trim())
-            .map_err(|_| bad(format!("`{name}` is not a header name")))?;
-        return Ok(Some(Source::Header(name)));
-    }
-    if let Some(name) = text.strip_prefix("query:") {
-        let name = name.trim();
-        if name.is_empty() {
-            return Err(bad(format!("`{text}` names no query parameter")));
-        }
-        return Ok(Some(Source::Query(name.into())));
-    }
-    Ok(None)
-}
-
-fn key_part(
-    text: &str,
-    client: Option<&ClientIp>,
-    keys: &CustomKeys,
-    field: &str,
-) -> Result<Box<dyn KeyExtractor>, ConfigError> {
-    if let Some(name) = text.strip_prefix("custom:") {
-        return keys
-            .get(name)
-            .map(|k| Box::new(Custom(k.clone())) as Box<dyn KeyExtractor>)
-            .ok_or_else(|| {
-                ConfigError::new(
-                    field.to_owned(),
-                    format!("`{text}`: no key part called `{name}` was registered by code"),
-                )
-            });
-    }
-    match text {
-        "global" => return Ok(Box::new(Global)),
-        "peer_ip" => return Ok(Box::new(PeerIp::new())),
-        "client_ip" => {
-            return client
-                .map(|c| Box::new(c.clone()) as Box<dyn KeyExtractor>)
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        field.to_owned(),
-                        "`client_ip` needs `trusted_proxies` or `hops` in `[settings]`: which \
-                         proxies may tell the client's address (use `peer_ip` without proxies)",
-                    )
-                });
-        }
-        #[cfg(feature = "axum")]
-        "route" => return Ok(Box::new(crate::web::key::Route)),
-        #[cfg(not(feature = "axum"))]
-        "route" => {
-            return Err(ConfigError::new(
-                field.to_owned(),
-                "`route` reads axum's matched path: it needs the `axum` feature",
-            ));
-        }
-        _ => {}
-    }
-    match source(text, field)? {
-        Some(Source::Header(name)) => Ok(Box::new(Header::from_name(name))),
-        Some(Source::Query(name)) => Ok(Box::new(Query::new(name))),
-        None => Err(unknown(
-            field,
-            text,
-            "global, peer_ip, client_ip, route, header:<name>, query:<name>, or a list of these",
-        )),
-    }
-}
-
 fn cost(rule: &LimitRule) -> Result<Cost, ConfigError> {
     let default = rule.default_cost;
     let fixed = |n: u64| -> Result<Cost, ConfigError> {
@@ -514,165 +423,6 @@ fn cost(rule: &LimitRule) -> Result<Cost, ConfigError> {
                 )),
             },
         },
-    }
-}
-
-/// A checked `[limits.plans]`: the quota of each plan, and where the plan is read.
-struct PlanTable {
-    from: Source,
-    names: Vec<(String, Quota)>,
-    by_name: HashMap<Box<str>, Quota>,
-    /// Rule ids of the plans that have one.
-    rule_ids: HashMap<Box<str>, u64>,
-    /// No default plan: requests of no listed plan skip the limit.
-    gate: bool,
-}
-
-impl PlanTable {
-    /// The entry of this request's plan in `table`.
-    fn lookup<'t, T>(&self, parts: &Parts, table: &'t HashMap<Box<str>, T>) -> Option<&'t T> {
-        match &self.from {
-            Source::Header(name) => {
-                let value = parts.headers.get(name)?.to_str().ok()?;
-                table.get(value.trim())
-            }
-            Source::Query(name) => table.get(&*query_param(parts, name)?),
-        }
-    }
-
-    /// The quota of this request's plan; `None` (the limit's own quota, the default
-    /// plan's) when it names no plan of the table.
-    fn quota(&self, parts: &Parts) -> Option<Quota> {
-        self.lookup(parts, &self.by_name).copied()
-    }
-
-    /// The rule id of this request's plan, if the plan has one.
-    fn rule_id(&self, parts: &Parts) -> Option<u64> {
-        self.lookup(parts, &self.rule_ids).copied()
-    }
-}
-
-fn plans_table(plans: &Plans) -> Result<(Quota, PlanTable), ConfigError> {
-    let from = source(&plans.from, "plans.from")?.ok_or_else(|| {
-        ConfigError::new(
-            "plans.from",
-            format!(
-                "`{}`: expected `header:<name>` or `query:<name>`",
-                plans.from
-            ),
-        )
-    })?;
-    if plans.quotas.is_empty() {
-        return Err(ConfigError::new(
-            "plans",
-            "no plan: add `<plan> = \"<quota>\"` entries",
-        ));
-    }
-    let mut names = Vec::with_capacity(plans.quotas.len());
-    for (name, quota) in &plans.quotas {
-        let field = crate::rules::locate::render_path(&[
-            crate::rules::locate::Seg::Key("plans".into()),
-            crate::rules::locate::Seg::Key(name.clone()),
-        ]);
-        names.push((name.clone(), parse_quota(quota, &field)?));
-    }
-    let by_name: HashMap<Box<str>, Quota> =
-        names.iter().map(|(n, q)| (n.as_str().into(), *q)).collect();
-    let listed = || {
-        names
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    // Without a default plan, the limit's own quota is never used for a check (requests
-    // of other plans skip the limit): the first plan's stands in for it.
-    let default = match &plans.default {
-        None => names[0].1,
-        Some(default) => *by_name.get(default.as_str()).ok_or_else(|| {
-            ConfigError::new(
-                "plans.default",
-                format!(
-                    "`{default}` is not a plan of this table (plans: {})",
-                    listed()
-                ),
-            )
-        })?,
-    };
-    let mut rule_ids = HashMap::with_capacity(plans.rule_ids.len());
-    for (name, &id) in &plans.rule_ids {
-        let field = crate::rules::locate::render_path(&[
-            crate::rules::locate::Seg::Key("plans".into()),
-            crate::rules::locate::Seg::Key("rule_ids".into()),
-            crate::rules::locate::Seg::Key(name.clone()),
-        ]);
-        if !by_name.contains_key(name.as_str()) {
-            return Err(ConfigError::new(
-                field,
-                format!("`{name}` is not a plan of this table (plans: {})", listed()),
-            ));
-        }
-        if id > i64::MAX as u64 {
-            return Err(ConfigError::new(
-                field,
-                "must be at most i64::MAX (9223372036854775807), the largest SQL BIGINT",
-            ));
-        }
-        rule_ids.insert(name.as_str().into(), id);
-    }
-    Ok((
-        default,
-        PlanTable {
-            from,
-            names,
-            by_name,
-            rule_ids,
-            gate: plans.default.is_none(),
-        },
-    ))
-}
-
-/// A key extractor chosen at run time.
-struct One(Box<dyn KeyExtractor>);
-
-impl KeyExtractor for One {
-    fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
-        self.0.extract(parts, key)
-    }
-}
-
-/// A key part registered by code (`custom:<name>`).
-struct Custom(Arc<dyn KeyExtractor>);
-
-impl KeyExtractor for Custom {
-    fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
-        self.0.extract(parts, key)
-    }
-}
-
-/// The key of a limit whose plans have no default: missing (so the limit is skipped)
-/// when the request names no plan of the table.
-struct Gated {
-    plans: Arc<PlanTable>,
-    key: Box<dyn KeyExtractor>,
-}
-
-impl KeyExtractor for Gated {
-    fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
-        if self.plans.quota(parts).is_none() {
-            return Err(KeyError::Missing);
-        }
-        self.key.extract(parts, key)
-    }
-}
-
-/// A composite key of parts chosen at run time (a list in the document): every part,
-/// missing if any part is missing, as a tuple of extractors.
-struct Composite(Vec<Box<dyn KeyExtractor>>);
-
-impl KeyExtractor for Composite {
-    fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
-        self.0.iter().try_for_each(|p| p.extract(parts, key))
     }
 }
 
@@ -715,56 +465,4 @@ fn on_limit(rule: &LimitRule, mut limit: Limit) -> Result<Limit, ConfigError> {
         limit = limit.max_reserved(tokens);
     }
     Ok(limit)
-}
-
-impl fmt::Display for Document {
-    /// One line per limit: name, quota (or plans), key, algorithm, mode and routes.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for rule in &self.limits {
-            write!(f, "{}: ", rule.name)?;
-            match (&rule.quota, &rule.plans) {
-                (Some(q), _) => write!(f, "{q}")?,
-                (None, Some(p)) => {
-                    match &p.default {
-                        Some(default) => write!(f, "plans from {} (default {default}):", p.from)?,
-                        None => write!(f, "plans from {} (no default):", p.from)?,
-                    }
-                    for (i, (name, q)) in p.quotas.iter().enumerate() {
-                        write!(f, "{} {name} = {q}", if i == 0 { "" } else { "," })?;
-                        if let Some(id) = p.rule_ids.get(name) {
-                            write!(f, " (rule {id})")?;
-                        }
-                    }
-                }
-                (None, None) => write!(f, "(no quota)")?,
-            }
-            let key = rule
-                .key
-                .as_ref()
-                .map_or_else(|| "global".to_owned(), |k| k.0.join(" + "));
-            write!(f, " per {key}")?;
-            write!(f, ", {}", rule.algorithm.as_deref().unwrap_or("gcra"))?;
-            if let Some(mode) = &rule.mode {
-                write!(f, ", {mode}")?;
-            }
-            match &rule.cost {
-                Some(CostSpec::Fixed(n)) => write!(f, ", cost {n}")?,
-                Some(CostSpec::From(s)) => write!(f, ", cost from {s}")?,
-                None => {}
-            }
-            if let Some(id) = rule.rule_id {
-                write!(f, ", rule {id}")?;
-            }
-            if rule.on_limit.as_deref() == Some("delay") {
-                let wait = rule.max_wait.as_deref().unwrap_or("?");
-                let waiters = rule.max_waiters.unwrap_or(100);
-                write!(f, ", delay up to {wait} ({waiters} waiters)")?;
-            }
-            match &rule.routes {
-                Some(routes) => writeln!(f, ", routes: {}", routes.join(", "))?,
-                None => writeln!(f, ", every request")?,
-            }
-        }
-        Ok(())
-    }
 }

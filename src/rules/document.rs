@@ -321,6 +321,58 @@ impl Document {
     }
 }
 
+impl fmt::Display for Document {
+    /// One line per limit: name, quota (or plans), key, algorithm, mode and routes.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for rule in &self.limits {
+            write!(f, "{}: ", rule.name)?;
+            match (&rule.quota, &rule.plans) {
+                (Some(q), _) => write!(f, "{q}")?,
+                (None, Some(p)) => {
+                    match &p.default {
+                        Some(default) => write!(f, "plans from {} (default {default}):", p.from)?,
+                        None => write!(f, "plans from {} (no default):", p.from)?,
+                    }
+                    for (i, (name, q)) in p.quotas.iter().enumerate() {
+                        write!(f, "{} {name} = {q}", if i == 0 { "" } else { "," })?;
+                        if let Some(id) = p.rule_ids.get(name) {
+                            write!(f, " (rule {id})")?;
+                        }
+                    }
+                }
+                (None, None) => write!(f, "(no quota)")?,
+            }
+            let key = rule
+                .key
+                .as_ref()
+                .map_or_else(|| "global".to_owned(), |k| k.0.join(" + "));
+            write!(f, " per {key}")?;
+            write!(f, ", {}", rule.algorithm.as_deref().unwrap_or("gcra"))?;
+            if let Some(mode) = &rule.mode {
+                write!(f, ", {mode}")?;
+            }
+            match &rule.cost {
+                Some(CostSpec::Fixed(n)) => write!(f, ", cost {n}")?,
+                Some(CostSpec::From(s)) => write!(f, ", cost from {s}")?,
+                None => {}
+            }
+            if let Some(id) = rule.rule_id {
+                write!(f, ", rule {id}")?;
+            }
+            if rule.on_limit.as_deref() == Some("delay") {
+                let wait = rule.max_wait.as_deref().unwrap_or("?");
+                let waiters = rule.max_waiters.unwrap_or(100);
+                write!(f, ", delay up to {wait} ({waiters} waiters)")?;
+            }
+            match &rule.routes {
+                Some(routes) => writeln!(f, ", routes: {}", routes.join(", "))?,
+                None => writeln!(f, ", every request")?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A document nested deeper than [`MAX_DEPTH`] levels, at `line`.
 fn too_deep(format: Format, file: Option<&str>, line: usize) -> ConfigError {
     ConfigError::new(
