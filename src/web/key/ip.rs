@@ -74,17 +74,17 @@ struct Prefixes {
 
 const DEFAULT_PREFIXES: Prefixes = Prefixes { v4: 32, v6: 56 };
 
-const fn checked_v4(bits: u8) -> u8 {
-    assert!(bits <= 32, "an IPv4 prefix is at most 32 bits");
-    bits
-}
-
-const fn checked_v6(bits: u8) -> u8 {
-    assert!(bits <= 128, "an IPv6 prefix is at most 128 bits");
-    bits
-}
-
 impl Prefixes {
+    const fn with_v4(self, bits: u8) -> Self {
+        assert!(bits <= 32, "an IPv4 prefix is at most 32 bits");
+        Self { v4: bits, ..self }
+    }
+
+    const fn with_v6(self, bits: u8) -> Self {
+        assert!(bits <= 128, "an IPv6 prefix is at most 128 bits");
+        Self { v6: bits, ..self }
+    }
+
     fn push(&self, ip: IpAddr, key: &mut KeyBuilder) {
         let is_v4 = match ip {
             IpAddr::V4(_) => true,
@@ -92,6 +92,50 @@ impl Prefixes {
         };
         key.push_ip(ip, if is_v4 { self.v4 } else { self.v6 });
     }
+
+    fn key(&self, ip: IpAddr) -> Key {
+        let mut b = KeyBuilder::new();
+        self.push(ip, &mut b);
+        b.finish()
+    }
+}
+
+/// The prefix setters and `key` of an address extractor (a type with a `prefixes`
+/// field), written once for [`PeerIp`] and [`ClientIp`]; the doc comments given are
+/// added to `key`'s.
+macro_rules! prefix_methods {
+    ($ty:ident $(, $(#[$key_doc:meta])+)?) => {
+        impl $ty {
+            /// Groups IPv6 clients by the first `bits` bits (56 by default: one customer
+            /// site; 128: one bucket per address).
+            ///
+            /// # Panics
+            ///
+            /// If `bits > 128`.
+            pub const fn ipv6_prefix(mut self, bits: u8) -> Self {
+                self.prefixes = self.prefixes.with_v6(bits);
+                self
+            }
+
+            /// Groups IPv4 clients by the first `bits` bits (32, the default: one bucket
+            /// per address).
+            ///
+            /// # Panics
+            ///
+            /// If `bits > 32`.
+            pub const fn ipv4_prefix(mut self, bits: u8) -> Self {
+                self.prefixes = self.prefixes.with_v4(bits);
+                self
+            }
+
+            /// The key this extractor makes for a client at `ip` (masked to its prefix):
+            /// what the [`Limiter`](crate::Limiter) handle takes to reach the same bucket.
+            $($(#[$key_doc])+)?
+            pub fn key(&self, ip: IpAddr) -> Key {
+                self.prefixes.key(ip)
+            }
+        }
+    };
 }
 
 /// The address of the connection's peer.
@@ -114,32 +158,10 @@ impl PeerIp {
             prefixes: DEFAULT_PREFIXES,
         }
     }
-
-    /// Groups IPv6 clients by the first `bits` bits (128: one bucket per address).
-    ///
-    /// # Panics
-    ///
-    /// If `bits > 128`.
-    pub const fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.prefixes.v6 = checked_v6(bits);
-        self
-    }
-
-    /// Groups IPv4 clients by the first `bits` bits (32, the default: one bucket per
-    /// address).
-    ///
-    /// # Panics
-    ///
-    /// If `bits > 32`.
-    pub const fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.prefixes.v4 = checked_v4(bits);
-        self
-    }
 }
 
-impl PeerIp {
-    /// The key this extractor makes for a client at `ip` (masked to its prefix): what the
-    /// [`Limiter`](crate::Limiter) handle takes to reach the same bucket.
+prefix_methods!(
+    PeerIp,
     ///
     /// ```
     /// use tollgate::key::{Key, PeerIp};
@@ -149,12 +171,7 @@ impl PeerIp {
     /// assert_eq!(PeerIp::new().key(ip), PeerIp::new().key("2001:db8:1:ff::1".parse().unwrap()));
     /// assert_ne!(PeerIp::new().key(ip), Key::from_part(ip));
     /// ```
-    pub fn key(&self, ip: IpAddr) -> Key {
-        let mut b = KeyBuilder::new();
-        self.prefixes.push(ip, &mut b);
-        b.finish()
-    }
-}
+);
 
 impl Default for PeerIp {
     fn default() -> Self {
@@ -308,34 +325,6 @@ impl ClientIp {
         }
     }
 
-    /// Groups IPv6 clients by the first `bits` bits (default 56).
-    ///
-    /// # Panics
-    ///
-    /// If `bits > 128`.
-    pub const fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.prefixes.v6 = checked_v6(bits);
-        self
-    }
-
-    /// Groups IPv4 clients by the first `bits` bits (default 32).
-    ///
-    /// # Panics
-    ///
-    /// If `bits > 32`.
-    pub const fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.prefixes.v4 = checked_v4(bits);
-        self
-    }
-
-    /// The key this extractor makes for a client at `ip` (masked to its prefix): what the
-    /// [`Limiter`](crate::Limiter) handle takes to reach the same bucket.
-    pub fn key(&self, ip: IpAddr) -> Key {
-        let mut b = KeyBuilder::new();
-        self.prefixes.push(ip, &mut b);
-        b.finish()
-    }
-
     /// The client address for a request, or why there is none.
     pub fn client_ip(&self, parts: &Parts) -> Result<IpAddr, KeyError> {
         let peer = peer_addr(parts)
@@ -382,6 +371,8 @@ impl ClientIp {
         walk.end()
     }
 }
+
+prefix_methods!(ClientIp);
 
 /// The walk along a chain of hops, right to left.
 struct Walk<'a> {
