@@ -1,7 +1,6 @@
 //! The request side of the audit log: a layer's [`Recorder`] turns a refusing limit of a
 //! request into a [`Violation`], and the builder's [`audit`](crate::RateLimitBuilder::audit).
 
-use std::net::IpAddr;
 use std::time::SystemTime;
 
 use http::request::Parts;
@@ -52,7 +51,7 @@ impl Recorder {
             violation: Violation {
                 limit: limit.name,
                 key: String::new(),
-                client: self.client(parts),
+                client: self.address.client_ip(parts).ok(),
                 route: bounded_route(crate::web::routes::logged_route(parts)),
                 tokens_left: limit.remaining().unwrap_or(0),
                 retry_after: limit.retry_after(),
@@ -71,13 +70,5 @@ impl Recorder {
     fn rule_id(&self, bound: usize, parts: &Parts) -> Option<u64> {
         let (own, by) = self.rule_ids.get(bound)?;
         by.as_ref().and_then(|f| f(parts)).or(*own)
-    }
-
-    fn client(&self, parts: &Parts) -> Option<IpAddr> {
-        let ip = match &self.address {
-            Address::Peer => crate::web::key::peer_ip(parts),
-            Address::Client(c) => c.client_ip(parts),
-        };
-        ip.ok()
     }
 }

@@ -25,6 +25,17 @@ pub(crate) enum Address {
     Client(ClientIp),
 }
 
+impl Address {
+    /// The client's address for this request: the peer's, or the client's behind the
+    /// trusted proxies. What the lists check and what the audit log records.
+    pub(crate) fn client_ip(&self, parts: &Parts) -> Result<IpAddr, KeyError> {
+        match self {
+            Address::Peer => crate::web::key::peer_ip(parts),
+            Address::Client(c) => c.client_ip(parts),
+        }
+    }
+}
+
 /// Where a request stands with the lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Listed {
@@ -69,7 +80,7 @@ impl Lists {
         if self.allow.is_empty() && self.deny.is_empty() {
             return Ok(Listed::No);
         }
-        let ip = match self.client_ip(parts) {
+        let ip = match self.address.client_ip(parts) {
             Ok(ip) => ip,
             Err(KeyError::Misconfigured(reason)) => return Err(reason),
             Err(_) => return Ok(Listed::No),
@@ -84,13 +95,6 @@ impl Lists {
             Ok(Listed::Denied)
         } else {
             Ok(Listed::No)
-        }
-    }
-
-    fn client_ip(&self, parts: &Parts) -> Result<IpAddr, KeyError> {
-        match &self.address {
-            Address::Peer => crate::web::key::peer_ip(parts),
-            Address::Client(c) => c.client_ip(parts),
         }
     }
 
