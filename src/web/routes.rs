@@ -33,7 +33,6 @@ impl RouteTable {
     }
 
     /// The entries of the route whose template is `template` (a router's matched path).
-    #[cfg(feature = "axum")]
     pub(crate) fn for_template(&self, template: &str) -> Option<&Entries> {
         self.by_template.get(template).map(|&i| &self.entries[i])
     }
@@ -69,13 +68,10 @@ impl RouteTable {
         }
         // After axum's router, its matched template names the route; elsewhere (`Router::layer`,
         // plain hyper) the request path is matched against the templates.
-        #[cfg(feature = "axum")]
-        let entries = match parts.extensions.get::<axum::extract::MatchedPath>() {
-            Some(matched) => self.for_template(matched.as_str()),
+        let entries = match matched_path(parts) {
+            Some(template) => self.for_template(template),
             None => self.for_path(parts.uri.path()),
         };
-        #[cfg(not(feature = "axum"))]
-        let entries = self.for_path(parts.uri.path());
         let Some(entries) = entries else {
             return 0;
         };
@@ -189,12 +185,27 @@ fn check_path(path: &str) -> Result<(), String> {
 
 /// The route of a request in logs and audit records: axum's matched template, else the
 /// path.
-pub(crate) fn logged_route(parts: &http::request::Parts) -> &str {
+pub(crate) fn logged_route(parts: &Parts) -> &str {
+    matched_path(parts).unwrap_or_else(|| parts.uri.path())
+}
+
+/// The route template axum's router matched for this request (`/users/{id}`, its
+/// `MatchedPath`): `None` before a router has matched a route (`Router::layer`), on plain
+/// hyper or tower, and without the `axum` feature. The one place that reads it.
+#[inline]
+pub(crate) fn matched_path(parts: &Parts) -> Option<&str> {
     #[cfg(feature = "axum")]
-    if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return matched.as_str();
+    {
+        parts
+            .extensions
+            .get::<axum::extract::MatchedPath>()
+            .map(axum::extract::MatchedPath::as_str)
     }
-    parts.uri.path()
+    #[cfg(not(feature = "axum"))]
+    {
+        let _ = parts;
+        None
+    }
 }
 
 #[cfg(test)]

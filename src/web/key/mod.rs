@@ -295,12 +295,9 @@ pub struct Route;
 #[cfg(feature = "axum")]
 impl KeyExtractor for Route {
     fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
-        let path = parts
-            .extensions
-            .get::<axum::extract::MatchedPath>()
-            .ok_or(KeyError::Missing)?;
+        let path = crate::web::routes::matched_path(parts).ok_or(KeyError::Missing)?;
         key.push_str(parts.method.as_str());
-        key.push_str(path.as_str());
+        key.push_str(path);
         Ok(())
     }
 }
