@@ -37,6 +37,7 @@ cargo check --no-default-features --features redis
 cargo check --no-default-features --features redis-cluster
 cargo check --no-default-features --features metrics
 cargo check --no-default-features --features grpc
+cargo check --no-default-features --features audit-sql
 cargo check --no-default-features --features rules-sql
 cargo check --no-default-features --features rules
 

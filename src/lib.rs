@@ -100,8 +100,9 @@
 //! | `redis-cluster` | no | `RedisStore::cluster` for Redis Cluster |
 //! | `metrics` | no | metrics through the `metrics` facade, a fixed schema (module `metrics` when enabled) |
 //! | `grpc` | no | gRPC refusals for tonic services, `PeerIp` from tonic's `TcpConnectInfo` (`grpc` module when enabled) |
-//! | `rules-sql` | no | rules from the `RateLimitRule` table, polled and reloaded on change (`RulesBuilder::build_sql`; enables `rules`), the `RateLimitRule` / `RateLimitViolation` schema, its migration and `SqlViolationSink` on SQLite (`sqlx`; `sql` module when enabled) |
-//! | `rules-postgres` | no | `rules-sql` on PostgreSQL too |
+//! | `audit-sql` | no | `SqlViolationSink`, the audit log into SQLite's `RateLimitViolation` table, with the `RateLimitRule` / `RateLimitViolation` schema and its migration (`sqlx`, SQLite only; `sql` module when enabled); nothing of the rules stack |
+//! | `rules-sql` | no | rules from the `RateLimitRule` table, polled and reloaded on change (`RulesBuilder::build_sql`, `sql::fetch_rules`, `sql::rules_document`; enables `rules` and `audit-sql`) |
+//! | `rules-postgres` | no | `rules-sql` on PostgreSQL too, for the rules and the audit sink |
 //! | `rules` | no | limits from a TOML or JSON file, errors with file, line and field, hot reload on file change, `SIGHUP` or call (`rules` module when enabled; the `tollgate-rules check` tool) |
 //!
 //! Without `axum` the layer works with any tower/hyper stack: peer addresses come from a
@@ -122,8 +123,8 @@ mod observe;
 #[cfg(feature = "rules")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rules")))]
 pub mod rules;
-#[cfg(feature = "rules-sql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
+#[cfg(feature = "audit-sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "audit-sql")))]
 pub mod sql;
 pub mod store;
 mod web;

@@ -1,6 +1,6 @@
 //! The violation audit log: the tracing sink's events, custom sinks and their batches, a
 //! flood into a slow or stuck sink (bounded queue, exact drop counts, requests never
-//! waiting), failing sinks, and (feature `rules-sql`) SQLite rows.
+//! waiting), failing sinks, and (feature `audit-sql`) SQLite rows.
 
 mod support;
 
@@ -434,12 +434,14 @@ fn bad_audit_settings_are_config_errors() {
     assert_eq!(err.field(), "limits[\"x\"].rule_id");
 }
 
-#[cfg(feature = "rules-sql")]
+#[cfg(feature = "audit-sql")]
 mod sql {
     use super::*;
     use sqlx::Row;
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-    use tollgate::sql::{self, SqlPool, SqlRuleRow, SqlViolationSink};
+    #[cfg(feature = "rules-sql")]
+    use tollgate::sql::SqlRuleRow;
+    use tollgate::sql::{self, SqlPool, SqlViolationSink};
 
     async fn sqlite(dir: &tempfile::TempDir) -> sqlx::SqlitePool {
         let options = SqliteConnectOptions::new()
@@ -452,6 +454,7 @@ mod sql {
             .unwrap()
     }
 
+    #[cfg(feature = "rules-sql")]
     #[tokio::test]
     async fn the_migration_creates_both_tables_once_and_rules_are_read_back() {
         let dir = tempfile::tempdir().unwrap();

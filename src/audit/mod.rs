@@ -12,8 +12,8 @@
 //! - [`AuditLog`]: the queue, its writer task and counters; given to a layer with
 //!   [`RateLimitBuilder::audit`](crate::RateLimitBuilder::audit).
 //! - [`AuditSink`]: where batches go — [`TracingSink`] (one `tracing` event per
-//!   violation), `SqlViolationSink` (feature `rules-sql`: SQLite or PostgreSQL), or your
-//!   own (closures are sinks).
+//!   violation), `SqlViolationSink` (feature `audit-sql`: SQLite, or PostgreSQL with
+//!   `rules-postgres`), or your own (closures are sinks).
 //! - [`Violation`]: one refusal by one limit.
 //!
 //! What is recorded: each enforcing limit that refuses a request (a request refused by

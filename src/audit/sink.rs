@@ -12,7 +12,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type WriteFuture<'a> = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send + 'a>>;
 
 /// Writes batches of violations somewhere: logs ([`TracingSink`](super::TracingSink)), a
-/// database (`SqlViolationSink`, feature `rules-sql`), a queue, a file.
+/// database (`SqlViolationSink`, feature `audit-sql`), a queue, a file.
 ///
 /// The audit log's writer task calls [`write`](Self::write) with one batch at a time and
 /// waits for it before taking the next, so a sink needs no locking of its own. A write

@@ -1,9 +1,11 @@
-//! The SQL side (feature `rules-sql`; PostgreSQL with `rules-postgres`): the schema of
-//! the `RateLimitRule` and `RateLimitViolation` tables, its migration, the audit sink
-//! [`SqlViolationSink`], [`fetch_rules`], which reads the rule rows, [`rules_document`],
-//! which maps them to a rules [`Document`](crate::rules::Document), and
-//! [`RulesBuilder::build_sql`](crate::rules::RulesBuilder::build_sql), which serves them
-//! and polls the table for changes ([`SqlPoller`]).
+//! The SQL side. With feature `audit-sql` (SQLite only, nothing of the rules stack): the
+//! schema of the `RateLimitRule` and `RateLimitViolation` tables, its [`migrate`]ion and
+//! the audit sink [`SqlViolationSink`]. With `rules-sql` (which enables `audit-sql` and
+//! `rules`), the rules side too: [`fetch_rules`], which reads the rule rows,
+//! [`rules_document`], which maps them to a rules [`Document`](crate::rules::Document),
+//! and [`RulesBuilder::build_sql`](crate::rules::RulesBuilder::build_sql), which serves
+//! them and polls the table for changes ([`SqlPoller`]). PostgreSQL with
+//! `rules-postgres`.
 //!
 //! The migration files ship with the crate (`migrations/sqlite/0001_tollgate.sql`,
 //! `migrations/postgres/0001_tollgate.sql`) for any migration tool; [`migrate`] runs the
@@ -30,22 +32,40 @@
 //!     .limit(Limit::new("per-ip", Quota::per_second(5)).key(PeerIp::new()).rule_id(1))
 //!     .audit(audit)
 //!     .build()?;
+//! # #[cfg(feature = "rules-sql")]
 //! assert!(sql::fetch_rules(&pool).await?.is_empty());
 //! # let _ = layer;
 //! # Ok(()) }
 //! ```
 
-mod file;
-mod mapping;
-mod options;
-mod rules;
+// The audit sink and the schema (`audit-sql`).
 mod sink;
+
+pub use sink::SqlViolationSink;
+
+// The rules read from the `RateLimitRule` table (`rules-sql`).
+#[cfg(feature = "rules-sql")]
+mod file;
+#[cfg(feature = "rules-sql")]
+mod mapping;
+#[cfg(feature = "rules-sql")]
+mod options;
+#[cfg(feature = "rules-sql")]
+mod rules;
+#[cfg(feature = "rules-sql")]
 mod source;
 
+#[cfg(feature = "rules-sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
 pub use mapping::{DEFAULT_PLAN, rules_document};
+#[cfg(feature = "rules-sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
 pub use options::{SqlSourceOptions, UserKey};
+#[cfg(feature = "rules-sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
 pub use rules::{SqlRuleRow, fetch_rules};
-pub use sink::SqlViolationSink;
+#[cfg(feature = "rules-sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
 pub use source::{SqlPoller, SqlRulesError};
 /// The `sqlx` this module is built on (pools, options, errors).
 pub use sqlx;

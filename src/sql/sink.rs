@@ -1,7 +1,8 @@
 //! [`SqlViolationSink`]: the audit log into `RateLimitViolation`.
 
 use super::SqlPool;
-use crate::audit::{AuditSink, BoxError, Violation, WriteFuture};
+use crate::audit::{AuditSink, Violation, WriteFuture};
+use crate::base::round::ceil_ms;
 
 /// Rows per `INSERT` statement: 10 parameters a row stays far below SQLite's 32,766 and
 /// PostgreSQL's 65,535.
@@ -57,7 +58,7 @@ impl From<Violation> for Values {
             cost: i64::from(v.cost),
             retry_after_ms: v
                 .retry_after
-                .map(|w| i64::try_from(crate::web::hooks::ceil_ms(w)).unwrap_or(i64::MAX)),
+                .map(|w| i64::try_from(ceil_ms(w)).unwrap_or(i64::MAX)),
             key: v.key,
             route: v.route,
             limit: v.limit,
@@ -66,64 +67,83 @@ impl From<Violation> for Values {
     }
 }
 
+/// The SQL types a database needs the text values cast to: SQLite stores the address and
+/// the time as text, PostgreSQL's columns are `INET` and `TIMESTAMPTZ`.
+#[derive(Clone, Copy)]
+struct Casts {
+    ip: Option<&'static str>,
+    at: Option<&'static str>,
+}
+
+impl Casts {
+    const NONE: Casts = Casts { ip: None, at: None };
+    #[cfg(feature = "rules-postgres")]
+    const POSTGRES: Casts = Casts {
+        ip: Some("INET"),
+        at: Some("TIMESTAMPTZ"),
+    };
+}
+
+/// Writes `rows` into `pool` (of database `db`) in one transaction of multi-row
+/// `INSERT`s, the values cast as `casts` says; `?` returns the error from the enclosing
+/// async block. One body for every database, as a macro: a function generic over the
+/// database cannot borrow a fresh `QueryBuilder` per statement (sqlx's arguments type is
+/// a projection there, so its lifetime cannot be shortened to the borrow).
+macro_rules! insert {
+    ($pool:expr, $rows:expr, $db:ty, $casts:expr) => {{
+        let casts: Casts = $casts;
+        let mut tx = $pool.begin().await?;
+        for chunk in $rows.chunks(ROWS_PER_STATEMENT) {
+            let mut q = sqlx::QueryBuilder::<$db>::new(INSERT);
+            q.push_values(chunk, |mut b, v: &Values| {
+                b.push_bind(v.key.as_str());
+                bind_cast(&mut b, v.ip.as_deref(), casts.ip);
+                b.push_bind(v.route.as_str());
+                bind_cast(&mut b, v.at.as_str(), casts.at);
+                b.push_bind(v.tokens)
+                    .push_bind(v.rule_id)
+                    .push_bind(v.limit)
+                    .push_bind(v.cost)
+                    .push_bind(v.retry_after_ms)
+                    .push_bind(v.shadow);
+            });
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+    }};
+}
+
 impl AuditSink for SqlViolationSink {
     fn write(&self, batch: Vec<Violation>) -> WriteFuture<'_> {
         Box::pin(async move {
             let rows: Vec<Values> = batch.into_iter().map(Values::from).collect();
             match &self.pool {
-                SqlPool::Sqlite(pool) => write_sqlite(pool, rows).await,
+                SqlPool::Sqlite(pool) => insert!(pool, &rows, sqlx::Sqlite, Casts::NONE),
                 #[cfg(feature = "rules-postgres")]
-                SqlPool::Postgres(pool) => write_postgres(pool, rows).await,
+                SqlPool::Postgres(pool) => insert!(pool, &rows, sqlx::Postgres, Casts::POSTGRES),
             }
+            Ok(())
         })
     }
 }
 
-async fn write_sqlite(pool: &sqlx::SqlitePool, rows: Vec<Values>) -> Result<(), BoxError> {
-    let mut tx = pool.begin().await?;
-    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-        let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(INSERT);
-        q.push_values(chunk, |mut b, v| {
-            b.push_bind(v.key.as_str())
-                .push_bind(v.ip.as_deref())
-                .push_bind(v.route.as_str())
-                .push_bind(v.at.as_str())
-                .push_bind(v.tokens)
-                .push_bind(v.rule_id)
-                .push_bind(v.limit)
-                .push_bind(v.cost)
-                .push_bind(v.retry_after_ms)
-                .push_bind(v.shadow);
-        });
-        q.build().execute(&mut *tx).await?;
+/// Binds `value` as the next column, as `CAST(value AS cast)` when the database needs it.
+fn bind_cast<'args, DB, T>(
+    b: &mut sqlx::query_builder::Separated<'_, 'args, DB, &'static str>,
+    value: T,
+    cast: Option<&str>,
+) where
+    DB: sqlx::Database,
+    T: 'args + sqlx::Encode<'args, DB> + sqlx::Type<DB>,
+{
+    match cast {
+        None => {
+            b.push_bind(value);
+        }
+        Some(ty) => {
+            b.push("CAST(")
+                .push_bind_unseparated(value)
+                .push_unseparated(format_args!(" AS {ty})"));
+        }
     }
-    tx.commit().await?;
-    Ok(())
-}
-
-#[cfg(feature = "rules-postgres")]
-async fn write_postgres(pool: &sqlx::PgPool, rows: Vec<Values>) -> Result<(), BoxError> {
-    let mut tx = pool.begin().await?;
-    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-        let mut q = sqlx::QueryBuilder::<sqlx::Postgres>::new(INSERT);
-        q.push_values(chunk, |mut b, v| {
-            b.push_bind(v.key.as_str())
-                .push("CAST(")
-                .push_bind_unseparated(v.ip.as_deref())
-                .push_unseparated(" AS INET)")
-                .push_bind(v.route.as_str())
-                .push("CAST(")
-                .push_bind_unseparated(v.at.as_str())
-                .push_unseparated(" AS TIMESTAMPTZ)")
-                .push_bind(v.tokens)
-                .push_bind(v.rule_id)
-                .push_bind(v.limit)
-                .push_bind(v.cost)
-                .push_bind(v.retry_after_ms)
-                .push_bind(v.shadow);
-        });
-        q.build().execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    Ok(())
 }
