@@ -66,6 +66,23 @@ impl Params {
     pub const fn tau(&self) -> u64 {
         self.burst.saturating_mul(self.t)
     }
+
+    /// Tokens left, and time to the next token (`None` when full), for a bucket that is
+    /// full again after `reset_after`: what every report tells the client.
+    #[inline]
+    pub(crate) fn left(&self, reset_after: u64) -> (u64, Option<u64>) {
+        let (t, tau) = (self.t, self.tau());
+        if reset_after > tau {
+            // Only when the quota shrank since the TAT was written (a plan downgrade):
+            // the bucket is more than empty, and the next token comes after the deficit.
+            (0, Some((reset_after - tau).saturating_add(t)))
+        } else {
+            let slack = tau - reset_after;
+            let remaining = slack / t;
+            // (remaining + 1) * t - slack, without the overflow.
+            (remaining, (remaining < self.burst).then(|| t - slack % t))
+        }
+    }
 }
 
 /// Whether a request passes.
@@ -200,20 +217,8 @@ impl Decided {
 
     /// Fills in what the client is told: tokens left, time to full, time to the next token.
     pub fn report(&self, params: Params, now: u64) -> Outcome {
-        let t = params.t;
-        let tau = params.tau();
         let reset_after = self.after - now; // after >= now: after = max(tat, now) [+ c*t]
-        let (remaining, next_after) = if reset_after > tau {
-            // Only when the quota shrank since the TAT was written (a plan downgrade):
-            // the bucket is more than empty, and the next token comes after the deficit.
-            (0, Some((reset_after - tau).saturating_add(t)))
-        } else {
-            let slack = tau - reset_after;
-            let remaining = slack / t;
-            // (remaining + 1) * t - slack, without the overflow.
-            let next_after = (remaining < params.burst).then(|| t - slack % t);
-            (remaining, next_after)
-        };
+        let (remaining, next_after) = params.left(reset_after);
         Outcome {
             verdict: self.verdict,
             new_tat: self.new_tat,

@@ -233,7 +233,8 @@ impl Outcome {
         (self.verdict == Code::Denied).then(|| Duration::from_nanos(self.retry_after_ns))
     }
 
-    /// Tokens left and nanoseconds to the next token: [`gcra::Decided::report`].
+    /// Tokens left and nanoseconds to the next token, by the same formula as
+    /// [`gcra::Decided::report`].
     fn report(&self) -> (u64, Option<u64>) {
         match self.kind {
             Kind::Window => return (self.burst, (self.t_ns != u64::MAX).then_some(self.t_ns)),
@@ -246,19 +247,7 @@ impl Outcome {
             }
             Kind::Bucket => {}
         }
-        let params = gcra::Params::new(self.t_ns, self.burst);
-        let (t, tau) = (params.t(), params.tau());
-        let reset = self.reset_after_ns;
-        if reset > tau {
-            (0, Some((reset - tau).saturating_add(t)))
-        } else {
-            let slack = tau - reset;
-            let remaining = slack / t;
-            (
-                remaining,
-                (remaining < params.burst()).then(|| t - slack % t),
-            )
-        }
+        gcra::Params::new(self.t_ns, self.burst).left(self.reset_after_ns)
     }
 }
 

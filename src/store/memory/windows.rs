@@ -538,10 +538,11 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
-    /// Several limits, some of them windows, all or nothing: look at every one, then
-    /// consume in order; a limit that refuses on the way (a concurrent request took the
-    /// last units) gives back what the earlier ones took.
-    pub(super) fn check_mixed(&self, items: &[Item<'_, MemoryTable>], now: u64) -> Statuses {
+    /// Several limits, of any algorithms, all or nothing: look at every one, and consume
+    /// (in configuration order) only if every enforcing limit passes; a limit that refuses
+    /// on the way (a concurrent request took the last tokens between the look and the
+    /// consume) makes the request give back what the earlier ones took.
+    pub(super) fn check_all(&self, items: &[Item<'_, MemoryTable>], now: u64) -> Statuses {
         let slots: SmallVec<[Slot; 4]> = items.iter().map(|i| self.slot(i)).collect();
         let looked: SmallVec<[Status; 4]> = items
             .iter()
