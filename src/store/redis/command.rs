@@ -1,0 +1,75 @@
+//! What is sent to Redis: the Lua scripts (loaded once, run by `EVALSHA`), the widths
+//! of their replies, and the connection, single node or cluster.
+
+use super::*;
+
+pub(super) static GCRA: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/window.lua"),
+        include_str!("../../../lua/gcra.lua")
+    ))
+});
+pub(super) static REFUND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/refund.lua")));
+pub(super) static OPS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../../lua/window.lua"),
+        include_str!("../../../lua/ops.lua")
+    ))
+});
+
+/// Integers per GCRA limit in a `gcra.lua` reply (after the leading `now`).
+pub(super) const REPLY_WIDTH: usize = 3;
+/// Integers per window limit in a `gcra.lua` reply.
+pub(super) const WINDOW_REPLY_WIDTH: usize = 5;
+/// The largest integer Lua's doubles hold exactly (2^53 − 1).
+pub(super) const MAX_EXACT: u64 = (1 << 53) - 1;
+
+#[derive(Clone)]
+pub(super) enum Connection {
+    Single(ConnectionManager),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Connection {
+    /// Sends `evalsha` (an `EVALSHA` of `script`); on NOSCRIPT (after a restart, a failover
+    /// or `SCRIPT FLUSH`) loads the script (on every node of a cluster) and sends it again.
+    pub(super) async fn eval<T: redis::FromRedisValue>(
+        &self,
+        evalsha: &redis::Cmd,
+        script: &Script,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Connection::Single(c) => eval_on(&mut c.clone(), evalsha, script).await,
+            #[cfg(feature = "redis-cluster")]
+            Connection::Cluster(c) => eval_on(&mut c.clone(), evalsha, script).await,
+        }
+    }
+
+    pub(super) fn is_cluster(&self) -> bool {
+        !matches!(self, Connection::Single(_))
+    }
+}
+
+pub(super) async fn eval_on<T: redis::FromRedisValue>(
+    conn: &mut impl redis::aio::ConnectionLike,
+    evalsha: &redis::Cmd,
+    script: &Script,
+) -> redis::RedisResult<T> {
+    match evalsha.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            evalsha.query_async(conn).await
+        }
+        result => result,
+    }
+}
+
+/// The head of an `EVALSHA` of `script` with `keys` keys: the caller appends the keys,
+/// then the script's arguments.
+pub(super) fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    cmd
+}
