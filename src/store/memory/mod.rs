@@ -18,6 +18,7 @@ use crate::base::clock::{Clock, MonotonicClock};
 use crate::model::decision::{Outcome, Status};
 use crate::web::key::Key;
 
+mod all;
 mod bucket;
 mod markers;
 mod sweep;

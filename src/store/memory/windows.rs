@@ -15,16 +15,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use smallvec::SmallVec;
-
 use super::{MemoryStore, MemoryTable, SHARD_SHIFT, SHARDS, Slot, Table};
 use crate::algo::algorithm::{Algorithm, phase_us};
-use crate::algo::gcra;
 use crate::algo::window::{self, Geometry, Report};
 use crate::base::clock::Clock;
 use crate::model::decision::{Outcome, Status};
-use crate::model::policy::Mode;
-use crate::store::{Item, Op, Statuses};
+use crate::store::{Item, Op};
 
 /// What the sweeper needs to know about the entries of a window table.
 #[derive(Debug, Clone, Copy)]
@@ -168,7 +164,7 @@ impl Ctx {
 
 /// What undoes one consumption of a request refused by another of its limits.
 #[derive(Clone, Copy)]
-enum Undo {
+pub(super) enum Undo {
     Gcra { written: u64, prev: u64 },
     Packed { index: u64 },
     Log,
@@ -376,7 +372,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Looks at (`consume == false`) or checks one window item.
-    fn window_check(
+    pub(super) fn window_check(
         &self,
         item: &Item<'_, MemoryTable>,
         now: u64,
@@ -502,7 +498,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Gives back what `item` consumed at `now` (its check is `undo`).
-    fn undo(&self, item: &Item<'_, MemoryTable>, slot: Slot, undo: Undo, now: u64) {
+    pub(super) fn undo(&self, item: &Item<'_, MemoryTable>, slot: Slot, undo: Undo, now: u64) {
         let table = &*item.table.table;
         let cost = u64::from(item.cost);
         match undo {
@@ -536,99 +532,6 @@ impl<C: Clock> MemoryStore<C> {
                 }
             }
         }
-    }
-
-    /// Several limits, of any algorithms, all or nothing: look at every one, and consume
-    /// (in configuration order) only if every enforcing limit passes; a limit that refuses
-    /// on the way (a concurrent request took the last tokens between the look and the
-    /// consume) makes the request give back what the earlier ones took.
-    pub(super) fn check_all(&self, items: &[Item<'_, MemoryTable>], now: u64) -> Statuses {
-        let slots: SmallVec<[Slot; 4]> = items.iter().map(|i| self.slot(i)).collect();
-        let looked: SmallVec<[Status; 4]> = items
-            .iter()
-            .zip(&slots)
-            .map(|(item, &slot)| self.look(item, slot, now, u64::from(item.cost)))
-            .collect();
-        let refuses = |item: &Item<'_, MemoryTable>, s: &Status| {
-            item.mode == Mode::Enforce && !s.outcome().is_some_and(Outcome::is_allowed)
-        };
-        if items.iter().zip(&looked).any(|(i, s)| refuses(i, s)) {
-            return self.unchanged(items, &slots, &looked, now);
-        }
-        let mut statuses = Statuses::new();
-        let mut taken: SmallVec<[(usize, Undo); 4]> = SmallVec::new();
-        for (i, item) in items.iter().enumerate() {
-            let cost = u64::from(item.cost);
-            if cost == 0 || !looked[i].outcome().is_some_and(Outcome::is_allowed) {
-                statuses.push(looked[i]);
-                continue;
-            }
-            let (status, undo) = if item.algorithm.is_window() {
-                let (r, undo) = self.window_check(item, now, cost, true);
-                (Status::Checked(Outcome::window(r, 1_000)), undo)
-            } else {
-                let params = super::params(item);
-                let max_wait = super::max_wait_ns(item);
-                let (d, prev) = self.with_entry(&item.table.table, slots[i], |tat| {
-                    super::update(tat, |cur| {
-                        gcra::decide_within(params, cur, now, cost, max_wait)
-                    })
-                });
-                let undo = d.new_tat.map(|written| Undo::Gcra { written, prev });
-                let o = Outcome::new(d.verdict, d.reset_after(now), params, 1);
-                (Status::Checked(o), undo)
-            };
-            match undo {
-                Some(undo) => taken.push((i, undo)),
-                None if item.mode == Mode::Enforce => {
-                    for &(j, undo) in &taken {
-                        self.undo(&items[j], slots[j], undo, now);
-                    }
-                    let mut looked = looked.clone();
-                    looked[i] = status;
-                    return self.unchanged(items, &slots, &looked, now);
-                }
-                None => {}
-            }
-            statuses.push(status);
-        }
-        statuses
-    }
-
-    /// One item's state as a check of `cost` would find it, changing nothing.
-    fn look(&self, item: &Item<'_, MemoryTable>, slot: Slot, now: u64, cost: u64) -> Status {
-        if item.algorithm.is_window() {
-            let (r, _) = self.window_check(item, now, cost, false);
-            return Status::Checked(Outcome::window(r, 1_000));
-        }
-        let params = super::params(item);
-        let tat = self.load(item, slot);
-        let o = gcra::decide_within(params, tat, now, cost, super::max_wait_ns(item))
-            .report(params, now);
-        Status::Checked(Outcome::new(o.verdict, o.reset_after, params, 1))
-    }
-
-    /// The statuses of a refused request: the refusing limits as checked, the others as
-    /// they stand.
-    fn unchanged(
-        &self,
-        items: &[Item<'_, MemoryTable>],
-        slots: &[Slot],
-        checked: &[Status],
-        now: u64,
-    ) -> Statuses {
-        items
-            .iter()
-            .zip(slots)
-            .zip(checked)
-            .map(|((item, &slot), s)| {
-                if s.outcome().is_some_and(Outcome::is_allowed) {
-                    self.look(item, slot, now, 0)
-                } else {
-                    *s
-                }
-            })
-            .collect()
     }
 
     /// An operation other than a check on one window item (see [`Algorithm`] for what
