@@ -63,7 +63,7 @@
 //!   reports a fixed metrics schema; feature `grpc` answers refused gRPC calls the gRPC way.
 //! - Every refusal can be recorded in an [audit log](audit) ([`RateLimitBuilder::audit`]):
 //!   a bounded queue that never makes a request wait, written in batches by a background
-//!   task to `tracing` ([`audit::TracingSink`]), SQL (feature `rules-sql`) or a sink of
+//!   task to `tracing` ([`audit::TracingSink`]), SQL (feature `audit-sql`) or a sink of
 //!   your own.
 //! - Feature `rules`: the same limits written in a TOML or JSON file, with errors naming
 //!   the file, line and field, reloaded on change or `SIGHUP` with buckets kept (`rules`
