@@ -43,8 +43,7 @@ pub(crate) struct Waiters {
     max: usize,
     waiting: Arc<AtomicUsize>,
     /// `tollgate_delayed_total{limit}`, `tollgate_delay_seconds{limit}`.
-    #[cfg(feature = "metrics")]
-    metrics: crate::observe::metrics::DelayMetrics,
+    metrics: crate::observe::probe::DelayMetrics,
 }
 
 impl Waiters {
@@ -60,8 +59,7 @@ impl Waiters {
                 max_wait,
                 max: max_waiters,
                 waiting: counts.of(name),
-                #[cfg(feature = "metrics")]
-                metrics: crate::observe::metrics::DelayMetrics::new(name),
+                metrics: crate::observe::probe::DelayMetrics::new(name),
             }),
         }
     }
@@ -75,7 +73,6 @@ impl Waiters {
     /// A request took a place and waits `_wait` (feature `metrics`).
     #[inline]
     pub(crate) fn record(&self, _wait: Duration) {
-        #[cfg(feature = "metrics")]
         self.metrics.record(_wait);
     }
 

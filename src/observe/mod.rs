@@ -4,3 +4,4 @@
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub(crate) mod offenders;
+pub(crate) mod probe;

@@ -97,8 +97,7 @@ pub(super) struct Inner<B> {
     fallback_max_keys: usize,
     fallback: MemoryStore<SharedClock>,
     deny_cache: Option<MemoryStore<SharedClock>>,
-    #[cfg(feature = "metrics")]
-    metrics: crate::observe::metrics::StoreMetrics,
+    metrics: crate::observe::probe::StoreMetrics,
 }
 
 impl<B> Inner<B> {
@@ -121,8 +120,7 @@ pub struct ResilientTable<T> {
     fallback: MemoryTable,
     deny: Option<MemoryTable>,
     /// `tollgate_deny_cache_hits_total{limit}`.
-    #[cfg(feature = "metrics")]
-    deny_hits: ::metrics::Counter,
+    deny_hits: crate::observe::probe::Counter,
 }
 
 impl<T: fmt::Debug> fmt::Debug for ResilientTable<T> {
@@ -160,8 +158,7 @@ impl<B: Backend> Resilient<B> {
                         .without_key_metrics()
                         .max_keys(DENY_CACHE_MAX_KEYS),
                 ),
-                #[cfg(feature = "metrics")]
-                metrics: crate::observe::metrics::StoreMetrics::new(backend.name()),
+                metrics: crate::observe::probe::StoreMetrics::new(backend.name()),
                 backend,
                 clock,
             }),
@@ -300,7 +297,6 @@ impl<B: Backend> Resilient<B> {
                     return None;
                 }
                 refused = true;
-                #[cfg(feature = "metrics")]
                 item.table.deny_hits.increment(1);
                 Some(Status::Checked(cached_outcome(
                     &item.quota,
@@ -448,9 +444,8 @@ impl<B: Backend> Resilient<B> {
                 true,
             ),
         };
-        #[cfg(feature = "metrics")]
         {
-            use crate::observe::metrics::ErrorKind;
+            use crate::observe::probe::ErrorKind;
             let m = &inner.metrics;
             m.duration(inner.clock.now().saturating_sub(sent_at));
             match &result {
@@ -472,7 +467,6 @@ impl<B: Backend> Resilient<B> {
             }
         }
         let statuses = self.settle(op, &parts, sent_at, result, name);
-        #[cfg(feature = "metrics")]
         inner.metrics.breaker(inner.breaker.is_open());
         statuses
     }
@@ -535,8 +529,7 @@ impl<B: Backend> Store for Resilient<B> {
             inner: self.inner.backend.table(name),
             fallback: self.inner.fallback.table(name),
             deny: self.inner.deny_cache.as_ref().map(|c| c.table(name)),
-            #[cfg(feature = "metrics")]
-            deny_hits: crate::observe::metrics::deny_cache_hits(name),
+            deny_hits: crate::observe::probe::deny_cache_hits(name),
         }
     }
 

@@ -172,7 +172,6 @@ pub(crate) fn compile<St: Store>(
     });
     let lists = (!allow.is_empty() || !deny.is_empty() || s.allow_if.is_some())
         .then(|| Lists::new(allow, deny, s.allow_if, s.address));
-    #[cfg(feature = "metrics")]
     if !(0.0..=1.0).contains(&s.hooks.near_limit) {
         return Err(ConfigError::new(
             "near_limit_fraction",

@@ -83,7 +83,8 @@ pub(crate) struct HookSettings {
     pub(crate) offenders: Option<OffenderTracking>,
     /// The audit log (audit/), if any.
     pub(crate) audit: Option<crate::audit::AuditLog>,
-    #[cfg(feature = "metrics")]
+    /// The fraction of a bucket under which a decision counts as near the limit
+    /// (metrics only).
     pub(crate) near_limit: f64,
 }
 
@@ -96,7 +97,6 @@ impl Default for HookSettings {
             redact_keys: None,
             offenders: None,
             audit: None,
-            #[cfg(feature = "metrics")]
             near_limit: 0.2,
         }
     }
@@ -108,8 +108,7 @@ pub(crate) struct LimitHooks {
     offenders: Option<TopRefused>,
     /// When the next offender report may be logged (ms on the throttle clock).
     next_report: std::sync::atomic::AtomicU64,
-    #[cfg(feature = "metrics")]
-    pub(crate) metrics: crate::observe::metrics::LimitMetrics,
+    pub(crate) metrics: crate::observe::probe::LimitMetrics,
 }
 
 /// The compiled hooks of a layer or limiter.
@@ -168,8 +167,7 @@ impl Hooks {
                 refusal_log: LogThrottle::new(),
                 offenders: settings.offenders.map(|o| TopRefused::new(o.capacity)),
                 next_report: std::sync::atomic::AtomicU64::new(0),
-                #[cfg(feature = "metrics")]
-                metrics: crate::observe::metrics::LimitMetrics::new(_name),
+                metrics: crate::observe::probe::LimitMetrics::new(_name),
             })
             .collect();
         Self {
@@ -192,8 +190,7 @@ impl Hooks {
         }
     }
 
-    /// Every decision of the middleware (feature `metrics`).
-    #[cfg(feature = "metrics")]
+    /// Every decision of the middleware (recorded with feature `metrics`).
     #[inline]
     /// `bounds`: the bound index of each of the decision's limits, in order.
     pub(crate) fn decided(&self, bounds: impl IntoIterator<Item = usize>, decision: &Decision) {

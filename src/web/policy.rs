@@ -283,7 +283,6 @@ impl Policy {
                 }
             }
         }
-        #[cfg(feature = "metrics")]
         self.hooks.decided(plan.iter().map(|p| p.bound), &decision);
         if let Some(observer) = &self.options.observer {
             observer(&decision, parts);

@@ -104,7 +104,6 @@ struct Inner<C> {
     /// Whether a background task sweeps the tables (else requests do).
     background: AtomicBool,
     /// Whether tables report `tollgate_keys` (not the local stores of `Resilient`).
-    #[cfg(feature = "metrics")]
     key_metrics: AtomicBool,
 }
 
@@ -139,7 +138,6 @@ impl<C: Clock> MemoryStore<C> {
                 grace_ns: AtomicU64::new(DEFAULT_IDLE_GRACE.as_nanos() as u64),
                 at_cap: AtomicBool::new(false),
                 background: AtomicBool::new(false),
-                #[cfg(feature = "metrics")]
                 key_metrics: AtomicBool::new(true),
             }),
         }
@@ -231,17 +229,12 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Whether new tables report `tollgate_keys` (feature `metrics`).
     fn key_metrics(&self) -> bool {
-        #[cfg(feature = "metrics")]
-        return self.inner.key_metrics.load(Ordering::Relaxed);
-        #[cfg(not(feature = "metrics"))]
-        false
+        self.inner.key_metrics.load(Ordering::Relaxed)
     }
 
     /// A store whose tables do not report `tollgate_keys` (the local stores of
     /// `Resilient`, whose tables carry the same limit names as the remote store's).
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn without_key_metrics(self) -> Self {
-        #[cfg(feature = "metrics")]
         self.inner.key_metrics.store(false, Ordering::Relaxed);
         self
     }
@@ -329,7 +322,6 @@ impl<C: Clock> MemoryStore<C> {
         );
         let r = f(&entry.get().tat);
         drop(map);
-        #[cfg(feature = "metrics")]
         if let Some(keys) = &table.keys {
             keys.increment(1.0);
         }

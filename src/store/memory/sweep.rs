@@ -62,7 +62,6 @@ impl<C: Clock> Inner<C> {
     /// Counts `removed` entries of `table` out of the store; answers `removed`.
     pub(super) fn forget(&self, _table: &Table, removed: usize) -> usize {
         if removed > 0 {
-            #[cfg(feature = "metrics")]
             if let Some(keys) = &_table.keys {
                 keys.decrement(removed as f64);
             }

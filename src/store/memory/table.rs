@@ -44,8 +44,7 @@ pub(super) struct Table {
     /// The bucket shared by keys that arrive while the store is at its cap.
     pub(super) overflow: AtomicU64,
     /// `tollgate_keys{limit}`: moved on insertion and by sweeps, never per request.
-    #[cfg(feature = "metrics")]
-    pub(super) keys: Option<::metrics::Gauge>,
+    pub(super) keys: Option<crate::observe::probe::Gauge>,
     /// The index of the epoch-aligned window last seen by a window item (µs windows): a
     /// hint that saves the division of most checks, validated on each use.
     pub(super) aligned: AtomicU64,
@@ -93,7 +92,6 @@ impl Drop for Table {
         }
         if entries > 0 {
             self.store_len.fetch_sub(entries, Ordering::Relaxed);
-            #[cfg(feature = "metrics")]
             if let Some(keys) = &self.keys {
                 keys.decrement(entries as f64);
             }
@@ -104,8 +102,7 @@ impl Drop for Table {
 impl Table {
     pub(super) fn new(name: &str, _key_metrics: bool, store_len: Arc<AtomicUsize>) -> Self {
         Self {
-            #[cfg(feature = "metrics")]
-            keys: _key_metrics.then(|| crate::observe::metrics::keys(name)),
+            keys: _key_metrics.then(|| crate::observe::probe::keys(name)),
             name: name.into(),
             store_len,
             name_hash: crate::algo::algorithm::name_hash(name),

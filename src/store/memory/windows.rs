@@ -363,7 +363,6 @@ impl<C: Clock> MemoryStore<C> {
         }
         let r = f(map.entry(slot.key).or_default());
         drop(map);
-        #[cfg(feature = "metrics")]
         if let Some(keys) = &table.keys {
             keys.increment(1.0);
         }

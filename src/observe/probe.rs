@@ -1,0 +1,112 @@
+//! The metric handles the crate holds, whatever its features. With `metrics` they record
+//! through the `metrics` facade (the schema is in [`crate::metrics`]); without it they are
+//! zero-sized and every call compiles to nothing, so no struct of the crate carries a
+//! field that exists only with the feature.
+
+#[cfg(feature = "metrics")]
+pub(crate) use crate::observe::metrics::{
+    DelayMetrics, ErrorKind, LimitMetrics, StoreMetrics, deny_cache_hits, keys,
+};
+#[cfg(feature = "metrics")]
+pub(crate) use ::metrics::{Counter, Gauge};
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) use off::*;
+
+/// The same handles, doing nothing.
+#[cfg(not(feature = "metrics"))]
+mod off {
+    use std::time::Duration;
+
+    use crate::model::decision::LimitDecision;
+
+    /// A limit's decision metrics.
+    #[derive(Clone, Debug)]
+    pub(crate) struct LimitMetrics;
+
+    impl LimitMetrics {
+        #[inline(always)]
+        pub(crate) fn new(_limit: &'static str) -> Self {
+            Self
+        }
+
+        #[inline(always)]
+        pub(crate) fn record(&self, _l: &LimitDecision, _near_fraction: f64) {}
+    }
+
+    /// A delay-mode limit's waits.
+    #[derive(Clone, Debug)]
+    pub(crate) struct DelayMetrics;
+
+    impl DelayMetrics {
+        #[inline(always)]
+        pub(crate) fn new(_limit: &str) -> Self {
+            Self
+        }
+
+        #[inline(always)]
+        pub(crate) fn record(&self, _wait: Duration) {}
+    }
+
+    /// Why a store call failed.
+    pub(crate) enum ErrorKind {
+        Timeout,
+        Backend,
+        Protocol,
+    }
+
+    /// A store's call metrics.
+    #[derive(Clone, Debug)]
+    pub(crate) struct StoreMetrics;
+
+    impl StoreMetrics {
+        #[inline(always)]
+        pub(crate) fn new(_store: &str) -> Self {
+            Self
+        }
+
+        #[inline(always)]
+        pub(crate) fn duration(&self, _ns: u64) {}
+
+        #[inline(always)]
+        pub(crate) fn error(&self, kind: ErrorKind) {
+            let (ErrorKind::Timeout | ErrorKind::Backend | ErrorKind::Protocol) = kind;
+        }
+
+        #[inline(always)]
+        pub(crate) fn breaker(&self, _open: bool) {}
+    }
+
+    /// A counter.
+    #[derive(Clone, Debug)]
+    pub(crate) struct Counter;
+
+    impl Counter {
+        #[inline(always)]
+        pub(crate) fn increment(&self, _n: u64) {}
+    }
+
+    /// A gauge.
+    #[derive(Clone, Debug)]
+    pub(crate) struct Gauge;
+
+    impl Gauge {
+        #[inline(always)]
+        pub(crate) fn increment(&self, _n: f64) {}
+
+        #[inline(always)]
+        pub(crate) fn decrement(&self, _n: f64) {}
+    }
+
+    /// The deny cache's hits of a limit.
+    #[inline(always)]
+    pub(crate) fn deny_cache_hits(_limit: &str) -> Counter {
+        Counter
+    }
+
+    /// The keys a limit's memory table tracks.
+    #[inline(always)]
+    pub(crate) fn keys(_limit: &str) -> Gauge {
+        Gauge
+    }
+}
