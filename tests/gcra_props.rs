@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::clock::FakeClock;
-use tollgate::gcra::{self, Params, Verdict};
+use tollgate::gcra::{self, Admission, Params};
 use tollgate::key::Key;
 use tollgate::store::{Checked, Item, MemoryStore, Statuses, Store};
 use tollgate::{Mode, Quota};
@@ -29,7 +29,7 @@ proptest! {
         for (dt, cost) in reqs {
             now += dt;
             let o = gcra::check(p, tat, now, cost);
-            if o.verdict == Verdict::Allowed && cost > 0 {
+            if o.verdict == Admission::Allowed && cost > 0 {
                 tat = o.new_tat.unwrap();
                 admitted.push((now, cost));
             }
@@ -63,7 +63,7 @@ proptest! {
         for (dt, cost, max_wait) in reqs {
             now += dt;
             let d = gcra::decide_within(p, tat, now, cost, max_wait);
-            if d.verdict == Verdict::Allowed && cost > 0 {
+            if d.verdict == Admission::Allowed && cost > 0 {
                 let wait = d.wait(now, p);
                 prop_assert!(wait <= max_wait);
                 tat = d.new_tat.unwrap();
@@ -93,7 +93,7 @@ proptest! {
         let p = Params::new(t, burst);
         let o = gcra::check(p, tat, now, cost);
         match o.verdict {
-            Verdict::Allowed => {
+            Admission::Allowed => {
                 if cost == 0 {
                     prop_assert_eq!(o.new_tat, None, "a peek writes nothing");
                 } else {
@@ -102,14 +102,14 @@ proptest! {
                     prop_assert_eq!(new, tat.max(now) + cost * t);
                 }
             }
-            Verdict::Denied { retry_after } => {
+            Admission::Denied { retry_after } => {
                 prop_assert_eq!(o.new_tat, None);
                 prop_assert!(retry_after > 0);
                 // After waiting exactly retry_after, the same request passes.
                 prop_assert!(gcra::check(p, tat, now + retry_after, cost).verdict.is_allowed());
                 prop_assert!(!gcra::check(p, tat, now + retry_after - 1, cost).verdict.is_allowed());
             }
-            Verdict::Never => {
+            Admission::Never => {
                 prop_assert_eq!(o.new_tat, None);
                 prop_assert!(cost > burst);
             }

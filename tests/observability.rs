@@ -206,7 +206,7 @@ mod schema {
                     let _ = i;
                     let params = tollgate::gcra::Params::new(60_000_000_000, 1);
                     tollgate::store::Status::Checked(tollgate::Outcome::new(
-                        tollgate::gcra::Verdict::Denied {
+                        tollgate::gcra::Admission::Denied {
                             retry_after: 60_000_000_000,
                         },
                         60_000_000_000,

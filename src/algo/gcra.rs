@@ -23,14 +23,14 @@
 //! line; a parity test runs both over the same cases).
 //!
 //! ```
-//! use tollgate::gcra::{check, Params, Verdict};
+//! use tollgate::gcra::{check, Params, Admission};
 //!
 //! let p = Params::new(100, 3); // one token per 100 units, bucket of 3
 //! let a = check(p, 0, 1_000, 1);
-//! assert_eq!(a.verdict, Verdict::Allowed);
+//! assert_eq!(a.verdict, Admission::Allowed);
 //! assert_eq!((a.new_tat, a.remaining), (Some(1_100), 2));
 //! let b = check(p, 1_100, 1_000, 3); // needs 3, has 2: wait for one more token
-//! assert_eq!(b.verdict, Verdict::Denied { retry_after: 100 });
+//! assert_eq!(b.verdict, Admission::Denied { retry_after: 100 });
 //! assert_eq!(b.new_tat, None);
 //! ```
 
@@ -87,7 +87,7 @@ impl Params {
 
 /// Whether a request passes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Verdict {
+pub enum Admission {
     /// The request passes (and consumes its cost, unless it was a peek).
     Allowed,
     /// Not now: a request of the same cost passes after `retry_after`.
@@ -99,18 +99,18 @@ pub enum Verdict {
     Never,
 }
 
-impl Verdict {
-    /// `true` for [`Verdict::Allowed`].
+impl Admission {
+    /// `true` for [`Admission::Allowed`].
     pub const fn is_allowed(&self) -> bool {
-        matches!(self, Verdict::Allowed)
+        matches!(self, Admission::Allowed)
     }
 }
 
 /// The result of one check: the verdict, the state to store, and what to tell the client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Outcome {
+pub struct Report {
     /// Whether the request passes.
-    pub verdict: Verdict,
+    pub verdict: Admission,
     /// The TAT to store, when the check consumed tokens; `None` leaves the state unchanged.
     pub new_tat: Option<u64>,
     /// Whole tokens left after this request.
@@ -125,14 +125,14 @@ pub struct Outcome {
 /// `tat` (0, or anything `<= now`, for an absent key).
 ///
 /// A cost of 0 is a peek: allowed, nothing written. A cost above the burst is
-/// [`Verdict::Never`]. Arithmetic saturates: no input panics.
-pub fn check(params: Params, tat: u64, now: u64, cost: u64) -> Outcome {
+/// [`Admission::Never`]. Arithmetic saturates: no input panics.
+pub fn check(params: Params, tat: u64, now: u64, cost: u64) -> Report {
     let d = decide(params, tat, now, cost);
     d.report(params, now)
 }
 
 /// The bucket's state at `now` without changing it: [`check`] with cost 0.
-pub fn peek(params: Params, tat: u64, now: u64) -> Outcome {
+pub fn peek(params: Params, tat: u64, now: u64) -> Report {
     check(params, tat, now, 0)
 }
 
@@ -142,7 +142,7 @@ pub fn peek(params: Params, tat: u64, now: u64) -> Outcome {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decided {
     /// Whether the request passes.
-    pub verdict: Verdict,
+    pub verdict: Admission,
     /// The TAT to store, when the check consumed tokens.
     pub new_tat: Option<u64>,
     /// The bucket's TAT after the request (unchanged unless it consumed).
@@ -160,20 +160,20 @@ pub fn decide(params: Params, tat: u64, now: u64, cost: u64) -> Decided {
 /// may proceed after [`Decided::wait`]. A `max_wait` of 0 is a check.
 ///
 /// ```
-/// use tollgate::gcra::{decide_within, Params, Verdict};
+/// use tollgate::gcra::{decide_within, Params, Admission};
 ///
 /// let p = Params::new(100, 2); // one token per 100 units, bucket of 2
 /// let d = decide_within(p, 1_200, 1_000, 1, 150); // empty bucket: next token in 100
-/// assert_eq!((d.verdict, d.wait(1_000, p)), (Verdict::Allowed, 100));
+/// assert_eq!((d.verdict, d.wait(1_000, p)), (Admission::Allowed, 100));
 /// let d = decide_within(p, 1_300, 1_000, 1, 150); // in 200: beyond the wait
-/// assert_eq!(d.verdict, Verdict::Denied { retry_after: 200 });
+/// assert_eq!(d.verdict, Admission::Denied { retry_after: 200 });
 /// ```
 #[inline]
 pub fn decide_within(params: Params, tat: u64, now: u64, cost: u64, max_wait: u64) -> Decided {
     let base = tat.max(now);
     if cost > params.burst {
         return Decided {
-            verdict: Verdict::Never,
+            verdict: Admission::Never,
             new_tat: None,
             after: base,
         };
@@ -183,13 +183,13 @@ pub fn decide_within(params: Params, tat: u64, now: u64, cost: u64, max_wait: u6
     // what it reports says how far from a token the bucket is.
     if cost == 0 || new_tat - now <= params.tau().saturating_add(max_wait) {
         Decided {
-            verdict: Verdict::Allowed,
+            verdict: Admission::Allowed,
             new_tat: (cost > 0).then_some(new_tat),
             after: new_tat,
         }
     } else {
         Decided {
-            verdict: Verdict::Denied {
+            verdict: Admission::Denied {
                 retry_after: new_tat - now - params.tau(),
             },
             new_tat: None,
@@ -210,16 +210,16 @@ impl Decided {
     #[inline]
     pub fn wait(&self, now: u64, params: Params) -> u64 {
         match self.verdict {
-            Verdict::Allowed => (self.after - now).saturating_sub(params.tau()),
+            Admission::Allowed => (self.after - now).saturating_sub(params.tau()),
             _ => 0,
         }
     }
 
     /// Fills in what the client is told: tokens left, time to full, time to the next token.
-    pub fn report(&self, params: Params, now: u64) -> Outcome {
+    pub fn report(&self, params: Params, now: u64) -> Report {
         let reset_after = self.after - now; // after >= now: after = max(tat, now) [+ c*t]
         let (remaining, next_after) = params.left(reset_after);
-        Outcome {
+        Report {
             verdict: self.verdict,
             new_tat: self.new_tat,
             remaining,
@@ -253,13 +253,13 @@ mod tests {
         let now = 10_000;
         let tat = now + P.tau() + 300;
         let o = check(P, tat, now, 0);
-        assert_eq!(o.verdict, Verdict::Allowed);
+        assert_eq!(o.verdict, Admission::Allowed);
         assert_eq!(o.new_tat, None, "a peek writes nothing");
         assert_eq!(o.remaining, 0);
         assert_eq!(o.next_after, Some(400), "the debt, then one token");
         assert_eq!(
             check(P, tat, now, 1).verdict,
-            Verdict::Denied { retry_after: 400 }
+            Admission::Denied { retry_after: 400 }
         );
     }
 
@@ -269,12 +269,12 @@ mod tests {
         let now = 5_000;
         for i in 0..10 {
             let o = check(P, tat, now, 1);
-            assert_eq!(o.verdict, Verdict::Allowed, "request {i}");
+            assert_eq!(o.verdict, Admission::Allowed, "request {i}");
             assert_eq!(o.remaining, 9 - i);
             tat = o.new_tat.unwrap();
         }
         let o = check(P, tat, now, 1);
-        assert_eq!(o.verdict, Verdict::Denied { retry_after: 100 });
+        assert_eq!(o.verdict, Admission::Denied { retry_after: 100 });
         assert_eq!(o.remaining, 0);
         assert_eq!(o.next_after, Some(100));
         assert_eq!(o.reset_after, 1_000);
@@ -283,14 +283,14 @@ mod tests {
         assert!(o.verdict.is_allowed());
         assert_eq!(
             check(P, o.new_tat.unwrap(), now + 100, 1).verdict,
-            Verdict::Denied { retry_after: 100 }
+            Admission::Denied { retry_after: 100 }
         );
     }
 
     #[test]
     fn peek_reports_without_writing() {
         let o = peek(P, 0, 1_000);
-        assert_eq!(o.verdict, Verdict::Allowed);
+        assert_eq!(o.verdict, Admission::Allowed);
         assert_eq!(o.new_tat, None);
         assert_eq!(o.remaining, 10);
         assert_eq!(o.next_after, None, "no `t` while the bucket is full");
@@ -304,9 +304,9 @@ mod tests {
         assert_eq!(o.remaining, 6);
         assert_eq!(o.next_after, Some(50), "half a token until the 7th");
         let o = check(P, 1_350, 1_000, 7);
-        assert_eq!(o.verdict, Verdict::Denied { retry_after: 50 });
+        assert_eq!(o.verdict, Admission::Denied { retry_after: 50 });
         let o = check(P, 1_350, 1_000, 6);
-        assert_eq!(o.verdict, Verdict::Allowed);
+        assert_eq!(o.verdict, Admission::Allowed);
         assert_eq!(o.new_tat, Some(1_950));
         assert_eq!(o.remaining, 0);
         assert_eq!(o.next_after, Some(50));
@@ -315,7 +315,7 @@ mod tests {
     #[test]
     fn cost_above_burst_is_never() {
         let o = check(P, 0, 1_000, 11);
-        assert_eq!(o.verdict, Verdict::Never);
+        assert_eq!(o.verdict, Admission::Never);
         assert_eq!(o.new_tat, None);
         assert_eq!(o.remaining, 10);
         // Exactly the burst passes from a full bucket.
@@ -344,7 +344,7 @@ mod tests {
         assert_eq!(o.next_after, Some(1_100));
         assert_eq!(
             check(P, 3_000, 1_000, 1).verdict,
-            Verdict::Denied { retry_after: 1_100 }
+            Admission::Denied { retry_after: 1_100 }
         );
     }
 
@@ -364,18 +364,18 @@ mod tests {
         let mut tat = 0;
         for i in 0..14u64 {
             let d = decide_within(P, tat, now, 1, 400);
-            assert_eq!(d.verdict, Verdict::Allowed, "request {i}");
+            assert_eq!(d.verdict, Admission::Allowed, "request {i}");
             assert_eq!(d.wait(now, P), i.saturating_sub(9) * 100, "request {i}");
             tat = d.new_tat.unwrap();
         }
         // The 15th would wait 500 > 400: refused, nothing taken, and told the plain wait.
         let d = decide_within(P, tat, now, 1, 400);
-        assert_eq!(d.verdict, Verdict::Denied { retry_after: 500 });
+        assert_eq!(d.verdict, Admission::Denied { retry_after: 500 });
         assert_eq!(d.new_tat, None);
         // A reservation never exceeds the bucket's capacity per request.
         assert_eq!(
             decide_within(P, 0, now, 11, u64::MAX).verdict,
-            Verdict::Never
+            Admission::Never
         );
         // Without a wait it is a check.
         assert_eq!(decide_within(P, tat, now, 1, 0), decide(P, tat, now, 1));

@@ -10,23 +10,23 @@
 //!
 //! ```
 //! use tollgate::window::{self, Geometry};
-//! use tollgate::gcra::Verdict;
+//! use tollgate::gcra::Admission;
 //!
 //! // 3 per window of 100 units.
 //! let g = Geometry::new(3, 100, 0);
 //! let (r, used) = window::fixed_check(g, 2, 40, 1); // 2 used, 40 units to the window's end
-//! assert_eq!((r.verdict, used, r.remaining), (Verdict::Allowed, Some(3), 0));
+//! assert_eq!((r.verdict, used, r.remaining), (Admission::Allowed, Some(3), 0));
 //! let (r, _) = window::fixed_check(g, 3, 40, 1);
-//! assert_eq!(r.verdict, Verdict::Denied { retry_after: 40 });
+//! assert_eq!(r.verdict, Admission::Denied { retry_after: 40 });
 //! ```
 
-use crate::algo::gcra::Verdict;
+use crate::algo::gcra::Admission;
 
 /// What a window check tells the client, in the caller's unit of time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Report {
     /// Whether the request passes.
-    pub verdict: Verdict,
+    pub verdict: Admission,
     /// Whole units a request could still take now (after this one, if it passed).
     pub remaining: u64,
     /// Time until the whole limit is available again.
@@ -106,20 +106,20 @@ pub fn fixed_check(g: Geometry, used: u64, until_end: u64, cost: u64) -> (Report
 ///
 /// ```
 /// use tollgate::window::{self, Geometry};
-/// use tollgate::gcra::Verdict;
+/// use tollgate::gcra::Admission;
 ///
 /// let g = Geometry::new(3, 100, 0); // 3 per window of 100
 /// // Full, 40 before the window ends: the next window starts within 50.
 /// let (r, used) = window::fixed_check_within(g, 3, 40, 1, 50);
-/// assert_eq!((r.verdict, used), (Verdict::Allowed, Some(4)));
+/// assert_eq!((r.verdict, used), (Admission::Allowed, Some(4)));
 /// assert_eq!(window::fixed_reserved_wait(g, 4, 40), 40);
 /// // Three more would need the window after next, in 140: refused.
 /// let (r, _) = window::fixed_check_within(g, 4, 40, 3, 50);
-/// assert_eq!(r.verdict, Verdict::Denied { retry_after: 140 });
+/// assert_eq!(r.verdict, Admission::Denied { retry_after: 140 });
 /// // One used, three asked: they start together in the next window, which the
 /// // two units left of this one cannot share.
 /// let (r, used) = window::fixed_check_within(g, 1, 40, 3, 50);
-/// assert_eq!((r.verdict, used), (Verdict::Allowed, Some(6)));
+/// assert_eq!((r.verdict, used), (Admission::Allowed, Some(6)));
 /// ```
 #[inline(always)]
 pub fn fixed_check_within(
@@ -130,18 +130,18 @@ pub fn fixed_check_within(
     max_wait: u64,
 ) -> (Report, Option<u64>) {
     let (verdict, after, new) = if cost > g.limit {
-        (Verdict::Never, used, None)
+        (Admission::Never, used, None)
     } else if cost == 0 || used.saturating_add(cost) <= g.limit {
         (
-            Verdict::Allowed,
+            Admission::Allowed,
             used + cost,
             (cost > 0).then_some(used + cost),
         )
     } else if let Some(after) = fixed_reservation(g, used, until_end, cost, max_wait) {
-        (Verdict::Allowed, after, Some(after))
+        (Admission::Allowed, after, Some(after))
     } else {
         let retry_after = fixed_wait(g, used, until_end, cost);
-        (Verdict::Denied { retry_after }, used, None)
+        (Admission::Denied { retry_after }, used, None)
     };
     (
         Report {
@@ -158,7 +158,7 @@ pub fn fixed_report(g: Geometry, used: u64, until_end: u64) -> Report {
     let remaining = g.limit.saturating_sub(used);
     if used == 0 {
         return Report {
-            verdict: Verdict::Allowed,
+            verdict: Admission::Allowed,
             remaining,
             reset_after: 0,
             next_after: None,
@@ -168,7 +168,7 @@ pub fn fixed_report(g: Geometry, used: u64, until_end: u64) -> Report {
     if used <= g.limit {
         // No debt (the usual case): all of it, and more, at the window's end.
         return Report {
-            verdict: Verdict::Allowed,
+            verdict: Admission::Allowed,
             remaining,
             reset_after: until_end,
             next_after: Some(until_end),
@@ -177,7 +177,7 @@ pub fn fixed_report(g: Geometry, used: u64, until_end: u64) -> Report {
     }
     let windows = used.div_ceil(g.limit.max(1));
     Report {
-        verdict: Verdict::Allowed,
+        verdict: Admission::Allowed,
         remaining,
         reset_after: until_end.saturating_add((windows - 1).saturating_mul(g.len)),
         next_after: Some(fixed_wait(g, used, until_end, remaining + 1)),
@@ -270,16 +270,16 @@ pub fn sliding_fits(g: Geometry, cur: u64, prev: u64, e: u64, cost: u64) -> bool
 #[inline(always)]
 pub fn sliding_check(g: Geometry, cur: u64, prev: u64, e: u64, cost: u64) -> (Report, Option<u64>) {
     let (verdict, after, new) = if cost > g.limit {
-        (Verdict::Never, cur, None)
+        (Admission::Never, cur, None)
     } else if cost == 0 || sliding_fits(g, cur, prev, e, cost) {
         (
-            Verdict::Allowed,
+            Admission::Allowed,
             cur + cost,
             (cost > 0).then_some(cur + cost),
         )
     } else {
         let retry_after = sliding_wait(g, cur, prev, e, cost);
-        (Verdict::Denied { retry_after }, cur, None)
+        (Admission::Denied { retry_after }, cur, None)
     };
     (
         Report {
@@ -309,7 +309,7 @@ pub fn sliding_report(g: Geometry, cur: u64, prev: u64, e: u64) -> Report {
     let next_after = (remaining < g.limit && (cur > 0 || prev > 0))
         .then(|| sliding_wait(g, cur, prev, e, remaining + 1));
     Report {
-        verdict: Verdict::Allowed,
+        verdict: Admission::Allowed,
         remaining,
         reset_after,
         next_after,
@@ -364,10 +364,10 @@ where
         newest = Some(t);
     }
     let (verdict, after, newest) = if cost > g.limit {
-        (Verdict::Never, used, newest)
+        (Admission::Never, used, newest)
     } else if cost == 0 || used + cost <= g.limit {
         let newest = if cost > 0 { Some(now) } else { newest };
-        (Verdict::Allowed, used + cost, newest)
+        (Admission::Allowed, used + cost, newest)
     } else {
         // The oldest entries leave the window until `used + cost − L` units have gone.
         let mut free = used + cost - g.limit;
@@ -379,7 +379,7 @@ where
                 break;
             }
         }
-        (Verdict::Denied { retry_after }, used, newest)
+        (Admission::Denied { retry_after }, used, newest)
     };
     let remaining = g.limit.saturating_sub(after);
     let until = |t: Option<u64>| t.map_or(0, |t| (t + g.len).saturating_sub(now));
@@ -403,22 +403,22 @@ mod tests {
         let mut used = 0;
         for i in 0..3 {
             let (r, new) = fixed_check(g, used, 60, 1);
-            assert_eq!(r.verdict, Verdict::Allowed, "request {i}");
+            assert_eq!(r.verdict, Admission::Allowed, "request {i}");
             assert_eq!(r.remaining, 2 - i);
             assert_eq!(r.next_after, Some(60));
             assert_eq!(r.reset_after, 60);
             used = new.unwrap();
         }
         let (r, new) = fixed_check(g, used, 60, 1);
-        assert_eq!(r.verdict, Verdict::Denied { retry_after: 60 });
+        assert_eq!(r.verdict, Admission::Denied { retry_after: 60 });
         assert_eq!((new, r.remaining), (None, 0));
         // Cost-aware: 2 used, a cost of 2 does not fit, a cost of 1 does.
         assert_eq!(
             fixed_check(g, 2, 10, 2).0.verdict,
-            Verdict::Denied { retry_after: 10 }
+            Admission::Denied { retry_after: 10 }
         );
-        assert_eq!(fixed_check(g, 2, 10, 1).0.verdict, Verdict::Allowed);
-        assert_eq!(fixed_check(g, 0, 10, 4).0.verdict, Verdict::Never);
+        assert_eq!(fixed_check(g, 2, 10, 1).0.verdict, Admission::Allowed);
+        assert_eq!(fixed_check(g, 0, 10, 4).0.verdict, Admission::Never);
         // Nothing used: no `t`, no reset.
         let r = fixed_report(g, 0, 10);
         assert_eq!((r.remaining, r.reset_after, r.next_after), (3, 0, None));
@@ -438,7 +438,7 @@ mod tests {
         );
         assert_eq!(
             fixed_check(g, 7, 30, 3).0.verdict,
-            Verdict::Denied { retry_after: 230 }
+            Admission::Denied { retry_after: 230 }
         );
     }
 
@@ -469,11 +469,11 @@ mod tests {
         // 10 in the previous window, 25 into this one: weight 7.5, so 2 fit.
         let r = sliding_report(g, 0, 10, 25);
         assert_eq!(r.remaining, 2);
-        assert_eq!(sliding_check(g, 0, 10, 25, 2).0.verdict, Verdict::Allowed);
+        assert_eq!(sliding_check(g, 0, 10, 25, 2).0.verdict, Admission::Allowed);
         // 3 fit when the weight is 7: at e = 30.
         assert_eq!(
             sliding_check(g, 0, 10, 25, 3).0.verdict,
-            Verdict::Denied { retry_after: 5 }
+            Admission::Denied { retry_after: 5 }
         );
         assert!(sliding_fits(g, 0, 10, 30, 3));
         assert!(!sliding_fits(g, 0, 10, 29, 3));
@@ -481,14 +481,14 @@ mod tests {
         let (r, _) = sliding_check(g, 10, 0, 40, 1);
         assert_eq!(
             r.verdict,
-            Verdict::Denied {
+            Admission::Denied {
                 retry_after: 60 + 10
             }
         );
         assert!(sliding_fits(g, 0, 10, 10, 1));
         assert!(!sliding_fits(g, 0, 10, 9, 1));
         assert_eq!(r.reset_after, 60 + 100);
-        assert_eq!(sliding_check(g, 0, 0, 0, 11).0.verdict, Verdict::Never);
+        assert_eq!(sliding_check(g, 0, 0, 0, 11).0.verdict, Admission::Never);
     }
 
     #[test]
@@ -527,22 +527,25 @@ mod tests {
         let g = Geometry::new(3, 100, 0);
         let log = [(10, 1), (20, 2)];
         let r = log_check(g, log.iter().copied(), 50, 1);
-        assert_eq!(r.verdict, Verdict::Denied { retry_after: 60 });
+        assert_eq!(r.verdict, Admission::Denied { retry_after: 60 });
         assert_eq!(
             (r.remaining, r.reset_after, r.next_after),
             (0, 70, Some(60))
         );
         // Cost 3 waits until both entries left.
         let r = log_check(g, log.iter().copied(), 50, 3);
-        assert_eq!(r.verdict, Verdict::Denied { retry_after: 70 });
+        assert_eq!(r.verdict, Admission::Denied { retry_after: 70 });
         let r = log_check(g, log[1..].iter().copied(), 50, 1);
-        assert_eq!(r.verdict, Verdict::Allowed);
+        assert_eq!(r.verdict, Admission::Allowed);
         assert_eq!(
             (r.remaining, r.reset_after, r.next_after),
             (0, 100, Some(70))
         );
         let r = log_check(g, [].into_iter(), 50, 0);
         assert_eq!((r.remaining, r.reset_after, r.next_after), (3, 0, None));
-        assert_eq!(log_check(g, [].into_iter(), 50, 4).verdict, Verdict::Never);
+        assert_eq!(
+            log_check(g, [].into_iter(), 50, 4).verdict,
+            Admission::Never
+        );
     }
 }

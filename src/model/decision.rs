@@ -92,7 +92,7 @@ impl Outcome {
     /// ```
     #[inline]
     pub fn new(
-        verdict: gcra::Verdict,
+        verdict: gcra::Admission,
         reset_after: u64,
         params: gcra::Params,
         unit_ns: u64,
@@ -100,9 +100,11 @@ impl Outcome {
         let ns = |x: u64| x.saturating_mul(unit_ns);
         let (verdict, retry_after_ns) = match verdict {
             // Allowed beyond the bucket's depth: a reservation, which waits for the rest.
-            gcra::Verdict::Allowed => (Code::Allowed, ns(reset_after.saturating_sub(params.tau()))),
-            gcra::Verdict::Denied { retry_after } => (Code::Denied, ns(retry_after)),
-            gcra::Verdict::Never => (Code::Never, 0),
+            gcra::Admission::Allowed => {
+                (Code::Allowed, ns(reset_after.saturating_sub(params.tau())))
+            }
+            gcra::Admission::Denied { retry_after } => (Code::Denied, ns(retry_after)),
+            gcra::Admission::Never => (Code::Never, 0),
         };
         Outcome {
             verdict,
@@ -132,9 +134,9 @@ impl Outcome {
     pub fn window(report: window::Report, unit_ns: u64) -> Self {
         let ns = |x: u64| x.saturating_mul(unit_ns);
         let (verdict, retry_after_ns) = match report.verdict {
-            gcra::Verdict::Allowed => (Code::Allowed, ns(report.wait)),
-            gcra::Verdict::Denied { retry_after } => (Code::Denied, ns(retry_after)),
-            gcra::Verdict::Never => (Code::Never, 0),
+            gcra::Admission::Allowed => (Code::Allowed, ns(report.wait)),
+            gcra::Admission::Denied { retry_after } => (Code::Denied, ns(retry_after)),
+            gcra::Admission::Never => (Code::Never, 0),
         };
         Outcome {
             verdict,

@@ -258,9 +258,9 @@ const GIVEN_BACK: u64 = 0x6a09_e667_f3bc_c909;
 fn cached_outcome(quota: &Quota, cost: u32, wait_ns: u64) -> Outcome {
     let params = Params::new(quota.t_ns(), quota.burst_size());
     let verdict = if u64::from(cost) > quota.burst_size() {
-        gcra::Verdict::Never
+        gcra::Admission::Never
     } else {
-        gcra::Verdict::Denied {
+        gcra::Admission::Denied {
             retry_after: wait_ns + u64::from(cost - 1) * params.t(),
         }
     };

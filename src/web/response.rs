@@ -429,12 +429,12 @@ impl fmt::Display for Rejection<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::gcra::Verdict;
+    use crate::algo::gcra::Admission;
     use crate::algo::quota::Quota;
     use crate::model::decision::{LimitDecision, Outcome, Status};
     use crate::model::policy::Mode;
 
-    fn denied(name: &'static str, verdict: Verdict) -> Decision {
+    fn denied(name: &'static str, verdict: Admission) -> Decision {
         Decision {
             limits: smallvec::smallvec![LimitDecision {
                 name,
@@ -462,7 +462,7 @@ mod tests {
     fn the_429_problem_has_the_generic_shape() {
         let d = denied(
             "default",
-            Verdict::Denied {
+            Admission::Denied {
                 retry_after: 2_500_000,
             },
         );
@@ -480,7 +480,7 @@ mod tests {
     fn the_draft_problem_types_on_request() {
         let d = denied(
             "default",
-            Verdict::Denied {
+            Admission::Denied {
                 retry_after: 1_000_000,
             },
         );
@@ -498,7 +498,7 @@ mod tests {
     #[test]
     fn names_are_escaped_and_never_costs_are_explained() {
         let name = r#"odd "name" \ here"#;
-        let d = denied(name, Verdict::Never);
+        let d = denied(name, Admission::Never);
         let body = DefaultOnRejection::new().problem(&limited(&d, None));
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["violated-policies"][0], name);
@@ -514,7 +514,7 @@ mod tests {
     fn every_rejection_is_valid_json_with_its_status() {
         let d = denied(
             "x",
-            Verdict::Denied {
+            Admission::Denied {
                 retry_after: 1_000_000,
             },
         );

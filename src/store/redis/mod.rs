@@ -373,7 +373,7 @@ impl RedisBackend {
                     if reply.len() == 1 + 3 * group.len() && reply.iter().all(|&v| v >= 0) =>
                 {
                     for (&i, r) in group.iter().zip(reply[1..].chunks_exact(3)) {
-                        reports[i] = Some(window_report(r, gcra::Verdict::Allowed));
+                        reports[i] = Some(window_report(r, gcra::Admission::Allowed));
                     }
                 }
                 _ => tracing::warn!(
@@ -520,7 +520,7 @@ impl RedisBackend {
                 rest = tail;
                 statuses[i] = if parts[i].algorithm.is_window() {
                     Status::Checked(Outcome::window(
-                        window_report(r, gcra::Verdict::Allowed),
+                        window_report(r, gcra::Admission::Allowed),
                         1_000,
                     ))
                 } else {

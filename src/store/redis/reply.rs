@@ -6,7 +6,7 @@ use super::*;
 /// One limit's answer from `gcra.lua`, in microseconds.
 #[derive(Clone, Copy)]
 pub(super) struct Answer {
-    pub(super) verdict: gcra::Verdict,
+    pub(super) verdict: gcra::Admission,
     /// Until the bucket is full again, after this request.
     pub(super) reset_after: u64,
     /// The TAT written, if the request consumed from this limit.
@@ -74,11 +74,11 @@ pub(super) fn parse_reply(
             let cost = u64::from(p.cost);
             if p.algorithm.is_window() {
                 let verdict = match r[0] {
-                    0 => gcra::Verdict::Allowed,
-                    1 if r[1] > 0 => gcra::Verdict::Denied {
+                    0 => gcra::Admission::Allowed,
+                    1 if r[1] > 0 => gcra::Admission::Denied {
                         retry_after: r[1] as u64,
                     },
-                    2 => gcra::Verdict::Never,
+                    2 => gcra::Admission::Never,
                     _ => return Err(malformed()),
                 };
                 let written = (verdict.is_allowed() && cost > 0 && !refused).then_some(now);
@@ -96,8 +96,8 @@ pub(super) fn parse_reply(
             let params = p.params();
             let reset_after = r[1] as u64;
             let verdict = match r[0] {
-                0 => gcra::Verdict::Allowed,
-                1 => gcra::Verdict::Denied {
+                0 => gcra::Admission::Allowed,
+                1 => gcra::Admission::Denied {
                     // `after` is the TAT as it stands: `reset_after + cost * T` takes the
                     // request, beyond `tau` by the wait.
                     retry_after: (reset_after + cost * params.t())
@@ -105,7 +105,7 @@ pub(super) fn parse_reply(
                         .filter(|&w| w > 0)
                         .ok_or_else(malformed)?,
                 },
-                2 => gcra::Verdict::Never,
+                2 => gcra::Admission::Never,
                 _ => return Err(malformed()),
             };
             let written =
@@ -125,7 +125,7 @@ pub(super) fn parse_reply(
 
 /// A window limit's outcome from `gcra.lua`'s three state integers (see the script):
 /// derived with [`window`]'s functions, as the memory store derives it.
-pub(super) fn window_outcome(p: &Part, verdict: gcra::Verdict, r: &[i64]) -> Outcome {
+pub(super) fn window_outcome(p: &Part, verdict: gcra::Admission, r: &[i64]) -> Outcome {
     let (a, b, c) = (r[0] as u64, r[1] as u64, r[2] as u64);
     let g = window::Geometry::new(p.quota.rate(), p.quota.period_ns() / 1_000, 0);
     let report = match p.algorithm {
@@ -140,7 +140,7 @@ pub(super) fn window_outcome(p: &Part, verdict: gcra::Verdict, r: &[i64]) -> Out
 }
 
 /// A window limit's `remaining, reset_after, next_after (0: none)` from a script.
-pub(super) fn window_report(r: &[i64], verdict: gcra::Verdict) -> window::Report {
+pub(super) fn window_report(r: &[i64], verdict: gcra::Admission) -> window::Report {
     window::Report {
         verdict,
         remaining: r[0] as u64,
@@ -181,7 +181,7 @@ mod tests {
         }
         // Both pass: both consumed, written at now + reset_after.
         let a = parse_reply(&[now, 0, 200_000, 0, 0, 100_000, 0], &parts, &[0, 1]).unwrap();
-        assert_eq!(a[0].verdict, gcra::Verdict::Allowed);
+        assert_eq!(a[0].verdict, gcra::Admission::Allowed);
         assert_eq!(a[0].written, Some(now as u64 + 200_000));
         assert_eq!(a[1].written, Some(now as u64 + 100_000));
         // The enforcing limit refuses (900 ms to full, cost 2 needs 1.1 s): nothing written,
@@ -189,7 +189,7 @@ mod tests {
         let d = parse_reply(&[now, 1, 900_000, 5, 0, 100_000, 0], &parts, &[0, 1]).unwrap();
         assert_eq!(
             d[0].verdict,
-            gcra::Verdict::Denied {
+            gcra::Admission::Denied {
                 retry_after: 100_000
             }
         );
