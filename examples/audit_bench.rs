@@ -27,9 +27,10 @@ use http_body_util::Full;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tollgate::audit::{AuditLog, BoxError, Violation};
 use tollgate::key::{PeerAddr, PeerIp};
+use tollgate::service::RateLimit;
 use tollgate::sql::{self, SqlPool, SqlViolationSink};
 use tollgate::store::MemoryStore;
-use tollgate::{Limit, Quota, RateLimit, RateLimitLayer, RefusalLog};
+use tollgate::{Limit, Quota, RateLimitLayer, RefusalLog};
 use tower::Service;
 use tower::layer::Layer;
 

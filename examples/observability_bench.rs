@@ -26,8 +26,9 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tollgate::key::{PeerAddr, PeerIp};
+use tollgate::service::RateLimit;
 use tollgate::store::MemoryStore;
-use tollgate::{Limit, OffenderTracking, Quota, RateLimit, RateLimitLayer, RefusalLog};
+use tollgate::{Limit, OffenderTracking, Quota, RateLimitLayer, RefusalLog};
 use tower::Service;
 use tower::layer::Layer;
 

@@ -39,7 +39,7 @@
 //!   ([`MissingKey`]) and for store failures ([`FailurePolicy`]).
 //! - A [`RateLimitLayer`] holds limits for every request, limits per route (a route table
 //!   of axum-style templates and methods, see [where to put the
-//!   layer](#where-to-put-the-layer)), the header style ([`HeaderStyle`]) and the
+//!   layer](#where-to-put-the-layer)), the header style ([`HeaderStyle`](headers::HeaderStyle)) and the
 //!   rejection responses ([`response`]). Built with [`RateLimitLayer::builder`], checked at
 //!   [`build`](RateLimitBuilder::build): bad configuration is a [`ConfigError`] naming the
 //!   field.
@@ -139,19 +139,21 @@ pub use middleware::grpc;
 pub use observe::metrics;
 pub use web::{headers, key, response};
 
-pub use algo::algorithm::{
-    Algorithm, FIXED_WINDOW_MAX_LIMIT, Phase, SLIDING_LOG_MAX_LIMIT, SLIDING_WINDOW_MAX_LIMIT,
-};
+/// The tower service a [`RateLimitLayer`] makes, and its response future: named in type
+/// signatures, rarely written.
+pub mod service {
+    pub use crate::middleware::future::ResponseFuture;
+    pub use crate::middleware::service::RateLimit;
+}
+
+pub use algo::algorithm::{Algorithm, Phase};
 pub use algo::quota::Quota;
 pub use base::error::ConfigError;
 pub use engine::DEFAULT_MAX_LIMITS;
-pub use headers::{HeaderStyle, ResetFormat, RetryAfterFormat};
 pub use limiter::reservation::Reservation;
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
 pub use middleware::builder::RateLimitBuilder;
-pub use middleware::future::ResponseFuture;
 pub use middleware::layer::RateLimitLayer;
-pub use middleware::service::RateLimit;
 pub use model::decision::{Decision, LimitDecision, Outcome, Overall, Status, Verdict};
 pub use model::policy::{FailurePolicy, MissingKey, Mode, OnLimit};
 pub use model::spec::LimitSpec;

@@ -14,12 +14,11 @@ use support::{
     body_json, count, get as req, header, send, sf_names, sf_param, statuses, with_peer,
 };
 use tollgate::clock::FakeClock;
+use tollgate::headers::{HeaderStyle, ResetFormat};
 use tollgate::key::{Header, KeyExtractor, PeerIp};
 use tollgate::response::Rejection;
 use tollgate::store::MemoryStore;
-use tollgate::{
-    Cost, Decision, HeaderStyle, Limit, MissingKey, Quota, RateLimitLayer, ResetFormat,
-};
+use tollgate::{Cost, Decision, Limit, MissingKey, Quota, RateLimitLayer};
 
 fn store() -> (FakeClock, MemoryStore<FakeClock>) {
     let clock = FakeClock::at(Duration::from_secs(1_000));

@@ -205,7 +205,7 @@ mod schema {
                     // Every limit here is `Quota::per_minute(1)`: T = 60 s, burst 1.
                     let _ = i;
                     let params = tollgate::gcra::Params::new(60_000_000_000, 1);
-                    tollgate::store::Status::Checked(tollgate::Outcome::new(
+                    tollgate::Status::Checked(tollgate::Outcome::new(
                         tollgate::gcra::Admission::Denied {
                             retry_after: 60_000_000_000,
                         },

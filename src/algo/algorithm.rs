@@ -3,17 +3,9 @@
 use std::time::Duration;
 
 use crate::algo::quota::Quota;
-
-/// The largest `limit` of a [`Algorithm::SlidingLog`]: its state is one timestamp per
-/// admitted request, so the limit bounds the memory (and the CPU of each check) per key.
-pub const SLIDING_LOG_MAX_LIMIT: u64 = 1_000;
-
-/// The largest `limit` of a [`Algorithm::SlidingWindow`]: the memory store packs the
-/// window's index and both counters into one 64-bit word updated by compare-and-swap.
-pub const SLIDING_WINDOW_MAX_LIMIT: u64 = 65_535;
-
-/// The largest `limit` of a [`Algorithm::FixedWindow`] (a 32-bit counter).
-pub const FIXED_WINDOW_MAX_LIMIT: u64 = u32::MAX as u64;
+use crate::algo::window::{
+    FIXED_WINDOW_MAX_LIMIT, SLIDING_LOG_MAX_LIMIT, SLIDING_WINDOW_MAX_LIMIT,
+};
 
 /// How a limit counts. Set with [`Limit::algorithm`](crate::Limit::algorithm); the default
 /// is [`Algorithm::Gcra`].

@@ -22,6 +22,17 @@
 
 use crate::algo::gcra::Admission;
 
+/// The largest `limit` of a [`Algorithm::SlidingLog`](crate::Algorithm::SlidingLog): its state is one timestamp per
+/// admitted request, so the limit bounds the memory (and the CPU of each check) per key.
+pub const SLIDING_LOG_MAX_LIMIT: u64 = 1_000;
+
+/// The largest `limit` of a [`Algorithm::SlidingWindow`](crate::Algorithm::SlidingWindow): the memory store packs the
+/// window's index and both counters into one 64-bit word updated by compare-and-swap.
+pub const SLIDING_WINDOW_MAX_LIMIT: u64 = 65_535;
+
+/// The largest `limit` of a [`Algorithm::FixedWindow`](crate::Algorithm::FixedWindow) (a 32-bit counter).
+pub const FIXED_WINDOW_MAX_LIMIT: u64 = u32::MAX as u64;
+
 /// What a window check tells the client, in the caller's unit of time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Report {

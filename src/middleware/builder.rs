@@ -28,7 +28,7 @@ use crate::web::response::DefaultOnRejection;
 /// responses. [`build`](RateLimitBuilder::build) checks the whole configuration.
 ///
 /// ```
-/// use tollgate::{key::{Header, PeerIp}, store::MemoryStore, HeaderStyle, Limit, Quota, RateLimitLayer};
+/// use tollgate::{key::{Header, PeerIp}, headers::HeaderStyle, store::MemoryStore, Limit, Quota, RateLimitLayer};
 ///
 /// let layer = RateLimitLayer::builder(MemoryStore::new())
 ///     // Every request:

@@ -1,4 +1,4 @@
-//! [`ResponseFuture`]: the response of a [`RateLimit`](crate::RateLimit) service.
+//! [`ResponseFuture`]: the response of a [`RateLimit`](crate::service::RateLimit) service.
 
 use std::fmt;
 use std::future::Future;
@@ -21,7 +21,7 @@ use crate::web::response::OnRejection;
 type KeptKeys = smallvec::SmallVec<[crate::web::key::Key; 4]>;
 
 pin_project! {
-    /// The response future of [`RateLimit`](crate::RateLimit): waits for the store when it
+    /// The response future of [`RateLimit`](crate::service::RateLimit): waits for the store when it
     /// needs I/O, then for the service, and adds the rate-limit fields to its response.
     pub struct ResponseFuture<S, St, R, ReqBody>
     where

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-pub use crate::model::decision::Status;
+pub(crate) use crate::model::decision::Status;
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

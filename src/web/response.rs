@@ -6,11 +6,11 @@
 //! Whatever the response, the layer then adds its rate-limit fields, `Retry-After` (when a
 //! wait helps) and `Cache-Control: no-store`:
 //!
-//! - in the IETF style ([`HeaderStyle::Ietf`](crate::HeaderStyle)), `RateLimit` and
+//! - in the IETF style ([`HeaderStyle::Ietf`](crate::headers::HeaderStyle)), `RateLimit` and
 //!   `RateLimit-Policy` are lists, and the layer's members are *appended*: a response that
 //!   already carries these fields (set by your [`OnRejection`]) ends up with both your
 //!   members and the layer's, as separate field lines of one list. Leave these fields to
-//!   the layer, or use [`HeaderStyle::None`](crate::HeaderStyle) and write your own;
+//!   the layer, or use [`HeaderStyle::None`](crate::headers::HeaderStyle) and write your own;
 //! - in the other styles the fields hold one value, and each is set only if the response
 //!   does not have it already;
 //! - `Retry-After` and `Cache-Control` are set only if the response does not have them.
