@@ -43,7 +43,7 @@ use crate::web::response::DefaultOnRejection;
 ///     .build()?;
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
-pub struct RateLimitBuilder<St: Store, R = DefaultOnRejection> {
+pub struct RateLimitBuilder<St, R = DefaultOnRejection> {
     store: St,
     pub(crate) settings: Settings,
     on_rejection: R,

@@ -197,7 +197,7 @@ fn check_count(doc: &Document, max_limits: usize) -> Result<(), ConfigError> {
 
 /// What every version of the rules is compiled with: the store, the rejection responses,
 /// the code's additions, and the bounds.
-struct Compiler<St: Store, R> {
+struct Compiler<St, R> {
     store: St,
     on_rejection: R,
     configure: Option<Configure<St>>,

@@ -6,7 +6,7 @@ use super::*;
 
 /// Builds [`Rules`]: where they come from, what triggers a reload, and what the layer
 /// adds to them.
-pub struct RulesBuilder<St: Store, R = DefaultOnRejection> {
+pub struct RulesBuilder<St, R = DefaultOnRejection> {
     store: St,
     on_rejection: R,
     source: Source,

@@ -82,7 +82,7 @@ const MIN_TICK_NS: u64 = 1_000_000;
 /// assert_eq!(store.len(), 0);
 /// assert_eq!(store.key_cap(), Some(1_000_000));
 /// ```
-pub struct MemoryStore<C: Clock = MonotonicClock> {
+pub struct MemoryStore<C = MonotonicClock> {
     inner: Arc<Inner<C>>,
 }
 
