@@ -4,7 +4,7 @@
 #   bash scripts/http_compare.sh
 #   ROUNDS=5 DURATION=5 CONNS=64 THREADS=1 bash scripts/http_compare.sh
 #
-# Server configs (examples/http_bench_server.rs, `GET /` answering "hello"):
+# Server configs (bench/src/bin/http_bench_server.rs, `GET /` answering "hello"):
 #   plain           bare axum router
 #   governor        tower_governor with headers, per peer IP, nothing refused
 #   tollgate-allow  tollgate, memory store, per peer IP, nothing refused
@@ -84,9 +84,9 @@ fi
 if [ -n "${BIN_DIR:-}" ]; then
   server="$BIN_DIR/http_bench_server"
 else
-  echo "==> cargo build --release --example http_bench_server ${features[*]}"
-  cargo build --release --quiet --example http_bench_server "${features[@]}"
-  server=target/release/examples/http_bench_server
+  echo "==> cargo build -p tollgate-bench --release --bin http_bench_server ${features[*]}"
+  cargo build -p tollgate-bench --release --quiet --bin http_bench_server "${features[@]}"
+  server=target/release/http_bench_server
 fi
 
 # Runs one config once; appends "config requests/s non2xx responses" to $dir/results.

@@ -6,10 +6,10 @@
 # Starts a throwaway redis-server on a free port, then runs, one after the other:
 #   1. redis-benchmark -P 16 -c 64: EVALSHA of lua/gcra.lua with one key (the same
 #      single-key GCRA script the store runs), a pipelined C client as the ceiling;
-#   2. examples/redis_bench with 64 tasks and 1 limit per request;
+#   2. bench/src/bin/redis_bench.rs with 64 tasks and 1 limit per request;
 #   3. redis-benchmark again with three keys per call (the ceiling for three limits);
-#   4. examples/redis_bench with 64 tasks and 3 limits per request;
-#   5. examples/redis_bench with 1 limit of each window algorithm (fixed window, sliding
+#   4. bench/src/bin/redis_bench.rs with 64 tasks and 3 limits per request;
+#   5. bench/src/bin/redis_bench.rs with 1 limit of each window algorithm (fixed window, sliding
 #      window, sliding log), against the GCRA run of step 2;
 # and prints decisions per second and the ratios. Every request passes (quota of one
 # token per microsecond, burst 10^9), so every decision writes its keys.
@@ -28,8 +28,8 @@ for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep
 if [ -n "${BIN_DIR:-}" ]; then
   bench="$BIN_DIR/redis_bench"
 else
-  cargo build --release --quiet --example redis_bench --features redis
-  bench=target/release/examples/redis_bench
+  cargo build -p tollgate-bench --release --quiet --bin redis_bench --features redis
+  bench=target/release/redis_bench
 fi
 
 sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat lua/window.lua lua/gcra.lua)")

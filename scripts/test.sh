@@ -24,11 +24,15 @@ redis-server --version
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy (all targets, all features, warnings are errors)"
-cargo clippy --all-targets --all-features -- -D warnings
+step "cargo clippy, warnings are errors: all features (with the benchmarks), default features, no default features"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+cargo clippy --all-targets -- -D warnings
+cargo clippy --all-targets --no-default-features -- -D warnings
 
-step "cargo doc (no broken links)"
+step "cargo doc, no broken links: all features, default features, no default features"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --no-default-features
 
 step "each feature on its own"
 cargo check --no-default-features
@@ -41,8 +45,8 @@ cargo check --no-default-features --features audit-sql
 cargo check --no-default-features --features rules-sql
 cargo check --no-default-features --features rules
 
-step "build every target"
-cargo build --all-targets --all-features
+step "build every target (the benchmarks and comparisons of bench/ too)"
+cargo build --workspace --all-targets --all-features
 
 step "tests and doctests (all features: real Redis servers and a Redis Cluster)"
 cargo test --all-features

@@ -75,10 +75,10 @@
 //! - `Router::route_layer` (or a layer on one route): only requests that match a route are
 //!   checked, and axum's `MatchedPath` is there: a route table entry
 //!   ([`route`](RateLimitBuilder::route)) applies when its template is the matched one,
-//!   and [`key::Route`] works.
+//!   and `key::Route` works.
 //! - `Router::layer`: every request is checked, 404s included, before routing, so there is
 //!   no `MatchedPath`: route table entries are found by matching the request path against
-//!   their templates, as axum's router does (`/users/7` gets `/users/{id}`). [`key::Route`]
+//!   their templates, as axum's router does (`/users/7` gets `/users/{id}`). `key::Route`
 //!   finds no key there.
 //! - Plain hyper or tower: as with `Router::layer`.
 //!
@@ -95,7 +95,7 @@
 //!
 //! | feature | default | what |
 //! |---|---|---|
-//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, the matched route (`MatchedPath`) for route tables and [`key::Route`] |
+//! | `axum` | yes | peer addresses from axum's `ConnectInfo`, the matched route (`MatchedPath`) for route tables and `key::Route` |
 //! | `redis` | no | `store::RedisStore` on the `redis` crate's `ConnectionManager` |
 //! | `redis-cluster` | no | `RedisStore::cluster` for Redis Cluster |
 //! | `metrics` | no | metrics through the `metrics` facade, a fixed schema (module `metrics` when enabled) |

@@ -197,7 +197,7 @@ impl Clock for SystemClock {
 
 /// Any [`Clock`] behind one type, for stores that are given their clock at run time (the
 /// Redis store's local fallback and deny cache follow its
-/// [`caller_time`](crate::store::RedisStore::caller_time) clock through it).
+/// `RedisStore::caller_time` clock through it).
 ///
 /// ```
 /// use tollgate::clock::{Clock, FakeClock, SharedClock};

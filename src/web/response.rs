@@ -157,7 +157,7 @@ pub trait OnRejection<B>: Clone + Send + Sync + 'static {
     /// The response for `rejection`.
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<B>;
 
-    /// The response for a refused gRPC call (feature `grpc`, see [`crate::middleware::grpc`]). The
+    /// The response for a refused gRPC call (feature `grpc`, see `tollgate::grpc`). The
     /// layer makes it a Trailers-Only gRPC answer (status `200`, `content-type`, the
     /// `grpc-*` fields), so its **body must be empty**. The default is
     /// [`on_rejection`](Self::on_rejection)'s response: a closure used in front of gRPC

@@ -11,7 +11,7 @@
 //! | [`Header`] | a header's value, e.g. `x-api-key` |
 //! | [`Query`] | a query parameter's value |
 //! | [`Extension`] | a request extension, e.g. a user id set by an authentication layer |
-//! | [`Route`] | the matched route and method (feature `axum`) |
+//! | `Route` | the matched route and method (feature `axum`) |
 //! | closures | `Fn(&Parts) -> Option<impl KeyPart>` |
 //! | `(a, b)` | a composite key: both parts |
 //! | `a.or(b)` | `a`, or `b` when the request has no `a` (`a` must be authenticated, see below) |

@@ -24,7 +24,7 @@
 //!
 //! Every response's status is checked during the measurement; a wrong one fails the run.
 //!
-//! Run with `cargo bench --bench middleware` (add e.g. `-- denied` to filter).
+//! Run with `cargo bench -p tollgate-bench --bench middleware` (add e.g. `-- denied` to filter).
 
 // `criterion_group!` defines an undocumented public function.
 #![allow(missing_docs)]

@@ -8,7 +8,7 @@
 //!    written at the default level (INFO).
 //!
 //! ```text
-//! cargo run --release --example flood
+//! cargo run -p tollgate-bench --release --bin flood
 //! ```
 //!
 //! Linux only for the resident memory (read from `/proc/self/statm`).

@@ -2,8 +2,8 @@
 //! rate limiters, so that `wrk` can compare them (`scripts/http_compare.sh` does).
 //!
 //! ```text
-//! cargo run --release --example http_bench_server -- --mode tollgate-allow --port 3000
-//! cargo run --release --example http_bench_server --features redis -- \
+//! cargo run -p tollgate-bench --release --bin http_bench_server -- --mode tollgate-allow --port 3000
+//! cargo run -p tollgate-bench --release --bin http_bench_server --features redis -- \
 //!     --mode tollgate-redis --port 3000 --redis-url redis://127.0.0.1:6379/
 //! ```
 //!

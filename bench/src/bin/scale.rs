@@ -8,7 +8,7 @@
 //! One check is one IPv4 address checked against one limit:
 //!
 //! - `tollgate`: a [`Key`] built from the address with [`Key::from_part`], one [`Item`], and
-//!   [`MemoryStore::check`] (default clock, `std::time::Instant`), as `benches/memory.rs`
+//!   [`MemoryStore::check`] (default clock, `std::time::Instant`), as `bench/benches/memory.rs`
 //!   does;
 //! - `tollgate-coarse`: the same store on the opt-in [`CoarseClock`] (a cached monotonic
 //!   time refreshed every 100 µs by a thread: one atomic load per read);
@@ -52,9 +52,9 @@
 //! Run it (about 55 s with the defaults on 16 cores):
 //!
 //! ```text
-//! cargo run --release --example scale -- --seconds 2
-//! cargo run --release --example scale -- --threads 1,2 --seconds 0.5 --cases hot_key,many_keys
-//! cargo run --release --example scale -- --impls tollgate,governor --csv > scale.csv
+//! cargo run -p tollgate-bench --release --bin scale -- --seconds 2
+//! cargo run -p tollgate-bench --release --bin scale -- --threads 1,2 --seconds 0.5 --cases hot_key,many_keys
+//! cargo run -p tollgate-bench --release --bin scale -- --impls tollgate,governor --csv > scale.csv
 //! ```
 //!
 //! Options: `--threads 1,2,4` (any counts, not capped), `--seconds S` (default 1.0),
@@ -66,8 +66,8 @@
 //! another x86-64 Linux machine with the same libc):
 //!
 //! ```text
-//! cargo build --release --example scale
-//! scp target/release/examples/scale bighost: && ssh bighost ./scale --seconds 2
+//! cargo build -p tollgate-bench --release --bin scale
+//! scp target/release/scale bighost: && ssh bighost ./scale --seconds 2
 //! ```
 
 use std::hint::black_box;

@@ -34,7 +34,7 @@
 //! `fixed-window-reserve` are the same checks as reservations that may wait 1 s (granted at
 //! once: the path of `Limiter::reserve` and delay mode when there is room).
 //!
-//! Run with `cargo bench --bench memory` (add e.g. `-- many_keys` to filter).
+//! Run with `cargo bench -p tollgate-bench --bench memory` (add e.g. `-- many_keys` to filter).
 
 // `criterion_group!` defines an undocumented public function.
 #![allow(missing_docs)]

@@ -1,7 +1,7 @@
 //! Drives a `RedisStore` directly: decisions per second and latency percentiles.
 //!
 //! ```text
-//! cargo run --release --example redis_bench --features redis -- \
+//! cargo run -p tollgate-bench --release --bin redis_bench --features redis -- \
 //!     --url redis://127.0.0.1:6379 --tasks 64 --seconds 5 --limits 3 --algorithm gcra
 //! ```
 //!

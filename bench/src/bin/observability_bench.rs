@@ -12,7 +12,7 @@
 //! shared machine hits both sides alike. Requests are built ahead of each timed batch.
 //!
 //! ```text
-//! cargo run --release --example observability_bench --features metrics
+//! cargo run -p tollgate-bench --release --bin observability_bench --features metrics
 //! ```
 
 use std::convert::Infallible;

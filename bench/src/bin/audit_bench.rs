@@ -11,7 +11,7 @@
 //!    `synchronous = NORMAL`.
 //!
 //! ```text
-//! cargo run --release --example audit_bench --features audit-sql
+//! cargo run -p tollgate-bench --release --bin audit_bench --features audit-sql
 //! ```
 
 use std::convert::Infallible;
