@@ -26,8 +26,8 @@ cargo fmt --all -- --check
 
 step "cargo clippy, warnings are errors: all features (with the benchmarks), default features, no default features"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
-cargo clippy --all-targets -- -D warnings
-cargo clippy --all-targets --no-default-features -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy -p tollgate -p tollgate-tests --all-targets --no-default-features -- -D warnings
 
 step "cargo doc, no broken links: all features, default features, no default features"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
@@ -49,10 +49,10 @@ step "build every target (the benchmarks and comparisons of bench/ too)"
 cargo build --workspace --all-targets --all-features
 
 step "tests and doctests (all features: real Redis servers and a Redis Cluster)"
-cargo test --all-features
+cargo test --workspace --all-features
 
 step "tests with default features"
-cargo test
+cargo test --workspace
 
 echo
 echo "all checks passed"
