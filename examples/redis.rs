@@ -36,10 +36,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
 
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    // A lazy connection manager: the app starts even if Redis is down, and reconnects by
-    // itself; until then the limits fall back to local limiting.
-    let conn = redis::Client::open(url.as_str())?.get_connection_manager_lazy(Default::default())?;
-    let store = RedisStore::new(conn).prefix("tollgate-example:");
+    // The app starts even if Redis is down: the store connects on the first request and
+    // reconnects by itself; until then the limits fall back to local limiting.
+    let store = RedisStore::open(&url)?.prefix("tollgate-example:");
 
     let limits = RateLimitLayer::builder(store)
         .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))

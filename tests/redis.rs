@@ -605,3 +605,47 @@ mod cluster {
         assert!(s.iter().all(|s| s.outcome().unwrap().is_allowed()), "{s:?}");
     }
 }
+
+/// `RedisStore::open` on a URL where Redis is down: the store is made at once, requests are
+/// answered by the failure policy (the local fallback: the quota holds, never a 5xx), and
+/// once Redis is up the same store uses it, with no restart of the app.
+#[tokio::test]
+async fn a_store_opened_while_redis_is_down_serves_and_then_uses_redis() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+
+    let started = Instant::now();
+    let store = RedisStore::open(&url)
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+        .breaker(2, Duration::from_millis(200));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "open waited for Redis"
+    );
+    let app = app(RateLimitLayer::builder(store.clone())
+        .limit(Limit::new("per-ip", Quota::per_minute(3)).key(PeerIp::new()))
+        .build()
+        .unwrap());
+
+    let local = statuses(&app, 5, || req("/", "192.0.2.1")).await;
+    assert_eq!(count(&local, StatusCode::OK), 3, "{local:?}");
+    assert_eq!(count(&local, StatusCode::TOO_MANY_REQUESTS), 2, "{local:?}");
+
+    server.restart();
+    // A new client's first request goes to Redis once the breaker lets a call through.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in 0u32.. {
+        let peer = format!("10.0.{}.{}", n / 256, n % 256);
+        assert_eq!(send(&app, req("/", &peer)).await.status(), StatusCode::OK);
+        let mut c = server.connection().await;
+        let keys: Vec<String> = c.keys("tollgate:per-ip:*").await.unwrap();
+        if !keys.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the store never reached Redis");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!store.is_unavailable());
+}

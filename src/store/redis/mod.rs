@@ -25,6 +25,7 @@ use crate::algo::gcra::{self, Params};
 use crate::algo::quota::Quota;
 use crate::algo::window;
 use crate::base::clock::{Clock, SharedClock};
+use crate::base::error::ConfigError;
 use crate::model::decision::{Outcome, Status};
 use crate::model::policy::Mode;
 
@@ -50,12 +51,15 @@ use crate::model::policy::Mode;
 /// [`caller_time`](RedisStore::caller_time) clock. Every written key expires when its
 /// bucket is full again (`PX = reset_after`), so idle keys cost nothing.
 ///
+/// [`open`](RedisStore::open) makes a store from a URL that starts whether Redis is up or
+/// not: it connects on the first request and reconnects by itself, and until Redis answers
+/// each limit follows its failure policy (by default, a local limiter with the same quota).
+///
 /// ```no_run
 /// use tollgate::{key::PeerIp, store::RedisStore, Limit, Quota, RateLimitLayer};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let conn = redis::Client::open("redis://127.0.0.1:6379/")?.get_connection_manager().await?;
-/// let store = RedisStore::new(conn).prefix("myapp:rl:");
+/// let store = RedisStore::open("redis://127.0.0.1:6379/")?.prefix("myapp:rl:");
 /// let layer = RateLimitLayer::builder(store)
 ///     .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))
 ///     .build()?;
@@ -118,6 +122,46 @@ impl RedisBackend {
 }
 
 impl RedisStore {
+    /// A store on the Redis server at `url` (`redis://[user:password@]host[:port][/db]`,
+    /// `rediss://` with a TLS feature of the `redis` crate, `unix:///path`) that never fails
+    /// because Redis is down: the connection is made on the first request and remade
+    /// whenever it is lost, and until Redis answers each limit follows its
+    /// [`FailurePolicy`](crate::FailurePolicy). Connecting waits at most 1 s per attempt.
+    ///
+    /// An error only if the URL does not parse (the error names the URL, its password
+    /// hidden) or if it is called outside a Tokio runtime (the connection's task needs
+    /// one).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate::ConfigError> {
+    /// use tollgate::store::RedisStore;
+    ///
+    /// // Nothing listens on port 1: the store is made all the same.
+    /// let store = RedisStore::open("redis://127.0.0.1:1/")?;
+    /// assert!(RedisStore::open("http://127.0.0.1/").is_err());
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub fn open(url: &str) -> Result<Self, ConfigError> {
+        let shown = hide_password(url);
+        let client = redis::Client::open(url)
+            .map_err(|e| ConfigError::new("redis_url", format!("`{shown}`: {e}")))?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::new(
+                "redis_url",
+                format!(
+                    "`{shown}`: RedisStore::open needs a Tokio runtime (call it from async code)"
+                ),
+            ));
+        }
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(std::time::Duration::from_secs(1)));
+        let conn = client
+            .get_connection_manager_lazy(config)
+            .map_err(|e| ConfigError::new("redis_url", format!("`{shown}`: {e}")))?;
+        Ok(Self::new(conn))
+    }
+
     /// A store on one Redis server (or a primary with replicas behind one address),
     /// through an auto-reconnecting connection manager.
     pub fn new(conn: ConnectionManager) -> Self {
@@ -572,5 +616,60 @@ impl Backend for RedisBackend {
 
     fn name(&self) -> &'static str {
         "Redis"
+    }
+}
+
+/// `url` with the password of its user part (between `:` and `@` after the scheme) replaced
+/// by `***`, for error messages.
+fn hide_password(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let Some(colon) = authority[..at].find(':') else {
+        return url.to_owned();
+    };
+    let start = scheme_end + 3 + colon + 1;
+    let end = scheme_end + 3 + at;
+    format!("{}***{}", &url[..start], &url[end..])
+}
+
+#[cfg(test)]
+mod open_tests {
+    use super::*;
+
+    #[test]
+    fn hide_password_hides_only_the_password() {
+        assert_eq!(
+            hide_password("redis://u:secret@h:6379/0"),
+            "redis://u:***@h:6379/0"
+        );
+        assert_eq!(hide_password("redis://:secret@h/"), "redis://:***@h/");
+        assert_eq!(hide_password("redis://h:6379/"), "redis://h:6379/");
+        assert_eq!(hide_password("redis://u@h/"), "redis://u@h/");
+        assert_eq!(hide_password("not a url"), "not a url");
+        assert_eq!(hide_password("redis://h/a:b@c"), "redis://h/a:b@c");
+    }
+
+    #[test]
+    fn open_refuses_a_bad_url_naming_it_without_its_password() {
+        let err = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async { RedisStore::open("http://u:secret@127.0.0.1/").unwrap_err() });
+        assert_eq!(err.field(), "redis_url");
+        assert!(err.reason().contains("http://u:***@127.0.0.1/"), "{err}");
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn open_outside_a_runtime_is_an_error_not_a_panic() {
+        let err = RedisStore::open("redis://127.0.0.1:1/").unwrap_err();
+        assert!(err.reason().contains("Tokio runtime"), "{err}");
     }
 }
