@@ -162,3 +162,15 @@ pub use web::charge::Charge;
 pub use web::cost::Cost;
 pub use web::hooks::RefusalLog;
 pub use web::limit::Limit;
+
+/// The README's Rust blocks, compiled (and run, unless marked `no_run`) as doctests, so
+/// that what a new user pastes builds. Only with the features the README uses.
+#[cfg(all(
+    doctest,
+    feature = "axum",
+    feature = "redis",
+    feature = "grpc",
+    feature = "rules-sql"
+))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
