@@ -18,7 +18,7 @@ use std::fmt;
 /// assert_eq!(err.field(), "rate");
 /// assert_eq!(err.to_string(), "invalid `rate`: must be at least 1");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ConfigError {
     field: Cow<'static, str>,
     reason: Cow<'static, str>,
@@ -112,4 +112,35 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// The message, as [`Display`](fmt::Display) writes it: what `main` prints when it returns
+/// the error (`Error: invalid `rate`: must be at least 1`). `{:#?}` shows the parts.
+impl fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if f.alternate() {
+            return f
+                .debug_struct("ConfigError")
+                .field("field", &self.field)
+                .field("reason", &self.reason)
+                .field("file", &self.file())
+                .field("line", &self.line())
+                .finish();
+        }
+        write!(f, "{self}")
+    }
+}
+
 impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_is_the_message_so_main_prints_it() {
+        let err = ConfigError::new("rate", "must be at least 1");
+        assert_eq!(format!("{err:?}"), "invalid `rate`: must be at least 1");
+        let boxed: Box<dyn std::error::Error> = Box::new(err.clone());
+        assert_eq!(format!("{boxed:?}"), "invalid `rate`: must be at least 1");
+        assert!(format!("{err:#?}").contains("reason: \"must be at least 1\""));
+    }
+}
