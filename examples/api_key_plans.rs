@@ -14,7 +14,7 @@
 //! Run it:
 //!
 //! ```text
-//! cargo run --example api_key_plans            # or PORT=8080 cargo run --example api_key_plans
+//! cargo run -p tollgate --example api_key_plans            # or PORT=8080 cargo run -p tollgate --example api_key_plans
 //! ```
 //!
 //! The free plan allows 10 requests at once, then one every 6 s:

@@ -18,8 +18,8 @@
 //! # Run it
 //!
 //! ```text
-//! cargo run --example delay_queue                    # in memory; PORT=8080 to move it
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example delay_queue --features redis
+//! cargo run -p tollgate --example delay_queue                    # in memory; PORT=8080 to move it
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p tollgate --example delay_queue --features redis
 //! ```
 //!
 //! # Try it
@@ -65,7 +65,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(_) => {
             tracing::warn!(
                 "REDIS_URL is set but this build has no `redis` feature \
-                 (cargo run --example delay_queue --features redis): using MemoryStore"
+                 (cargo run -p tollgate --example delay_queue --features redis): using MemoryStore"
             );
             app(MemoryStore::new())?
         }

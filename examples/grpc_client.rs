@@ -3,7 +3,7 @@
 //! decoded error details.
 //!
 //! ```text
-//! cargo run --example grpc_client --features grpc     # ADDR=http://127.0.0.1:50051
+//! cargo run -p tollgate --example grpc_client --features grpc     # ADDR=http://127.0.0.1:50051
 //! ```
 
 use http::uri::PathAndQuery;

@@ -4,8 +4,8 @@
 //! and `RetryInfo`, `QuotaFailure` and `ErrorInfo` in `grpc-status-details-bin`.
 //!
 //! ```text
-//! cargo run --example grpc_server --features grpc          # 127.0.0.1:50051, or PORT=...
-//! cargo run --example grpc_client --features grpc          # 15 Health/Check calls
+//! cargo run -p tollgate --example grpc_server --features grpc          # 127.0.0.1:50051, or PORT=...
+//! cargo run -p tollgate --example grpc_client --features grpc          # 15 Health/Check calls
 //! ```
 //!
 //! With grpcurl (the server has no reflection: give it the proto, or use the client):

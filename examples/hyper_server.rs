@@ -8,7 +8,7 @@
 //! Run it:
 //!
 //! ```text
-//! cargo run --example hyper_server            # or PORT=8080 cargo run --example hyper_server
+//! cargo run -p tollgate --example hyper_server            # or PORT=8080 cargo run -p tollgate --example hyper_server
 //! ```
 //!
 //! Then send 12 requests in a row: the first 10 (the burst) get `200`, then `429` (an

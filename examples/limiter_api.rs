@@ -2,7 +2,7 @@
 //! all-or-nothing check of two limits, with what each left behind.
 //!
 //! ```text
-//! cargo run --example limiter_api
+//! cargo run -p tollgate --example limiter_api
 //! ```
 //!
 //! The limit `per-user` is a bucket of 3 tokens that gets one back every 10 seconds

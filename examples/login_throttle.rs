@@ -37,14 +37,14 @@
 //! # Run it
 //!
 //! ```text
-//! cargo run --example login_throttle                 # in memory; PORT=8080 to move it
+//! cargo run -p tollgate --example login_throttle                 # in memory; PORT=8080 to move it
 //! ```
 //!
 //! Two instances sharing their counts through Redis (`RedisStore`):
 //!
 //! ```text
-//! PORT=3000 REDIS_URL=redis://127.0.0.1:6379 cargo run --example login_throttle --features redis &
-//! PORT=3001 REDIS_URL=redis://127.0.0.1:6379 cargo run --example login_throttle --features redis &
+//! PORT=3000 REDIS_URL=redis://127.0.0.1:6379 cargo run -p tollgate --example login_throttle --features redis &
+//! PORT=3001 REDIS_URL=redis://127.0.0.1:6379 cargo run -p tollgate --example login_throttle --features redis &
 //! ```
 //!
 //! The log says which store is used.
@@ -122,7 +122,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(_) => {
             tracing::warn!(
                 "REDIS_URL is set but this build has no `redis` feature \
-                 (cargo run --example login_throttle --features redis): using MemoryStore"
+                 (cargo run -p tollgate --example login_throttle --features redis): using MemoryStore"
             );
             app(MemoryStore::new())?
         }

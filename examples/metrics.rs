@@ -2,7 +2,7 @@
 //! Prometheus recorder, served as `GET /metrics` on the same port.
 //!
 //! ```text
-//! cargo run --example metrics --features metrics        # or PORT=8080 ...
+//! cargo run -p tollgate --example metrics --features metrics        # or PORT=8080 ...
 //! for i in $(seq 12); do curl -s -o /dev/null -w '%{http_code} ' http://127.0.0.1:3000/; done; echo
 //! curl -s http://127.0.0.1:3000/metrics | grep '^tollgate_'
 //! ```

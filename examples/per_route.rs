@@ -14,7 +14,7 @@
 //! Run it:
 //!
 //! ```text
-//! cargo run --example per_route            # or PORT=8080 cargo run --example per_route
+//! cargo run -p tollgate --example per_route            # or PORT=8080 cargo run -p tollgate --example per_route
 //! ```
 //!
 //! Every handler answers with the limits that applied to it and what is left of each.

@@ -3,8 +3,8 @@
 //! Run two instances against one Redis (default `redis://127.0.0.1:6379`, or `$REDIS_URL`):
 //!
 //! ```text
-//! PORT=3000 cargo run --example redis --features redis &
-//! PORT=3001 cargo run --example redis --features redis &
+//! PORT=3000 cargo run -p tollgate --example redis --features redis &
+//! PORT=3001 cargo run -p tollgate --example redis --features redis &
 //! ```
 //!
 //! Then spend one client's burst of 10 across both (the second instance sees what the

@@ -5,10 +5,10 @@
 //! after in one session.
 //!
 //! ```text
-//! cargo run --release --example rules_probe --features rules,axum -- sighup 50   # MB
-//! cargo run --release --example rules_probe --features rules,axum -- churn
-//! cargo run --release --example rules_probe --features rules,axum -- many 10000
-//! MAX_LIMITS=200000 cargo run --release --example rules_probe --features rules,axum -- many 100000
+//! cargo run -p tollgate --release --example rules_probe --features rules,axum -- sighup 50   # MB
+//! cargo run -p tollgate --release --example rules_probe --features rules,axum -- churn
+//! cargo run -p tollgate --release --example rules_probe --features rules,axum -- many 10000
+//! MAX_LIMITS=200000 cargo run -p tollgate --release --example rules_probe --features rules,axum -- many 100000
 //! ```
 //!
 //! Memory is reported twice: the bytes the program holds on its heap (counted by a

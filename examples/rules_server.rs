@@ -2,7 +2,7 @@
 //! while the server runs.
 //!
 //! ```text
-//! cargo run --example rules_server --features rules    # RULES=path (default examples/rules.toml), PORT=3000
+//! cargo run -p tollgate --example rules_server --features rules    # RULES=path (default examples/rules.toml), PORT=3000
 //! ```
 //!
 //! From SQLite instead (feature `rules-sql`): the file and the tables are created when
@@ -12,7 +12,7 @@
 //! written to `RateLimitViolation` in the same database:
 //!
 //! ```text
-//! RULES_DB=sqlite://rules.db RULES_POLL_SECS=5 cargo run --example rules_server --features rules-sql
+//! RULES_DB=sqlite://rules.db RULES_POLL_SECS=5 cargo run -p tollgate --example rules_server --features rules-sql
 //! curl -i -H 'x-user-id: 7' -H 'x-plan: free' http://127.0.0.1:3000/   # 4th in a second: 429
 //! sqlite3 rules.db "UPDATE RateLimitRule SET burst_capacity = 20 WHERE plan = 'free'"   # next poll
 //! sqlite3 rules.db "UPDATE RateLimitRule SET is_active = FALSE WHERE key_pattern = 'ip:{ip}'"
@@ -158,5 +158,5 @@ async fn from_database(
     _url: &str,
     _on_reload: OnReload,
 ) -> Result<(Rules<MemoryStore>, String), Box<dyn std::error::Error>> {
-    Err("RULES_DB needs the `rules-sql` feature: cargo run --example rules_server --features rules-sql".into())
+    Err("RULES_DB needs the `rules-sql` feature: cargo run -p tollgate --example rules_server --features rules-sql".into())
 }

@@ -17,11 +17,11 @@
 //! (here: every 50th, for the demonstration) give their units back before their instant,
 //! and a later job takes them.
 //!
-//! To see it in seconds rather than minutes, `WINDOW_SECS=2 cargo run --example
+//! To see it in seconds rather than minutes, `WINDOW_SECS=2 cargo run -p tollgate --example
 //! third_party_quota` shrinks the window (and the jobs' `max_wait` with it).
 //!
 //! ```text
-//! cargo run --example third_party_quota
+//! cargo run -p tollgate --example third_party_quota
 //! ```
 
 use std::sync::Arc;

@@ -30,20 +30,20 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p tollgate -p tollgate-tests --all-targets --no-default-features -- -D warnings
 
 step "cargo doc, no broken links: all features, default features, no default features"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --no-default-features
+RUSTDOCFLAGS="-D warnings" cargo doc -p tollgate --no-deps --all-features
+RUSTDOCFLAGS="-D warnings" cargo doc -p tollgate --no-deps
+RUSTDOCFLAGS="-D warnings" cargo doc -p tollgate --no-deps --no-default-features
 
 step "each feature on its own"
-cargo check --no-default-features
-cargo check --no-default-features --features axum
-cargo check --no-default-features --features redis
-cargo check --no-default-features --features redis-cluster
-cargo check --no-default-features --features metrics
-cargo check --no-default-features --features grpc
-cargo check --no-default-features --features audit-sql
-cargo check --no-default-features --features rules-sql
-cargo check --no-default-features --features rules
+cargo check -p tollgate --no-default-features
+cargo check -p tollgate --no-default-features --features axum
+cargo check -p tollgate --no-default-features --features redis
+cargo check -p tollgate --no-default-features --features redis-cluster
+cargo check -p tollgate --no-default-features --features metrics
+cargo check -p tollgate --no-default-features --features grpc
+cargo check -p tollgate --no-default-features --features audit-sql
+cargo check -p tollgate --no-default-features --features rules-sql
+cargo check -p tollgate --no-default-features --features rules
 
 step "build every target (the benchmarks and comparisons of bench/ too)"
 cargo build --workspace --all-targets --all-features

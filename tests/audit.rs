@@ -607,7 +607,7 @@ mod sql {
 }
 
 /// PostgreSQL, against a server named by `TOLLGATE_TEST_POSTGRES` (e.g.
-/// `postgres://postgres@127.0.0.1:5432/postgres`): `cargo test --features rules-postgres
+/// `postgres://postgres@127.0.0.1:5432/postgres`): `cargo test -p tollgate-tests --features rules-postgres
 /// --test audit postgres -- --ignored`. Uses its own schema, dropped at the end.
 #[cfg(feature = "rules-postgres")]
 #[tokio::test]
