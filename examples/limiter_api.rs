@@ -87,7 +87,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // A name that is not configured is an error, not a panic.
     match l.check("no-such-limit", u, 1).await {
-        Err(LimiterError::UnknownLimit(name)) => println!("\ncheck {name:?}: unknown limit"),
+        Err(e @ LimiterError::UnknownLimit { .. }) => println!("\ncheck: {e}"),
         other => println!("\nunexpected: {other:?}"),
     }
     Ok(())

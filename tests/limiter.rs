@@ -404,7 +404,12 @@ async fn the_layer_and_the_handle_share_buckets<H: Harness>(h: &H) {
 /// takes nothing from the others.
 async fn an_unknown_limit_is_an_error<H: Harness>(h: &H) {
     let limiter = h.limiter([Limit::new("known", Q)]);
-    let unknown = || Err(LimiterError::UnknownLimit("nope".into()));
+    let unknown = || {
+        Err(LimiterError::UnknownLimit {
+            limit: "nope".into(),
+            known: vec!["known"],
+        })
+    };
     assert_eq!(
         limiter.check("nope", "alice", 1).await.map(|_| ()),
         unknown()
@@ -432,8 +437,38 @@ async fn an_unknown_limit_is_an_error<H: Harness>(h: &H) {
         Some(BURST)
     );
     assert_eq!(
-        LimiterError::UnknownLimit("nope".into()).to_string(),
-        r#"no limit is called "nope""#
+        limiter
+            .check("nope", "alice", 1)
+            .await
+            .unwrap_err()
+            .to_string(),
+        r#"no limit is called "nope"; the limits are "known""#
+    );
+}
+
+/// The message of an unknown limit lists the configured names (ten of them at most), so a
+/// typo shows its fix.
+#[test]
+fn an_unknown_limit_message_lists_the_configured_names() {
+    let names: Vec<&'static str> = vec!["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"];
+    let err = |known: &[&'static str]| {
+        LimiterError::UnknownLimit {
+            limit: "per-iq".into(),
+            known: known.to_vec(),
+        }
+        .to_string()
+    };
+    assert_eq!(
+        err(&["global", "per-ip"]),
+        r#"no limit is called "per-iq"; the limits are "global", "per-ip""#
+    );
+    assert_eq!(
+        err(&[]),
+        r#"no limit is called "per-iq" (none is configured)"#
+    );
+    assert_eq!(
+        err(&names),
+        r#"no limit is called "per-iq"; the limits are "a", "b", "c", "d", "e", "f", "g", "h", "i", "j" and 2 more"#
     );
 }
 

@@ -841,7 +841,7 @@ async fn a_removed_limit_is_no_longer_checked() {
     assert_eq!(limiter.limits(), ["a"]);
     assert!(matches!(
         limiter.check("b", "x", 1).await,
-        Err(LimiterError::UnknownLimit(_))
+        Err(LimiterError::UnknownLimit { .. })
     ));
     // `/health` is outside the layer.
     let health = send(&app, req("GET", "/health", "192.0.2.1", &[])).await;

@@ -120,6 +120,9 @@ const fn build(rate: u64, period: Duration, burst: u64) -> Result<Quota, Invalid
     })
 }
 
+/// Panics at the caller's call site (`#[track_caller]` up the chain), so the message points
+/// at the user's `Quota::per_second(0)`, not inside tollgate.
+#[track_caller]
 const fn unwrap_const(q: Result<Quota, Invalid>) -> Quota {
     match q {
         Ok(q) => q,
@@ -134,6 +137,7 @@ impl Quota {
     ///
     /// If `rate` is 0 or above 1,000,000 (one token per microsecond). Use [`Quota::new`]
     /// for values that come from configuration: it returns a [`ConfigError`] instead.
+    #[track_caller]
     pub const fn per_second(rate: u64) -> Self {
         unwrap_const(build(rate, Duration::from_secs(1), rate))
     }
@@ -143,6 +147,7 @@ impl Quota {
     /// # Panics
     ///
     /// If `rate` is 0 or above 60,000,000.
+    #[track_caller]
     pub const fn per_minute(rate: u64) -> Self {
         unwrap_const(build(rate, Duration::from_secs(60), rate))
     }
@@ -152,6 +157,7 @@ impl Quota {
     /// # Panics
     ///
     /// If `rate` is 0 or above 3,600,000,000.
+    #[track_caller]
     pub const fn per_hour(rate: u64) -> Self {
         unwrap_const(build(rate, Duration::from_secs(3_600), rate))
     }
@@ -161,6 +167,7 @@ impl Quota {
     /// # Panics
     ///
     /// If `rate` is 0 or above 86,400,000,000.
+    #[track_caller]
     pub const fn per_day(rate: u64) -> Self {
         unwrap_const(build(rate, Duration::from_secs(86_400), rate))
     }
@@ -187,6 +194,7 @@ impl Quota {
     ///
     /// If `burst` is 0, or so large that an empty bucket would take more than 100 years
     /// to refill. [`Quota::try_burst`] returns a [`ConfigError`] instead.
+    #[track_caller]
     pub const fn burst(self, burst: u64) -> Self {
         unwrap_const(build(self.rate, self.period(), burst))
     }

@@ -29,7 +29,12 @@ use crate::store::{Checked, Item, Op, Statuses, Store};
 #[non_exhaustive]
 pub enum LimiterError {
     /// No limit of this name is configured.
-    UnknownLimit(String),
+    UnknownLimit {
+        /// The name asked for.
+        limit: String,
+        /// The names of the limits that are configured, sorted (what the message lists).
+        known: Vec<&'static str>,
+    },
     /// The operation means nothing to the limit's algorithm: a penalty or a block on a
     /// sliding window or sliding log (fixed windows and GCRA take every operation).
     Unsupported {
@@ -43,7 +48,21 @@ pub enum LimiterError {
 impl fmt::Display for LimiterError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LimiterError::UnknownLimit(name) => write!(f, "no limit is called {name:?}"),
+            LimiterError::UnknownLimit { limit, known } => {
+                write!(f, "no limit is called {limit:?}")?;
+                if known.is_empty() {
+                    return f.write_str(" (none is configured)");
+                }
+                f.write_str("; the limits are ")?;
+                for (i, name) in known.iter().take(SHOWN_NAMES).enumerate() {
+                    let sep = if i == 0 { "" } else { ", " };
+                    write!(f, "{sep}{name:?}")?;
+                }
+                if known.len() > SHOWN_NAMES {
+                    write!(f, " and {} more", known.len() - SHOWN_NAMES)?;
+                }
+                Ok(())
+            }
             LimiterError::Unsupported { limit, operation } => write!(
                 f,
                 "the limit {limit:?} counts with a sliding window or log, which has no {operation}"
@@ -53,6 +72,19 @@ impl fmt::Display for LimiterError {
 }
 
 impl std::error::Error for LimiterError {}
+
+/// How many configured names an unknown-limit message lists.
+const SHOWN_NAMES: usize = 10;
+
+impl LimiterError {
+    /// `limit` is not one of `known`.
+    pub(crate) fn unknown(limit: &str, known: Vec<&'static str>) -> Self {
+        LimiterError::UnknownLimit {
+            limit: limit.to_owned(),
+            known,
+        }
+    }
+}
 
 /// The calls of one operation: (limit, key, cost).
 pub(crate) type Calls<'a> = SmallVec<[(&'a str, Key, u32); 2]>;
@@ -83,7 +115,7 @@ impl<St: Store> Handle for Engine<St> {
         for (name, key, cost) in calls {
             let index = self
                 .find(name)
-                .ok_or_else(|| LimiterError::UnknownLimit(name.to_owned()))?;
+                .ok_or_else(|| LimiterError::unknown(name, self.names()))?;
             let bound = &self.bounds[index];
             let limit = &bound.spec;
             if matches!(
@@ -129,7 +161,7 @@ impl<St: Store> Handle for Engine<St> {
     /// A limiter of its own tracks no offenders.
     fn top_refused(&self, limit: &str, _n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
         self.find(limit)
-            .ok_or_else(|| LimiterError::UnknownLimit(limit.to_owned()))?;
+            .ok_or_else(|| LimiterError::unknown(limit, self.names()))?;
         Ok(Vec::new())
     }
 }

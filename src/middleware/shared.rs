@@ -171,7 +171,7 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
         let index = self
             .engine
             .find(limit)
-            .ok_or_else(|| LimiterError::UnknownLimit(limit.to_owned()))?;
+            .ok_or_else(|| LimiterError::unknown(limit, self.engine.names()))?;
         Ok(self.policy.hooks.top_refused(index, n))
     }
 }

@@ -163,11 +163,17 @@ impl Header {
     ///
     /// # Panics
     ///
-    /// If `name` is not a valid lowercase header name (it is meant for literals; use
-    /// [`Header::try_new`] for names from configuration).
+    /// If `name` is not a valid header name (any case: it is kept lowercase). It is meant
+    /// for literals, and the panic points at the call; use [`Header::try_new`] for names
+    /// from configuration.
+    #[track_caller]
     pub fn new(name: &'static str) -> Self {
-        Self {
-            name: HeaderName::from_static(name),
+        match Self::try_new(name) {
+            Ok(header) => header,
+            Err(e) => panic!(
+                "Header::new({name:?}): {} (Header::try_new returns the error)",
+                e.reason()
+            ),
         }
     }
 
