@@ -34,13 +34,17 @@ fn panic_site(f: impl FnOnce() + panic::UnwindSafe) -> (String, u32, String) {
 fn literal_constructors_panic_at_the_callers_line_with_the_fix() {
     let here = Location::caller().file().to_owned();
 
-    let line = line!() + 1;
-    let (file, at, message) = panic_site(|| drop(Quota::per_second(0)));
+    let line = line!() + 2;
+    let (file, at, message) = panic_site(|| {
+        let _ = Quota::per_second(0);
+    });
     assert_eq!((file.as_str(), at), (here.as_str(), line), "{message}");
     assert!(message.contains("at least 1"), "{message}");
 
-    let line = line!() + 1;
-    let (file, at, message) = panic_site(|| drop(Quota::per_minute(10).burst(0)));
+    let line = line!() + 2;
+    let (file, at, message) = panic_site(|| {
+        let _ = Quota::per_minute(10).burst(0);
+    });
     assert_eq!((file.as_str(), at), (here.as_str(), line), "{message}");
     assert!(message.contains("at least 1"), "{message}");
 
