@@ -125,6 +125,7 @@ impl<St: Store> Engine<St> {
             .mode(bound.spec.mode)
             .on_failure(bound.spec.on_failure)
             .algorithm(bound.spec.algorithm)
+            .lease(bound.spec.lease)
     }
 
     /// Asks the store; a request no limit applies to (skipped keys, a route without

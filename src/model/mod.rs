@@ -3,5 +3,6 @@
 
 pub(crate) mod decision;
 pub(crate) mod key;
+pub(crate) mod lease;
 pub(crate) mod policy;
 pub(crate) mod spec;

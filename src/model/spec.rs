@@ -2,6 +2,7 @@
 //! what it does when it is full or its store fails. The HTTP [`Limit`](crate::Limit) adds
 //! the key, cost and charge rules of a request to one.
 
+use crate::model::lease::Lease;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +40,8 @@ pub struct LimitSpec {
     /// Outstanding reserved tokens per key (GCRA): the debt a reservation may leave.
     pub(crate) max_reserved: Option<u32>,
     pub(crate) rule_id: Option<u64>,
+    /// Lease mode (a remote store only): tokens taken in batches and spent locally.
+    pub(crate) lease: Option<Lease>,
 }
 
 impl LimitSpec {
@@ -54,6 +57,7 @@ impl LimitSpec {
             on_limit: OnLimit::Reject,
             max_reserved: None,
             rule_id: None,
+            lease: None,
         }
     }
 
@@ -90,6 +94,12 @@ impl LimitSpec {
     /// [`Limit::max_reserved`](crate::Limit::max_reserved).
     pub fn max_reserved(mut self, tokens: u32) -> Self {
         self.max_reserved = Some(tokens);
+        self
+    }
+
+    /// Spends the limit from leases: see [`Limit::lease`](crate::Limit::lease).
+    pub fn lease(mut self, lease: Lease) -> Self {
+        self.lease = Some(lease);
         self
     }
 
@@ -138,6 +148,11 @@ impl LimitSpec {
         self.algorithm
             .validate(&self.quota)
             .map_err(|(field, reason)| ConfigError::new(field, reason).within(at()))?;
+        if let Some(lease) = &self.lease {
+            lease
+                .validate(self.algorithm, &self.quota)
+                .map_err(|e| e.within(at()))?;
+        }
         self.validate_reservations().map_err(|e| e.within(at()))
     }
 

@@ -42,10 +42,11 @@ pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisBackend, RedisStore, RedisTable};
-pub use resilient::{Resilient, ResilientTable};
+pub use resilient::{LeaseStats, Resilient, ResilientTable};
 
 use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::Quota;
+use crate::model::lease::Lease;
 use crate::model::policy::{FailurePolicy, Mode};
 use crate::web::key::Key;
 
@@ -121,6 +122,9 @@ pub struct Item<'a, T> {
     /// [`wait`](crate::Outcome::wait) says when the request may proceed. GCRA and fixed
     /// windows only (the sliding algorithms ignore it). Zero: a check.
     pub max_wait: Duration,
+    /// Lease mode: a store that asks a remote one ([`Resilient`]) may spend leased tokens
+    /// locally (see [`Lease`]). Other stores ignore it.
+    pub lease: Option<Lease>,
 }
 
 impl<'a, T> Item<'a, T> {
@@ -149,7 +153,14 @@ impl<'a, T> Item<'a, T> {
             on_failure: FailurePolicy::Fallback,
             algorithm: Algorithm::Gcra,
             max_wait: Duration::ZERO,
+            lease: None,
         }
+    }
+
+    /// Sets the item's lease mode (see [`Item::lease`](Item#structfield.lease)).
+    pub fn lease(mut self, lease: Option<Lease>) -> Self {
+        self.lease = lease;
+        self
     }
 
     /// Makes the check a reservation that may wait up to `max_wait` (see

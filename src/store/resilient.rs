@@ -2,10 +2,13 @@
 //! per call, a circuit breaker, each limit's failure policy with a local fallback limiter,
 //! and a local cache of denials.
 
+mod lease;
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -20,6 +23,8 @@ use crate::base::clock::{Clock, SharedClock};
 use crate::model::decision::{Outcome, Status};
 use crate::model::policy::{FailurePolicy, Mode};
 use crate::web::key::Key;
+pub use lease::LeaseStats;
+use lease::{Ask, Backed, Counters, GiveBack, LeaseTable, Local};
 
 /// Keys the deny cache remembers at most.
 const DENY_CACHE_MAX_KEYS: usize = 100_000;
@@ -98,6 +103,9 @@ pub(super) struct Inner<B> {
     fallback: MemoryStore<SharedClock>,
     deny_cache: Option<MemoryStore<SharedClock>>,
     metrics: crate::observe::probe::StoreMetrics,
+    /// Keys the leases of every table hold, and what lease mode did.
+    lease_keys: Arc<AtomicUsize>,
+    lease_counters: Arc<Counters>,
 }
 
 impl<B> Inner<B> {
@@ -121,6 +129,8 @@ pub struct ResilientTable<T> {
     deny: Option<MemoryTable>,
     /// `tollgate_deny_cache_hits_total{limit}`.
     deny_hits: crate::observe::probe::Counter,
+    /// The tokens this instance holds for the limit's keys (lease mode).
+    leases: Arc<LeaseTable>,
 }
 
 impl<T: fmt::Debug> fmt::Debug for ResilientTable<T> {
@@ -159,6 +169,8 @@ impl<B: Backend> Resilient<B> {
                         .max_keys(DENY_CACHE_MAX_KEYS),
                 ),
                 metrics: crate::observe::probe::StoreMetrics::new(backend.name()),
+                lease_keys: Arc::default(),
+                lease_counters: Arc::default(),
                 backend,
                 clock,
             }),
@@ -229,6 +241,12 @@ impl<B: Backend> Resilient<B> {
     /// `true` while the breaker skips the backend.
     pub fn is_unavailable(&self) -> bool {
         self.inner.breaker.is_open()
+    }
+
+    /// What lease mode did so far (limits with a [`Lease`](crate::Lease)): checks decided
+    /// here without a call, leases taken and tokens given back.
+    pub fn lease_stats(&self) -> LeaseStats {
+        self.inner.lease_counters.snapshot()
     }
 }
 
@@ -520,22 +538,232 @@ impl<B: Backend> Resilient<B> {
     }
 }
 
+/// A leased item decided here: its table, key and cost (given back if the request does
+/// not pass).
+type Taken = SmallVec<[(Arc<LeaseTable>, Key, u32); 4]>;
+
+impl<B: Backend> Resilient<B> {
+    /// Lease mode: decides a check here when the leases of its leased items say so (all
+    /// taken from leases, or one refused while this instance waits for tokens), asking
+    /// the backend only for the other items. `None`: the check goes to the backend whole,
+    /// and leases are taken meanwhile for the next requests.
+    fn leased(
+        &self,
+        items: &[Item<'_, ResilientTable<B::Table>>],
+    ) -> Option<Checked<<Self as Store>::Future>> {
+        let inner = &*self.inner;
+        if inner.breaker.is_open() {
+            return None; // the backend fails: every item follows its policy
+        }
+        let now = inner.clock.now();
+        let timeout_ns = self.timeout_ns();
+        let mut locals: SmallVec<[Option<Local>; 4]> = SmallVec::new();
+        let (mut remote, mut refused) = (false, false);
+        for item in items {
+            let lease = item.lease.filter(|_| {
+                LeaseTable::applies(item.mode, item.cost, item.max_wait, item.algorithm)
+            });
+            let Some(lease) = lease else {
+                locals.push(None);
+                continue;
+            };
+            let ask = Ask {
+                quota: item.quota,
+                algorithm: item.algorithm,
+                lease,
+                cost: item.cost,
+            };
+            let leases = &item.table.leases;
+            let decided = leases.decide(&item.key, ask, now, timeout_ns);
+            self.give_back(leases, decided.give_back);
+            if let Some(want) = decided.take {
+                self.take_lease(leases, &item.key, ask, want);
+            }
+            match decided.local {
+                Local::Remote => remote = true,
+                Local::Refused(_) => refused = true,
+                Local::Taken(_) => {}
+            }
+            locals.push(Some(decided.local));
+        }
+        let taken: Taken = items
+            .iter()
+            .zip(&locals)
+            .filter(|(_, l)| matches!(l, Some(Local::Taken(_))))
+            .map(|(item, _)| (item.table.leases.clone(), item.key.clone(), item.cost))
+            .collect();
+        if refused || remote {
+            undo(&taken);
+        }
+        if refused {
+            // Refused here: nothing is consumed, the other items are not asked.
+            let statuses = locals
+                .iter()
+                .map(|l| match l {
+                    Some(l @ Local::Refused(_)) => lease::status(l),
+                    _ => Status::Unchecked,
+                })
+                .collect();
+            return Some(Checked::Ready(statuses));
+        }
+        if remote {
+            return None;
+        }
+        let mut statuses: Statuses = locals
+            .iter()
+            .map(|l| l.as_ref().map_or(Status::Unchecked, lease::status))
+            .collect();
+        let rest: SmallVec<[usize; 4]> =
+            (0..items.len()).filter(|&i| locals[i].is_none()).collect();
+        if rest.is_empty() {
+            return Some(Checked::Ready(statuses));
+        }
+        // The other items, all or nothing with the leased ones: asked as usual.
+        let others: SmallVec<[Item<'_, ResilientTable<B::Table>>; 4]> = rest
+            .iter()
+            .map(|&i| {
+                let item = &items[i];
+                Item {
+                    table: item.table,
+                    key: item.key.clone(),
+                    quota: item.quota,
+                    cost: item.cost,
+                    mode: item.mode,
+                    on_failure: item.on_failure,
+                    algorithm: item.algorithm,
+                    max_wait: item.max_wait,
+                    lease: None,
+                }
+            })
+            .collect();
+        let modes: SmallVec<[Mode; 4]> = others.iter().map(|i| i.mode).collect();
+        let merge = move |answered: Statuses, statuses: &mut Statuses| {
+            let refused = answered.iter().zip(&modes).any(|(s, &m)| refuses(s, m));
+            if refused {
+                undo(&taken);
+            }
+            for (&i, s) in rest.iter().zip(answered) {
+                statuses[i] = s;
+            }
+        };
+        Some(match self.apply(Op::Check, &others) {
+            Checked::Ready(answered) => {
+                merge(answered, &mut statuses);
+                Checked::Ready(statuses)
+            }
+            Checked::Pending(call) => Checked::Pending(Box::pin(async move {
+                merge(call.await, &mut statuses);
+                statuses
+            })),
+        })
+    }
+
+    /// Takes a lease of `want` tokens for `key` in the background (and, if the bucket
+    /// had fewer but enough, what it had).
+    fn take_lease(&self, leases: &Arc<LeaseTable>, key: &Key, ask: Ask, want: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let now = self.inner.clock.now();
+            leases.settle(key, ask, want, now, None, true);
+            return;
+        };
+        let this = self.clone();
+        let leases = leases.clone();
+        let key = key.clone();
+        runtime.spawn(async move {
+            let inner = &*this.inner;
+            let name = inner.backend.name();
+            let mut asked = want;
+            for attempt in 0..2 {
+                let sent_at = inner.clock.now();
+                let cost = u32::try_from(asked).unwrap_or(u32::MAX);
+                let call = leases
+                    .remote
+                    .call(Op::Check, &key, ask.quota, ask.algorithm, cost);
+                let answer = match tokio::time::timeout(inner.timeout, call).await {
+                    Ok(Ok(s)) if s.len() == 1 => {
+                        inner.breaker.success(name);
+                        s[0].outcome().copied()
+                    }
+                    Ok(Ok(_)) => {
+                        inner.breaker.failure(
+                            inner.clock.now(),
+                            name,
+                            &"a wrong number of statuses",
+                        );
+                        None
+                    }
+                    Ok(Err(e)) => {
+                        inner.breaker.failure(inner.clock.now(), name, &e);
+                        None
+                    }
+                    Err(_) => {
+                        inner
+                            .breaker
+                            .failure(inner.clock.now(), name, &"no answer in time");
+                        None
+                    }
+                };
+                let (again, give_back) =
+                    leases.settle(&key, ask, asked, sent_at, answer, attempt == 1);
+                this.give_back(&leases, give_back);
+                match again {
+                    Some(n) => asked = n,
+                    None => break,
+                }
+            }
+        });
+    }
+
+    /// Gives unspent leased tokens back to the backend, in the background.
+    fn give_back(&self, leases: &Arc<LeaseTable>, give_back: GiveBack) {
+        if let Some((key, quota, algorithm, tokens)) = give_back {
+            leases.give_back(&key, quota, algorithm, tokens);
+        }
+    }
+}
+
+/// Gives back the tokens leased items took for a request that does not pass.
+fn undo(taken: &Taken) {
+    for (leases, key, cost) in taken {
+        leases.undo(key, *cost);
+    }
+}
+
 impl<B: Backend> Store for Resilient<B> {
     type Table = ResilientTable<B::Table>;
     type Future = Pin<Box<dyn Future<Output = Statuses> + Send>>;
 
     fn table(&self, name: &str) -> Self::Table {
+        let inner = &*self.inner;
+        let remote = Backed {
+            backend: inner.backend.clone(),
+            table: inner.backend.table(name),
+        };
         ResilientTable {
-            inner: self.inner.backend.table(name),
-            fallback: self.inner.fallback.table(name),
-            deny: self.inner.deny_cache.as_ref().map(|c| c.table(name)),
+            inner: inner.backend.table(name),
+            fallback: inner.fallback.table(name),
+            deny: inner.deny_cache.as_ref().map(|c| c.table(name)),
             deny_hits: crate::observe::probe::deny_cache_hits(name),
+            leases: Arc::new(LeaseTable::new(
+                Box::new(remote),
+                inner.lease_keys.clone(),
+                lease::MAX_LEASED_KEYS,
+                inner.lease_counters.clone(),
+                inner.clock.clone(),
+                inner.timeout,
+            )),
         }
     }
 
     fn apply(&self, op: Op, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future> {
         if items.is_empty() {
             return Checked::Ready(Statuses::new());
+        }
+        if op == Op::Check
+            && items.iter().any(|i| i.lease.is_some())
+            && let Some(answer) = self.leased(items)
+        {
+            return answer;
         }
         if op == Op::Check {
             if let Some(statuses) = self.cached_denial(items) {
@@ -572,6 +800,7 @@ impl<B: Backend> Store for Resilient<B> {
                 on_failure: item.on_failure,
                 algorithm: item.algorithm,
                 max_wait: item.max_wait,
+                lease: None,
             })
             .collect();
         let call = self.inner.backend.apply(op, &backend_items);

@@ -117,6 +117,17 @@ impl Limit {
         self
     }
 
+    /// Spends the limit from leases when its store is remote (a
+    /// [`Resilient`](crate::store::Resilient) store such as `RedisStore`): an instance takes
+    /// tokens from the shared bucket in batches and decides most requests without a call.
+    /// GCRA and fixed windows. See [`Lease`](crate::Lease) for how leases are sized and
+    /// the bound on what they can grant beyond the exact limiter; a lease the limit cannot
+    /// take is a [`ConfigError`](crate::ConfigError) at build time.
+    pub fn lease(mut self, lease: crate::model::lease::Lease) -> Self {
+        self.spec = self.spec.lease(lease);
+        self
+    }
+
     /// How the limit counts: [`Algorithm::Gcra`] (the default, a token bucket), or a
     /// fixed window, a sliding window or a sliding log, for which the quota's rate is the
     /// window's limit and its period the window's length (see [`Algorithm`]).

@@ -243,6 +243,11 @@ impl RedisStore {
         self.map(|r| r.clock(clock))
     }
 
+    /// What lease mode did so far (see [`Resilient::lease_stats`]).
+    pub fn lease_stats(&self) -> super::LeaseStats {
+        self.0.lease_stats()
+    }
+
     /// `true` while the breaker skips Redis.
     pub fn is_unavailable(&self) -> bool {
         self.0.is_unavailable()

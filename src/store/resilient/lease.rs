@@ -1,0 +1,640 @@
+//! Lease mode in a [`Resilient`](super::Resilient) store (see [`Lease`]): per table, the
+//! tokens this instance holds for each key, taken from the backend in batches and spent
+//! here without a call.
+//!
+//! A request's leased items are decided here when every one of them has its tokens (or
+//! one is refused while this instance waits for tokens to come back); otherwise the whole
+//! request is checked in the backend as usual and a lease is taken for the next ones in
+//! the background. The backend's bucket counts every token before it is spent; see
+//! [`Lease`] for the bound this gives.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::algo::algorithm::Algorithm;
+use crate::algo::gcra::{self, Params};
+use crate::algo::quota::Quota;
+use crate::algo::window;
+use crate::base::clock::{Clock, SharedClock};
+use crate::model::decision::{Outcome, Status};
+use crate::model::lease::Lease;
+use crate::model::policy::Mode;
+use crate::store::{Backend, Item, Op, Statuses, StoreError};
+use crate::web::key::Key;
+
+/// Keys the leases of one store (all its tables) hold at most; past it, new keys are
+/// checked in the backend for every request.
+pub(super) const MAX_LEASED_KEYS: usize = 100_000;
+const SHARDS: usize = 16;
+/// A lease holds about this much of the instance's traffic on the key.
+const REFILL_TARGET_NS: u64 = 100_000_000;
+/// The shortest time a rate is measured over.
+const MIN_ELAPSED_NS: u64 = 1_000_000;
+/// Near exhaustion, a lease holds this many times the instance's usual batch.
+const EXHAUSTED_BATCH: u64 = 4;
+/// Near exhaustion, the most an instance stretches its wait for a batch.
+const MAX_BACKOFF: u64 = 8;
+
+/// A call to the backend about one key, made without borrowing the request's table.
+pub(super) type RemoteCall = Pin<Box<dyn Future<Output = Result<Statuses, StoreError>> + Send>>;
+
+/// The backend and a table of its own for one limit: what lease calls (taking, giving
+/// back) need after the request that started them is gone.
+pub(super) trait Remote: Send + Sync {
+    fn call(&self, op: Op, key: &Key, quota: Quota, algorithm: Algorithm, cost: u32) -> RemoteCall;
+}
+
+pub(super) struct Backed<B: Backend> {
+    pub(super) backend: B,
+    pub(super) table: B::Table,
+}
+
+impl<B: Backend> Remote for Backed<B> {
+    fn call(&self, op: Op, key: &Key, quota: Quota, algorithm: Algorithm, cost: u32) -> RemoteCall {
+        let item = Item::new(&self.table, key.clone(), quota, cost).algorithm(algorithm);
+        Box::pin(self.backend.apply(op, &[item]))
+    }
+}
+
+/// What lease mode did, since the store was made (see
+/// [`Resilient::lease_stats`](super::Resilient::lease_stats)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseStats {
+    /// Leased checks decided here, without a call: allowed from leased tokens.
+    pub local_allowed: u64,
+    /// Leased checks refused here, without a call, while this instance waits for the
+    /// shared bucket to have a batch again.
+    pub local_refused: u64,
+    /// Leased checks that went to the backend (no tokens here yet).
+    pub remote: u64,
+    /// Calls that took a lease (granted or not).
+    pub lease_calls: u64,
+    /// Tokens taken in leases.
+    pub leased_tokens: u64,
+    /// Calls that gave unspent tokens back.
+    pub return_calls: u64,
+    /// Tokens given back.
+    pub returned_tokens: u64,
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    local_allowed: AtomicU64,
+    local_refused: AtomicU64,
+    remote: AtomicU64,
+    lease_calls: AtomicU64,
+    leased_tokens: AtomicU64,
+    return_calls: AtomicU64,
+    returned_tokens: AtomicU64,
+}
+
+impl Counters {
+    pub(super) fn snapshot(&self) -> LeaseStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        LeaseStats {
+            local_allowed: get(&self.local_allowed),
+            local_refused: get(&self.local_refused),
+            remote: get(&self.remote),
+            lease_calls: get(&self.lease_calls),
+            leased_tokens: get(&self.leased_tokens),
+            return_calls: get(&self.return_calls),
+            returned_tokens: get(&self.returned_tokens),
+        }
+    }
+
+    fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// The lease of one key.
+#[derive(Default)]
+struct Slot {
+    /// The quota the tokens were taken under; another quota starts afresh.
+    salt: u64,
+    /// That quota and the algorithm, to give the tokens back.
+    held_as: Option<(Quota, Algorithm)>,
+    /// Tokens taken and not spent.
+    tokens: u64,
+    /// Spend them before this instant (never after a fixed window ends).
+    expires: u64,
+    /// A fixed window: when the window the tokens were taken in ends (0: GCRA).
+    window_end: u64,
+    /// No lease before this instant: the key is refused here until then.
+    refused_until: u64,
+    /// A lease call is on its way.
+    taking: bool,
+    /// The shared bucket's tokens after the last lease call, and when it was sent.
+    shared_left: u64,
+    shared_at: u64,
+    /// Tokens asked for (spent or refused) since `since`: the instance's rate on the key.
+    demand: u64,
+    since: u64,
+    /// Near exhaustion, the fewest tokens worth a call: this instance waits until they are
+    /// back before it asks again.
+    min_batch: u64,
+    /// Below this many tokens, the next lease is taken while the last ones are spent.
+    low_water: u64,
+    /// The last lease call was refused, or given less than asked: the shared bucket is
+    /// nearly empty, and requests wait for the next lease here instead of each asking.
+    exhausted: bool,
+    /// Near exhaustion, how many times longer than the refill of `min_batch` this instance
+    /// waits before it asks again (doubled when a call finds other instances took the
+    /// tokens, halved when one is granted whole): instances that share an empty bucket
+    /// space their calls out instead of all asking at each refill.
+    backoff: u64,
+    /// The last request.
+    used_at: u64,
+}
+
+/// What the lease of a key says about one item of a request.
+pub(super) enum Local {
+    /// Its tokens are here and were taken (give them back with [`LeaseTable::undo`] if the
+    /// request does not pass).
+    Taken(Outcome),
+    /// Refused here until tokens come back.
+    Refused(Outcome),
+    /// Ask the backend.
+    Remote,
+}
+
+/// What [`LeaseTable::decide`] answers: the item's decision, a lease of this many tokens
+/// to take in the background, and tokens to give back.
+pub(super) struct Decided {
+    pub(super) local: Local,
+    pub(super) take: Option<u64>,
+    pub(super) give_back: GiveBack,
+}
+
+/// One limit's leases.
+pub(super) struct LeaseTable {
+    shards: Box<[Mutex<HashMap<Key, Slot, foldhash::fast::RandomState>>]>,
+    hasher: foldhash::fast::RandomState,
+    pub(super) remote: Box<dyn Remote>,
+    /// Keys held by every table of the store.
+    keys: Arc<AtomicUsize>,
+    max_keys: usize,
+    pub(super) counters: Arc<Counters>,
+    /// The store's clock and call timeout, for giving back when the table is dropped.
+    clock: SharedClock,
+    timeout: Duration,
+}
+
+/// What an item needs from its lease.
+#[derive(Clone, Copy)]
+pub(super) struct Ask {
+    pub(super) quota: Quota,
+    pub(super) algorithm: Algorithm,
+    pub(super) lease: Lease,
+    pub(super) cost: u32,
+}
+
+/// Tokens to give back: `(key, quota, algorithm, tokens)`.
+pub(super) type GiveBack = Option<(Key, Quota, Algorithm, u64)>;
+
+impl LeaseTable {
+    pub(super) fn new(
+        remote: Box<dyn Remote>,
+        keys: Arc<AtomicUsize>,
+        max_keys: usize,
+        counters: Arc<Counters>,
+        clock: SharedClock,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            remote,
+            keys,
+            max_keys,
+            counters,
+            clock,
+            timeout,
+        }
+    }
+
+    fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, Slot, foldhash::fast::RandomState>> {
+        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
+        // A panic while a shard is held leaves its slots as they were: counts only.
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether an item is decided by its lease: an enforcing check of a positive cost,
+    /// not a reservation, of an algorithm that can lease.
+    pub(super) fn applies(
+        item_mode: Mode,
+        cost: u32,
+        max_wait: Duration,
+        algorithm: Algorithm,
+    ) -> bool {
+        item_mode == Mode::Enforce
+            && cost > 0
+            && max_wait.is_zero()
+            && matches!(algorithm, Algorithm::Gcra | Algorithm::FixedWindow { .. })
+    }
+
+    /// Decides an item from the lease of `key` at `now`; also answers tokens to give back
+    /// (a lease past its age, or taken under another quota). `timeout_ns`: the longest a
+    /// call may take (a fixed window's units go back only if the call surely lands in
+    /// their window).
+    pub(super) fn decide(&self, key: &Key, ask: Ask, now: u64, timeout_ns: u64) -> Decided {
+        let mut shard = self.shard(key);
+        if !shard.contains_key(key) {
+            if self.keys.load(Ordering::Relaxed) >= self.max_keys {
+                self.sweep(&mut shard, now);
+                if self.keys.load(Ordering::Relaxed) >= self.max_keys {
+                    Counters::add(&self.counters.remote, 1);
+                    return Decided {
+                        local: Local::Remote,
+                        take: None,
+                        give_back: None,
+                    };
+                }
+            }
+            self.keys.fetch_add(1, Ordering::Relaxed);
+            shard.insert(
+                key.clone(),
+                Slot {
+                    since: now,
+                    ..Slot::default()
+                },
+            );
+        }
+        let slot = shard.get_mut(key).expect("inserted above");
+        if slot.held_as.is_none() {
+            slot.held_as = Some((ask.quota, ask.algorithm));
+        }
+        let salt = super::quota_salt(&ask.quota);
+        let mut give_back = None;
+        if slot.salt != salt || (slot.tokens > 0 && now >= slot.expires) {
+            let returnable =
+                slot.window_end == 0 || now.saturating_add(timeout_ns) < slot.window_end;
+            if slot.tokens > 0 && returnable {
+                give_back = Some((key.clone(), ask.quota, ask.algorithm, slot.tokens));
+            }
+            if slot.salt != salt {
+                *slot = Slot {
+                    salt,
+                    held_as: Some((ask.quota, ask.algorithm)),
+                    since: now,
+                    ..Slot::default()
+                };
+            }
+            slot.tokens = 0;
+        }
+        slot.used_at = now;
+        slot.demand = slot.demand.saturating_add(u64::from(ask.cost));
+        let cost = u64::from(ask.cost);
+        let mut take = None;
+        let local = if slot.refused_until > now {
+            Counters::add(&self.counters.local_refused, 1);
+            Local::Refused(refused(&ask, slot.refused_until - now))
+        } else if slot.tokens >= cost {
+            slot.tokens -= cost;
+            Counters::add(&self.counters.local_allowed, 1);
+            if !slot.taking && slot.tokens < slot.low_water {
+                take = Some(start(slot, &ask, now));
+            }
+            Local::Taken(allowed(&ask, slot, now))
+        } else {
+            if !slot.taking {
+                take = Some(start(slot, &ask, now));
+            }
+            if slot.exhausted {
+                // Near exhaustion: wait for the lease rather than ask for each request.
+                Counters::add(&self.counters.local_refused, 1);
+                Local::Refused(refused(&ask, ask.quota.t_ns()))
+            } else {
+                Counters::add(&self.counters.remote, 1);
+                Local::Remote
+            }
+        };
+        Decided {
+            local,
+            take,
+            give_back,
+        }
+    }
+
+    /// Gives back tokens taken by [`decide`](Self::decide) for a request that did not
+    /// pass.
+    pub(super) fn undo(&self, key: &Key, cost: u32) {
+        if let Some(slot) = self.shard(key).get_mut(key) {
+            slot.tokens += u64::from(cost);
+        }
+        self.counters.local_allowed.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// What a lease call answered, sent at `sent_at` for `asked` tokens. Answers the
+    /// tokens to take in a second call (the bucket had fewer than asked, but enough to
+    /// be worth it), and tokens to give back (the key's lease was reset meanwhile).
+    pub(super) fn settle(
+        &self,
+        key: &Key,
+        ask: Ask,
+        asked: u64,
+        sent_at: u64,
+        answer: Option<Outcome>,
+        last: bool,
+    ) -> (Option<u64>, GiveBack) {
+        Counters::add(&self.counters.lease_calls, 1);
+        let mut shard = self.shard(key);
+        let salt = super::quota_salt(&ask.quota);
+        let Some(slot) = shard.get_mut(key).filter(|s| s.salt == salt) else {
+            let granted = answer.filter(Outcome::is_allowed).map(|_| asked);
+            if let Some(g) = granted {
+                Counters::add(&self.counters.leased_tokens, g);
+            }
+            return (
+                None,
+                granted.map(|g| (key.clone(), ask.quota, ask.algorithm, g)),
+            );
+        };
+        let Some(o) = answer else {
+            // The call failed: the next requests go to the backend (and its policy).
+            slot.taking = false;
+            return (None, None);
+        };
+        slot.shared_left = o.remaining();
+        slot.shared_at = sent_at;
+        if o.is_allowed() {
+            Counters::add(&self.counters.leased_tokens, asked);
+            slot.tokens += asked;
+            slot.taking = false;
+            // Granted less than first asked (the second call takes what was left), or
+            // leaving less than a lease in the bucket: it is nearly empty.
+            slot.exhausted = last || o.remaining() < asked;
+            slot.backoff = (slot.backoff / 2).max(1);
+            let age = u64::try_from(ask.lease.age().as_nanos()).unwrap_or(u64::MAX);
+            slot.expires = sent_at.saturating_add(age);
+            if ask.algorithm.is_window() {
+                // Counted from the send: never after the backend's own end of the window.
+                let end = sent_at.saturating_add(duration_ns(o.reset_after()));
+                slot.window_end = end;
+                slot.expires = slot.expires.min(end);
+            }
+            return (None, None);
+        }
+        let left = o.remaining();
+        let enough = if ask.algorithm.is_window() {
+            1
+        } else {
+            slot.min_batch
+        };
+        if !last && left >= enough.max(1) && left < asked {
+            return (Some(left), None); // still `taking`
+        }
+        slot.taking = false;
+        slot.exhausted = true;
+        slot.backoff = (slot.backoff.max(1) * 2).min(MAX_BACKOFF);
+        let wait = if ask.algorithm.is_window() {
+            o.retry_after().map_or(0, duration_ns)
+        } else {
+            let t = ask.quota.t_ns();
+            let next = o.next_after().map_or(t, duration_ns);
+            let refill = next.saturating_add(
+                enough
+                    .saturating_sub(left)
+                    .saturating_sub(1)
+                    .saturating_mul(t),
+            );
+            refill.saturating_mul(slot.backoff)
+        };
+        slot.refused_until = sent_at.saturating_add(wait);
+        (None, None)
+    }
+
+    /// Gives `tokens` of `key` back to the backend, in the background (never beyond a
+    /// full bucket: a refund). Without a Tokio runtime they return as the bucket refills.
+    pub(super) fn give_back(&self, key: &Key, quota: Quota, algorithm: Algorithm, tokens: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        Counters::add(&self.counters.return_calls, 1);
+        Counters::add(&self.counters.returned_tokens, tokens);
+        let cost = u32::try_from(tokens).unwrap_or(u32::MAX);
+        let call = self.remote.call(Op::Refund, key, quota, algorithm, cost);
+        let timeout = self.timeout;
+        runtime.spawn(async move {
+            // A refund that fails leaves the tokens to come back as the bucket refills.
+            let _ = tokio::time::timeout(timeout, call).await;
+        });
+    }
+
+    /// Forgets the keys of `shard` that hold nothing: no tokens, no call on its way, no
+    /// refusal running, unused for a second.
+    fn sweep(&self, shard: &mut HashMap<Key, Slot, foldhash::fast::RandomState>, now: u64) {
+        let before = shard.len();
+        shard.retain(|_, s| {
+            s.tokens > 0
+                || s.taking
+                || s.refused_until > now
+                || now.saturating_sub(s.used_at) < 1_000_000_000
+        });
+        self.keys.fetch_sub(before - shard.len(), Ordering::Relaxed);
+    }
+}
+
+/// The table's limit is gone (its layer or limiter was dropped, or reloaded rules removed
+/// it): unspent tokens go back.
+impl Drop for LeaseTable {
+    fn drop(&mut self) {
+        let now = self.clock.now();
+        let timeout_ns = duration_ns(self.timeout);
+        let mut held = 0;
+        let mut back = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            held += shard.len();
+            for (key, slot) in shard.iter() {
+                let returnable =
+                    slot.window_end == 0 || now.saturating_add(timeout_ns) < slot.window_end;
+                if let Some((quota, algorithm)) = slot.held_as
+                    && slot.tokens > 0
+                    && now < slot.expires
+                    && returnable
+                {
+                    back.push((key.clone(), quota, algorithm, slot.tokens));
+                }
+            }
+        }
+        self.keys.fetch_sub(held, Ordering::Relaxed);
+        for (key, quota, algorithm, tokens) in back {
+            self.give_back(&key, quota, algorithm, tokens);
+        }
+    }
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Starts a lease call for `slot`: how many tokens to ask for.
+fn start(slot: &mut Slot, ask: &Ask, now: u64) -> u64 {
+    let (want, min_batch) = want(slot, ask, now);
+    slot.taking = true;
+    slot.min_batch = min_batch;
+    slot.low_water = want / 4;
+    slot.demand = 0;
+    slot.since = now;
+    want
+}
+
+/// The lease to ask for, and the fewest tokens worth a call: about 100 ms of the
+/// instance's demand on the key, at least the request's cost, at most the lease's cap less
+/// what is held; when the shared bucket is likely to have less, what it likely has, but
+/// never under half of that (near exhaustion, fewer tokens are not worth a call).
+fn want(slot: &Slot, ask: &Ask, now: u64) -> (u64, u64) {
+    let cost = u64::from(ask.cost);
+    let cap = ask
+        .lease
+        .cap(&ask.quota)
+        .saturating_sub(slot.tokens)
+        .max(cost);
+    let elapsed = now.saturating_sub(slot.since).max(MIN_ELAPSED_NS);
+    let rate = u128::from(slot.demand) * u128::from(REFILL_TARGET_NS) / u128::from(elapsed);
+    let mut want = u64::try_from(rate).unwrap_or(u64::MAX);
+    if slot.exhausted {
+        // The bucket is nearly empty and refills at its rate for every instance: fewer,
+        // larger batches, each worth the wait.
+        want = want.saturating_mul(EXHAUSTED_BATCH);
+    }
+    let mut want = want.clamp(cost, cap);
+    let min_batch = if slot.exhausted {
+        want
+    } else {
+        (want / 2).max(cost)
+    };
+    if slot.shared_at != 0 && !ask.algorithm.is_window() {
+        let accrued = now.saturating_sub(slot.shared_at) / ask.quota.t_ns().max(1);
+        let likely = slot
+            .shared_left
+            .saturating_add(accrued)
+            .min(ask.quota.burst_size());
+        want = want.min(likely.max(min_batch));
+    }
+    (want, min_batch)
+}
+
+/// A request allowed from the lease: what is left is the lease and what the shared bucket
+/// had at the last call (with what came back since, for GCRA), at most a full bucket.
+fn allowed(ask: &Ask, slot: &Slot, now: u64) -> Outcome {
+    let depth = ask.quota.burst_size();
+    if ask.algorithm.is_window() {
+        let until_end = slot.window_end.saturating_sub(now);
+        let remaining = slot.tokens.saturating_add(slot.shared_left).min(depth);
+        return Outcome::window(
+            window::Report {
+                verdict: gcra::Admission::Allowed,
+                remaining,
+                reset_after: until_end,
+                next_after: Some(until_end),
+                wait: 0,
+            },
+            1,
+        );
+    }
+    let t = ask.quota.t_ns();
+    let accrued = now.saturating_sub(slot.shared_at) / t.max(1);
+    let shared = slot.shared_left.saturating_add(accrued);
+    let remaining = slot.tokens.saturating_add(shared).min(depth);
+    let params = Params::new(t, depth);
+    Outcome::new(
+        gcra::Admission::Allowed,
+        (depth - remaining).saturating_mul(t),
+        params,
+        1,
+    )
+}
+
+/// A request refused from the lease for `wait_ns`.
+fn refused(ask: &Ask, wait_ns: u64) -> Outcome {
+    if ask.algorithm.is_window() {
+        return Outcome::window(
+            window::Report {
+                verdict: gcra::Admission::Denied {
+                    retry_after: wait_ns.max(1),
+                },
+                remaining: 0,
+                reset_after: wait_ns,
+                next_after: Some(wait_ns),
+                wait: 0,
+            },
+            1,
+        );
+    }
+    super::cached_outcome(&ask.quota, ask.cost, wait_ns)
+}
+
+/// The status of an item decided by its lease.
+pub(super) fn status(local: &Local) -> Status {
+    match local {
+        Local::Taken(o) | Local::Refused(o) => Status::Checked(*o),
+        Local::Remote => Status::Unchecked,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(quota: Quota, lease: Lease) -> Ask {
+        Ask {
+            quota,
+            algorithm: Algorithm::Gcra,
+            lease,
+            cost: 1,
+        }
+    }
+
+    #[test]
+    fn a_lease_is_sized_by_the_instances_rate_within_its_cap() {
+        let a = ask(Quota::per_second(1_000).burst(1_000), Lease::tokens(100));
+        // First request: nothing known but one request within the shortest measure.
+        let mut slot = Slot {
+            demand: 1,
+            ..Slot::default()
+        };
+        assert_eq!(want(&slot, &a, 0), (100, 50));
+        // 10 requests in 10 ms: 100 per 100 ms.
+        slot.demand = 10;
+        assert_eq!(want(&slot, &a, 10_000_000), (100, 50));
+        // 5 in 50 ms: 10 per 100 ms.
+        slot.demand = 5;
+        assert_eq!(want(&slot, &a, 50_000_000), (10, 5));
+        // Never above the cap less what is held.
+        slot.demand = 1_000;
+        slot.tokens = 30;
+        assert_eq!(want(&slot, &a, 1_000_000), (70, 35));
+        // No more than the shared bucket is likely to have (60 left 1 ms ago: 61 now)...
+        slot.tokens = 0;
+        slot.shared_left = 60;
+        slot.shared_at = 9_000_000;
+        assert_eq!(want(&slot, &a, 10_000_000), (61, 50));
+        // ...but never under half of what the rate asks for.
+        slot.shared_left = 2;
+        assert_eq!(want(&slot, &a, 10_000_000), (50, 50));
+    }
+
+    #[test]
+    fn an_allowed_local_outcome_reports_the_lease_and_the_shared_tokens() {
+        let a = ask(Quota::per_second(10), Lease::tokens(5)); // T = 100 ms, burst 10
+        let slot = Slot {
+            tokens: 3,
+            shared_left: 2,
+            shared_at: 1_000_000_000,
+            ..Slot::default()
+        };
+        let o = allowed(&a, &slot, 1_100_000_000);
+        assert!(o.is_allowed());
+        assert_eq!(o.wait(), Duration::ZERO);
+        // 3 here, 2 + 1 (100 ms) there.
+        assert_eq!(o.remaining(), 6);
+    }
+}

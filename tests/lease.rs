@@ -1,0 +1,441 @@
+//! Lease mode (`Lease`) on a `Resilient` store: several instances (stores) over one shared
+//! backend, a fake clock, and tokio's paused time, so every run is the same. The bound is
+//! checked over arbitrary arrival patterns, instance counts and lease sizes; the rest pins
+//! what a user sees: the share of decisions made without a call, all or nothing with an
+//! exact limit beside, tokens given back, configuration errors.
+
+use std::future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate::clock::{Clock, FakeClock};
+use tollgate::store::{
+    Backend, Checked, Item, MemoryStore, MemoryTable, Op, Resilient, Statuses, Store, StoreError,
+};
+use tollgate::{Algorithm, Lease, LimitSpec, Limiter, Quota};
+
+/// The shared store: a memory store on the fake clock, seen through the `Backend` trait,
+/// counting calls.
+#[derive(Clone)]
+struct Shared {
+    store: MemoryStore<FakeClock>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Shared {
+    fn new(clock: &FakeClock) -> Self {
+        Self {
+            store: MemoryStore::with_clock(clock.clone()),
+            calls: Arc::default(),
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl Backend for Shared {
+    type Table = MemoryTable;
+    type Future = future::Ready<Result<Statuses, StoreError>>;
+
+    fn table(&self, name: &str) -> MemoryTable {
+        self.store.table(name)
+    }
+
+    fn apply(&self, op: Op, items: &[Item<'_, MemoryTable>]) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let Checked::Ready(statuses) = self.store.apply(op, items) else {
+            unreachable!("a memory store answers at once")
+        };
+        future::ready(Ok(statuses))
+    }
+}
+
+/// `n` instances: a store each over `shared`, and a limiter with `spec` on it.
+fn instances(
+    n: usize,
+    shared: &Shared,
+    clock: &FakeClock,
+    spec: &LimitSpec,
+) -> Vec<(Resilient<Shared>, Limiter)> {
+    (0..n)
+        .map(|_| {
+            let store = Resilient::new(shared.clone())
+                .clock(clock.clone())
+                .deny_cache(false);
+            let limiter = Limiter::builder(store.clone())
+                .limit(spec.clone())
+                .build()
+                .unwrap();
+            (store, limiter)
+        })
+        .collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// Lets the background lease calls run: each `yield_now` lets every ready task take a
+/// step.
+async fn settle(steps: usize) {
+    for _ in 0..steps {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The largest number of grants in any interval, less what the exact limiter allows over
+/// it: `max over a <= b of count[a, b] - (burst + (b - a)/T)`, in tokens (times `t`).
+fn excess_over_exact(grants: &[u64], burst: u64, t: u64) -> i128 {
+    let mut worst = i128::MIN;
+    for i in 0..grants.len() {
+        for j in i..grants.len() {
+            let count = (j - i + 1) as i128;
+            let d = i128::from(grants[j] - grants[i]);
+            // count - burst - d/t, scaled by t to stay in integers.
+            let excess = count * i128::from(t) - i128::from(burst) * i128::from(t) - d;
+            worst = worst.max(excess);
+        }
+    }
+    worst
+}
+
+/// One request: which instance, how long after the previous one, and how many steps the
+/// background calls get before the next (0: they are still on their way).
+#[derive(Debug, Clone)]
+struct Arrival {
+    instance: usize,
+    after_us: u64,
+    steps: usize,
+}
+
+fn arrivals(instances: usize) -> impl Strategy<Value = Vec<Arrival>> {
+    prop::collection::vec(
+        (
+            0..instances,
+            prop_oneof![Just(0u64), 0..2_000u64, 0..200_000u64],
+            0..3usize,
+        )
+            .prop_map(|(instance, after_us, steps)| Arrival {
+                instance,
+                after_us,
+                steps,
+            }),
+        1..300,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        // The tests package has no lib.rs for proptest to store failures beside.
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// GCRA: over any interval of length d, the instances grant at most
+    /// `burst + d/T + N·L`, whatever the arrivals, the instance count, the lease size and
+    /// whether the lease calls have landed.
+    #[test]
+    fn gcra_leases_grant_at_most_burst_plus_d_over_t_plus_n_leases(
+        n in 1usize..=4,
+        lease in 1u32..=20,
+        (rate, burst) in (1u64..=200, 1u64..=40).prop_filter("lease fits", |_| true),
+        script in arrivals(4),
+    ) {
+        let lease = lease.min(burst as u32);
+        let clock = FakeClock::at(Duration::from_secs(1_000));
+        let shared = Shared::new(&clock);
+        let quota = Quota::per_second(rate).burst(burst);
+        let spec = LimitSpec::new("api", quota).lease(Lease::tokens(lease));
+        let fleet = instances(n, &shared, &clock, &spec);
+        let mut grants = Vec::new();
+        runtime().block_on(async {
+            for a in &script {
+                clock.advance(Duration::from_micros(a.after_us));
+                let (_, limiter) = &fleet[a.instance % n];
+                if limiter.check("api", "k", 1).await.unwrap().allowed() {
+                    grants.push(clock.now());
+                }
+                settle(a.steps).await;
+            }
+        });
+        let t = u64::try_from(quota.emission_interval().as_nanos()).unwrap();
+        let bound = (n as i128) * i128::from(lease) * i128::from(t);
+        let excess = excess_over_exact(&grants, burst, t);
+        prop_assert!(excess <= bound, "excess {} tokens over the exact limiter, bound {} ({} instances x {})",
+            excess as f64 / t as f64, n as u64 * u64::from(lease), n, lease);
+    }
+
+    /// A fixed window: leased units are spent only in the window they were counted in, so
+    /// no window ever grants more than its limit.
+    #[test]
+    fn fixed_window_leases_never_grant_more_than_the_limit_in_a_window(
+        n in 1usize..=4,
+        lease in 1u32..=10,
+        limit in 1u64..=30,
+        script in arrivals(4),
+    ) {
+        let lease = lease.min(limit as u32);
+        let clock = FakeClock::at(Duration::from_secs(1_000));
+        let shared = Shared::new(&clock);
+        let window = Duration::from_millis(100);
+        let quota = Quota::new(limit, window).unwrap();
+        let spec = LimitSpec::new("api", quota)
+            .algorithm(Algorithm::fixed_window())
+            .lease(Lease::tokens(lease));
+        let fleet = instances(n, &shared, &clock, &spec);
+        let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
+        runtime().block_on(async {
+            for a in &script {
+                clock.advance(Duration::from_micros(a.after_us));
+                let (_, limiter) = &fleet[a.instance % n];
+                if limiter.check("api", "k", 1).await.unwrap().allowed() {
+                    let w = clock.now() / u64::try_from(window.as_nanos()).unwrap();
+                    *per_window.entry(w).or_default() += 1;
+                }
+                settle(a.steps).await;
+            }
+        });
+        for (w, granted) in per_window {
+            prop_assert!(granted <= limit, "window {}: {} granted, limit {}", w, granted, limit);
+        }
+    }
+}
+
+/// A hot key shared by 4 instances under the limit: after the first lease, almost every
+/// decision is made without a call.
+#[test]
+fn a_hot_key_under_the_limit_is_decided_locally_almost_always() {
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let shared = Shared::new(&clock);
+    // 10,000/s; the instances send 8,000/s together, 2,000 each.
+    let spec =
+        LimitSpec::new("global", Quota::per_second(10_000).burst(10_000)).lease(Lease::auto());
+    let fleet = instances(4, &shared, &clock, &spec);
+    let decisions = 40_000;
+    let mut allowed = 0;
+    runtime().block_on(async {
+        for i in 0..decisions {
+            clock.advance(Duration::from_micros(125));
+            let (_, limiter) = &fleet[i % 4];
+            if limiter.check("global", "all", 1).await.unwrap().allowed() {
+                allowed += 1;
+            }
+            settle(2).await;
+        }
+    });
+    let stats: Vec<_> = fleet.iter().map(|(s, _)| s.lease_stats()).collect();
+    let local: u64 = stats.iter().map(|s| s.local_allowed).sum();
+    assert_eq!(allowed, decisions, "under the limit, every request passes");
+    let calls = shared.calls();
+    eprintln!(
+        "under the limit: {local} of {decisions} decided locally, {calls} calls ({:.1} per 1,000)",
+        calls as f64 * 1_000.0 / decisions as f64
+    );
+    assert!(
+        local as f64 >= 0.99 * decisions as f64,
+        "{local} of {decisions} decided locally: {stats:?}"
+    );
+    assert!(
+        calls * 1_000 <= 10 * decisions,
+        "{calls} calls for {decisions} decisions: {stats:?}"
+    );
+}
+
+/// At 2× and 10× the limit, the instances grant what the exact limiter would over the
+/// run (within the leases they hold at the end), and refusals cost no call.
+#[test]
+fn over_the_limit_the_instances_grant_what_the_exact_limiter_would() {
+    for load in [2u64, 10] {
+        let clock = FakeClock::at(Duration::from_secs(1_000));
+        let shared = Shared::new(&clock);
+        let quota = Quota::per_second(1_000).burst(1_000);
+        let lease = Lease::auto();
+        let spec = LimitSpec::new("global", quota).lease(lease);
+        let fleet = instances(4, &shared, &clock, &spec);
+        let seconds = 10;
+        let decisions = (seconds * 1_000 * load) as usize;
+        let gap = Duration::from_nanos(1_000_000_000 / (1_000 * load));
+        let mut allowed = 0u64;
+        runtime().block_on(async {
+            for i in 0..decisions {
+                clock.advance(gap);
+                let (_, limiter) = &fleet[i % 4];
+                if limiter.check("global", "all", 1).await.unwrap().allowed() {
+                    allowed += 1;
+                }
+                settle(2).await;
+            }
+        });
+        let exact = quota.burst_size() + seconds * 1_000;
+        let calls = shared.calls() as u64;
+        let stats: Vec<_> = fleet.iter().map(|(s, _)| s.lease_stats()).collect();
+        // Taken from the shared bucket and not spent when the run ends.
+        let held: u64 = stats
+            .iter()
+            .map(|s| s.leased_tokens - s.local_allowed - s.returned_tokens)
+            .sum();
+        eprintln!(
+            "{load}x the limit: {allowed} granted (exact limiter {exact}, {held} held at the end), {calls} calls for {decisions} decisions ({:.1} per 1,000)",
+            calls as f64 * 1_000.0 / decisions as f64
+        );
+        assert!(
+            allowed <= exact,
+            "{load}x: {allowed} granted, exact limiter {exact}"
+        );
+        assert!(
+            held <= 4 * lease_cap(&quota),
+            "{load}x: {held} held, more than 4 leases"
+        );
+        assert!(
+            (allowed + held) * 100 >= exact * 98,
+            "{load}x: {allowed} granted + {held} held, exact limiter {exact}: {stats:#?}"
+        );
+        assert!(
+            calls * 1_000 <= 10 * decisions as u64,
+            "{load}x: {calls} calls for {decisions} decisions: {stats:#?}"
+        );
+    }
+}
+
+/// An eighth of the burst: `Lease::auto`'s cap.
+fn lease_cap(quota: &Quota) -> u64 {
+    (quota.burst_size() / 8).max(1)
+}
+
+/// A request with a leased limit and an exact one: the exact one refuses, so nothing is
+/// taken from the lease either.
+#[test]
+fn a_refusal_by_an_exact_limit_beside_takes_nothing_from_the_lease() {
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let shared = Shared::new(&clock);
+    let store = Resilient::new(shared.clone())
+        .clock(clock.clone())
+        .deny_cache(false);
+    let limiter = Limiter::builder(store.clone())
+        .limit(LimitSpec::new("leased", Quota::per_minute(100)).lease(Lease::tokens(10)))
+        .limit(LimitSpec::new("exact", Quota::per_minute(1)))
+        .build()
+        .unwrap();
+    runtime().block_on(async {
+        // The first check goes to the backend and starts a lease of 10.
+        assert!(limiter.check("leased", "k", 1).await.unwrap().allowed());
+        settle(4).await;
+        assert!(store.lease_stats().leased_tokens > 0);
+        // Grow the lease: 10 quick requests.
+        for _ in 0..10 {
+            limiter.check("leased", "k", 1).await.unwrap();
+            settle(4).await;
+        }
+        let before = store.lease_stats();
+        assert!(before.leased_tokens > 1, "{before:?}");
+        let held = before.leased_tokens - before.local_allowed;
+        // Exhaust the exact limit, then ask for both: refused, nothing taken.
+        assert!(limiter.check("exact", "k", 1).await.unwrap().allowed());
+        let both = limiter
+            .check_all([("leased", "k", 1), ("exact", "k", 1)])
+            .await
+            .unwrap();
+        assert!(!both.allowed());
+        let after = store.lease_stats();
+        assert_eq!(
+            after.leased_tokens - after.local_allowed,
+            held,
+            "the lease kept its tokens: {after:?}"
+        );
+    });
+}
+
+/// Tokens not spent go back: when the lease is older than its age, and when the limiter
+/// is dropped.
+#[test]
+fn unspent_tokens_go_back_when_the_lease_ages_and_when_the_limiter_is_dropped() {
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let shared = Shared::new(&clock);
+    let quota = Quota::per_hour(100); // nothing refills during the test
+    let spec =
+        LimitSpec::new("api", quota).lease(Lease::tokens(20).max_age(Duration::from_secs(1)));
+    let peek = |shared: &Shared| {
+        let table = shared.store.table("api");
+        let item = Item::new(&table, tollgate::key::Key::from_part("k"), quota, 0);
+        let Checked::Ready(s) = shared.store.apply(Op::Check, &[item]) else {
+            unreachable!()
+        };
+        s[0].outcome().unwrap().remaining()
+    };
+    // The memory store frees a table's buckets when its last handle goes: the test keeps
+    // one, as Redis keeps its keys.
+    let _kept = shared.store.table("api");
+    runtime().block_on(async {
+        let store = Resilient::new(shared.clone()).clock(clock.clone());
+        let limiter = Limiter::builder(store.clone())
+            .limit(spec.clone())
+            .build()
+            .unwrap();
+        for _ in 0..5 {
+            assert!(limiter.check("api", "k", 1).await.unwrap().allowed());
+            settle(4).await;
+        }
+        let stats = store.lease_stats();
+        let held = stats.leased_tokens - stats.local_allowed;
+        assert!(held > 0, "{stats:?}");
+        // The shared bucket counts what the instance holds.
+        assert_eq!(peek(&shared), 100 - 5 - held);
+        // Past the lease's age, the next request gives the rest back.
+        clock.advance(Duration::from_secs(2));
+        assert!(limiter.check("api", "k", 1).await.unwrap().allowed());
+        settle(8).await;
+        let stats = store.lease_stats();
+        assert_eq!(stats.returned_tokens, held, "{stats:?}");
+
+        // A second lease, given back when the limiter goes.
+        for _ in 0..5 {
+            limiter.check("api", "k", 1).await.unwrap();
+            settle(4).await;
+        }
+        let stats = store.lease_stats();
+        let spent = 5 + 1 + 5;
+        let held = stats.leased_tokens - stats.local_allowed - stats.returned_tokens;
+        assert_eq!(peek(&shared), 100 - spent - held, "{stats:?}");
+        drop(limiter);
+        settle(8).await;
+        let stats = store.lease_stats();
+        assert_eq!(
+            peek(&shared),
+            100 - spent,
+            "every unspent token is back: {stats:?} held {held}"
+        );
+    });
+}
+
+/// A lease the limit cannot take is a configuration error naming the field.
+#[test]
+fn a_lease_the_limit_cannot_take_is_refused_at_build() {
+    let store = Resilient::new(Shared::new(&FakeClock::default()));
+    let err = Limiter::builder(store.clone())
+        .limit(
+            LimitSpec::new("logins", Quota::per_minute(5))
+                .algorithm(Algorithm::SlidingLog)
+                .lease(Lease::auto()),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), r#"limits["logins"].lease"#);
+    let err = Limiter::builder(store)
+        .limit(LimitSpec::new("api", Quota::per_second(10)).lease(Lease::tokens(11)))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), r#"limits["api"].lease.tokens"#);
+    assert!(
+        err.to_string().contains("larger than the burst (10)"),
+        "{err}"
+    );
+}
