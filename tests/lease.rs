@@ -439,3 +439,63 @@ fn a_lease_the_limit_cannot_take_is_refused_at_build() {
         "{err}"
     );
 }
+
+/// A rules document leases with `lease = "auto"` or a number of tokens, and
+/// `lease_max_age`; what cannot lease is an error naming the line and the field.
+#[cfg(feature = "rules")]
+#[test]
+fn a_rules_document_leases_and_names_what_cannot() {
+    use tollgate::rules::Document;
+
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let shared = Shared::new(&clock);
+    let store = Resilient::new(shared.clone()).clock(clock.clone());
+    let doc = Document::from_toml(
+        r#"
+        [[limits]]
+        name = "global"
+        quota = "1000/s"
+        lease = "auto"
+
+        [[limits]]
+        name = "daily"
+        key = "header:x-api-key"
+        quota = "10000/d"
+        algorithm = "fixed_window"
+        lease = 50
+        lease_max_age = "500ms"
+        "#,
+    )
+    .unwrap();
+    assert!(doc.to_string().contains("leased (auto)"), "{doc}");
+    assert!(doc.to_string().contains("leased (up to 50)"), "{doc}");
+    let layer = doc.layer(store.clone()).unwrap();
+    let limiter = layer.limiter();
+    runtime().block_on(async {
+        for _ in 0..20 {
+            assert!(limiter.check("global", "all", 1).await.unwrap().allowed());
+            settle(4).await;
+        }
+    });
+    assert!(
+        store.lease_stats().local_allowed > 0,
+        "{:?}",
+        store.lease_stats()
+    );
+
+    let refused = |text: &str| {
+        Document::from_toml(text)
+            .and_then(|d| d.layer(store.clone()).map(|_| ()))
+            .unwrap_err()
+    };
+    let e = refused(
+        "[[limits]]\nname = \"a\"\nquota = \"5/min\"\nalgorithm = \"sliding_log\"\nlease = \"auto\"\n",
+    );
+    assert_eq!(e.field(), "limits[0].lease", "{e}");
+    let e = refused("[[limits]]\nname = \"a\"\nquota = \"5/min\"\nlease_max_age = \"1s\"\n");
+    assert_eq!(e.field(), "limits[0].lease_max_age", "{e}");
+    let e = refused("[[limits]]\nname = \"a\"\nquota = \"5/min\"\nlease = \"sometimes\"\n");
+    assert!(e.to_string().contains("\"auto\" or a whole number"), "{e}");
+    let e = refused("[[limits]]\nname = \"a\"\nquota = \"5/min\"\nlease = 6\n");
+    assert!(e.to_string().contains("larger than the burst (5)"), "{e}");
+}

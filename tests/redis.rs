@@ -649,3 +649,85 @@ async fn a_store_opened_while_redis_is_down_serves_and_then_uses_redis() {
     }
     assert!(!store.is_unavailable());
 }
+
+/// Lease mode on four instances of one Redis, 64 tasks on one key for at least 2 s: the
+/// grants stay within `burst + d/T + N·L` over the run, and most decisions make no call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_on_four_instances_grant_within_the_bound_with_64_tasks() {
+    use tollgate::{Lease, LimitSpec, Limiter};
+
+    let server = RedisServer::start();
+    let quota = Quota::per_second(1_000).burst(100);
+    let lease = 20;
+    let mut limiters = Vec::new();
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        let store = store(&server).await.prefix("lease:");
+        let limiter = Limiter::builder(store.clone())
+            .limit(
+                LimitSpec::new("global", quota)
+                    .lease(Lease::tokens(lease))
+                    .on_store_failure(FailurePolicy::Deny),
+            )
+            .build()
+            .unwrap();
+        stores.push(store);
+        limiters.push(limiter);
+    }
+    reset_stats(&server).await;
+    let allowed = Arc::new(AtomicUsize::new(0));
+    let total = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(2);
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let limiter = limiters[i % 4].clone();
+            let (allowed, total) = (allowed.clone(), total.clone());
+            tokio::spawn(async move {
+                while Instant::now() < deadline || total.load(Ordering::Relaxed) < 4_000 {
+                    let d = limiter.check("global", "all", 1).await.unwrap();
+                    total.fetch_add(1, Ordering::Relaxed);
+                    if d.allowed() {
+                        allowed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // A decision made here is ready at once: a task that loops on them
+                    // must let the others (and the lease calls) run, as a server's
+                    // requests, each waiting for its own I/O, do.
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let lasted = start.elapsed().as_secs_f64();
+    let (allowed, total) = (
+        allowed.load(Ordering::Relaxed),
+        total.load(Ordering::Relaxed),
+    );
+    let bound = 100 + (lasted * 1_000.0) as usize + 4 * lease as usize;
+    let evalsha = calls(&server, "evalsha").await;
+    let local: u64 = stores
+        .iter()
+        .map(|s| {
+            let st = s.lease_stats();
+            st.local_allowed + st.local_refused
+        })
+        .sum();
+    eprintln!(
+        "leases: {allowed} of {total} admitted in {lasted:.2} s (bound {bound}); {local} decided locally; {evalsha} EVALSHA; {:?}",
+        stores.iter().map(|s| s.lease_stats()).collect::<Vec<_>>()
+    );
+    assert!(
+        allowed <= bound,
+        "admitted {allowed} of {total} in {lasted:.2} s: over {bound}"
+    );
+    assert!(allowed > 100, "admitted {allowed} of {total}");
+    // Most decisions make no call (how many depends on the machine's speed; a fifth is a
+    // floor that any machine clears).
+    assert!(
+        (evalsha as usize) * 5 < total,
+        "{evalsha} EVALSHA for {total} decisions"
+    );
+}

@@ -17,8 +17,9 @@ use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::parse_period;
 use crate::base::error::ConfigError;
 use crate::middleware::builder::RateLimitBuilder;
+use crate::model::lease::Lease;
 use crate::model::policy::{FailurePolicy, MissingKey, Mode};
-use crate::rules::document::{CostSpec, Document, LimitRule};
+use crate::rules::document::{CostSpec, Document, LeaseSpec, LimitRule};
 use crate::store::Store;
 use crate::web::cost::Cost;
 use crate::web::headers::{HeaderStyle, ResetFormat};
@@ -464,5 +465,35 @@ fn on_limit(rule: &LimitRule, mut limit: Limit) -> Result<Limit, ConfigError> {
     if let Some(tokens) = rule.max_reserved {
         limit = limit.max_reserved(tokens);
     }
-    Ok(limit)
+    lease(rule, limit)
+}
+
+/// `lease` and `lease_max_age` (the builder checks the lease against the algorithm and
+/// the burst).
+fn lease(rule: &LimitRule, limit: Limit) -> Result<Limit, ConfigError> {
+    let Some(spec) = &rule.lease else {
+        if rule.lease_max_age.is_some() {
+            return Err(ConfigError::new(
+                "lease_max_age",
+                "only a limit with a `lease` has leases to age",
+            ));
+        }
+        return Ok(limit);
+    };
+    let mut lease = match spec {
+        LeaseSpec::Auto => Lease::auto(),
+        LeaseSpec::Tokens(n) => Lease::tokens(u32::try_from(*n).map_err(|_| {
+            ConfigError::new("lease", format!("{n} tokens is more than a lease can hold"))
+        })?),
+    };
+    if let Some(age) = &rule.lease_max_age {
+        let age = parse_period(age).map_err(|e| {
+            ConfigError::new(
+                "lease_max_age",
+                format!("expected a duration such as `1s`: {}", e.reason()),
+            )
+        })?;
+        lease = lease.max_age(age);
+    }
+    Ok(limit.lease(lease))
 }

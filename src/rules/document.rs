@@ -123,6 +123,48 @@ pub struct LimitRule {
     /// `max_reserved`: the tokens one key may have reserved ahead (delay mode and
     /// [`Limiter::reserve`](crate::Limiter::reserve)); GCRA only.
     pub max_reserved: Option<u32>,
+    /// `lease`: `"auto"`, or the most tokens one instance holds (a number): the limit is
+    /// spent from leases when its store is remote ([`Limit::lease`](crate::Limit::lease)).
+    pub lease: Option<LeaseSpec>,
+    /// `lease_max_age`: how long leased tokens may wait to be spent (default `"1s"`);
+    /// only with `lease`.
+    pub lease_max_age: Option<String>,
+}
+
+/// A limit's `lease`: `"auto"`, or the most tokens one instance holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseSpec {
+    /// `"auto"`: sized by each instance's rate, at most an eighth of the burst.
+    Auto,
+    /// At most this many tokens per instance.
+    Tokens(u64),
+}
+
+impl<'de> Deserialize<'de> for LeaseSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = LeaseSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"auto\" or a whole number of tokens")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<LeaseSpec, E> {
+                Ok(LeaseSpec::Tokens(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<LeaseSpec, E> {
+                u64::try_from(v)
+                    .map(LeaseSpec::Tokens)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<LeaseSpec, E> {
+                match v {
+                    "auto" => Ok(LeaseSpec::Auto),
+                    other => Err(E::invalid_value(de::Unexpected::Str(other), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `[limits.plans]`: a quota per plan, the plan read from each request.
@@ -358,6 +400,11 @@ impl fmt::Display for Document {
             }
             if let Some(id) = rule.rule_id {
                 write!(f, ", rule {id}")?;
+            }
+            match &rule.lease {
+                Some(LeaseSpec::Auto) => write!(f, ", leased (auto)")?,
+                Some(LeaseSpec::Tokens(n)) => write!(f, ", leased (up to {n})")?,
+                None => {}
             }
             if rule.on_limit.as_deref() == Some("delay") {
                 let wait = rule.max_wait.as_deref().unwrap_or("?");

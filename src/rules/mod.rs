@@ -87,7 +87,7 @@ mod watch;
 
 #[cfg(feature = "rules-sql")]
 pub(crate) use compile::CustomKeys;
-pub use document::{CostSpec, Document, KeySpec, LimitRule, Plans, Settings};
+pub use document::{CostSpec, Document, KeySpec, LeaseSpec, LimitRule, Plans, Settings};
 pub use format::Format;
 pub use reload::{ReloadStatus, Rules, RulesBuilder};
 #[cfg(feature = "rules-sql")]
