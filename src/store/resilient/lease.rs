@@ -404,7 +404,12 @@ impl LeaseTable {
                     .saturating_sub(1)
                     .saturating_mul(t),
             );
-            refill.saturating_mul(slot.backoff)
+            // Never so long that the bucket could fill up meanwhile: tokens it cannot hold
+            // are lost to every instance.
+            let half_depth = ask.quota.burst_size().saturating_mul(t) / 2;
+            refill
+                .saturating_mul(slot.backoff)
+                .min(half_depth.max(refill))
         };
         slot.refused_until = sent_at.saturating_add(wait);
         (None, None)

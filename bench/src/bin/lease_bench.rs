@@ -1,0 +1,279 @@
+//! Lease mode against one check per request, on one Redis: four instances (four
+//! `RedisStore`s, each with its own connection and leases) in one process, side by side in
+//! the same run.
+//!
+//! ```text
+//! cargo run -p tollgate-bench --release --bin lease_bench --features redis -- \
+//!     --url redis://127.0.0.1:6379 --tasks 64 --seconds 5
+//! ```
+//!
+//! Scenarios, each run with `Lease::auto()` and without a lease:
+//!
+//! - `hot-under`: one key for every request, a quota no run reaches (10^6/s);
+//! - `hot-over`: one key, 1,000/s with a burst of 1,000, far below what the tasks send:
+//!   grants against the exact limiter's `burst + d/T` and the lease bound `+ N·L`;
+//! - `keys-under`: 10,000 keys drawn at random, a quota no run reaches.
+//!
+//! Per run: decisions per second, Redis calls per 1,000 decisions (`EVALSHA` and `EVAL` in
+//! `INFO commandstats` after `CONFIG RESETSTAT`, with the server's CPU time per decision),
+//! the share of decisions made without a call, latency p50/p99, and grants. Each task yields
+//! after each decision, as a server's requests, each with its own I/O, would.
+//! `scripts/lease_compare.sh` starts a throwaway Redis and runs it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate::store::RedisStore;
+use tollgate::{Lease, LimitSpec, Limiter, Quota};
+
+struct Args {
+    url: String,
+    tasks: usize,
+    seconds: u64,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        url: "redis://127.0.0.1:6379".into(),
+        tasks: 64,
+        seconds: 5,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--url" => args.url = value()?,
+            "--tasks" => args.tasks = value()?.parse().map_err(|e| format!("--tasks: {e}"))?,
+            "--seconds" => {
+                args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if args.tasks == 0 || args.seconds == 0 {
+        return Err("--tasks and --seconds must be at least 1".into());
+    }
+    Ok(args)
+}
+
+#[derive(Clone, Copy)]
+struct Scenario {
+    name: &'static str,
+    quota: Quota,
+    keys: u64,
+}
+
+struct Run {
+    decisions: u64,
+    granted: u64,
+    seconds: f64,
+    commands: u64,
+    usec: f64,
+    local: u64,
+    /// Tokens leased and neither spent nor given back when the run stopped.
+    held: u64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// `(calls, usec)` of the scripts (`EVALSHA`, `EVAL`) in `INFO commandstats`: what the
+/// clients send (the commands a script runs inside are counted apart by Redis, and their
+/// time is in the script's).
+async fn commandstats(conn: &mut redis::aio::MultiplexedConnection) -> (u64, f64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats");
+    let mut calls = 0;
+    let mut usec = 0.0;
+    for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
+        let name = line.split(':').next().unwrap_or("");
+        if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
+            continue;
+        }
+        for field in line.split([':', ',']) {
+            if let Some(v) = field.strip_prefix("calls=") {
+                calls += v.parse::<u64>().unwrap_or(0);
+            } else if let Some(v) = field.strip_prefix("usec=") {
+                usec += v.parse::<f64>().unwrap_or(0.0);
+            }
+        }
+    }
+    (calls, usec)
+}
+
+async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
+    let client = redis::Client::open(args.url.as_str()).expect("URL");
+    let mut admin = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis");
+    let mut limiters = Vec::new();
+    let mut stores = Vec::new();
+    let prefix = format!("lease-bench:{}:{}:{round}:", s.name, lease);
+    for _ in 0..4 {
+        let conn = client.get_connection_manager().await.expect("Redis");
+        let store = RedisStore::new(conn)
+            .prefix(&prefix)
+            .timeout(Duration::from_secs(1));
+        let mut spec = LimitSpec::new("limit", s.quota);
+        if lease {
+            spec = spec.lease(Lease::auto());
+        }
+        limiters.push(
+            Limiter::builder(store.clone())
+                .limit(spec)
+                .build()
+                .expect("limit"),
+        );
+        stores.push(store);
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut admin)
+        .await
+        .expect("CONFIG RESETSTAT");
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..args.tasks)
+        .map(|i| {
+            let limiter = limiters[i % 4].clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(1 << 16);
+                let mut granted = 0u64;
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (i as u64);
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let key = x % s.keys;
+                    let t = Instant::now();
+                    let d = limiter.check("limit", key, 1).await.expect("a known limit");
+                    latencies.push(u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX));
+                    granted += u64::from(d.allowed());
+                    tokio::task::yield_now().await;
+                }
+                (latencies, granted)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
+    let mut granted = 0;
+    for t in tasks {
+        let (l, g) = t.await.expect("task");
+        latencies.extend(l);
+        granted += g;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let (commands, usec) = commandstats(&mut admin).await;
+    latencies.sort_unstable();
+    let pct = |p: f64| {
+        let i = ((latencies.len() as f64 - 1.0) * p) as usize;
+        f64::from(latencies[i]) / 1_000.0
+    };
+    let local = stores
+        .iter()
+        .map(|s| {
+            let st = s.lease_stats();
+            st.local_allowed + st.local_refused
+        })
+        .sum();
+    let held = stores
+        .iter()
+        .map(|s| {
+            let st = s.lease_stats();
+            st.leased_tokens - st.local_allowed - st.returned_tokens
+        })
+        .sum();
+    Run {
+        held,
+        decisions: latencies.len() as u64,
+        granted,
+        seconds,
+        commands,
+        usec,
+        local,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}\nusage: lease_bench [--url URL] [--tasks N] [--seconds S]");
+            std::process::exit(2);
+        }
+    };
+    let scenarios = [
+        Scenario {
+            name: "hot-under",
+            quota: Quota::per_second(1_000_000).burst(1_000_000),
+            keys: 1,
+        },
+        Scenario {
+            name: "hot-over",
+            quota: Quota::per_second(1_000).burst(1_000),
+            keys: 1,
+        },
+        Scenario {
+            name: "keys-under",
+            quota: Quota::per_second(1_000_000).burst(1_000_000),
+            keys: 10_000,
+        },
+    ];
+    println!(
+        "{:<11} {:<6} {:>12} {:>14} {:>13} {:>8} {:>8} {:>8} {:>9}  grants",
+        "scenario",
+        "mode",
+        "decisions/s",
+        "calls/1000 dec",
+        "redis us/dec",
+        "local",
+        "p50 us",
+        "p99 us",
+        "granted"
+    );
+    for s in scenarios {
+        // Interleaved, twice: lease, exact, lease, exact.
+        for round in 0..2 {
+            for lease in [true, false] {
+                let r = run(&args, s, lease, round).await;
+                let grants = if s.name == "hot-over" {
+                    let exact = 1_000.0 + r.seconds * 1_000.0;
+                    let bound = exact + 4.0 * 125.0;
+                    format!(
+                        "{:.3} of burst + d/T ({:.0}), {:.3} with the {} tokens held at the end; lease bound {:.0}",
+                        r.granted as f64 / exact,
+                        exact,
+                        (r.granted + r.held) as f64 / exact,
+                        r.held,
+                        bound
+                    )
+                } else {
+                    String::new()
+                };
+                println!(
+                    "{:<11} {:<6} {:>12.0} {:>14.2} {:>13.3} {:>7.1}% {:>8.1} {:>8.1} {:>9}  {}",
+                    s.name,
+                    if lease { "lease" } else { "exact" },
+                    r.decisions as f64 / r.seconds,
+                    r.commands as f64 * 1_000.0 / r.decisions.max(1) as f64,
+                    r.usec / r.decisions.max(1) as f64,
+                    r.local as f64 * 100.0 / r.decisions.max(1) as f64,
+                    r.p50_us,
+                    r.p99_us,
+                    r.granted,
+                    grants
+                );
+            }
+        }
+    }
+}
