@@ -283,8 +283,18 @@ fn over_the_limit_the_instances_grant_what_the_exact_limiter_would() {
             .iter()
             .map(|s| s.leased_tokens - s.local_allowed - s.returned_tokens)
             .sum();
+        // Still in the shared bucket when the run stops (instances waiting for a batch).
+        let table = shared.store.table("global");
+        let item = Item::new(&table, tollgate::key::Key::from_part("all"), quota, 0);
+        let Checked::Ready(s) = shared.store.apply(Op::Check, &[item]) else {
+            unreachable!()
+        };
+        let in_bucket = s[0].outcome().unwrap().remaining();
+        // Every token the exact limiter would grant is granted, held or still in the
+        // bucket; the rest was lost (the bucket overflowed while the instances waited).
+        let lost = exact.saturating_sub(allowed + held + in_bucket);
         eprintln!(
-            "{load}x the limit: {allowed} granted (exact limiter {exact}, {held} held at the end), {calls} calls for {decisions} decisions ({:.1} per 1,000)",
+            "{load}x the limit: {allowed} granted (exact limiter {exact}; {held} held and {in_bucket} in the bucket at the end, {lost} lost), {calls} calls for {decisions} decisions ({:.1} per 1,000)",
             calls as f64 * 1_000.0 / decisions as f64
         );
         assert!(
@@ -296,8 +306,8 @@ fn over_the_limit_the_instances_grant_what_the_exact_limiter_would() {
             "{load}x: {held} held, more than 4 leases"
         );
         assert!(
-            (allowed + held) * 100 >= exact * 98,
-            "{load}x: {allowed} granted + {held} held, exact limiter {exact}: {stats:#?}"
+            lost * 100 <= exact,
+            "{load}x: {lost} of {exact} tokens lost: {stats:#?}"
         );
         assert!(
             calls * 1_000 <= 10 * decisions as u64,

@@ -404,12 +404,10 @@ impl LeaseTable {
                     .saturating_sub(1)
                     .saturating_mul(t),
             );
-            // Never so long that the bucket could fill up meanwhile: tokens it cannot hold
-            // are lost to every instance.
-            let half_depth = ask.quota.burst_size().saturating_mul(t) / 2;
-            refill
-                .saturating_mul(slot.backoff)
-                .min(half_depth.max(refill))
+            // Never so long that the bucket could fill up meanwhile (tokens it cannot hold
+            // are lost to every instance): at most three quarters of its depth.
+            let most = ask.quota.burst_size().saturating_mul(t) / 4 * 3;
+            refill.saturating_mul(slot.backoff).min(most.max(refill))
         };
         slot.refused_until = sent_at.saturating_add(wait);
         (None, None)
