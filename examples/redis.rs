@@ -18,6 +18,13 @@
 //!
 //! Stop Redis and the instances keep limiting, each on its own (the default failure
 //! policy: a local limiter with the same quota); start it again and they share again.
+//!
+//! With `LEASE=1`, the `global` limit is spent from leases: each instance takes tokens
+//! from Redis in batches and decides most requests without a call (`tollgate::Lease`):
+//!
+//! ```text
+//! LEASE=1 PORT=3000 cargo run -p tollgate --example redis --features redis
+//! ```
 
 use std::net::SocketAddr;
 
@@ -25,7 +32,7 @@ use axum::routing::get;
 use axum::{Extension, Router};
 use tollgate::key::PeerIp;
 use tollgate::store::RedisStore;
-use tollgate::{Decision, Limit, Quota, RateLimitLayer};
+use tollgate::{Decision, Lease, Limit, Quota, RateLimitLayer};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -40,9 +47,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // reconnects by itself; until then the limits fall back to local limiting.
     let store = RedisStore::open(&url)?.prefix("tollgate-example:");
 
+    let mut global = Limit::new("global", Quota::per_second(100).burst(200));
+    if std::env::var("LEASE").is_ok_and(|v| v == "1") {
+        global = global.lease(Lease::auto());
+        println!("the global limit is leased (LEASE=1)");
+    }
     let limits = RateLimitLayer::builder(store)
         .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))
-        .limit(Limit::new("global", Quota::per_second(100).burst(200)))
+        .limit(global)
         .build()?;
 
     let app = Router::new().route("/", get(hello)).route_layer(limits);
