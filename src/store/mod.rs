@@ -48,7 +48,7 @@ use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::Quota;
 use crate::model::lease::Lease;
 use crate::model::policy::{FailurePolicy, Mode};
-use crate::web::key::Key;
+use crate::model::key::Key;
 
 /// What to do to the buckets of a call. Each is one atomic step per
 /// bucket.

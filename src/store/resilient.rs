@@ -22,7 +22,7 @@ use crate::algo::quota::Quota;
 use crate::base::clock::{Clock, SharedClock};
 use crate::model::decision::{Outcome, Status};
 use crate::model::policy::{FailurePolicy, Mode};
-use crate::web::key::Key;
+use crate::model::key::Key;
 pub use lease::LeaseStats;
 use lease::{Ask, Backed, Counters, GiveBack, LeaseTable, Local};
 
