@@ -361,6 +361,8 @@ async fn hostile_keys_are_escaped_and_bounded() {
     }
     let mut c = server.connection().await;
     let keys: Vec<Vec<u8>> = c.keys("h:*").await.unwrap();
+    // The store's epoch marker aside (see `an_exhausted_key_stays_exhausted_...`).
+    let keys: Vec<Vec<u8>> = keys.into_iter().filter(|k| k != b"h:__epoch").collect();
     assert_eq!(
         keys.len(),
         5,
@@ -730,4 +732,64 @@ async fn leases_on_four_instances_grant_within_the_bound_with_64_tasks() {
         (evalsha as usize) * 5 < total,
         "{evalsha} EVALSHA for {total} decisions"
     );
+}
+
+/// Redis loses its buckets (FLUSHALL, then a restart without persistence): the store
+/// notices (its epoch marker is gone) and writes back the keys it saw refused, so an
+/// exhausted key stays exhausted instead of getting a full burst back.
+#[tokio::test]
+async fn an_exhausted_key_stays_exhausted_when_redis_loses_its_state() {
+    use tollgate::{LimitSpec, Limiter};
+
+    let mut server = RedisServer::start();
+    let spec = LimitSpec::new("login", Quota::per_minute(5));
+    let a_store = store(&server).await;
+    let a = Limiter::builder(a_store.clone())
+        .limit(spec.clone())
+        .build()
+        .unwrap();
+    // Another instance, which remembers nothing: what Redis says, it says.
+    let b_store = store(&server).await.deny_cache(false);
+    let b = Limiter::builder(b_store).limit(spec).build().unwrap();
+
+    for loss in ["flushall", "restart"] {
+        let key = format!("mallory-{loss}");
+        for _ in 0..5 {
+            assert!(a.check("login", key.as_str(), 1).await.unwrap().allowed());
+        }
+        assert!(!a.check("login", key.as_str(), 1).await.unwrap().allowed());
+        assert!(!b.check("login", key.as_str(), 1).await.unwrap().allowed());
+
+        if loss == "flushall" {
+            let mut c = server.connection().await;
+            let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        } else {
+            server.restart();
+        }
+        // The loss as an instance without a write-back sees it: a full bucket (looked at
+        // without taking anything).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while b.peek("login", key.as_str()).await.map(|d| d.remaining()) != Ok(Some(5)) {
+            assert!(
+                Instant::now() < deadline,
+                "{loss}: Redis never answered again"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Instance `a` notices within about a second of its calls, and writes back.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            a.check("login", "someone-else", 1).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if b.peek("login", key.as_str()).await.unwrap().remaining() == Some(0) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{loss}: the exhausted key was never written back"
+            );
+        }
+        // Exhausted again, for every instance.
+        assert!(!b.check("login", key.as_str(), 1).await.unwrap().allowed());
+    }
 }

@@ -46,9 +46,9 @@ pub use resilient::{LeaseStats, Resilient, ResilientTable};
 
 use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::Quota;
+use crate::model::key::Key;
 use crate::model::lease::Lease;
 use crate::model::policy::{FailurePolicy, Mode};
-use crate::model::key::Key;
 
 /// What to do to the buckets of a call. Each is one atomic step per
 /// bucket.
@@ -269,5 +269,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// The backend's name in logs (`"Redis"`).
     fn name(&self) -> &'static str {
         "the store"
+    }
+
+    /// How many times the backend lost its buckets since it was made (a restart without
+    /// persistence, a flush), as far as it can tell; `0` if it cannot. When the count
+    /// moves, [`Resilient`] writes back what it remembers of the keys it saw refused, so
+    /// that an exhausted key does not get a full bucket back.
+    fn resets(&self) -> u64 {
+        0
     }
 }

@@ -21,8 +21,8 @@ use crate::algo::gcra::{self, Params};
 use crate::algo::quota::Quota;
 use crate::base::clock::{Clock, SharedClock};
 use crate::model::decision::{Outcome, Status};
-use crate::model::policy::{FailurePolicy, Mode};
 use crate::model::key::Key;
+use crate::model::policy::{FailurePolicy, Mode};
 pub use lease::LeaseStats;
 use lease::{Ask, Backed, Counters, GiveBack, LeaseTable, Local};
 
@@ -106,6 +106,10 @@ pub(super) struct Inner<B> {
     /// Keys the leases of every table hold, and what lease mode did.
     lease_keys: Arc<AtomicUsize>,
     lease_counters: Arc<Counters>,
+    /// The backend's reset count this store has answered, and the refusals it would
+    /// write back at the next.
+    seen_resets: Arc<std::sync::atomic::AtomicU64>,
+    refused: Arc<std::sync::Mutex<std::collections::VecDeque<Refused>>>,
 }
 
 impl<B> Inner<B> {
@@ -171,6 +175,8 @@ impl<B: Backend> Resilient<B> {
                 metrics: crate::observe::probe::StoreMetrics::new(backend.name()),
                 lease_keys: Arc::default(),
                 lease_counters: Arc::default(),
+                seen_resets: Arc::default(),
+                refused: Arc::default(),
                 backend,
                 clock,
             }),
@@ -261,7 +267,22 @@ struct Part {
     max_wait: Duration,
     fallback: MemoryTable,
     deny: Option<MemoryTable>,
+    /// The limit's table for calls made later (a write-back after a reset).
+    remote: Arc<LeaseTable>,
 }
+
+/// A key the backend refused, remembered to be written back if the backend loses its
+/// buckets: refused until `until` on the store's clock.
+struct Refused {
+    remote: Arc<LeaseTable>,
+    key: Key,
+    quota: Quota,
+    algorithm: Algorithm,
+    until: u64,
+}
+
+/// Refusals remembered for a write-back, at most (the oldest go first).
+const REMEMBERED_REFUSALS: usize = 10_000;
 
 /// A fingerprint of a quota: a denial remembered under one quota says nothing about
 /// another (after a plan upgrade the key may pass at once).
@@ -408,6 +429,78 @@ impl<B: Backend> Resilient<B> {
         }
     }
 
+    /// Remembers a key the backend refused with nothing left (GCRA, or a fixed window),
+    /// until it could pass a request of cost 1: what a write-back restores if the backend
+    /// loses its buckets.
+    fn remember_refusal(&self, part: &Part, sent_at: u64, o: &Outcome) {
+        let restorable = matches!(
+            part.algorithm,
+            Algorithm::Gcra | Algorithm::FixedWindow { .. }
+        );
+        let Some(next) = o.next_after().filter(|_| restorable && o.remaining() == 0) else {
+            return;
+        };
+        let until = sent_at.saturating_add(u64::try_from(next.as_nanos()).unwrap_or(u64::MAX));
+        let mut refused = self.inner.refused.lock().unwrap_or_else(|e| e.into_inner());
+        if refused.len() >= REMEMBERED_REFUSALS {
+            refused.pop_front();
+        }
+        refused.push_back(Refused {
+            remote: part.remote.clone(),
+            key: part.key.clone(),
+            quota: part.quota,
+            algorithm: part.algorithm,
+            until,
+        });
+    }
+
+    /// The backend lost its buckets (its reset count moved): blocks every remembered key
+    /// until it was refused, in the background. A block only moves a bucket's state
+    /// forward, so keys that other instances wrote back, or that requests used since, lose
+    /// nothing; an exhausted key stays exhausted.
+    fn write_back_after_reset(&self) {
+        let inner = &*self.inner;
+        let resets = inner.backend.resets();
+        let seen = inner.seen_resets.load(std::sync::atomic::Ordering::Acquire);
+        if resets == seen
+            || inner
+                .seen_resets
+                .compare_exchange(
+                    seen,
+                    resets,
+                    std::sync::atomic::Ordering::AcqRel,
+                    std::sync::atomic::Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let now = inner.clock.now();
+        let refused: Vec<Refused> = {
+            let mut list = inner.refused.lock().unwrap_or_else(|e| e.into_inner());
+            list.drain(..).filter(|r| r.until > now).collect()
+        };
+        tracing::info!(
+            keys = refused.len(),
+            "tollgate: writing back the refused keys {} lost",
+            inner.backend.name()
+        );
+        let timeout = inner.timeout;
+        for r in refused {
+            let block = Duration::from_nanos(r.until - now);
+            let call = r
+                .remote
+                .remote
+                .call(Op::Block(block), &r.key, r.quota, r.algorithm, 1);
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(timeout, call).await;
+            });
+        }
+    }
+
     /// The statuses of a call the backend did not answer: each item's policy.
     fn on_failure(&self, op: Op, parts: &[Part]) -> Statuses {
         let mut statuses: Statuses = parts
@@ -509,6 +602,7 @@ impl<B: Backend> Resilient<B> {
                                 && !o.is_allowed()
                             {
                                 self.remember_denial(p, sent_at, o);
+                                self.remember_refusal(p, sent_at, o);
                             }
                         }
                     }
@@ -759,6 +853,7 @@ impl<B: Backend> Store for Resilient<B> {
         if items.is_empty() {
             return Checked::Ready(Statuses::new());
         }
+        self.write_back_after_reset();
         if op == Op::Check
             && items.iter().any(|i| i.lease.is_some())
             && let Some(answer) = self.leased(items)
@@ -784,6 +879,7 @@ impl<B: Backend> Store for Resilient<B> {
                 max_wait: item.max_wait,
                 fallback: item.table.fallback.clone(),
                 deny: item.table.deny.clone(),
+                remote: item.table.leases.clone(),
             })
             .collect();
         if self.inner.breaker.permit(self.inner.clock.now()) == Permit::Skip {

@@ -47,6 +47,18 @@ impl Connection {
         }
     }
 
+    /// Sends one command (on a cluster, to the node of its key).
+    pub(super) async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+            #[cfg(feature = "redis-cluster")]
+            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
     pub(super) fn is_cluster(&self) -> bool {
         !matches!(self, Connection::Single(_))
     }

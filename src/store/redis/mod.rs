@@ -1,6 +1,7 @@
 //! [`RedisStore`]: bucket state in Redis.
 
 mod command;
+mod epoch;
 mod keys;
 mod reply;
 
@@ -84,6 +85,8 @@ pub struct RedisBackend {
     prefix: Arc<[u8]>,
     /// The caller's clock; `None` for Redis `TIME`.
     now: Option<SharedClock>,
+    /// Whether Redis lost the buckets since this store started.
+    epoch: Arc<epoch::Epoch>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -117,6 +120,7 @@ impl RedisBackend {
             conn,
             prefix: Arc::from(&b"tollgate:"[..]),
             now: None,
+            epoch: Arc::default(),
         }
     }
 }
@@ -583,6 +587,27 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// Reads the epoch marker in the background, at most once a second (see
+    /// [`epoch`]).
+    fn probe_epoch(&self) {
+        if !self.epoch.due() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (conn, epoch) = (self.conn.clone(), self.epoch.clone());
+        let mut key = self.prefix.to_vec();
+        key.extend_from_slice(b"__epoch");
+        runtime.spawn(async move {
+            if let Err(error) = epoch.probe(&conn, &key).await {
+                tracing::debug!(%error, "tollgate: reading the Redis epoch marker failed");
+            }
+        });
+    }
+}
+
 impl Backend for RedisBackend {
     type Table = RedisTable;
     type Future = Pin<Box<dyn Future<Output = Result<Statuses, StoreError>> + Send>>;
@@ -612,6 +637,7 @@ impl Backend for RedisBackend {
                 max_wait_us: u64::try_from(item.max_wait.as_micros()).unwrap_or(u64::MAX),
             })
             .collect();
+        self.probe_epoch();
         let backend = self.clone();
         match op {
             Op::Check => Box::pin(backend.check(parts)),
@@ -621,6 +647,10 @@ impl Backend for RedisBackend {
 
     fn name(&self) -> &'static str {
         "Redis"
+    }
+
+    fn resets(&self) -> u64 {
+        self.epoch.resets()
     }
 }
 

@@ -22,10 +22,10 @@ use crate::algo::quota::Quota;
 use crate::algo::window;
 use crate::base::clock::{Clock, SharedClock};
 use crate::model::decision::{Outcome, Status};
+use crate::model::key::Key;
 use crate::model::lease::Lease;
 use crate::model::policy::Mode;
 use crate::store::{Backend, Item, Op, Statuses, StoreError};
-use crate::model::key::Key;
 
 /// Keys the leases of one store (all its tables) hold at most; past it, new keys are
 /// checked in the backend for every request.
