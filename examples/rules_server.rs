@@ -19,6 +19,15 @@
 //! sqlite3 rules.db "SELECT rule_id, limit_name, ip_address, endpoint, requested_at FROM RateLimitViolation"
 //! ```
 //!
+//! With `REDIS_URL` (feature `redis`), the limits are shared through Redis by every
+//! instance that runs with the same URL; a limit with `lease = "auto"` in the file (as
+//! `global` in `examples/rules.toml`) is spent from leases, without a call per request:
+//!
+//! ```text
+//! REDIS_URL=redis://127.0.0.1:6379 PORT=3000 cargo run -p tollgate --example rules_server --features rules,redis &
+//! REDIS_URL=redis://127.0.0.1:6379 PORT=3001 cargo run -p tollgate --example rules_server --features rules,redis &
+//! ```
+//!
 //! It prints the rules at start, after each reload, and each refused reload (the running
 //! rules stay). Try:
 //!
@@ -41,7 +50,7 @@ use axum::{
 };
 use tollgate::ConfigError;
 use tollgate::rules::{Document, Rules};
-use tollgate::store::MemoryStore;
+use tollgate::store::{MemoryStore, Store};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -50,13 +59,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
 
+    match std::env::var("REDIS_URL") {
+        #[cfg(feature = "redis")]
+        Ok(url) => {
+            // Starts whether Redis is up or not (the failure policy answers meanwhile).
+            let store = tollgate::store::RedisStore::open(&url)?.prefix("tollgate-rules:");
+            println!("limits shared through {url}");
+            serve(store).await
+        }
+        #[cfg(not(feature = "redis"))]
+        Ok(_) => Err("REDIS_URL needs the `redis` feature: --features rules,redis".into()),
+        Err(_) => serve(MemoryStore::new()).await,
+    }
+}
+
+/// Serves the rules from `RULES_DB` or `RULES`, kept in `store`.
+async fn serve<St: Store>(store: St) -> Result<(), Box<dyn std::error::Error>> {
     let (rules, source) = match std::env::var("RULES_DB") {
-        Ok(url) => from_database(&url, print_reload).await?,
+        Ok(url) => from_database(store, &url, print_reload).await?,
         Err(_) => {
             let path = std::env::var("RULES").unwrap_or_else(|_| "examples/rules.toml".into());
             // `.text(..)` or `.document(..)` are other sources; `rules.reload_document(doc)`
             // installs rules read from elsewhere.
-            let rules = Rules::builder(MemoryStore::new())
+            let rules = Rules::builder(store)
                 .file(&path)
                 .on_reload(print_reload)
                 .build()?;
@@ -105,10 +130,11 @@ type OnReload = fn(Result<&Document, &ConfigError>);
 /// Rules polled from the `RateLimitRule` table of the SQLite database at `url`, which is
 /// created (with demonstration rows) when missing; violations go to the same database.
 #[cfg(feature = "rules-sql")]
-async fn from_database(
+async fn from_database<St: Store>(
+    store: St,
     url: &str,
     on_reload: OnReload,
-) -> Result<(Rules<MemoryStore>, String), Box<dyn std::error::Error>> {
+) -> Result<(Rules<St>, String), Box<dyn std::error::Error>> {
     use std::str::FromStr;
     use std::time::Duration;
 
@@ -141,7 +167,7 @@ async fn from_database(
         Err(_) => 60,
     };
     let audit = AuditLog::new(SqlViolationSink::new(db.clone()));
-    let (rules, _poller) = Rules::builder(MemoryStore::new())
+    let (rules, _poller) = Rules::builder(store)
         .on_reload(on_reload)
         .configure(move |builder| builder.audit(audit.clone()))
         .build_sql(
@@ -154,9 +180,10 @@ async fn from_database(
 }
 
 #[cfg(not(feature = "rules-sql"))]
-async fn from_database(
+async fn from_database<St: Store>(
+    _store: St,
     _url: &str,
     _on_reload: OnReload,
-) -> Result<(Rules<MemoryStore>, String), Box<dyn std::error::Error>> {
+) -> Result<(Rules<St>, String), Box<dyn std::error::Error>> {
     Err("RULES_DB needs the `rules-sql` feature: cargo run -p tollgate --example rules_server --features rules-sql".into())
 }

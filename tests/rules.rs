@@ -16,7 +16,7 @@ use axum::{Extension, Router};
 use http::{Request, StatusCode};
 use support::{Lines, count, header, send, sf_names, sf_param, statuses, with_peer};
 use tollgate::clock::FakeClock;
-use tollgate::rules::{CostSpec, Document, Format, KeySpec, LimitRule, Rules};
+use tollgate::rules::{CostSpec, Document, Format, KeySpec, LeaseSpec, LimitRule, Rules};
 use tollgate::store::MemoryStore;
 use tollgate::{ConfigError, Limiter, LimiterError};
 
@@ -115,8 +115,11 @@ fn the_example_file_reads_every_field() {
     assert_eq!(s.deny.as_deref(), Some(&["192.0.2.0/24".to_owned()][..]));
     assert_eq!(s.shadow_headers, Some(false));
     let names: Vec<&str> = doc.limits.iter().map(|l| l.name.as_str()).collect();
-    assert_eq!(names, ["per-ip", "login", "search", "per-key", "smooth"]);
-    let [per_ip, login, search, per_key, smooth] = &doc.limits[..] else {
+    assert_eq!(
+        names,
+        ["per-ip", "login", "search", "per-key", "smooth", "global"]
+    );
+    let [per_ip, login, search, per_key, smooth, global] = &doc.limits[..] else {
         unreachable!()
     };
     assert_eq!(per_ip.key, Some(KeySpec::one("client_ip")));
@@ -149,6 +152,8 @@ fn the_example_file_reads_every_field() {
     assert_eq!(smooth.max_wait.as_deref(), Some("1s"));
     assert_eq!(smooth.max_waiters, Some(50));
     assert_eq!(smooth.max_reserved, Some(20));
+    assert_eq!(global.lease, Some(LeaseSpec::Auto));
+    assert_eq!(global.lease_max_age.as_deref(), Some("1s"));
     // The printed form names every limit.
     let printed = doc.to_string();
     for name in names {
