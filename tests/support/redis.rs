@@ -171,8 +171,21 @@ impl SpawnError {
     }
 }
 
+/// What a spawned `redis-server` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A standalone server.
+    Plain,
+    /// A node of a cluster (a bus port beside the client port).
+    Cluster,
+    /// A replica of the server on this port.
+    Replica(u16),
+    /// A Sentinel watching the master on this port as `mymaster`.
+    Sentinel(u16),
+}
+
 /// Spawns `redis-server` on `port` with its files in `dir` and waits until it answers.
-fn spawn(port: u16, dir: &Path, cluster: bool) -> Result<Running, SpawnError> {
+fn spawn(port: u16, dir: &Path, role: Role) -> Result<Running, SpawnError> {
     let output = File::options()
         .create(true)
         .append(true)
@@ -182,19 +195,42 @@ fn spawn(port: u16, dir: &Path, cluster: bool) -> Result<Running, SpawnError> {
         .try_clone()
         .map_err(|e| SpawnError::Other(e.to_string()))?;
     let mut cmd = Command::new(REDIS_SERVER);
-    cmd.arg("--port")
-        .arg(port.to_string())
-        .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
-        .args(["--daemonize", "no", "--save", "", "--appendonly", "no"])
-        .args(["--enable-debug-command", "local", "--loglevel", "notice"])
-        .arg("--dir")
-        .arg(dir)
-        .arg("--logfile")
-        .arg(dir.join("redis.log"));
-    if cluster {
+    if let Role::Sentinel(master) = role {
+        // A sentinel rewrites its configuration file: one of its own, in its directory.
+        let conf = dir.join("sentinel.conf");
+        fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\nlogfile {log}\n\
+                 sentinel monitor mymaster 127.0.0.1 {master} 2\n\
+                 sentinel down-after-milliseconds mymaster 1000\n\
+                 sentinel failover-timeout mymaster 4000\n\
+                 sentinel parallel-syncs mymaster 1\n",
+                dir = dir.display(),
+                log = dir.join("redis.log").display(),
+            ),
+        )
+        .map_err(|e| SpawnError::Other(format!("write sentinel.conf: {e}")))?;
+        cmd.arg(&conf).arg("--sentinel");
+    } else {
+        cmd.arg("--port")
+            .arg(port.to_string())
+            .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
+            .args(["--daemonize", "no", "--save", "", "--appendonly", "no"])
+            .args(["--enable-debug-command", "local", "--loglevel", "notice"])
+            .arg("--dir")
+            .arg(dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"));
+    }
+    if role == Role::Cluster {
         cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
             .arg("--cluster-config-file")
             .arg(dir.join("nodes.conf"));
+    }
+    if let Role::Replica(master) = role {
+        cmd.args(["--replicaof", "127.0.0.1"])
+            .arg(master.to_string());
     }
     let redis = cmd
         .stdin(Stdio::null())
@@ -264,6 +300,7 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     cluster: bool,
+    role: Role,
     process: Option<Running>,
 }
 
@@ -272,20 +309,34 @@ impl RedisServer {
     ///
     /// Panics (with the end of the server log) if it cannot be started.
     pub fn start() -> RedisServer {
-        Self::start_inner(false)
+        Self::start_inner(Role::Plain)
     }
 
-    fn start_inner(cluster: bool) -> RedisServer {
+    /// Starts a replica of `master` (it syncs in the background).
+    #[allow(dead_code)]
+    pub fn start_replica(master: &RedisServer) -> RedisServer {
+        Self::start_inner(Role::Replica(master.port))
+    }
+
+    /// Starts a Sentinel that watches `master` as `mymaster` (quorum 2, down after 1 s).
+    #[allow(dead_code)]
+    pub fn start_sentinel(master: &RedisServer) -> RedisServer {
+        Self::start_inner(Role::Sentinel(master.port))
+    }
+
+    fn start_inner(role: Role) -> RedisServer {
+        let cluster = role == Role::Cluster;
         let mut failures = Vec::new();
         for attempt in 1..=START_ATTEMPTS {
             let port = pick_port(cluster);
             let dir = make_dir(port);
-            match spawn(port, &dir, cluster) {
+            match spawn(port, &dir, role) {
                 Ok(running) => {
                     return RedisServer {
                         port,
                         dir,
                         cluster,
+                        role,
                         process: Some(running),
                     };
                 }
@@ -344,7 +395,7 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            match spawn(self.port, &self.dir, self.cluster) {
+            match spawn(self.port, &self.dir, self.role) {
                 Ok(running) => {
                     self.process = Some(running);
                     return;
@@ -431,7 +482,7 @@ mod cluster {
             let mut failures = Vec::new();
             for attempt in 1..=CLUSTER_ATTEMPTS {
                 let nodes: Vec<RedisServer> = (0..masters)
-                    .map(|_| RedisServer::start_inner(true))
+                    .map(|_| RedisServer::start_inner(Role::Cluster))
                     .collect();
                 let cluster = RedisCluster { nodes };
                 match cluster.create().and_then(|()| cluster.wait_until_ok()) {

@@ -30,6 +30,8 @@ pub(super) enum Connection {
     Single(ConnectionManager),
     #[cfg(feature = "redis-cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
+    #[cfg(feature = "redis-sentinel")]
+    Sentinel(std::sync::Arc<super::sentinel::SentinelConnection>),
 }
 
 impl Connection {
@@ -44,6 +46,14 @@ impl Connection {
             Connection::Single(c) => eval_on(&mut c.clone(), evalsha, script).await,
             #[cfg(feature = "redis-cluster")]
             Connection::Cluster(c) => eval_on(&mut c.clone(), evalsha, script).await,
+            #[cfg(feature = "redis-sentinel")]
+            Connection::Sentinel(s) => {
+                let result = eval_on(&mut s.connection().await?, evalsha, script).await;
+                if result.is_err() {
+                    s.failed();
+                }
+                result
+            }
         }
     }
 
@@ -56,11 +66,25 @@ impl Connection {
             Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
             #[cfg(feature = "redis-cluster")]
             Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            #[cfg(feature = "redis-sentinel")]
+            Connection::Sentinel(s) => {
+                let result = cmd.query_async(&mut s.connection().await?).await;
+                if result.is_err() {
+                    s.failed();
+                }
+                result
+            }
         }
     }
 
     pub(super) fn is_cluster(&self) -> bool {
-        !matches!(self, Connection::Single(_))
+        match self {
+            Connection::Single(_) => false,
+            #[cfg(feature = "redis-cluster")]
+            Connection::Cluster(_) => true,
+            #[cfg(feature = "redis-sentinel")]
+            Connection::Sentinel(_) => false,
+        }
     }
 }
 

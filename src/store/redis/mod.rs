@@ -4,6 +4,8 @@ mod command;
 mod epoch;
 mod keys;
 mod reply;
+#[cfg(feature = "redis-sentinel")]
+mod sentinel;
 
 use std::fmt;
 use std::future::Future;
@@ -181,6 +183,49 @@ impl RedisStore {
         Self(Resilient::new(RedisBackend::with_connection(
             Connection::Cluster(conn),
         )))
+    }
+
+    /// A store on the master that Redis Sentinel calls `master`, asking the sentinels at
+    /// `sentinels` (`redis://host:port` each) where it is (feature `redis-sentinel`).
+    ///
+    /// It follows failovers: the connection is made on the first request, and after a
+    /// failed call (a dead master, or a demoted one answering `READONLY`) the next call asks
+    /// the sentinels again. Meanwhile the limits follow their failure policy, as with any
+    /// Redis outage. Like [`open`](Self::open), it never fails because Redis or the
+    /// sentinels are down; an error only if a URL does not parse.
+    ///
+    /// ```
+    /// use tollgate::store::RedisStore;
+    ///
+    /// let store = RedisStore::sentinel(
+    ///     ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380", "redis://127.0.0.1:26381"],
+    ///     "mymaster",
+    /// )?;
+    /// # let _ = store;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    #[cfg(feature = "redis-sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
+    pub fn sentinel(
+        sentinels: impl IntoIterator<Item = impl AsRef<str>>,
+        master: &str,
+    ) -> Result<Self, ConfigError> {
+        let sentinels: Vec<String> = sentinels
+            .into_iter()
+            .map(|s| s.as_ref().to_owned())
+            .collect();
+        let shown: Vec<String> = sentinels.iter().map(|s| hide_password(s)).collect();
+        if sentinels.is_empty() {
+            return Err(ConfigError::new(
+                "sentinels",
+                "at least one sentinel is needed",
+            ));
+        }
+        let conn = sentinel::SentinelConnection::new(sentinels, master)
+            .map_err(|e| ConfigError::new("sentinels", format!("{}: {e}", shown.join(", "))))?;
+        Ok(Self(Resilient::new(RedisBackend::with_connection(
+            Connection::Sentinel(Arc::new(conn)),
+        ))))
     }
 
     fn map(self, f: impl FnOnce(Resilient<RedisBackend>) -> Resilient<RedisBackend>) -> Self {
