@@ -3,8 +3,12 @@
 # process, 64 tasks, each scenario twice, interleaved (bench/src/bin/lease_bench.rs).
 #
 #   bash scripts/lease_compare.sh [seconds]
+#   bash scripts/lease_compare.sh fault     # hot key over the limit, leased, 15 s; Redis
+#                                           # killed (kill -9) at 5 s and restarted empty at 6 s
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=compare
+if [ "${1:-}" = fault ]; then mode=fault; shift; fi
 seconds="${1:-5}"
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -21,4 +25,17 @@ else
   cargo build -p tollgate-bench --release --quiet --bin lease_bench --features redis
   bench=target/release/lease_bench
 fi
-"$bench" --url "redis://127.0.0.1:$port/" --tasks 64 --seconds "$seconds"
+if [ "$mode" = compare ]; then
+  "$bench" --url "redis://127.0.0.1:$port/" --tasks 64 --seconds "$seconds"
+  exit
+fi
+"$bench" --url "redis://127.0.0.1:$port/" --tasks 64 --seconds 15 --timeline hot-over &
+bench_pid=$!
+sleep 5
+kill -9 "$(cat "$dir/redis.pid")"
+echo "--- redis-server killed at 5 s" >&2
+sleep 1
+redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
+  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+echo "--- redis-server restarted empty at 6 s" >&2
+wait "$bench_pid"

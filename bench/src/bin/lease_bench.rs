@@ -31,6 +31,9 @@ struct Args {
     url: String,
     tasks: usize,
     seconds: u64,
+    /// Only this scenario, in lease mode, printing the grants of each second (for a run
+    /// during which Redis is killed and restarted empty: `scripts/lease_compare.sh fault`).
+    timeline: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -38,12 +41,14 @@ fn parse_args() -> Result<Args, String> {
         url: "redis://127.0.0.1:6379".into(),
         tasks: 64,
         seconds: 5,
+        timeline: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
             "--url" => args.url = value()?,
+            "--timeline" => args.timeline = Some(value()?),
             "--tasks" => args.tasks = value()?.parse().map_err(|e| format!("--tasks: {e}"))?,
             "--seconds" => {
                 args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
@@ -65,6 +70,10 @@ struct Scenario {
 }
 
 struct Run {
+    /// Grants in each second of the run.
+    per_second: Vec<u64>,
+    /// Decisions made by a failure policy (the fallback) rather than Redis or a lease.
+    fallback: u64,
     decisions: u64,
     granted: u64,
     seconds: f64,
@@ -144,6 +153,8 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
             tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(1 << 16);
                 let mut granted = 0u64;
+                let mut per_second = vec![0u64; 1];
+                let mut fallback = 0u64;
                 let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (i as u64);
                 while !stop.load(Ordering::Relaxed) {
                     x ^= x << 13;
@@ -154,9 +165,19 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
                     let d = limiter.check("limit", key, 1).await.expect("a known limit");
                     latencies.push(u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX));
                     granted += u64::from(d.allowed());
+                    if d.allowed() {
+                        let second = start.elapsed().as_secs() as usize;
+                        if per_second.len() <= second {
+                            per_second.resize(second + 1, 0);
+                        }
+                        per_second[second] += 1;
+                    }
+                    if !matches!(d.status(), tollgate::Status::Checked(_)) {
+                        fallback += 1;
+                    }
                     tokio::task::yield_now().await;
                 }
-                (latencies, granted)
+                (latencies, granted, per_second, fallback)
             })
         })
         .collect();
@@ -164,12 +185,26 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
     stop.store(true, Ordering::Relaxed);
     let mut latencies = Vec::new();
     let mut granted = 0;
+    let mut per_second: Vec<u64> = Vec::new();
+    let mut fallback = 0;
     for t in tasks {
-        let (l, g) = t.await.expect("task");
+        let (l, g, p, f) = t.await.expect("task");
         latencies.extend(l);
         granted += g;
+        fallback += f;
+        if per_second.len() < p.len() {
+            per_second.resize(p.len(), 0);
+        }
+        for (total, n) in per_second.iter_mut().zip(p) {
+            *total += n;
+        }
     }
     let seconds = start.elapsed().as_secs_f64();
+    // A fresh connection: Redis may have been restarted meanwhile (`--timeline` runs).
+    let mut admin = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis");
     let (commands, usec) = commandstats(&mut admin).await;
     latencies.sort_unstable();
     let pct = |p: f64| {
@@ -191,6 +226,8 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
         })
         .sum();
     Run {
+        per_second,
+        fallback,
         held,
         decisions: latencies.len() as u64,
         granted,
@@ -229,6 +266,27 @@ async fn main() {
             keys: 10_000,
         },
     ];
+    if let Some(name) = &args.timeline {
+        let Some(s) = scenarios.iter().find(|s| s.name == name) else {
+            eprintln!("no scenario {name}");
+            std::process::exit(2);
+        };
+        let r = run(&args, *s, true, 9).await;
+        let rate = s.quota.rate() as f64 / s.quota.period().as_secs_f64();
+        println!("second  granted");
+        for (i, n) in r.per_second.iter().enumerate() {
+            println!("{i:>6}  {n:>7}");
+        }
+        println!(
+            "{} decisions, {} granted over {:.1} s ({:.0}/s against a limit of {rate:.0}/s), {} by the failure policy; every decision was an answer",
+            r.decisions,
+            r.granted,
+            r.seconds,
+            r.granted as f64 / r.seconds,
+            r.fallback
+        );
+        return;
+    }
     println!(
         "{:<11} {:<6} {:>12} {:>14} {:>13} {:>8} {:>8} {:>8} {:>9}  grants",
         "scenario",
