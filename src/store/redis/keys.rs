@@ -8,13 +8,13 @@
 
 use smallvec::SmallVec;
 
-use crate::web::key::Key;
+use crate::model::key::Key;
 
 /// A Redis Cluster hash slot (without the `redis-cluster` feature, every key is in one).
 #[cfg(feature = "redis-cluster")]
 pub(crate) type Slot = redis::cluster_routing::Slot;
 #[cfg(not(feature = "redis-cluster"))]
-pub(crate) type Slot = ();
+pub(crate) type Slot = u16;
 
 /// The slot of a key (the part between the first `{` and the next `}`, if any).
 #[cfg(feature = "redis-cluster")]
@@ -22,7 +22,9 @@ pub(crate) fn slot(key: &[u8]) -> Slot {
     redis::cluster_routing::Slot::for_key(key)
 }
 #[cfg(not(feature = "redis-cluster"))]
-pub(crate) fn slot(_: &[u8]) -> Slot {}
+pub(crate) fn slot(_: &[u8]) -> Slot {
+    0
+}
 
 /// Indices of a request's limits, grouped by the slot of their keys.
 pub(crate) type Groups = SmallVec<[(Slot, SmallVec<[usize; 4]>); 2]>;
