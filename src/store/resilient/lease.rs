@@ -357,8 +357,10 @@ impl LeaseTable {
             );
         };
         let Some(o) = answer else {
-            // The call failed: the next requests go to the backend (and its policy).
+            // The call failed: the next requests go to the backend, and so to the failure
+            // policy while it fails, rather than wait here for a lease that may not come.
             slot.taking = false;
+            slot.exhausted = false;
             return (None, None);
         };
         slot.shared_left = o.remaining();
