@@ -22,6 +22,8 @@ use tollgate::{Algorithm, Lease, LimitSpec, Limiter, Quota};
 struct Shared {
     store: MemoryStore<FakeClock>,
     calls: Arc<AtomicUsize>,
+    /// Every call fails while set.
+    down: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Shared {
@@ -29,6 +31,7 @@ impl Shared {
         Self {
             store: MemoryStore::with_clock(clock.clone()),
             calls: Arc::default(),
+            down: Arc::default(),
         }
     }
 
@@ -47,6 +50,9 @@ impl Backend for Shared {
 
     fn apply(&self, op: Op, items: &[Item<'_, MemoryTable>]) -> Self::Future {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return future::ready(Err(StoreError::new("down")));
+        }
         let Checked::Ready(statuses) = self.store.apply(op, items) else {
             unreachable!("a memory store answers at once")
         };
@@ -508,4 +514,49 @@ fn a_rules_document_leases_and_names_what_cannot() {
     assert!(e.to_string().contains("\"auto\" or a whole number"), "{e}");
     let e = refused("[[limits]]\nname = \"a\"\nquota = \"5/min\"\nlease = 6\n");
     assert!(e.to_string().contains("larger than the burst (5)"), "{e}");
+}
+
+/// While the backend fails, leased keys follow the failure policy (the local fallback)
+/// like any other, even one this instance was waiting on for a lease: every request gets
+/// a decision, and the fallback's.
+#[test]
+fn while_the_backend_fails_leased_keys_follow_the_failure_policy() {
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let shared = Shared::new(&clock);
+    let spec = LimitSpec::new("global", Quota::per_second(100).burst(100)).lease(Lease::auto());
+    // A breaker that never opens: the policy must answer from the first failed call on,
+    // not only once the breaker skips the backend.
+    let store = Resilient::new(shared.clone())
+        .clock(clock.clone())
+        .deny_cache(false)
+        .breaker(u32::MAX, Duration::from_secs(1));
+    let limiter = Limiter::builder(store.clone()).limit(spec).build().unwrap();
+    let (store, limiter) = (&store, &limiter);
+    runtime().block_on(async {
+        // Exhaust the key: the instance ends up waiting for a batch.
+        for _ in 0..400 {
+            clock.advance(Duration::from_millis(1));
+            limiter.check("global", "all", 1).await.unwrap();
+            settle(2).await;
+        }
+        assert!(
+            store.lease_stats().local_refused > 0,
+            "{:?}",
+            store.lease_stats()
+        );
+        shared.down.store(true, Ordering::SeqCst);
+        let mut fallback = 0;
+        for _ in 0..2_000 {
+            clock.advance(Duration::from_millis(1));
+            let d = limiter.check("global", "all", 1).await.unwrap();
+            if matches!(d.status(), tollgate::Status::Fallback(_)) {
+                fallback += 1;
+            }
+            settle(2).await;
+        }
+        assert!(
+            fallback > 1_000,
+            "{fallback} of 2,000 decided by the fallback"
+        );
+    });
 }
