@@ -793,3 +793,56 @@ async fn an_exhausted_key_stays_exhausted_when_redis_loses_its_state() {
         assert!(!b.check("login", key.as_str(), 1).await.unwrap().allowed());
     }
 }
+
+/// The same with a leased limit: the lease call the shared bucket refused is remembered,
+/// and written back when Redis loses its state.
+#[tokio::test]
+async fn an_exhausted_leased_key_stays_exhausted_when_redis_loses_its_state() {
+    use tollgate::{Lease, LimitSpec, Limiter};
+
+    let server = RedisServer::start();
+    let quota = Quota::per_minute(5);
+    let a_store = store(&server).await;
+    let a = Limiter::builder(a_store.clone())
+        .limit(LimitSpec::new("login", quota).lease(Lease::auto()))
+        .build()
+        .unwrap();
+    let b = Limiter::builder(store(&server).await.deny_cache(false))
+        .limit(LimitSpec::new("login", quota))
+        .build()
+        .unwrap();
+    // Spend the bucket through leases until a lease call is refused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a_store.lease_stats().local_refused == 0 {
+        a.check("login", "mallory", 1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            Instant::now() < deadline,
+            "never refused: {:?}",
+            a_store.lease_stats()
+        );
+    }
+    assert_eq!(
+        b.peek("login", "mallory").await.unwrap().remaining(),
+        Some(0)
+    );
+
+    let mut c = server.connection().await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+    assert_eq!(
+        b.peek("login", "mallory").await.unwrap().remaining(),
+        Some(5)
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        a.check("login", "someone-else", 1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if b.peek("login", "mallory").await.unwrap().remaining() == Some(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leased key was never written back"
+        );
+    }
+}

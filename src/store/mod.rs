@@ -272,9 +272,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     }
 
     /// How many times the backend lost its buckets since it was made (a restart without
-    /// persistence, a flush), as far as it can tell; `0` if it cannot. When the count
-    /// moves, [`Resilient`] writes back what it remembers of the keys it saw refused, so
-    /// that an exhausted key does not get a full bucket back.
+    /// persistence, a flush), as far as it can tell; `0` if it cannot. [`Resilient`] asks
+    /// on every call (it must be cheap; a backend may start a check of its own from here);
+    /// when the count moves, it writes back what it remembers of the keys it saw refused,
+    /// so that an exhausted key does not get a full bucket back.
     fn resets(&self) -> u64 {
         0
     }

@@ -433,10 +433,27 @@ impl<B: Backend> Resilient<B> {
     /// until it could pass a request of cost 1: what a write-back restores if the backend
     /// loses its buckets.
     fn remember_refusal(&self, part: &Part, sent_at: u64, o: &Outcome) {
-        let restorable = matches!(
+        self.remember(
+            &part.remote,
+            &part.key,
+            part.quota,
             part.algorithm,
-            Algorithm::Gcra | Algorithm::FixedWindow { .. }
+            sent_at,
+            o,
         );
+    }
+
+    /// [`remember_refusal`](Self::remember_refusal) for any refused call about `key`.
+    fn remember(
+        &self,
+        remote: &Arc<LeaseTable>,
+        key: &Key,
+        quota: Quota,
+        algorithm: Algorithm,
+        sent_at: u64,
+        o: &Outcome,
+    ) {
+        let restorable = matches!(algorithm, Algorithm::Gcra | Algorithm::FixedWindow { .. });
         let Some(next) = o.next_after().filter(|_| restorable && o.remaining() == 0) else {
             return;
         };
@@ -446,10 +463,10 @@ impl<B: Backend> Resilient<B> {
             refused.pop_front();
         }
         refused.push_back(Refused {
-            remote: part.remote.clone(),
-            key: part.key.clone(),
-            quota: part.quota,
-            algorithm: part.algorithm,
+            remote: remote.clone(),
+            key: key.clone(),
+            quota,
+            algorithm,
             until,
         });
     }
@@ -797,6 +814,12 @@ impl<B: Backend> Resilient<B> {
                         None
                     }
                 };
+                if let Some(o) = &answer
+                    && !o.is_allowed()
+                {
+                    // A lease refused with nothing left: written back if Redis loses it.
+                    this.remember(&leases, &key, ask.quota, ask.algorithm, sent_at, o);
+                }
                 let (again, give_back) =
                     leases.settle(&key, ask, asked, sent_at, answer, attempt == 1);
                 this.give_back(&leases, give_back);

@@ -682,7 +682,6 @@ impl Backend for RedisBackend {
                 max_wait_us: u64::try_from(item.max_wait.as_micros()).unwrap_or(u64::MAX),
             })
             .collect();
-        self.probe_epoch();
         let backend = self.clone();
         match op {
             Op::Check => Box::pin(backend.check(parts)),
@@ -694,7 +693,11 @@ impl Backend for RedisBackend {
         "Redis"
     }
 
+    /// Also reads the epoch marker, at most once a second: `Resilient` asks on every
+    /// call, those it decides locally (leases, remembered denials) included, so a store
+    /// whose traffic never reaches Redis still notices a reset.
     fn resets(&self) -> u64 {
+        self.probe_epoch();
         self.epoch.resets()
     }
 }
