@@ -28,6 +28,13 @@
 //! REDIS_URL=redis://127.0.0.1:6379 PORT=3001 cargo run -p tollgate --example rules_server --features rules,redis &
 //! ```
 //!
+//! Under Redis Sentinel (feature `redis-sentinel`), `REDIS_SENTINELS` lists the sentinels and
+//! `REDIS_MASTER` names the master (default `mymaster`); failovers are followed:
+//!
+//! ```text
+//! REDIS_SENTINELS=redis://127.0.0.1:26379,redis://127.0.0.1:26380 cargo run -p tollgate --example rules_server --features rules,redis-sentinel
+//! ```
+//!
 //! It prints the rules at start, after each reload, and each refused reload (the running
 //! rules stay). Try:
 //!
@@ -59,6 +66,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
 
+    #[cfg(feature = "redis-sentinel")]
+    if let Ok(sentinels) = std::env::var("REDIS_SENTINELS") {
+        let master = std::env::var("REDIS_MASTER").unwrap_or_else(|_| "mymaster".into());
+        let store = tollgate::store::RedisStore::sentinel(sentinels.split(','), &master)?
+            .prefix("tollgate-rules:");
+        println!("limits shared through the master {master} of {sentinels}");
+        return serve(store).await;
+    }
     match std::env::var("REDIS_URL") {
         #[cfg(feature = "redis")]
         Ok(url) => {
