@@ -70,8 +70,8 @@ struct Scenario {
 }
 
 struct Run {
-    /// Grants in each second of the run.
-    per_second: Vec<u64>,
+    /// Grants in each second of the run: by Redis or a lease, and by the failure policy.
+    per_second: Vec<(u64, u64)>,
     /// Decisions made by a failure policy (the fallback) rather than Redis or a lease.
     fallback: u64,
     decisions: u64,
@@ -153,7 +153,7 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
             tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(1 << 16);
                 let mut granted = 0u64;
-                let mut per_second = vec![0u64; 1];
+                let mut per_second = vec![(0u64, 0u64); 1];
                 let mut fallback = 0u64;
                 let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (i as u64);
                 while !stop.load(Ordering::Relaxed) {
@@ -165,16 +165,19 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
                     let d = limiter.check("limit", key, 1).await.expect("a known limit");
                     latencies.push(u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX));
                     granted += u64::from(d.allowed());
+                    let by_policy = !matches!(d.status(), tollgate::Status::Checked(_));
                     if d.allowed() {
                         let second = start.elapsed().as_secs() as usize;
                         if per_second.len() <= second {
-                            per_second.resize(second + 1, 0);
+                            per_second.resize(second + 1, (0, 0));
                         }
-                        per_second[second] += 1;
+                        if by_policy {
+                            per_second[second].1 += 1;
+                        } else {
+                            per_second[second].0 += 1;
+                        }
                     }
-                    if !matches!(d.status(), tollgate::Status::Checked(_)) {
-                        fallback += 1;
-                    }
+                    fallback += u64::from(by_policy);
                     tokio::task::yield_now().await;
                 }
                 (latencies, granted, per_second, fallback)
@@ -185,7 +188,7 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
     stop.store(true, Ordering::Relaxed);
     let mut latencies = Vec::new();
     let mut granted = 0;
-    let mut per_second: Vec<u64> = Vec::new();
+    let mut per_second: Vec<(u64, u64)> = Vec::new();
     let mut fallback = 0;
     for t in tasks {
         let (l, g, p, f) = t.await.expect("task");
@@ -193,10 +196,11 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
         granted += g;
         fallback += f;
         if per_second.len() < p.len() {
-            per_second.resize(p.len(), 0);
+            per_second.resize(p.len(), (0, 0));
         }
-        for (total, n) in per_second.iter_mut().zip(p) {
-            *total += n;
+        for (total, (shared, policy)) in per_second.iter_mut().zip(p) {
+            total.0 += shared;
+            total.1 += policy;
         }
     }
     let seconds = start.elapsed().as_secs_f64();
@@ -273,9 +277,9 @@ async fn main() {
         };
         let r = run(&args, *s, true, 9).await;
         let rate = s.quota.rate() as f64 / s.quota.period().as_secs_f64();
-        println!("second  granted");
-        for (i, n) in r.per_second.iter().enumerate() {
-            println!("{i:>6}  {n:>7}");
+        println!("second  shared  fallback");
+        for (i, (shared, policy)) in r.per_second.iter().enumerate() {
+            println!("{i:>6}  {shared:>6}  {policy:>8}");
         }
         println!(
             "{} decisions, {} granted over {:.1} s ({:.0}/s against a limit of {rate:.0}/s), {} by the failure policy; every decision was an answer",
