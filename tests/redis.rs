@@ -846,3 +846,79 @@ async fn an_exhausted_leased_key_stays_exhausted_when_redis_loses_its_state() {
         );
     }
 }
+
+/// On a cluster, one node that loses its data is noticed too: each master holds a marker.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test]
+async fn a_cluster_node_that_loses_its_data_gets_its_exhausted_keys_back() {
+    use support::redis::RedisCluster;
+    use tollgate::{LimitSpec, Limiter};
+
+    let cluster = RedisCluster::start(3);
+    let spec = LimitSpec::new("login", Quota::per_minute(5));
+    let a = Limiter::builder(
+        RedisStore::cluster(cluster.connection().await).timeout(Duration::from_secs(2)),
+    )
+    .limit(spec.clone())
+    .build()
+    .unwrap();
+    let b = Limiter::builder(
+        RedisStore::cluster(cluster.connection().await)
+            .timeout(Duration::from_secs(2))
+            .deny_cache(false),
+    )
+    .limit(spec)
+    .build()
+    .unwrap();
+    // Let `a` read its markers once before the loss.
+    a.check("login", "someone-else", 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    a.check("login", "someone-else", 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // A user whose bucket is on a node without the plain `tollgate:__epoch` key (where a
+    // single marker would be): only a marker per node notices that node's loss.
+    let mut victim = None;
+    for user in [
+        "mallory", "eve", "trudy", "oscar", "peggy", "victor", "walter", "sybil",
+    ] {
+        for _ in 0..5 {
+            assert!(a.check("login", user, 1).await.unwrap().allowed());
+        }
+        assert!(!a.check("login", user, 1).await.unwrap().allowed());
+        for node in cluster.nodes() {
+            let mut c = node.connection().await;
+            let keys: Vec<String> = c.keys(format!("*{user}*")).await.unwrap();
+            // (A node that does not own the slot answers MOVED: not here.)
+            let single: bool = c.exists("tollgate:__epoch").await.unwrap_or(false);
+            if !keys.is_empty() && !single {
+                victim = Some((user, node));
+            }
+        }
+        if victim.is_some() {
+            break;
+        }
+    }
+    let (user, node) = victim.expect("one of 8 users hashed away from the single marker's node");
+    // That node loses everything; the others keep theirs.
+    let mut c = node.connection().await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+    let flushed = 1;
+    assert_eq!(flushed, 1);
+    assert_eq!(
+        b.peek("login", "mallory").await.unwrap().remaining(),
+        Some(5)
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        a.check("login", "someone-else", 1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if b.peek("login", "mallory").await.unwrap().remaining() == Some(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the node's loss was never noticed"
+        );
+    }
+}

@@ -642,11 +642,9 @@ impl RedisBackend {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (conn, epoch) = (self.conn.clone(), self.epoch.clone());
-        let mut key = self.prefix.to_vec();
-        key.extend_from_slice(b"__epoch");
+        let (conn, epoch, prefix) = (self.conn.clone(), self.epoch.clone(), self.prefix.clone());
         runtime.spawn(async move {
-            if let Err(error) = epoch.probe(&conn, &key).await {
+            if let Err(error) = epoch.probe(&conn, &prefix).await {
                 tracing::debug!(%error, "tollgate: reading the Redis epoch marker failed");
             }
         });
