@@ -159,26 +159,6 @@ fn slot_of(tag: &[u8]) -> u16 {
     crc % 16_384
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_are_redis_cluster_slots() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(slot_of(b"123456789"), 0x31c3 % 16_384);
-        assert_eq!(slot_of(b"foo"), 12_182);
-        assert_eq!(slot_of(b"user1000"), 3_443);
-    }
-
-    #[test]
-    fn a_prefix_with_a_hash_tag_keeps_one_marker() {
-        assert!(has_hash_tag(b"{rl}:"));
-        assert!(!has_hash_tag(b"{}:"));
-        assert!(!has_hash_tag(b"tollgate:"));
-    }
-}
-
 /// A random 64-bit value (the marker only has to differ between writers).
 fn random() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -189,4 +169,24 @@ fn random() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(slot_of(b"123456789"), 0x31c3); // below 16,384: the CRC itself
+        assert_eq!(slot_of(b"foo"), 12_182);
+        assert_eq!(slot_of(b"user1000"), 3_443);
+    }
+
+    #[test]
+    fn a_prefix_with_a_hash_tag_keeps_one_marker() {
+        assert!(has_hash_tag(b"{rl}:"));
+        assert!(!has_hash_tag(b"{}:"));
+        assert!(!has_hash_tag(b"tollgate:"));
+    }
 }
