@@ -157,6 +157,22 @@ impl<'a, T> Item<'a, T> {
         }
     }
 
+    /// The same item on another table (a store that wraps another one passes its items
+    /// on with the inner store's table).
+    pub(crate) fn on<'b, U>(&self, table: &'b U) -> Item<'b, U> {
+        Item {
+            table,
+            key: self.key.clone(),
+            quota: self.quota,
+            cost: self.cost,
+            mode: self.mode,
+            on_failure: self.on_failure,
+            algorithm: self.algorithm,
+            max_wait: self.max_wait,
+            lease: self.lease,
+        }
+    }
+
     /// Sets the item's lease mode (see [`Item::lease`](Item#structfield.lease)).
     pub fn lease(mut self, lease: Option<Lease>) -> Self {
         self.lease = lease;

@@ -106,6 +106,8 @@ pub(super) struct Inner<B> {
     /// Keys the leases of every table hold, and what lease mode did.
     lease_keys: Arc<AtomicUsize>,
     lease_counters: Arc<Counters>,
+    /// The lease tables made so far, for [`lease_stats`](Resilient::lease_stats).
+    lease_tables: Arc<std::sync::Mutex<Vec<std::sync::Weak<LeaseTable>>>>,
     /// The backend's reset count this store has answered, and the refusals it would
     /// write back at the next.
     seen_resets: Arc<std::sync::atomic::AtomicU64>,
@@ -175,6 +177,7 @@ impl<B: Backend> Resilient<B> {
                 metrics: crate::observe::probe::StoreMetrics::new(backend.name()),
                 lease_keys: Arc::default(),
                 lease_counters: Arc::default(),
+                lease_tables: Arc::default(),
                 seen_resets: Arc::default(),
                 refused: Arc::default(),
                 backend,
@@ -252,7 +255,21 @@ impl<B: Backend> Resilient<B> {
     /// What lease mode did so far (limits with a [`Lease`](crate::Lease)): checks decided
     /// here without a call, leases taken and tokens given back.
     pub fn lease_stats(&self) -> LeaseStats {
-        self.inner.lease_counters.snapshot()
+        let mut tables = self
+            .inner
+            .lease_tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        tables.retain(|t| t.strong_count() > 0);
+        // Held until the counts are read: a table dropped meanwhile would be counted twice
+        // (its decisions move into the store's counts when it goes).
+        let live: Vec<Arc<LeaseTable>> =
+            tables.iter().filter_map(std::sync::Weak::upgrade).collect();
+        let mut decided = lease::Decisions::default();
+        for table in &live {
+            decided.add(table.decisions());
+        }
+        self.inner.lease_counters.snapshot(decided)
     }
 }
 
@@ -697,14 +714,18 @@ impl<B: Backend> Resilient<B> {
             }
             locals.push(Some(decided.local));
         }
-        let taken: Taken = items
-            .iter()
-            .zip(&locals)
-            .filter(|(_, l)| matches!(l, Some(Local::Taken(_))))
-            .map(|(item, _)| (item.table.leases.clone(), item.key.clone(), item.cost))
-            .collect();
+        // The leased items decided here from their tokens.
+        let taken = || {
+            items
+                .iter()
+                .zip(&locals)
+                .filter(|(_, l)| matches!(l, Some(Local::Taken(_))))
+                .map(|(item, _)| item)
+        };
         if refused || remote {
-            undo(&taken);
+            for item in taken() {
+                item.table.leases.undo(&item.key, item.cost);
+            }
         }
         if refused {
             // Refused here: nothing is consumed, the other items are not asked.
@@ -729,23 +750,14 @@ impl<B: Backend> Resilient<B> {
         if rest.is_empty() {
             return Some(Checked::Ready(statuses));
         }
-        // The other items, all or nothing with the leased ones: asked as usual.
+        // The other items, all or nothing with the leased ones: asked as usual. The leased
+        // ones' tokens go back if they refuse, after this call: the tables are kept.
         let others: SmallVec<[Item<'_, ResilientTable<B::Table>>; 4]> = rest
             .iter()
-            .map(|&i| {
-                let item = &items[i];
-                Item {
-                    table: item.table,
-                    key: item.key.clone(),
-                    quota: item.quota,
-                    cost: item.cost,
-                    mode: item.mode,
-                    on_failure: item.on_failure,
-                    algorithm: item.algorithm,
-                    max_wait: item.max_wait,
-                    lease: None,
-                }
-            })
+            .map(|&i| items[i].on(items[i].table).lease(None))
+            .collect();
+        let taken: Taken = taken()
+            .map(|item| (item.table.leases.clone(), item.key.clone(), item.cost))
             .collect();
         let modes: SmallVec<[Mode; 4]> = others.iter().map(|i| i.mode).collect();
         let merge = move |answered: Statuses, statuses: &mut Statuses| {
@@ -861,14 +873,19 @@ impl<B: Backend> Store for Resilient<B> {
             fallback: inner.fallback.table(name),
             deny: inner.deny_cache.as_ref().map(|c| c.table(name)),
             deny_hits: crate::observe::probe::deny_cache_hits(name),
-            leases: Arc::new(LeaseTable::new(
-                Box::new(remote),
-                inner.lease_keys.clone(),
-                lease::MAX_LEASED_KEYS,
-                inner.lease_counters.clone(),
-                inner.clock.clone(),
-                inner.timeout,
-            )),
+            leases: {
+                let leases = Arc::new(LeaseTable::new(
+                    Box::new(remote),
+                    inner.lease_keys.clone(),
+                    inner.lease_counters.clone(),
+                    inner.clock.clone(),
+                    inner.timeout,
+                ));
+                let mut tables = inner.lease_tables.lock().unwrap_or_else(|e| e.into_inner());
+                tables.retain(|t| t.strong_count() > 0);
+                tables.push(Arc::downgrade(&leases));
+                leases
+            },
         }
     }
 
@@ -910,17 +927,7 @@ impl<B: Backend> Store for Resilient<B> {
         }
         let backend_items: SmallVec<[Item<'_, B::Table>; 4]> = items
             .iter()
-            .map(|item| Item {
-                table: &item.table.inner,
-                key: item.key.clone(),
-                quota: item.quota,
-                cost: item.cost,
-                mode: item.mode,
-                on_failure: item.on_failure,
-                algorithm: item.algorithm,
-                max_wait: item.max_wait,
-                lease: None,
-            })
+            .map(|item| item.on(&item.table.inner).lease(None))
             .collect();
         let call = self.inner.backend.apply(op, &backend_items);
         Checked::Pending(Box::pin(self.clone().run(op, parts, call)))

@@ -29,7 +29,7 @@ use crate::store::{Backend, Item, Op, Statuses, StoreError};
 
 /// Keys the leases of one store (all its tables) hold at most; past it, new keys are
 /// checked in the backend for every request.
-pub(super) const MAX_LEASED_KEYS: usize = 100_000;
+const MAX_LEASED_KEYS: usize = 100_000;
 const SHARDS: usize = 16;
 /// A lease holds about this much of the instance's traffic on the key.
 const REFILL_TARGET_NS: u64 = 100_000_000;
@@ -83,6 +83,8 @@ pub struct LeaseStats {
     pub returned_tokens: u64,
 }
 
+/// What lease mode did, for the whole store: the lease calls and give-backs, and the
+/// decisions of tables that are gone (those of live tables are counted in their shards).
 #[derive(Default)]
 pub(super) struct Counters {
     local_allowed: AtomicU64,
@@ -95,12 +97,13 @@ pub(super) struct Counters {
 }
 
 impl Counters {
-    pub(super) fn snapshot(&self) -> LeaseStats {
+    /// The counts, with `live`: what the tables still in use decided.
+    pub(super) fn snapshot(&self, live: Decisions) -> LeaseStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         LeaseStats {
-            local_allowed: get(&self.local_allowed),
-            local_refused: get(&self.local_refused),
-            remote: get(&self.remote),
+            local_allowed: get(&self.local_allowed) + live.local_allowed,
+            local_refused: get(&self.local_refused) + live.local_refused,
+            remote: get(&self.remote) + live.remote,
             lease_calls: get(&self.lease_calls),
             leased_tokens: get(&self.leased_tokens),
             return_calls: get(&self.return_calls),
@@ -110,6 +113,13 @@ impl Counters {
 
     fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Keeps what a table that goes decided.
+    fn absorb(&self, d: Decisions) {
+        Self::add(&self.local_allowed, d.local_allowed);
+        Self::add(&self.local_refused, d.local_refused);
+        Self::add(&self.remote, d.remote);
     }
 }
 
@@ -172,9 +182,34 @@ pub(super) struct Decided {
     pub(super) give_back: GiveBack,
 }
 
+/// The leases of the keys that hash to one shard, and what the decisions made from them
+/// were (counted here, under the lock already held, rather than in a counter every
+/// request of every key would write).
+#[derive(Default)]
+struct Shard {
+    slots: HashMap<Key, Slot, foldhash::fast::RandomState>,
+    counts: Decisions,
+}
+
+/// Checks decided by the leases of a shard, or a table.
+#[derive(Default, Clone, Copy)]
+pub(super) struct Decisions {
+    local_allowed: u64,
+    local_refused: u64,
+    remote: u64,
+}
+
+impl Decisions {
+    pub(super) fn add(&mut self, other: Decisions) {
+        self.local_allowed += other.local_allowed;
+        self.local_refused += other.local_refused;
+        self.remote += other.remote;
+    }
+}
+
 /// One limit's leases.
 pub(super) struct LeaseTable {
-    shards: Box<[Mutex<HashMap<Key, Slot, foldhash::fast::RandomState>>]>,
+    shards: Box<[Mutex<Shard>]>,
     hasher: foldhash::fast::RandomState,
     pub(super) remote: Box<dyn Remote>,
     /// Keys held by every table of the store.
@@ -202,7 +237,6 @@ impl LeaseTable {
     pub(super) fn new(
         remote: Box<dyn Remote>,
         keys: Arc<AtomicUsize>,
-        max_keys: usize,
         counters: Arc<Counters>,
         clock: SharedClock,
         timeout: Duration,
@@ -212,14 +246,14 @@ impl LeaseTable {
             hasher: foldhash::fast::RandomState::default(),
             remote,
             keys,
-            max_keys,
+            max_keys: MAX_LEASED_KEYS,
             counters,
             clock,
             timeout,
         }
     }
 
-    fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, Slot, foldhash::fast::RandomState>> {
+    fn shard(&self, key: &Key) -> MutexGuard<'_, Shard> {
         let i = (self.hasher.hash_one(key) as usize) % SHARDS;
         // A panic while a shard is held leaves its slots as they were: counts only.
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
@@ -245,11 +279,12 @@ impl LeaseTable {
     /// their window).
     pub(super) fn decide(&self, key: &Key, ask: Ask, now: u64, timeout_ns: u64) -> Decided {
         let mut shard = self.shard(key);
-        if !shard.contains_key(key) {
+        let Shard { slots, counts } = &mut *shard;
+        if !slots.contains_key(key) {
             if self.keys.load(Ordering::Relaxed) >= self.max_keys {
-                self.sweep(&mut shard, now);
+                self.sweep(slots, now);
                 if self.keys.load(Ordering::Relaxed) >= self.max_keys {
-                    Counters::add(&self.counters.remote, 1);
+                    counts.remote += 1;
                     return Decided {
                         local: Local::Remote,
                         take: None,
@@ -258,7 +293,7 @@ impl LeaseTable {
                 }
             }
             self.keys.fetch_add(1, Ordering::Relaxed);
-            shard.insert(
+            slots.insert(
                 key.clone(),
                 Slot {
                     since: now,
@@ -266,7 +301,7 @@ impl LeaseTable {
                 },
             );
         }
-        let slot = shard.get_mut(key).expect("inserted above");
+        let slot = slots.get_mut(key).expect("inserted above");
         if slot.held_as.is_none() {
             slot.held_as = Some((ask.quota, ask.algorithm));
         }
@@ -293,11 +328,11 @@ impl LeaseTable {
         let cost = u64::from(ask.cost);
         let mut take = None;
         let local = if slot.refused_until > now {
-            Counters::add(&self.counters.local_refused, 1);
+            counts.local_refused += 1;
             Local::Refused(refused(&ask, slot.refused_until - now))
         } else if slot.tokens >= cost {
             slot.tokens -= cost;
-            Counters::add(&self.counters.local_allowed, 1);
+            counts.local_allowed += 1;
             if !slot.taking && slot.tokens < slot.low_water {
                 take = Some(start(slot, &ask, now));
             }
@@ -308,10 +343,10 @@ impl LeaseTable {
             }
             if slot.exhausted {
                 // Near exhaustion: wait for the lease rather than ask for each request.
-                Counters::add(&self.counters.local_refused, 1);
+                counts.local_refused += 1;
                 Local::Refused(refused(&ask, ask.quota.t_ns()))
             } else {
-                Counters::add(&self.counters.remote, 1);
+                counts.remote += 1;
                 Local::Remote
             }
         };
@@ -325,10 +360,11 @@ impl LeaseTable {
     /// Gives back tokens taken by [`decide`](Self::decide) for a request that did not
     /// pass.
     pub(super) fn undo(&self, key: &Key, cost: u32) {
-        if let Some(slot) = self.shard(key).get_mut(key) {
+        let mut shard = self.shard(key);
+        if let Some(slot) = shard.slots.get_mut(key) {
             slot.tokens += u64::from(cost);
         }
-        self.counters.local_allowed.fetch_sub(1, Ordering::Relaxed);
+        shard.counts.local_allowed = shard.counts.local_allowed.saturating_sub(1);
     }
 
     /// What a lease call answered, sent at `sent_at` for `asked` tokens. Answers the
@@ -346,7 +382,7 @@ impl LeaseTable {
         Counters::add(&self.counters.lease_calls, 1);
         let mut shard = self.shard(key);
         let salt = super::quota_salt(&ask.quota);
-        let Some(slot) = shard.get_mut(key).filter(|s| s.salt == salt) else {
+        let Some(slot) = shard.slots.get_mut(key).filter(|s| s.salt == salt) else {
             let granted = answer.filter(Outcome::is_allowed).map(|_| asked);
             if let Some(g) = granted {
                 Counters::add(&self.counters.leased_tokens, g);
@@ -415,6 +451,15 @@ impl LeaseTable {
         (None, None)
     }
 
+    /// The checks this table's leases decided so far.
+    pub(super) fn decisions(&self) -> Decisions {
+        let mut all = Decisions::default();
+        for shard in self.shards.iter() {
+            all.add(shard.lock().unwrap_or_else(|e| e.into_inner()).counts);
+        }
+        all
+    }
+
     /// Gives `tokens` of `key` back to the backend, in the background (never beyond a
     /// full bucket: a refund). Without a Tokio runtime they return as the bucket refills.
     pub(super) fn give_back(&self, key: &Key, quota: Quota, algorithm: Algorithm, tokens: u64) {
@@ -454,10 +499,12 @@ impl Drop for LeaseTable {
         let timeout_ns = duration_ns(self.timeout);
         let mut held = 0;
         let mut back = Vec::new();
+        // What the table decided stays in the store's counts.
+        self.counters.absorb(self.decisions());
         for shard in self.shards.iter() {
             let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
-            held += shard.len();
-            for (key, slot) in shard.iter() {
+            held += shard.slots.len();
+            for (key, slot) in shard.slots.iter() {
                 let returnable =
                     slot.window_end == 0 || now.saturating_add(timeout_ns) < slot.window_end;
                 if let Some((quota, algorithm)) = slot.held_as
