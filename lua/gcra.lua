@@ -1,5 +1,6 @@
 --[[
-tollgate: GCRA for every limit of one request, all or nothing.
+tollgate: GCRA (and the windows) for every limit of one request, all or nothing, for a
+batch of requests decided one after the other.
 
 The decision of `src/gcra.rs` (`gcra::decide`), in integer microseconds: every value stays
 below 2^53, so Lua's doubles hold it exactly. The client derives what it tells clients
@@ -7,12 +8,13 @@ below 2^53, so Lua's doubles hold it exactly. The client derives what it tells c
 reply with the same formulas the memory store uses, so both stores report alike; a
 conformance suite runs both over the same cases.
 
-KEYS[i]  the bucket of limit i. Its value is the theoretical arrival time (TAT) in
-         microseconds since the Unix epoch; an absent key is a full bucket.
+KEYS     the buckets of every limit of every request of the batch, request after request.
+         A GCRA bucket's value is the theoretical arrival time (TAT) in microseconds
+         since the Unix epoch; an absent key is a full bucket.
 
 ARGV[1]  now, in microseconds since the Unix epoch, or "" to use Redis TIME (one clock for
-         every app instance).
-Then five arguments per limit, in KEYS order (ARGV[5i-3] ... ARGV[5i+1]):
+         every app instance, read once per batch).
+Then per request: n, its number of limits (its next n KEYS), and five arguments per limit:
   t        emission interval in microseconds (>= 1); a window limit: the window (µs)
   burst    bucket capacity in tokens (>= 1); a window limit: its limit
   cost     tokens this request takes (0 looks without consuming)
@@ -25,7 +27,7 @@ Then five arguments per limit, in KEYS order (ARGV[5i-3] ... ARGV[5i+1]):
 
 Reply: an array of integers:
   now            the time used, in microseconds
-  then, per GCRA limit, in KEYS order, three:
+  then, request after request, per GCRA limit, in KEYS order, three:
   verdict        0 allowed, 1 denied, 2 never (cost > burst)
   reset_after    microseconds until the bucket is full again, after this request
   previous       the TAT read (0 if absent), to undo a write exactly if needed
@@ -40,7 +42,9 @@ Reply: an array of integers:
   (a request refused by another slot of a cluster learns the state from ops.lua's
   "undo", which gives its units back)
 
-The request proceeds only if no enforcing limit is denied or never. Only then are the
+Each request is decided on its own, after the writes of the requests before it in the
+batch (as if each were its own call, in that order): it proceeds only if none of its
+enforcing limits is denied or never. Only then are the
 consuming limits written (TAT = now + reset_after), each with PX = reset_after in
 milliseconds (rounded up) + 1, so a key expires when its bucket is full again. Otherwise
 nothing is written and the limits that would have allowed report their state unchanged.
@@ -54,184 +58,208 @@ else
   now = tonumber(ARGV[1])
 end
 
-local n = #KEYS
-local tats = redis.call('MGET', unpack(KEYS))
-local verdicts, afters, writes, wins = {}, {}, {}, {}
-local refused = false
+-- Every key of the batch in one MGET; `fresh` holds what this batch wrote since (false:
+-- deleted), so a key met again in a later request is read as it now stands.
+local read = #KEYS > 0 and redis.call('MGET', unpack(KEYS)) or {}
+local fresh = {}
 
-for i = 1, n do
-  local a = 5 * i - 3
-  local t = tonumber(ARGV[a])
-  local burst = tonumber(ARGV[a + 1])
-  local cost = tonumber(ARGV[a + 2])
-  local kind = ARGV[a + 4]
-  local enforce = ARGV[a + 3]
-  local max_wait = 0
-  if #enforce > 1 then
-    max_wait = tonumber(string.sub(enforce, 3))
-    enforce = string.sub(enforce, 1, 1)
+-- Decides one request: its limits are KEYS[k0 + 1 .. k0 + n], their arguments start at
+-- ARGV[a0]; appends its answers to `reply` and writes its keys if it proceeds.
+local function decide(k0, a0, n, reply)
+  local tats = {}
+  for i = 1, n do
+    local v = fresh[KEYS[k0 + i]]
+    if v == nil then
+      v = read[k0 + i]
+    end
+    tats[i] = v
   end
-  local verdict = 0
-  if kind == '' then
-    local tat = tonumber(tats[i]) or 0
-    tats[i] = tat
-    local base = now
-    if tat > now then
-      base = tat
+  local verdicts, afters, writes, wins = {}, {}, {}, {}
+  local refused = false
+
+  for i = 1, n do
+    local a = a0 + 5 * (i - 1)
+    local t = tonumber(ARGV[a])
+    local burst = tonumber(ARGV[a + 1])
+    local cost = tonumber(ARGV[a + 2])
+    local kind = ARGV[a + 4]
+    local enforce = ARGV[a + 3]
+    local max_wait = 0
+    if #enforce > 1 then
+      max_wait = tonumber(string.sub(enforce, 3))
+      enforce = string.sub(enforce, 1, 1)
     end
-    local after = base
-    if cost > burst then
-      verdict = 2
-    else
-      local new_tat = base + cost * t
-      -- a peek (cost 0) is allowed even on a bucket in debt, and writes nothing
-      if cost == 0 or new_tat - now <= burst * t + max_wait then
-        after = new_tat
-        if cost > 0 then
-          writes[i] = new_tat
-        end
-      else
-        verdict = 1
+    local verdict = 0
+    if kind == '' then
+      local tat = tonumber(tats[i]) or 0
+      tats[i] = tat
+      local base = now
+      if tat > now then
+        base = tat
       end
-    end
-    afters[i] = after
-  else
-    local code, phase = kind, 0
-    if #kind > 1 then
-      code, phase = win_kind(kind)
-    end
-    local len, limit = t, burst
-    local retry = 0
-    -- One positional table per window limit: code, retry, the report after the request
-    -- (3), what to write (3), and what recomputes the report as the key stood (4).
-    if code == 'l' then
-      local ts, ns, used = log_read(tats[i], len, now)
-      local urem, urst, unxt = log_report(limit, len, ts, used, now)
-      if cost > limit then
+      local after = base
+      if cost > burst then
         verdict = 2
-      elseif cost == 0 or used + cost <= limit then
-        if cost > 0 then
-          if ts[#ts] == now then
-            ns[#ns] = ns[#ns] + cost
-          else
-            ts[#ts + 1] = now
-            ns[#ns + 1] = cost
+      else
+        local new_tat = base + cost * t
+        -- a peek (cost 0) is allowed even on a bucket in debt, and writes nothing
+        if cost == 0 or new_tat - now <= burst * t + max_wait then
+          after = new_tat
+          if cost > 0 then
+            writes[i] = new_tat
           end
-          used = used + cost
-          writes[i] = true
-        end
-      else
-        verdict = 1
-        retry = log_wait(limit, len, ts, ns, used, cost, now)
-      end
-      local rem, rst, nxt = log_report(limit, len, ts, used, now)
-      wins[i] = { code, retry, rem, rst, nxt, ts, ns, len, urem, urst, unxt }
-    else
-      local fixed = code == 'f'
-      if not fixed then
-        phase = 0
-      end
-      local index, e, until_end = win_at(len, phase, now)
-      local cur, prev = win_read(code, tats[i], limit, index)
-      local before = cur
-      local fits
-      local reserved_at = 0
-      if fixed then
-        fits = cur + cost <= limit
-        if not fits and max_wait > 0 and cost <= limit then
-          -- a reservation: its units start together in the first window k where they
-          -- fit, and what is left of the windows before k counts as used
-          -- (src/window.rs, fixed_reservation); refused if the use would not fit in 32
-          -- bits (FIXED_MAX_USE)
-          local k = math.max(idiv(cur + cost - 1, limit), 1)
-          if until_end + (k - 1) * len <= max_wait then
-            reserved_at = k * limit
-            fits = math.max(cur, reserved_at) + cost <= 4294967295
-          end
-        end
-      else
-        fits = sliding_fits(limit, len, cur, prev, e, cost)
-      end
-      if cost > limit then
-        verdict = 2
-      elseif cost == 0 or fits then
-        if cost > 0 then
-          cur = math.max(cur, reserved_at) + cost
-          writes[i] = true
-        end
-      else
-        verdict = 1
-        if fixed then
-          retry = fixed_wait(limit, len, cur, until_end, cost)
         else
-          retry = sliding_wait(limit, len, cur, prev, e, cost)
+          verdict = 1
         end
       end
-      if fixed then
-        -- a reservation's debt: the key lives until the last window it reaches ends
-        local debt_px = nil
-        if cur > limit then
-          debt_px = until_end + (idiv(cur + limit - 1, limit) - 1) * len
+      afters[i] = after
+    else
+      local code, phase = kind, 0
+      if #kind > 1 then
+        code, phase = win_kind(kind)
+      end
+      local len, limit = t, burst
+      local retry = 0
+      -- One positional table per window limit: code, retry, the report after the request
+      -- (3), what to write (3), and what recomputes the report as the key stood (4).
+      if code == 'l' then
+        local ts, ns, used = log_read(tats[i], len, now)
+        local urem, urst, unxt = log_report(limit, len, ts, used, now)
+        if cost > limit then
+          verdict = 2
+        elseif cost == 0 or used + cost <= limit then
+          if cost > 0 then
+            if ts[#ts] == now then
+              ns[#ns] = ns[#ns] + cost
+            else
+              ts[#ts + 1] = now
+              ns[#ns + 1] = cost
+            end
+            used = used + cost
+            writes[i] = true
+          end
+        else
+          verdict = 1
+          retry = log_wait(limit, len, ts, ns, used, cost, now)
         end
-        wins[i] = { code, retry, cur, until_end, cur - before, index, cur, 0, cur - before, len, debt_px }
+        local rem, rst, nxt = log_report(limit, len, ts, used, now)
+        wins[i] = { code, retry, rem, rst, nxt, ts, ns, len, urem, urst, unxt }
       else
-        wins[i] = { code, retry, cur, prev, e, index, cur, prev, cur - before, len }
+        local fixed = code == 'f'
+        if not fixed then
+          phase = 0
+        end
+        local index, e, until_end = win_at(len, phase, now)
+        local cur, prev = win_read(code, tats[i], limit, index)
+        local before = cur
+        local fits
+        local reserved_at = 0
+        if fixed then
+          fits = cur + cost <= limit
+          if not fits and max_wait > 0 and cost <= limit then
+            -- a reservation: its units start together in the first window k where they
+            -- fit, and what is left of the windows before k counts as used
+            -- (src/window.rs, fixed_reservation); refused if the use would not fit in 32
+            -- bits (FIXED_MAX_USE)
+            local k = math.max(idiv(cur + cost - 1, limit), 1)
+            if until_end + (k - 1) * len <= max_wait then
+              reserved_at = k * limit
+              fits = math.max(cur, reserved_at) + cost <= 4294967295
+            end
+          end
+        else
+          fits = sliding_fits(limit, len, cur, prev, e, cost)
+        end
+        if cost > limit then
+          verdict = 2
+        elseif cost == 0 or fits then
+          if cost > 0 then
+            cur = math.max(cur, reserved_at) + cost
+            writes[i] = true
+          end
+        else
+          verdict = 1
+          if fixed then
+            retry = fixed_wait(limit, len, cur, until_end, cost)
+          else
+            retry = sliding_wait(limit, len, cur, prev, e, cost)
+          end
+        end
+        if fixed then
+          -- a reservation's debt: the key lives until the last window it reaches ends
+          local debt_px = nil
+          if cur > limit then
+            debt_px = until_end + (idiv(cur + limit - 1, limit) - 1) * len
+          end
+          wins[i] = { code, retry, cur, until_end, cur - before, index, cur, 0, cur - before, len, debt_px }
+        else
+          wins[i] = { code, retry, cur, prev, e, index, cur, prev, cur - before, len }
+        end
+      end
+    end
+    if verdict ~= 0 and enforce == '1' then
+      refused = true
+    end
+    verdicts[i] = verdict
+  end
+
+  for i = 1, n do
+    local w = wins[i]
+    if w == nil then
+      local after = afters[i]
+      if refused then
+        if verdicts[i] == 0 then
+          -- nothing is consumed: report the bucket as it stands
+          after = math.max(tats[i], now)
+        end
+      elseif writes[i] then
+        local v = writes[i]
+        redis.call('SET', KEYS[k0 + i], v, 'PX', math.floor((v - now + 999) / 1000) + 1)
+        fresh[KEYS[k0 + i]] = v
+      end
+      reply[#reply + 1] = verdicts[i]
+      reply[#reply + 1] = after - now
+      reply[#reply + 1] = tats[i]
+    else
+      local written = writes[i]
+      if written and not refused then
+        if w[1] == 'l' then
+          fresh[KEYS[k0 + i]] = log_write(KEYS[k0 + i], w[6], w[7], w[8], now)
+        else
+          -- expires when worthless: the window's end (fixed; or the end of the last
+          -- window a reservation's debt reaches), or the next window's end (sliding)
+          local px = w[4]
+          if w[1] == 's' then
+            px = 2 * w[10] - w[5]
+          elseif w[11] then
+            px = w[11]
+          end
+          fresh[KEYS[k0 + i]] = win_write(w[1], KEYS[k0 + i], w[6], w[7], w[8], px)
+        end
+      end
+      local r = #reply
+      reply[r + 1] = verdicts[i]
+      reply[r + 2] = w[2]
+      if refused and written then
+        -- nothing is consumed: report the key as it stands
+        if w[1] == 'l' then
+          reply[r + 3], reply[r + 4], reply[r + 5] = w[9], w[10], w[11]
+        else
+          reply[r + 3], reply[r + 4], reply[r + 5] = w[3] - w[9], w[4], w[5]
+        end
+      else
+        reply[r + 3], reply[r + 4], reply[r + 5] = w[3], w[4], w[5]
       end
     end
   end
-  if verdict ~= 0 and enforce == '1' then
-    refused = true
-  end
-  verdicts[i] = verdict
 end
 
 local reply = { now }
-for i = 1, n do
-  local w = wins[i]
-  if w == nil then
-    local after = afters[i]
-    if refused then
-      if verdicts[i] == 0 then
-        -- nothing is consumed: report the bucket as it stands
-        after = math.max(tats[i], now)
-      end
-    elseif writes[i] then
-      local v = writes[i]
-      redis.call('SET', KEYS[i], v, 'PX', math.floor((v - now + 999) / 1000) + 1)
-    end
-    reply[#reply + 1] = verdicts[i]
-    reply[#reply + 1] = after - now
-    reply[#reply + 1] = tats[i]
-  else
-    local written = writes[i]
-    if written and not refused then
-      if w[1] == 'l' then
-        log_write(KEYS[i], w[6], w[7], w[8], now)
-      else
-        -- expires when worthless: the window's end (fixed; or the end of the last
-        -- window a reservation's debt reaches), or the next window's end (sliding)
-        local px = w[4]
-        if w[1] == 's' then
-          px = 2 * w[10] - w[5]
-        elseif w[11] then
-          px = w[11]
-        end
-        win_write(w[1], KEYS[i], w[6], w[7], w[8], px)
-      end
-    end
-    local r = #reply
-    reply[r + 1] = verdicts[i]
-    reply[r + 2] = w[2]
-    if refused and written then
-      -- nothing is consumed: report the key as it stands
-      if w[1] == 'l' then
-        reply[r + 3], reply[r + 4], reply[r + 5] = w[9], w[10], w[11]
-      else
-        reply[r + 3], reply[r + 4], reply[r + 5] = w[3] - w[9], w[4], w[5]
-      end
-    else
-      reply[r + 3], reply[r + 4], reply[r + 5] = w[3], w[4], w[5]
-    end
-  end
+local k0, a = 0, 2
+while a <= #ARGV do
+  local n = tonumber(ARGV[a])
+  decide(k0, a + 1, n, reply)
+  k0 = k0 + n
+  a = a + 1 + 5 * n
 end
 return reply

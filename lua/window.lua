@@ -138,17 +138,20 @@ local function log_wait(limit, len, ts, ns, used, cost, now)
   return wait
 end
 
+-- (Returns what the key now holds, false if deleted, as MGET would read it.)
 local function log_write(key, ts, ns, len, now)
   if #ts == 0 then
     redis.call('DEL', key)
-    return
+    return false
   end
   local parts = {}
   for j = 1, #ts do
     parts[#parts + 1] = string.format('%d %d', ts[j], ns[j])
   end
   local px = ts[#ts] + len - now
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', idiv(px + 999, 1000) + 1)
+  local value = table.concat(parts, ' ')
+  redis.call('SET', key, value, 'PX', idiv(px + 999, 1000) + 1)
+  return value
 end
 
 -- The state of a fixed (a = used) or sliding (a = cur, b = prev) window at `index`.
@@ -173,11 +176,12 @@ local function win_read(code, value, limit, index)
   return 0, 0
 end
 
--- Writes a fixed or sliding window's state, expiring when it is worthless (`reset`).
+-- Writes a fixed or sliding window's state, expiring when it is worthless (`reset`);
+-- returns what the key now holds (false if deleted).
 local function win_write(code, key, index, a, b, reset)
   if a == 0 and b == 0 then
     redis.call('DEL', key)
-    return
+    return false
   end
   local value
   if code == 'f' then
@@ -187,4 +191,5 @@ local function win_write(code, key, index, a, b, reset)
   end
   -- (a millisecond more or less of life changes nothing: the state is worthless then)
   redis.call('SET', key, value, 'PX', math.floor((reset + 999) / 1000) + 1)
+  return value
 end

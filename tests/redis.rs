@@ -136,6 +136,93 @@ async fn no_over_grant_with_64_tasks_on_a_cluster() {
     over_grant(store.deny_cache(false)).await;
 }
 
+/// 400 requests at once, each meeting a hot limit (burst 80) shared by all, its user's
+/// limit (burst 5) and its user's fixed window (7 a minute), 20 users of 20 requests, on a
+/// frozen clock. Whatever order Redis decides them in, all or nothing means exactly 80
+/// pass, at most 5 per user, and a window holds exactly its user's passed requests. With
+/// batching the checks share script calls (fewer calls than requests) and the outcome is
+/// that of one call per request.
+async fn batched_run(server: &RedisServer, batch: usize, prefix: &str) -> (usize, u64) {
+    let epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let store = store(server)
+        .await
+        .deny_cache(false)
+        .caller_time(tollgate::clock::FakeClock::at(epoch))
+        .batch(batch)
+        .prefix(prefix);
+    let tables = Arc::new([
+        store.table("hot"),
+        store.table("user"),
+        store.table("window"),
+    ]);
+    let hot = Quota::per_hour(80); // burst 80
+    let user = Quota::per_hour(5);
+    let window = Quota::per_minute(7);
+    let fixed = tollgate::Algorithm::fixed_window();
+    // Load the script first: the run then measures batching, not NOSCRIPT retries.
+    check(
+        &store,
+        &[Item::new(&tables[0], Key::from_part("warm"), hot, 0)],
+    )
+    .await;
+    reset_stats(server).await;
+    let tasks: Vec<_> = (0..400u32)
+        .map(|n| {
+            let (store, tables) = (store.clone(), tables.clone());
+            tokio::spawn(async move {
+                let u = Key::from_part(n % 20);
+                let items = [
+                    Item::new(&tables[0], Key::global(), hot, 1),
+                    Item::new(&tables[1], u.clone(), user, 1),
+                    Item::new(&tables[2], u, window, 1).algorithm(fixed),
+                ];
+                let s = check(&store, &items).await;
+                let allowed = s
+                    .iter()
+                    .all(|s| matches!(s, Status::Checked(o) if o.is_allowed()));
+                let refused = s
+                    .iter()
+                    .any(|s| matches!(s, Status::Checked(o) if !o.is_allowed()));
+                assert!(allowed || refused, "every check answered by Redis: {s:?}");
+                (n % 20, allowed)
+            })
+        })
+        .collect();
+    let mut per_user = [0usize; 20];
+    for t in tasks {
+        let (u, allowed) = t.await.unwrap();
+        per_user[u as usize] += usize::from(allowed);
+    }
+    let calls = calls(server, "evalsha").await;
+    // What the keys hold: peeks (cost 0) see every user's window hold exactly its grants.
+    for (u, &granted) in per_user.iter().enumerate() {
+        assert!(granted <= 5, "user {u}: {granted}");
+        let items = [Item::new(&tables[2], Key::from_part(u as u32), window, 0).algorithm(fixed)];
+        let s = check(&store, &items).await;
+        let Status::Checked(o) = s[0] else {
+            panic!("{s:?}")
+        };
+        assert_eq!(o.remaining(), 7 - granted as u64, "user {u}'s window");
+    }
+    (per_user.iter().sum(), calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_checks_grant_exactly_what_one_call_per_check_grants() {
+    let server = RedisServer::start();
+    let (alone, alone_calls) = batched_run(&server, 1, "alone:").await;
+    assert_eq!(alone, 80);
+    assert_eq!(alone_calls, 400, "one call per check");
+    let (batched, batched_calls) = batched_run(&server, 128, "batched:").await;
+    assert_eq!(batched, 80, "all or nothing inside a batch");
+    assert!(
+        batched_calls < 400,
+        "checks that arrived while calls were in flight shared calls: {batched_calls}"
+    );
+}
+
 #[tokio::test]
 async fn several_limits_are_one_evalsha_and_a_refusal_consumes_nothing() {
     let server = RedisServer::start();

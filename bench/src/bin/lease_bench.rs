@@ -86,33 +86,6 @@ struct Run {
     p99_us: f64,
 }
 
-/// `(calls, usec)` of the scripts (`EVALSHA`, `EVAL`) in `INFO commandstats`: what the
-/// clients send (the commands a script runs inside are counted apart by Redis, and their
-/// time is in the script's).
-async fn commandstats(conn: &mut redis::aio::MultiplexedConnection) -> (u64, f64) {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .expect("INFO commandstats");
-    let mut calls = 0;
-    let mut usec = 0.0;
-    for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
-        let name = line.split(':').next().unwrap_or("");
-        if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
-            continue;
-        }
-        for field in line.split([':', ',']) {
-            if let Some(v) = field.strip_prefix("calls=") {
-                calls += v.parse::<u64>().unwrap_or(0);
-            } else if let Some(v) = field.strip_prefix("usec=") {
-                usec += v.parse::<f64>().unwrap_or(0.0);
-            }
-        }
-    }
-    (calls, usec)
-}
-
 async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
     let client = redis::Client::open(args.url.as_str()).expect("URL");
     let mut admin = client
@@ -209,7 +182,7 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
         .get_multiplexed_async_connection()
         .await
         .expect("Redis");
-    let (commands, usec) = commandstats(&mut admin).await;
+    let (commands, usec) = tollgate_bench::redis_stats::scripts(&mut admin).await;
     latencies.sort_unstable();
     let pct = |p: f64| {
         let i = ((latencies.len() as f64 - 1.0) * p) as usize;

@@ -14,8 +14,12 @@
 //! one after the other, for `--seconds`, on one thread (as `redis-benchmark` is one
 //! event loop: on a small machine the client and Redis then compete for fewer cores). The
 //! last line is
-//! `decisions_per_sec=… p50_us=… p99_us=…`, one decision being one request over all its
-//! limits. `scripts/redis_compare.sh` runs it beside `redis-benchmark` on the same script.
+//! `decisions_per_sec=… p50_us=… p99_us=… script_us_per_decision=… redis_cpu_us_per_decision=…`,
+//! one decision being one request over all its limits; the last two are Redis's own
+//! accounting over the run (`CONFIG RESETSTAT` first): the scripts' time from
+//! `INFO commandstats`, and the server's whole CPU time (`INFO cpu`, reading and answering
+//! clients included), each per decision. `--batch N` (default 128, the store's default)
+//! sets [`RedisStore::batch`]; `--batch 1` sends each check in a call of its own. `scripts/redis_compare.sh` runs it beside `redis-benchmark` on the same script.
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +34,7 @@ struct Args {
     limits: usize,
     prefix: String,
     algorithm: String,
+    batch: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -40,6 +45,7 @@ fn parse_args() -> Result<Args, String> {
         limits: 1,
         prefix: "tollgate-bench:".into(),
         algorithm: "gcra".into(),
+        batch: 128,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -53,6 +59,7 @@ fn parse_args() -> Result<Args, String> {
             "--limits" => args.limits = value()?.parse().map_err(|e| format!("--limits: {e}"))?,
             "--prefix" => args.prefix = value()?,
             "--algorithm" => args.algorithm = value()?,
+            "--batch" => args.batch = value()?.parse().map_err(|e| format!("--batch: {e}"))?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -65,12 +72,13 @@ fn parse_args() -> Result<Args, String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args().map_err(|e| {
-        format!("{e}\nusage: redis_bench --url URL --tasks N --seconds S --limits L [--prefix P] [--algorithm A]")
+        format!("{e}\nusage: redis_bench --url URL --tasks N --seconds S --limits L [--prefix P] [--algorithm A] [--batch N]")
     })?;
-    let conn = redis::Client::open(args.url.as_str())?
-        .get_connection_manager()
-        .await?;
+    let client = redis::Client::open(args.url.as_str())?;
+    let conn = client.get_connection_manager().await?;
+    let mut admin = client.get_multiplexed_async_connection().await?;
     let store = RedisStore::new(conn)
+        .batch(args.batch)
         .prefix(args.prefix.as_str())
         .deny_cache(false)
         .timeout(Duration::from_secs(2));
@@ -99,6 +107,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         f.await;
     }
 
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async::<()>(&mut admin)
+        .await?;
+    let cpu_before = tollgate_bench::redis_stats::cpu_us(&mut admin).await;
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let started = Instant::now();
     let handles: Vec<_> = (0..args.tasks)
@@ -143,22 +156,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         failures += f;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = tollgate_bench::redis_stats::cpu_us(&mut admin).await - cpu_before;
+    let (calls, script_us) = tollgate_bench::redis_stats::scripts(&mut admin).await;
     latencies.sort_unstable();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     println!(
-        "url={} tasks={} limits={} algorithm={} seconds={:.2} decisions={} not_allowed={failures}",
+        "url={} tasks={} limits={} algorithm={} batch={} seconds={:.2} decisions={} not_allowed={failures} script_calls={calls}",
         args.url,
         args.tasks,
         args.limits,
         args.algorithm,
+        args.batch,
         elapsed,
         latencies.len()
     );
+    let decisions = latencies.len().max(1) as f64;
     println!(
-        "decisions_per_sec={:.0} p50_us={} p99_us={}",
+        "decisions_per_sec={:.0} p50_us={} p99_us={} script_us_per_decision={:.2} redis_cpu_us_per_decision={:.2}",
         latencies.len() as f64 / elapsed,
         pct(0.50),
-        pct(0.99)
+        pct(0.99),
+        script_us / decisions,
+        cpu / decisions,
     );
     Ok(())
 }

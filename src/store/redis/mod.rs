@@ -1,5 +1,6 @@
 //! [`RedisStore`]: bucket state in Redis.
 
+mod batch;
 mod command;
 mod epoch;
 mod keys;
@@ -43,7 +44,9 @@ use crate::model::policy::Mode;
 /// # How it works
 ///
 /// One request is one `EVALSHA` of `lua/gcra.lua` carrying every limit's key: the script
-/// checks all limits and writes all or none, in one round trip, atomically. With Redis
+/// checks all limits and writes all or none, in one round trip, atomically. Under
+/// concurrency the checks that arrive while calls are in flight share one call, which
+/// decides each on its own (see [`batch`](RedisStore::batch)). With Redis
 /// Cluster, keys in different hash slots cannot share a script: they are grouped by slot,
 /// one script per group runs concurrently, and when one group refused while another
 /// consumed, `lua/refund.lua` gives back what the consuming groups took (a call that fails
@@ -89,6 +92,8 @@ pub struct RedisBackend {
     now: Option<SharedClock>,
     /// Whether Redis lost the buckets since this store started.
     epoch: Arc<epoch::Epoch>,
+    /// The checks waiting for a call in flight to end.
+    batcher: Arc<batch::Batcher>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -97,6 +102,7 @@ impl fmt::Debug for RedisBackend {
             .field("cluster", &self.conn.is_cluster())
             .field("prefix", &String::from_utf8_lossy(&self.prefix))
             .field("caller_time", &self.now.is_some())
+            .field("batch", &self.batcher.max_requests())
             .finish()
     }
 }
@@ -123,6 +129,7 @@ impl RedisBackend {
             prefix: Arc::from(&b"tollgate:"[..]),
             now: None,
             epoch: Arc::default(),
+            batcher: Arc::new(batch::Batcher::new(batch::DEFAULT_MAX_BATCH)),
         }
     }
 }
@@ -258,6 +265,26 @@ impl RedisStore {
         self.map(|r| r.configure(|i| i.backend.now = Some(caller)).clock(clock))
     }
 
+    /// The most requests one script call decides (default 128; 0 counts as 1).
+    ///
+    /// A check goes to Redis at once, in a call of its own, while fewer than two calls are
+    /// in flight to its node (with Redis Cluster: to its hash slot). The checks that
+    /// arrive while two are in flight wait for one to end, then go together in one
+    /// `EVALSHA` that decides each request on its own, one after the other, each all or
+    /// nothing across its limits, exactly as separate calls in that order would. Redis
+    /// then runs one script, one `TIME` and one `MGET` per batch instead of per request,
+    /// which about halves its CPU time per decision under concurrency; with little
+    /// traffic nothing waits. A batch also stops at about 64 KiB of keys and arguments,
+    /// and at most 4,096 checks wait per node (past that a check goes alone). A failed
+    /// call fails every check of its batch, each following its limits' failure policy.
+    ///
+    /// `1` sends every check in a call of its own, as many in flight as there are
+    /// requests.
+    pub fn batch(self, max_requests: usize) -> Self {
+        let batcher = Arc::new(batch::Batcher::new(max_requests));
+        self.map(|r| r.configure(|i| i.backend.batcher = batcher))
+    }
+
     /// How long one call may take before it counts as a failure (default 50 ms).
     pub fn timeout(self, timeout: std::time::Duration) -> Self {
         self.map(|r| r.timeout(timeout))
@@ -376,6 +403,21 @@ impl Part {
         out
     }
 
+    /// Appends this limit's five arguments of `gcra.lua` to `cmd`.
+    fn push_args(&self, cmd: &mut redis::Cmd) {
+        let (t, burst) = self.shape();
+        cmd.arg(t).arg(burst).arg(self.cost);
+        let enforce = u8::from(self.mode == Mode::Enforce);
+        if self.max_wait_us == 0 {
+            cmd.arg(enforce);
+        } else {
+            // A reservation: `<enforce>:<max_wait>`, the wait capped where Lua's doubles
+            // stay exact.
+            cmd.arg(format!("{enforce}:{}", self.max_wait_us.min(MAX_EXACT)));
+        }
+        cmd.arg(self.kind(0).as_slice());
+    }
+
     fn width(&self) -> usize {
         if self.algorithm.is_window() {
             WINDOW_REPLY_WIDTH
@@ -399,33 +441,26 @@ impl RedisBackend {
         groups
     }
 
-    /// Asks Redis about the limits of one group (keys in one slot).
+    /// Asks Redis about the limits of one group (keys in `slot`): in a call of its own, or
+    /// in a batch with the checks that arrived while calls were in flight.
     async fn call(
         &self,
-        parts: &[Part],
+        parts: &Arc<[Part]>,
         group: &[usize],
-        now: &str,
+        slot: keys::Slot,
     ) -> Result<Vec<Answer>, Failure> {
-        let mut cmd = evalsha(&GCRA, group.len());
-        for &i in group {
-            cmd.arg(parts[i].redis_key.as_slice());
-        }
-        cmd.arg(now);
-        for &i in group {
-            let p = &parts[i];
-            let (t, burst) = p.shape();
-            cmd.arg(t).arg(burst).arg(p.cost);
-            let enforce = u8::from(p.mode == Mode::Enforce);
-            if p.max_wait_us == 0 {
-                cmd.arg(enforce);
-            } else {
-                // A reservation: `<enforce>:<max_wait>`, the wait capped where Lua's
-                // doubles stay exact.
-                cmd.arg(format!("{enforce}:{}", p.max_wait_us.min(MAX_EXACT)));
+        let request = batch::Request {
+            parts: parts.clone(),
+            group: group.into(),
+        };
+        let reply = match self.batcher.enter(self, slot, request) {
+            batch::Turn::Own(request, turn) => {
+                let reply = self.send(&[&request]).await;
+                drop(turn);
+                reply?.pop().ok_or(Failure::Reply(0))?
             }
-            cmd.arg(p.kind(0).as_slice());
-        }
-        let reply: Vec<i64> = self.conn.eval(&cmd, &GCRA).await.map_err(Failure::Redis)?;
+            batch::Turn::Queued(rx) => rx.await.map_err(|_| Failure::Abandoned)??,
+        };
         parse_reply(&reply, parts, group)
     }
 
@@ -502,15 +537,15 @@ impl RedisBackend {
         reports
     }
 
-    async fn check(self, parts: SmallVec<[Part; 4]>) -> Result<Statuses, StoreError> {
-        let now = self.now_arg();
+    async fn check(self, parts: Arc<[Part]>) -> Result<Statuses, StoreError> {
         let groups = self.groups(&parts);
         let replies = match &groups[..] {
             // One node, or one slot: one call.
-            [(_, group)] => vec![self.call(&parts, group, &now).await],
+            [(slot, group)] => vec![self.call(&parts, group, *slot).await],
             many => {
                 futures_util::future::join_all(
-                    many.iter().map(|(_, group)| self.call(&parts, group, &now)),
+                    many.iter()
+                        .map(|(slot, group)| self.call(&parts, group, *slot)),
                 )
                 .await
             }
@@ -537,7 +572,7 @@ impl RedisBackend {
         let mut given_back = SmallVec::new();
         if (failure.is_some() || refused) && consumed {
             // Another slot refused or failed: what this request took elsewhere goes back.
-            given_back = self.refund(&parts, &answers, &now).await;
+            given_back = self.refund(&parts, &answers, &self.now_arg()).await;
         }
         if let Some(e) = failure {
             return Err(StoreError::new(e));
@@ -573,7 +608,7 @@ impl RedisBackend {
     }
 
     /// Applies an operation other than a check: one `ops.lua` call per slot.
-    async fn update(self, op: Op, parts: SmallVec<[Part; 4]>) -> Result<Statuses, StoreError> {
+    async fn update(self, op: Op, parts: Arc<[Part]>) -> Result<Statuses, StoreError> {
         let now = self.now_arg();
         let name = match op {
             Op::Refund => "refund",
@@ -663,7 +698,7 @@ impl Backend for RedisBackend {
     }
 
     fn apply(&self, op: Op, items: &[Item<'_, RedisTable>]) -> Self::Future {
-        let parts: SmallVec<[Part; 4]> = items
+        let parts: Arc<[Part]> = items
             .iter()
             .map(|item| Part {
                 redis_key: keys::bucket_key(&item.table.prefix, &item.key),

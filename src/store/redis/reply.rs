@@ -23,10 +23,12 @@ pub(super) struct Answer {
     pub(super) undo: u64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) enum Failure {
     Redis(redis::RedisError),
     Reply(usize),
+    /// The batch a check waited for was dropped unsent (the runtime is shutting down).
+    Abandoned,
 }
 
 impl fmt::Display for Failure {
@@ -34,6 +36,7 @@ impl fmt::Display for Failure {
         match self {
             Failure::Redis(e) => write!(f, "{e}"),
             Failure::Reply(n) => write!(f, "unexpected reply of {n} integers"),
+            Failure::Abandoned => f.write_str("the batch of this check was dropped unsent"),
         }
     }
 }

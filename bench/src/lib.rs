@@ -1,0 +1,47 @@
+//! What the benchmark programs share.
+
+/// Reading a Redis server's own accounting (`INFO`).
+#[cfg(feature = "redis")]
+pub mod redis_stats {
+    /// `(calls, usec)` of the scripts (`EVALSHA`, `EVAL`) in `INFO commandstats`: what the
+    /// clients send (the commands a script runs inside are counted apart by Redis, and
+    /// their time is in the script's).
+    pub async fn scripts(conn: &mut redis::aio::MultiplexedConnection) -> (u64, f64) {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .expect("INFO commandstats");
+        let mut calls = 0;
+        let mut usec = 0.0;
+        for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
+            let name = line.split(':').next().unwrap_or("");
+            if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
+                continue;
+            }
+            for field in line.split([':', ',']) {
+                if let Some(v) = field.strip_prefix("calls=") {
+                    calls += v.parse::<u64>().unwrap_or(0);
+                } else if let Some(v) = field.strip_prefix("usec=") {
+                    usec += v.parse::<f64>().unwrap_or(0.0);
+                }
+            }
+        }
+        (calls, usec)
+    }
+
+    /// The server's CPU time so far, user and system, in microseconds (`INFO cpu`):
+    /// everything it did, reading and answering clients included.
+    pub async fn cpu_us(conn: &mut redis::aio::MultiplexedConnection) -> f64 {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(conn)
+            .await
+            .expect("INFO cpu");
+        info.lines()
+            .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
+            .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+            .sum::<f64>()
+            * 1e6
+    }
+}

@@ -1,0 +1,353 @@
+//! Many requests' checks in one `gcra.lua` call.
+//!
+//! A check that finds fewer than [`MAX_IN_FLIGHT`] calls in flight to its slot (on one
+//! node: to the server) sends its own call at once, from its own future: nothing is
+//! delayed when nothing is in flight. The checks that arrive while that many are in flight
+//! wait in the slot's queue; when a call ends, the queue (up to the batch bounds: requests
+//! and bytes) goes out as one call that decides each request on its own, one after the
+//! other, each all or nothing across its limits (see the script). Redis then pays one
+//! script invocation, one `TIME` and one `MGET` for the whole batch instead of one each per
+//! request.
+//!
+//! A batch runs in a task of its own, so a caller that gives up (a timeout, a client gone)
+//! never strands the others; a caller that gave up before its batch left is not sent. A
+//! failed call fails each request of the batch, and each then follows its own limits'
+//! failure policy, as a failed call of its own would. The queue holds at most
+//! [`MAX_WAITING`] requests per slot; beyond that a check sends its own call, as without
+//! batching.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+
+use super::keys::Slot;
+use super::reply::Failure;
+use super::*;
+
+/// Calls to one slot that may be in flight before checks queue (two: while Redis runs one
+/// batch, the next is on its way, so Redis never waits for the network).
+pub(super) const MAX_IN_FLIGHT: usize = 2;
+/// The most requests one call decides, by default.
+pub(super) const DEFAULT_MAX_BATCH: usize = 128;
+/// The most bytes of keys and arguments one batched call carries (a request larger than
+/// this alone still goes, alone).
+pub(super) const MAX_BATCH_BYTES: usize = 64 * 1024;
+/// The most checks waiting for one slot; past it a check sends its own call.
+pub(super) const MAX_WAITING: usize = 4_096;
+
+/// One request's limits in one slot: `group` indexes `parts`.
+pub(super) struct Request {
+    pub(super) parts: Arc<[Part]>,
+    pub(super) group: SmallVec<[usize; 4]>,
+}
+
+impl Request {
+    /// Roughly what the request adds to a call: its keys and about 24 bytes of
+    /// arguments per limit.
+    fn bytes(&self) -> usize {
+        self.group
+            .iter()
+            .map(|&i| self.parts[i].redis_key.len() + 24)
+            .sum()
+    }
+
+    /// The integers this request's part of the reply holds.
+    fn width(&self) -> usize {
+        self.group.iter().map(|&i| self.parts[i].width()).sum()
+    }
+}
+
+type Reply = Result<Vec<i64>, Failure>;
+
+struct Waiting {
+    request: Request,
+    tx: oneshot::Sender<Reply>,
+}
+
+#[derive(Default)]
+struct Queue {
+    in_flight: usize,
+    waiting: VecDeque<Waiting>,
+}
+
+/// The queues of one store's backend, by slot (one on a single node); a slot's queue is
+/// dropped when it has nothing in flight and nothing waiting.
+pub(super) struct Batcher {
+    queues: Mutex<HashMap<Slot, Queue>>,
+    max_requests: usize,
+}
+
+impl fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batcher")
+            .field("max_requests", &self.max_requests)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a check does: send its own call (holding one of the slot's in-flight turns, given
+/// back or passed on to the waiting batch when the guard drops), or wait for a batch.
+pub(super) enum Turn {
+    Own(Request, Option<InFlight>),
+    Queued(oneshot::Receiver<Reply>),
+}
+
+/// One in-flight turn of a slot: on drop, the checks that queued meanwhile go out.
+pub(super) struct InFlight {
+    backend: RedisBackend,
+    slot: Slot,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.backend.batcher.hand_over(&self.backend, self.slot);
+    }
+}
+
+impl Batcher {
+    /// `max_requests` per call; 1 sends every check on its own call.
+    pub(super) fn new(max_requests: usize) -> Self {
+        Self {
+            queues: Mutex::default(),
+            max_requests: max_requests.max(1),
+        }
+    }
+
+    pub(super) fn max_requests(&self) -> usize {
+        self.max_requests
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Slot, Queue>> {
+        // The lock guards plain bookkeeping that no panic leaves half done.
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `request` for `slot` goes now or waits for a batch.
+    pub(super) fn enter(&self, backend: &RedisBackend, slot: Slot, request: Request) -> Turn {
+        if self.max_requests == 1 {
+            return Turn::Own(request, None);
+        }
+        let mut queues = self.lock();
+        let queue = queues.entry(slot).or_default();
+        if queue.in_flight < MAX_IN_FLIGHT || queue.waiting.len() >= MAX_WAITING {
+            queue.in_flight += 1;
+            drop(queues);
+            let turn = InFlight {
+                backend: backend.clone(),
+                slot,
+            };
+            return Turn::Own(request, Some(turn));
+        }
+        let (tx, rx) = oneshot::channel();
+        queue.waiting.push_back(Waiting { request, tx });
+        Turn::Queued(rx)
+    }
+
+    /// A call to `slot` ended: the next batch goes out in a task of its own (keeping the
+    /// turn), or the turn is given back.
+    fn hand_over(&self, backend: &RedisBackend, slot: Slot) {
+        let batch = {
+            let mut queues = self.lock();
+            let Some(queue) = queues.get_mut(&slot) else {
+                return;
+            };
+            let batch = self.take(queue);
+            if batch.is_empty() {
+                queue.in_flight -= 1;
+                if queue.in_flight == 0 && queue.waiting.is_empty() {
+                    queues.remove(&slot);
+                }
+                return;
+            }
+            batch
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(run(backend.clone(), slot, batch));
+            }
+            // No runtime (it is shutting down): the waiting checks fail (their receivers
+            // see the senders dropped) and the turn is given back.
+            Err(_) => {
+                drop(batch);
+                self.hand_over(backend, slot);
+            }
+        }
+    }
+
+    /// The next batch from `queue`: its oldest live checks, within the bounds.
+    fn take(&self, queue: &mut Queue) -> Vec<Waiting> {
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        while let Some(next) = queue.waiting.front() {
+            if next.tx.is_closed() {
+                // Its caller gave up: not sent.
+                queue.waiting.pop_front();
+                continue;
+            }
+            let size = next.request.bytes();
+            if !batch.is_empty()
+                && (batch.len() == self.max_requests || bytes + size > MAX_BATCH_BYTES)
+            {
+                break;
+            }
+            bytes += size;
+            batch.extend(queue.waiting.pop_front());
+        }
+        batch
+    }
+}
+
+/// Sends batches to `slot` until its queue is empty, then gives the turn back.
+async fn run(backend: RedisBackend, slot: Slot, mut batch: Vec<Waiting>) {
+    loop {
+        let reply = {
+            let requests: Vec<&Request> = batch.iter().map(|w| &w.request).collect();
+            backend.send(&requests).await
+        };
+        match reply {
+            Ok(replies) => {
+                for (w, r) in batch.into_iter().zip(replies) {
+                    let _ = w.tx.send(Ok(r));
+                }
+            }
+            Err(e) => {
+                for w in batch {
+                    let _ = w.tx.send(Err(e.clone()));
+                }
+            }
+        }
+        let next = {
+            let mut queues = backend.batcher.lock();
+            let Some(queue) = queues.get_mut(&slot) else {
+                return;
+            };
+            let next = backend.batcher.take(queue);
+            if next.is_empty() {
+                queue.in_flight -= 1;
+                if queue.in_flight == 0 && queue.waiting.is_empty() {
+                    queues.remove(&slot);
+                }
+                return;
+            }
+            next
+        };
+        batch = next;
+    }
+}
+
+impl RedisBackend {
+    /// One `gcra.lua` call deciding `requests` (keys in one slot) one after the other;
+    /// answers each request's reply as if it had been alone: `now`, then its limits'.
+    pub(super) async fn send(&self, requests: &[&Request]) -> Result<Vec<Vec<i64>>, Failure> {
+        let keys = requests.iter().map(|r| r.group.len()).sum();
+        let mut cmd = evalsha(&GCRA, keys);
+        for r in requests {
+            for &i in &r.group {
+                cmd.arg(r.parts[i].redis_key.as_slice());
+            }
+        }
+        cmd.arg(self.now_arg());
+        for r in requests {
+            cmd.arg(r.group.len());
+            for &i in &r.group {
+                r.parts[i].push_args(&mut cmd);
+            }
+        }
+        let reply: Vec<i64> = self.conn.eval(&cmd, &GCRA).await.map_err(Failure::Redis)?;
+        let expected = 1 + requests.iter().map(|r| r.width()).sum::<usize>();
+        if reply.len() != expected {
+            return Err(Failure::Reply(reply.len()));
+        }
+        let now = reply[0];
+        let mut rest = &reply[1..];
+        Ok(requests
+            .iter()
+            .map(|r| {
+                let (mine, tail) = rest.split_at(r.width());
+                rest = tail;
+                let mut out = Vec::with_capacity(1 + mine.len());
+                out.push(now);
+                out.extend_from_slice(mine);
+                out
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(key_len: usize) -> Request {
+        let part = Part {
+            redis_key: vec![b'k'; key_len],
+            quota: Quota::per_second(10),
+            cost: 1,
+            mode: Mode::Enforce,
+            algorithm: Algorithm::Gcra,
+            phase_us: 0,
+            max_wait_us: 0,
+        };
+        Request {
+            parts: Arc::from(vec![part]),
+            group: smallvec::smallvec![0],
+        }
+    }
+
+    fn queue(sizes: &[usize]) -> (Queue, Vec<oneshot::Receiver<Reply>>) {
+        let mut queue = Queue::default();
+        let mut receivers = Vec::new();
+        for &size in sizes {
+            let (tx, rx) = oneshot::channel();
+            queue.waiting.push_back(Waiting {
+                request: request(size),
+                tx,
+            });
+            receivers.push(rx);
+        }
+        (queue, receivers)
+    }
+
+    #[test]
+    fn a_batch_stops_at_its_request_bound() {
+        let batcher = Batcher::new(3);
+        let (mut queue, _rx) = queue(&[10; 7]);
+        assert_eq!(batcher.take(&mut queue).len(), 3);
+        assert_eq!(batcher.take(&mut queue).len(), 3);
+        assert_eq!(batcher.take(&mut queue).len(), 1);
+        assert!(batcher.take(&mut queue).is_empty());
+    }
+
+    #[test]
+    fn a_batch_stops_at_its_byte_bound_but_a_large_request_still_goes() {
+        let batcher = Batcher::new(1_000);
+        let big = MAX_BATCH_BYTES; // over the bound with its arguments
+        let (mut queue, _rx) = queue(&[big, 100, big / 2, big / 2]);
+        assert_eq!(batcher.take(&mut queue).len(), 1, "alone, yet sent");
+        assert_eq!(
+            batcher.take(&mut queue).len(),
+            2,
+            "100 + half fits, not the other half"
+        );
+        assert_eq!(batcher.take(&mut queue).len(), 1);
+    }
+
+    #[test]
+    fn checks_whose_caller_gave_up_are_not_sent() {
+        let batcher = Batcher::new(10);
+        let (mut queue, mut rx) = queue(&[10; 4]);
+        rx.remove(2);
+        rx.remove(0);
+        let batch = batcher.take(&mut queue);
+        assert_eq!(batch.len(), 2);
+        assert!(batch.iter().all(|w| !w.tx.is_closed()));
+        assert!(queue.waiting.is_empty());
+    }
+
+    #[test]
+    fn one_per_call_never_queues() {
+        let batcher = Batcher::new(0);
+        assert_eq!(batcher.max_requests(), 1);
+    }
+}
