@@ -223,6 +223,75 @@ async fn batched_checks_grant_exactly_what_one_call_per_check_grants() {
     );
 }
 
+/// Checks queued behind calls in flight when Redis dies: every batch fails, and each
+/// check of it follows its own limit's policy (open, closed, local fallback); none hangs
+/// (the store's timeout is far beyond the test's: a check left waiting would fail it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_fails_each_check_into_its_own_policy() {
+    let mut server = RedisServer::start();
+    let store = store(&server)
+        .await
+        .timeout(Duration::from_secs(600))
+        .deny_cache(false)
+        .breaker(1_000_000, Duration::from_secs(60));
+    let tables = Arc::new([
+        store.table("open"),
+        store.table("closed"),
+        store.table("fallback"),
+    ]);
+    let policies = [
+        FailurePolicy::Allow,
+        FailurePolicy::Deny,
+        FailurePolicy::Fallback,
+    ];
+    let q = Quota::per_minute(1_000);
+    check(
+        &store,
+        &[Item::new(&tables[0], Key::from_part("warm"), q, 0)],
+    )
+    .await;
+    // Redis busy for a while: the first checks are in flight, the others queue.
+    let mut busy = server.connection().await;
+    let sleeping = tokio::spawn(async move {
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.5")
+            .query_async(&mut busy)
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let tasks: Vec<_> = (0..150usize)
+        .map(|n| {
+            let (store, tables) = (store.clone(), tables.clone());
+            tokio::spawn(async move {
+                let i = n % 3;
+                let item =
+                    Item::new(&tables[i], Key::from_part(n as u32), q, 1).on_failure(policies[i]);
+                (i, check(&store, &[item]).await[0])
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.kill();
+    let _ = sleeping.await;
+    let answers = tokio::time::timeout(Duration::from_secs(120), async {
+        let mut answers = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        answers
+    })
+    .await
+    .expect("every queued check is answered");
+    for (i, status) in answers {
+        match (i, status) {
+            (0, Status::FailedOpen) | (1, Status::FailedClosed) => {}
+            (2, Status::Fallback(o)) => assert!(o.is_allowed()),
+            other => panic!("limit {i}: {other:?}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn several_limits_are_one_evalsha_and_a_refusal_consumes_nothing() {
     let server = RedisServer::start();
