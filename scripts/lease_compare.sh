@@ -11,12 +11,7 @@ mode=compare
 if [ "${1:-}" = fault ]; then mode=fault; shift; fi
 seconds="${1:-5}"
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-dir=$(mktemp -d)
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
-  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
-trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
-for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+source scripts/throwaway_redis.sh
 
 # BIN_DIR: a folder with a prebuilt lease_bench (e.g. copied to a machine without cargo).
 if [ -n "${BIN_DIR:-}" ]; then
@@ -35,7 +30,6 @@ sleep 5
 kill -9 "$(cat "$dir/redis.pid")"
 echo "--- redis-server killed at 5 s" >&2
 sleep 1
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
-  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+start_redis
 echo "--- redis-server restarted empty at 6 s" >&2
 wait "$bench_pid"

@@ -20,12 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-5}"
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-dir=$(mktemp -d)
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
-  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
-trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
-for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+source scripts/throwaway_redis.sh
 
 # BIN_DIR: a folder with a prebuilt redis_bench (e.g. copied to a machine without cargo).
 if [ -n "${BIN_DIR:-}" ]; then
