@@ -7,7 +7,8 @@
 //!     --url redis://127.0.0.1:6379 --tasks 64 --seconds 5
 //! ```
 //!
-//! Scenarios, each run with `Lease::auto()` and without a lease:
+//! Scenarios, each run with `Lease::auto()` and without a lease (then with one call per
+//! request: [`RedisStore::batch`]`(1)`):
 //!
 //! - `hot-under`: one key for every request, a quota no run reaches (10^6/s);
 //! - `hot-over`: one key, 1,000/s with a burst of 1,000, far below what the tasks send:
@@ -97,7 +98,10 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
     let prefix = format!("lease-bench:{}:{}:{round}:", s.name, lease);
     for _ in 0..4 {
         let conn = client.get_connection_manager().await.expect("Redis");
+        // Without a lease: one call per request (`batch(1)`), the exact limiter as
+        // users of a per-request script know it.
         let store = RedisStore::new(conn)
+            .batch(if lease { 128 } else { 1 })
             .prefix(&prefix)
             .timeout(Duration::from_secs(1));
         let mut spec = LimitSpec::new("limit", s.quota);
