@@ -164,7 +164,13 @@ impl Batcher {
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(run(backend.clone(), slot, batch));
+                // The task holds the turn: ended or cancelled (its runtime shutting down),
+                // it hands it over in turn.
+                let turn = InFlight {
+                    backend: backend.clone(),
+                    slot,
+                };
+                runtime.spawn(run(turn, batch));
             }
             // No runtime (it is shutting down): the waiting checks fail (their receivers
             // see the senders dropped) and the turn is given back.
@@ -198,8 +204,10 @@ impl Batcher {
     }
 }
 
-/// Sends batches to `slot` until its queue is empty, then gives the turn back.
-async fn run(backend: RedisBackend, slot: Slot, mut batch: Vec<Waiting>) {
+/// Sends batches to the turn's slot while its queue has checks; the turn is handed over
+/// when the task ends, however it ends.
+async fn run(turn: InFlight, mut batch: Vec<Waiting>) {
+    let backend = &turn.backend;
     loop {
         let reply = {
             let requests: Vec<&Request> = batch.iter().map(|w| &w.request).collect();
@@ -217,22 +225,16 @@ async fn run(backend: RedisBackend, slot: Slot, mut batch: Vec<Waiting>) {
                 }
             }
         }
-        let next = {
+        batch = {
             let mut queues = backend.batcher.lock();
-            let Some(queue) = queues.get_mut(&slot) else {
-                return;
-            };
-            let next = backend.batcher.take(queue);
-            if next.is_empty() {
-                queue.in_flight -= 1;
-                if queue.in_flight == 0 && queue.waiting.is_empty() {
-                    queues.remove(&slot);
-                }
-                return;
+            match queues.get_mut(&turn.slot) {
+                Some(queue) => backend.batcher.take(queue),
+                None => Vec::new(),
             }
-            next
         };
-        batch = next;
+        if batch.is_empty() {
+            return;
+        }
     }
 }
 
@@ -343,6 +345,39 @@ mod tests {
         assert_eq!(batch.len(), 2);
         assert!(batch.iter().all(|w| !w.tx.is_closed()));
         assert!(queue.waiting.is_empty());
+    }
+
+    /// Checks against a port nothing listens on (each call fails at once), a third of
+    /// them cancelled while they wait: when all have ended, every slot's turns are back
+    /// and its queue is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_turn_comes_back_whether_checks_end_fail_or_are_cancelled() {
+        use crate::model::key::Key;
+        let store = RedisStore::open("redis://127.0.0.1:1/").unwrap();
+        let backend = store.0.backend().clone();
+        let table = backend.table("t");
+        let q = Quota::per_second(10);
+        let tasks: Vec<_> = (0..96u32)
+            .map(|n| {
+                let item = Item::new(&table, Key::from_part(n), q, 1);
+                tokio::spawn(backend.apply(Op::Check, &[item]))
+            })
+            .collect();
+        for (n, task) in tasks.into_iter().enumerate() {
+            if n % 3 == 0 {
+                task.abort();
+            }
+            let _ = task.await;
+        }
+        // The batch tasks end after the checks they answer: wait for them, however long a
+        // loaded machine takes.
+        for _ in 0..1_000 {
+            if backend.batcher.lock().is_empty() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("turns not handed back: {:?}", backend.batcher.lock().len());
     }
 
     #[test]
