@@ -250,16 +250,14 @@ async fn a_failed_batch_fails_each_check_into_its_own_policy() {
         &[Item::new(&tables[0], Key::from_part("warm"), q, 0)],
     )
     .await;
-    // Redis busy for a while: the first checks are in flight, the others queue.
-    let mut busy = server.connection().await;
-    let sleeping = tokio::spawn(async move {
-        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.5")
-            .query_async(&mut busy)
-            .await;
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Redis stopped (SIGSTOP): no check can be answered any more; the first are in flight,
+    // the others queue, until Redis dies.
+    let pid = server.pid().unwrap().to_string();
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
     let tasks: Vec<_> = (0..150usize)
         .map(|n| {
             let (store, tables) = (store.clone(), tables.clone());
@@ -271,9 +269,9 @@ async fn a_failed_batch_fails_each_check_into_its_own_policy() {
             })
         })
         .collect();
+    // Let them reach the queue (those that do not yet fail all the same once Redis is gone).
     tokio::time::sleep(Duration::from_millis(100)).await;
     server.kill();
-    let _ = sleeping.await;
     let answers = tokio::time::timeout(Duration::from_secs(120), async {
         let mut answers = Vec::new();
         for t in tasks {
