@@ -261,6 +261,11 @@ impl RedisBackend {
         if reply.len() != expected {
             return Err(Failure::Reply(reply.len()));
         }
+        if requests.len() == 1 {
+            // A request alone (the usual call when nothing else is in flight): its reply
+            // as it came.
+            return Ok(vec![reply]);
+        }
         let now = reply[0];
         let mut rest = &reply[1..];
         Ok(requests
