@@ -150,7 +150,10 @@ local function decide(k0, a0, n, reply)
           phase = 0
         end
         local index, e, until_end = win_at(len, phase, now)
-        local cur, prev = win_read(code, tats[i], limit, index)
+        local cur, prev, later = win_read(code, tats[i], limit, index)
+        if later then
+          index, e, until_end = later, 0, len
+        end
         local before = cur
         local fits
         local reserved_at = 0

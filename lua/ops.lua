@@ -94,7 +94,10 @@ local function window_op(reply, key, len, limit, amount, kind)
     phase = 0
   end
   local index, e, until_end = win_at(len, phase, now)
-  local cur, prev = win_read(code, value, limit, index)
+  local cur, prev, later = win_read(code, value, limit, index)
+  if later then
+    index, e, until_end = later, 0, len
+  end
   local changed = false
   if code == 'f' then
     if (op == 'refund' or op == 'undo') and value then

@@ -154,7 +154,10 @@ local function log_write(key, ts, ns, len, now)
   return value
 end
 
--- The state of a fixed (a = used) or sliding (a = cur, b = prev) window at `index`.
+-- The state of a fixed (a = used) or sliding (a = cur, b = prev) window at `index`, and
+-- the stored index when it is later than `index` (written by a clock ahead of ours: the
+-- caller then decides at that window's start, so as never to move the key back to an
+-- earlier window, which would start the later one over empty).
 local function win_read(code, value, limit, index)
   if not value then
     return 0, 0
@@ -162,15 +165,18 @@ local function win_read(code, value, limit, index)
   -- one pattern match: fewer calls into C than finding and cutting each field
   if code == 'f' then
     local i, used = string.match(value, '^(%d+):(%d+)')
-    local k = math.max(index - tonumber(i), 0)
-    return math.max(tonumber(used) - limit * k, 0), 0
+    i = tonumber(i)
+    if i > index then
+      return tonumber(used), 0, i
+    end
+    return math.max(tonumber(used) - limit * (index - i), 0), 0
   end
   local i, c, p = string.match(value, '^(%d+):(%d+):(%d+)')
-  local k = math.max(index - tonumber(i), 0)
+  i = tonumber(i)
   local cur, prev = tonumber(c), tonumber(p)
-  if k == 0 then
-    return cur, prev
-  elseif k == 1 then
+  if i >= index then
+    return cur, prev, (i > index) and i or nil
+  elseif index - i == 1 then
     return 0, cur
   end
   return 0, 0

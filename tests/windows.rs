@@ -185,6 +185,31 @@ async fn mixed_algorithms_are_all_or_nothing(l: &Limiter, clock: &FakeClock, key
     assert_eq!(left, [Some(4), Some(4), Some(5), Some(3)]);
 }
 
+/// Pins a bug: a check whose clock reading fell in the window before the key's (a thread
+/// that read the time just before a boundary and wrote after another had moved the key
+/// on; a core, or an instance's caller time, a hair behind) wrote its window index back
+/// over the newer one, so the newer window started over empty and granted its limit again.
+async fn a_check_that_read_the_clock_before_a_window_boundary_does_not_rewind_the_window(
+    l: &Limiter,
+    clock: &FakeClock,
+    key: &str,
+) {
+    for (limit, allowed) in [("fw", 5), ("sw", 6)] {
+        clock.set(START + 70 * S); // 10 s into the second window
+        for _ in 0..2 {
+            assert!(ok(l.check(limit, key, 1)).await.allowed());
+        }
+        clock.set(START + 59 * S); // a reading taken in the first window
+        assert!(ok(l.check(limit, key, 1)).await.allowed(), "{limit}");
+        clock.set(START + 70 * S);
+        let mut more = 0;
+        while ok(l.check(limit, key, 1)).await.allowed() {
+            more += 1;
+        }
+        assert_eq!(more, allowed - 3, "{limit}: the second window holds all three");
+    }
+}
+
 macro_rules! cases {
     ($make:expr) => {
         cases!(@each $make;
@@ -194,6 +219,7 @@ macro_rules! cases {
             sliding_window_weighs_the_previous_window,
             sliding_log_is_exact,
             mixed_algorithms_are_all_or_nothing,
+            a_check_that_read_the_clock_before_a_window_boundary_does_not_rewind_the_window,
         );
     };
     (@each $make:expr; $($case:ident),* $(,)?) => {

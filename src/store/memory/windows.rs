@@ -138,12 +138,22 @@ impl Ctx {
         }
     }
 
+    /// The state `(a, b)` packed to replace `over`, in the current window, or in the
+    /// window of `over` if that one is later: a check that read the clock just before a
+    /// window ended and writes after another has moved the key to the next window must
+    /// not move it back (that would start the next window over, empty).
     #[inline(always)]
-    fn pack(&self, algorithm: Algorithm, a: u64, b: u64) -> u64 {
+    fn pack(&self, algorithm: Algorithm, over: u64, a: u64, b: u64) -> u64 {
+        // Both layouts keep the index in the high half; 0 is an absent key's state.
+        let ahead = match over {
+            0 => 0,
+            _ => ((over >> 32) as u32).wrapping_sub(self.index as u32) as i32,
+        };
+        let index = self.index + u64::from(ahead.max(0).unsigned_abs());
         if let Algorithm::FixedWindow { .. } = algorithm {
-            pack_fixed(self.index, a)
+            pack_fixed(index, a)
         } else {
-            pack_sliding(self.index, a, b)
+            pack_sliding(index, a, b)
         }
     }
 
@@ -154,10 +164,10 @@ impl Ctx {
         if let Algorithm::FixedWindow { .. } = algorithm {
             let until_end = self.g.len - self.e;
             let (r, new) = window::fixed_check_within(self.g, a, until_end, cost, self.max_wait);
-            (r, new.map(|used| self.pack(algorithm, used, 0)))
+            (r, new.map(|used| self.pack(algorithm, word, used, 0)))
         } else {
             let (r, new) = window::sliding_check(self.g, a, b, self.e, cost);
-            (r, new.map(|cur| self.pack(algorithm, cur, b)))
+            (r, new.map(|cur| self.pack(algorithm, word, cur, b)))
         }
     }
 }
@@ -477,7 +487,7 @@ impl<C: Clock> MemoryStore<C> {
                 if cost == 0 {
                     return Ok((cur, prev));
                 }
-                let new = ctx.pack(algorithm, cur + cost, prev);
+                let new = ctx.pack(algorithm, w, cur + cost, prev);
                 match word.compare_exchange_weak(w, new, Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => return Ok((cur + cost, prev)),
                     Err(actual) => w = actual,
@@ -518,10 +528,10 @@ impl<C: Clock> MemoryStore<C> {
                             // window ends: this undo follows only a race lost between
                             // the look and the consume, and errs on the side of refusing.)
                             (Algorithm::FixedWindow { .. }, _) => {
-                                ctx.pack(algorithm, a.saturating_sub(cost), 0)
+                                ctx.pack(algorithm, w, a.saturating_sub(cost), 0)
                             }
-                            (_, 0) => ctx.pack(algorithm, a.saturating_sub(cost), b),
-                            (_, 1) => ctx.pack(algorithm, a, b.saturating_sub(cost)),
+                            (_, 0) => ctx.pack(algorithm, w, a.saturating_sub(cost), b),
+                            (_, 1) => ctx.pack(algorithm, w, a, b.saturating_sub(cost)),
                             _ => w,
                         }
                     })
@@ -571,11 +581,11 @@ impl<C: Clock> MemoryStore<C> {
             let f = |w: u64| -> u64 {
                 let (a, b) = ctx.current(algorithm, w);
                 match op {
-                    Op::Refund => ctx.pack(algorithm, a.saturating_sub(cost), b),
-                    Op::Penalize if fixed => ctx.pack(algorithm, a.saturating_add(cost), 0),
+                    Op::Refund => ctx.pack(algorithm, w, a.saturating_sub(cost), b),
+                    Op::Penalize if fixed => ctx.pack(algorithm, w, a.saturating_add(cost), 0),
                     Op::Block(d) if fixed => {
                         let d = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-                        ctx.pack(algorithm, a.max(window::fixed_block(ctx.g, ctx.t, d)), 0)
+                        ctx.pack(algorithm, w, a.max(window::fixed_block(ctx.g, ctx.t, d)), 0)
                     }
                     Op::Reset => 0,
                     _ => w,
