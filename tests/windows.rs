@@ -206,7 +206,11 @@ async fn a_check_that_read_the_clock_before_a_window_boundary_does_not_rewind_th
         while ok(l.check(limit, key, 1)).await.allowed() {
             more += 1;
         }
-        assert_eq!(more, allowed - 3, "{limit}: the second window holds all three");
+        assert_eq!(
+            more,
+            allowed - 3,
+            "{limit}: the second window holds all three"
+        );
     }
 }
 

@@ -8,14 +8,15 @@
 //! One check is one IPv4 address checked against one limit:
 //!
 //! - `tollgate`: a [`Key`] built from the address with [`Key::from_part`], one [`Item`], and
-//!   [`MemoryStore::check`] (default clock, `std::time::Instant`), as `bench/benches/memory.rs`
-//!   does;
+//!   [`MemoryStore::check`] (the default clock, [`CpuClock`]: the CPU's counter where the
+//!   kernel uses it too), as `bench/benches/memory.rs` does;
+//! - `tollgate-instant`: the same store on `std::time::Instant` ([`MonotonicClock`]);
 //! - `tollgate-coarse`: the same store on the opt-in [`CoarseClock`] (a cached monotonic
 //!   time refreshed every 100 µs by a thread: one atomic load per read);
 //! - `governor`: `DefaultKeyedRateLimiter<IpAddr>::check_key` (its DashMap store and its
 //!   default TSC-based `quanta` clock);
 //! - `governor-std`: the same limiter on `std::time::Instant` (governor's
-//!   `MonotonicClock`), the clock tollgate reads: the same work on the same clock.
+//!   `MonotonicClock`): the same work as `tollgate-instant` on the same clock.
 //!
 //! Cases:
 //!
@@ -80,7 +81,7 @@ use std::time::{Duration, Instant};
 
 use governor::{DefaultKeyedRateLimiter, RateLimiter};
 use tollgate::Quota;
-use tollgate::clock::{Clock, CoarseClock};
+use tollgate::clock::{Clock, CoarseClock, CpuClock, MonotonicClock};
 use tollgate::key::Key;
 use tollgate::store::{Checked, Item, MemoryStore, MemoryTable, Store};
 
@@ -134,14 +135,16 @@ impl Case {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Impl {
     Tollgate,
+    TollgateInstant,
     TollgateCoarse,
     Governor,
     GovernorStd,
 }
 
 impl Impl {
-    const ALL: [Impl; 4] = [
+    const ALL: [Impl; 5] = [
         Impl::Tollgate,
+        Impl::TollgateInstant,
         Impl::TollgateCoarse,
         Impl::Governor,
         Impl::GovernorStd,
@@ -150,6 +153,7 @@ impl Impl {
     fn name(self) -> &'static str {
         match self {
             Impl::Tollgate => "tollgate",
+            Impl::TollgateInstant => "tollgate-instant",
             Impl::TollgateCoarse => "tollgate-coarse",
             Impl::Governor => "governor",
             Impl::GovernorStd => "governor-std",
@@ -246,7 +250,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: scale [--threads 1,2,4] [--seconds S] [--warmup S] \
-    [--cases hot_key,many_keys,many_keys_refilled] [--impls tollgate,governor,governor-std] \
+    [--cases hot_key,many_keys,many_keys_refilled] [--impls tollgate,tollgate-instant,tollgate-coarse,governor,governor-std] \
     [--csv]";
 
 fn parse_list<T: Copy>(
@@ -428,7 +432,16 @@ fn measure(limiter: impl Limiter, keys: &[IpAddr], threads: usize, args: &Args) 
 fn run_cell(which: Impl, case: Case, keys: &[IpAddr], threads: usize, args: &Args) -> Cell {
     let rate = case.rate();
     match which {
-        Impl::Tollgate => measure(Tollgate::new(MemoryStore::new(), rate), keys, threads, args),
+        Impl::Tollgate => {
+            let store: MemoryStore<CpuClock> = MemoryStore::new();
+            measure(Tollgate::new(store, rate), keys, threads, args)
+        }
+        Impl::TollgateInstant => measure(
+            Tollgate::new(MemoryStore::with_clock(MonotonicClock::new()), rate),
+            keys,
+            threads,
+            args,
+        ),
         Impl::TollgateCoarse => measure(
             Tollgate::new(MemoryStore::with_clock(CoarseClock::default()), rate),
             keys,
@@ -495,7 +508,7 @@ fn main() -> ExitCode {
         }
         print!(
             " {:>17} {:>21} {:>16}",
-            "tollgate/governor", "tollgate/governor-std", "coarse/governor"
+            "tollgate/governor", "instant/governor-std", "coarse/governor"
         );
         println!(" {:>14}", "tollgate keys");
     }
@@ -543,19 +556,18 @@ fn main() -> ExitCode {
                 print!(" {:>12}", format!("{:.1}{mark}", cell.per_second() / 1e6));
             }
             let tollgate = of(Impl::Tollgate);
-            for other in [Impl::Governor, Impl::GovernorStd] {
-                let ratio = match (tollgate, of(other)) {
+            let pairs = [
+                (Impl::Tollgate, Impl::Governor, 17),
+                (Impl::TollgateInstant, Impl::GovernorStd, 21),
+                (Impl::TollgateCoarse, Impl::Governor, 16),
+            ];
+            for (ours, theirs, width) in pairs {
+                let ratio = match (of(ours), of(theirs)) {
                     (Some(t), Some(o)) => format!("{:.2}", t.per_second() / o.per_second()),
                     _ => "-".into(),
                 };
-                let width = if other == Impl::Governor { 17 } else { 21 };
                 print!(" {ratio:>width$}");
             }
-            let coarse = match (of(Impl::TollgateCoarse), of(Impl::Governor)) {
-                (Some(t), Some(o)) => format!("{:.2}", t.per_second() / o.per_second()),
-                _ => "-".into(),
-            };
-            print!(" {coarse:>16}");
             let keys = tollgate.map_or("-".into(), |t| t.keys.to_string());
             println!(" {keys:>14}");
         }

@@ -125,18 +125,21 @@ display_parts!(
 );
 
 impl KeyPart for IpAddr {
+    #[inline]
     fn write_key(&self, key: &mut KeyBuilder) {
         key.push_ip(*self, 128);
     }
 }
 
 impl KeyPart for Ipv4Addr {
+    #[inline]
     fn write_key(&self, key: &mut KeyBuilder) {
         key.push_ip(IpAddr::V4(*self), 32);
     }
 }
 
 impl KeyPart for Ipv6Addr {
+    #[inline]
     fn write_key(&self, key: &mut KeyBuilder) {
         key.push_ip(IpAddr::V6(*self), 128);
     }

@@ -14,7 +14,7 @@ use hashbrown::HashTable;
 
 use super::{Checked, Item, Op, Statuses, Store};
 use crate::algo::gcra::{self, Params};
-use crate::base::clock::{Clock, MonotonicClock};
+use crate::base::clock::{Clock, CpuClock};
 use crate::model::decision::{Outcome, Status};
 use crate::web::key::Key;
 
@@ -82,7 +82,7 @@ const MIN_TICK_NS: u64 = 1_000_000;
 /// assert_eq!(store.len(), 0);
 /// assert_eq!(store.key_cap(), Some(1_000_000));
 /// ```
-pub struct MemoryStore<C = MonotonicClock> {
+pub struct MemoryStore<C = CpuClock> {
     inner: Arc<Inner<C>>,
 }
 
@@ -107,15 +107,15 @@ struct Inner<C> {
     key_metrics: AtomicBool,
 }
 
-impl MemoryStore<MonotonicClock> {
-    /// An empty store on the monotonic clock, with the default key cap
+impl MemoryStore<CpuClock> {
+    /// An empty store on the default clock ([`CpuClock`]), with the default key cap
     /// ([`DEFAULT_MAX_KEYS`]) and idle grace (10 s).
     pub fn new() -> Self {
-        Self::with_clock(MonotonicClock::new())
+        Self::with_clock(CpuClock::new())
     }
 }
 
-impl Default for MemoryStore<MonotonicClock> {
+impl Default for MemoryStore<CpuClock> {
     fn default() -> Self {
         Self::new()
     }
