@@ -13,3 +13,18 @@ macro_rules! event_at {
     };
 }
 pub(crate) use event_at;
+
+/// Whether an event of `$target` at the run-time `$level` would be recorded: checked
+/// before rendering what the event would carry.
+macro_rules! enabled_at {
+    ($level:expr, $target:literal) => {
+        match $level {
+            Level::ERROR => tracing::enabled!(target: $target, Level::ERROR),
+            Level::WARN => tracing::enabled!(target: $target, Level::WARN),
+            Level::INFO => tracing::enabled!(target: $target, Level::INFO),
+            Level::DEBUG => tracing::enabled!(target: $target, Level::DEBUG),
+            Level::TRACE => tracing::enabled!(target: $target, Level::TRACE),
+        }
+    };
+}
+pub(crate) use enabled_at;

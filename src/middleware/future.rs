@@ -142,7 +142,7 @@ where
                     request: Some((parts, body)),
                     fields: passed.fields,
                     charge: passed.charge,
-                    guard: Some(guard),
+                    guard: Some(*guard),
                 }),
             },
         }

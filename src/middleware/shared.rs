@@ -69,7 +69,8 @@ impl<St: Store, R> Shared<St, R> {
 pub(crate) struct Passed<St: Store> {
     pub(crate) fields: Fields,
     pub(crate) charge: PendingCharge<St>,
-    pub(crate) delay: Option<(Duration, DelayGuard<St>)>,
+    /// (Boxed: delay mode is rare, and `Passed` is moved on every request.)
+    pub(crate) delay: Option<(Duration, Box<DelayGuard<St>>)>,
 }
 
 /// What follows the store's answer: the request passes, or the refusal.
@@ -93,7 +94,12 @@ where
         } => {
             insert_limiter(shared, parts);
             let engine = &shared.engine;
-            let delay = delay.map(|d| (d.wait, DelayGuard::new(engine, &prepared.plan, d)));
+            let delay = delay.map(|d| {
+                (
+                    d.wait,
+                    Box::new(DelayGuard::new(engine, &prepared.plan, *d)),
+                )
+            });
             let charge = ChargeGuard::new(
                 engine,
                 policy,

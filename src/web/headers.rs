@@ -27,6 +27,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderName, HeaderValue};
 
+use crate::web::numbers::number;
+
 /// Which rate-limit fields responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -145,7 +147,7 @@ pub(crate) fn retry_after(
     now: impl FnOnce() -> SystemTime,
 ) -> HeaderValue {
     match format {
-        RetryAfterFormat::Seconds => HeaderValue::from(ceil_secs(wait)),
+        RetryAfterFormat::Seconds => number(ceil_secs(wait)),
         RetryAfterFormat::HttpDate => {
             let at = now().duration_since(UNIX_EPOCH).unwrap_or_default() + wait;
             let at = UNIX_EPOCH + Duration::from_secs(ceil_secs(at));
@@ -189,25 +191,29 @@ pub(crate) fn limit_prefix(name: &str) -> Box<str> {
 
 /// `RateLimit` (draft-11) for `reports`, from the pre-rendered prefixes, into one buffer
 /// sized up front; `None` for no members.
-fn ietf_limit_of(reports: &[Report<'_>]) -> Option<String> {
+fn ietf_limit_of(reports: &[Report<'_>]) -> Option<Text> {
     if reports.is_empty() {
         return None;
     }
-    let mut out = String::with_capacity(reports.iter().map(|r| r.prefix.len() + 24).sum());
+    let mut out = Text::new();
     let mut digits = itoa::Buffer::new();
     for (i, r) in reports.iter().enumerate() {
         if i > 0 {
-            out.push_str(", ");
+            out.extend_from_slice(b", ");
         }
-        out.push_str(r.prefix);
-        out.push_str(digits.format(r.remaining.min(SF_INT_MAX)));
+        out.extend_from_slice(r.prefix.as_bytes());
+        out.extend_from_slice(digits.format(r.remaining.min(SF_INT_MAX)).as_bytes());
         if let Some(t) = r.next_after {
-            out.push_str(";t=");
-            out.push_str(digits.format(ceil_secs(t).min(SF_INT_MAX)));
+            out.extend_from_slice(b";t=");
+            out.extend_from_slice(digits.format(ceil_secs(t).min(SF_INT_MAX)).as_bytes());
         }
     }
     Some(out)
 }
+
+/// A field's text, on the stack while it is rendered (a few limits' members fit): the
+/// header value is then its one allocation, of the exact size.
+type Text = smallvec::SmallVec<[u8; 128]>;
 
 /// The most limits the rate-limit fields of one response describe. A request under more
 /// limits gets the members of the most restrictive ones: those that refuse it first, then
@@ -344,7 +350,7 @@ pub(crate) fn rate_limit_fields(
             if let Some(p) = policy {
                 out.push((&RATELIMIT_POLICY, p));
             }
-            if let Some(l) = ietf_limit_of(reports).and_then(value) {
+            if let Some(l) = ietf_limit_of(reports).and_then(|t| HeaderValue::from_bytes(&t).ok()) {
                 out.push((&RATELIMIT, l));
             }
         }
@@ -367,12 +373,9 @@ pub(crate) fn rate_limit_fields(
                     out.push((&RATELIMIT, v));
                 }
             } else {
-                out.push((&RATELIMIT_LIMIT, HeaderValue::from(r.burst.min(SF_INT_MAX))));
-                out.push((
-                    &RATELIMIT_REMAINING,
-                    HeaderValue::from(r.remaining.min(SF_INT_MAX)),
-                ));
-                out.push((&RATELIMIT_RESET, HeaderValue::from(reset.min(SF_INT_MAX))));
+                out.push((&RATELIMIT_LIMIT, number(r.burst.min(SF_INT_MAX))));
+                out.push((&RATELIMIT_REMAINING, number(r.remaining.min(SF_INT_MAX))));
+                out.push((&RATELIMIT_RESET, number(reset.min(SF_INT_MAX))));
             }
         }
         HeaderStyle::Legacy(format) => {
@@ -385,19 +388,19 @@ pub(crate) fn rate_limit_fields(
                     ceil_secs(now().duration_since(UNIX_EPOCH).unwrap_or_default() + r.reset_after)
                 }
             };
-            out.push((&X_RATELIMIT_LIMIT, HeaderValue::from(r.burst)));
-            out.push((&X_RATELIMIT_REMAINING, HeaderValue::from(r.remaining)));
-            out.push((&X_RATELIMIT_RESET, HeaderValue::from(reset)));
+            out.push((&X_RATELIMIT_LIMIT, number(r.burst)));
+            out.push((&X_RATELIMIT_REMAINING, number(r.remaining)));
+            out.push((&X_RATELIMIT_RESET, number(reset)));
         }
         HeaderStyle::Governor => {
             let Some(r) = most_constrained(reports) else {
                 return;
             };
             if let Some(wait) = limited_wait {
-                out.push((&X_RATELIMIT_AFTER, HeaderValue::from(ceil_secs(wait))));
+                out.push((&X_RATELIMIT_AFTER, number(ceil_secs(wait))));
             }
-            out.push((&X_RATELIMIT_LIMIT, HeaderValue::from(r.burst)));
-            out.push((&X_RATELIMIT_REMAINING, HeaderValue::from(r.remaining)));
+            out.push((&X_RATELIMIT_LIMIT, number(r.burst)));
+            out.push((&X_RATELIMIT_REMAINING, number(r.remaining)));
         }
         HeaderStyle::None => {}
     }
@@ -583,7 +586,7 @@ mod tests {
             "clamped"
         );
         assert_eq!(ietf_policy([]), None, "I21: no field for no policies");
-        assert_eq!(ietf_limit_of(&[]), None);
+        assert!(ietf_limit_of(&[]).is_none());
         assert_eq!(pol("x", 5, 0), r#""x";q=5;w=1"#, "I22: w is never 0");
         for v in [pol(r#"a"b\c"#, 1, 1), pol("per user", 5, 60)] {
             assert_sf_list(&v);
@@ -815,7 +818,9 @@ mod tests {
                 let mut rep = report(name, 10, 1, r, 1.0);
                 rep.next_after = t.map(s);
                 let other = report("second", 20, 2, 3, 1.5);
-                assert_eq!(ietf_limit_of(&[rep, other]), reference_limit(&[rep, other]));
+                let ours =
+                    ietf_limit_of(&[rep, other]).map(|t| String::from_utf8(t.to_vec()).unwrap());
+                assert_eq!(ours, reference_limit(&[rep, other]));
             }
         }
     }

@@ -153,7 +153,7 @@ impl fmt::Display for WaitMs {
 
 pub(crate) use crate::base::round::ceil_ms;
 
-pub(crate) use crate::base::event::event_at;
+pub(crate) use crate::base::event::{enabled_at, event_at};
 
 impl Hooks {
     pub(crate) fn new(
@@ -242,6 +242,10 @@ impl Hooks {
         let (Some(level), Some((i, bound, _))) = (self.settings.refusal_log.level, worst) else {
             return;
         };
+        // Nobody listens: no line to throttle, no key to render.
+        if !enabled_at!(level, "tollgate::refused") {
+            return;
+        }
         let Some(suppressed) = self.limits[bound]
             .refusal_log
             .permit(self.settings.refusal_log.every)

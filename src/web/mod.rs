@@ -11,6 +11,7 @@ pub(crate) mod hooks;
 pub mod key;
 pub(crate) mod limit;
 pub(crate) mod lists;
+pub(crate) mod numbers;
 pub(crate) mod policy;
 pub mod response;
 pub(crate) mod routes;

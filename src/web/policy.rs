@@ -140,7 +140,8 @@ pub(crate) enum Next {
         fields: Fields,
         charged: SmallVec<[usize; 1]>,
         /// Delay mode: the request waits this long for its reserved tokens first.
-        delay: Option<Delay>,
+        /// (Boxed: delay mode is rare, and `Next` is moved on every request.)
+        delay: Option<Box<Delay>>,
     },
     /// An enforcing limit refused (429), or a store failed under `Deny` (503).
     Refuse {
@@ -271,7 +272,7 @@ impl Policy {
         // Only a request its limits let through waits: a refused one took nothing (its
         // limits report the state they looked at, which may be in debt).
         let delay = if g.delayed && decision.overall() == Overall::Allowed {
-            self.delay(engine, prepared, &mut decision)
+            self.delay(engine, prepared, &mut decision).map(Box::new)
         } else {
             None
         };

@@ -388,7 +388,9 @@ fn push_json_escaped(out: &mut String, s: &str) {
 
 impl<B: From<Bytes>> OnRejection<B> for DefaultOnRejection {
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<B> {
-        let body = self.problem(rejection);
+        // Shrunk to its length, the buffer becomes the body as it is: `Bytes::from` a
+        // vector with spare capacity would allocate a shared header besides.
+        let body = self.problem(rejection).into_bytes().into_boxed_slice();
         let mut response = Response::new(B::from(Bytes::from(body)));
         *response.status_mut() = rejection.status();
         // Room for what the layer adds: the rate-limit fields, Retry-After, Cache-Control.
