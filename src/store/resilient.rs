@@ -47,7 +47,12 @@ const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(1);
 /// - **Deny cache** (on by default, up to 100,000 keys): a key the backend refused is
 ///   refused locally, without a call, until it could pass a request of cost 1. The
 ///   deadline is counted from the moment the call was sent, so it is never later than the
-///   backend's. Tokens given back meanwhile (a refund or a reset on another instance) can
+///   backend's. After it, requests take their tokens from the deadline on, as the
+///   backend's bucket would (GCRA), and only those that find tokens are sent: a key
+///   refused far over its limit costs about one call per token it can be granted, not one
+///   per request until the backend's next answer comes back. These claims follow only this
+///   store's own requests, so the backend's bucket is never behind them and nothing it
+///   would allow is refused locally. Tokens given back meanwhile (a refund or a reset on another instance) can
 ///   make the backend allow earlier: the key then waits at most until the deadline. A
 ///   reset or refund through *this* store updates the cache at once, a block once the
 ///   backend has applied it.
@@ -337,17 +342,35 @@ fn refuses(status: &Status, mode: Mode) -> bool {
 
 impl<B: Backend> Resilient<B> {
     /// The statuses of a call refused by a remembered denial, without asking the backend.
+    ///
+    /// A remembered denial says when the key's next token can exist at the earliest. Once
+    /// that instant has come, the requests that arrive before the backend's next answer
+    /// would all be sent (one round trip is many requests on a hot key refused far over its
+    /// limit); instead each request claims its tokens from the remembered instant, as the
+    /// backend's bucket would take them, and only requests that find tokens are sent: a
+    /// refused key costs the backend about one call per token it can grant. The claims only
+    /// follow this instance's own requests, so the backend's bucket is never behind them,
+    /// and nothing the backend would allow is refused here.
     fn cached_denial(&self, items: &[Item<'_, ResilientTable<B::Table>>]) -> Option<Statuses> {
         let cache = self.inner.deny_cache.as_ref()?;
+        // A reservation may pass where a check is refused: the store decides.
+        fn remembered<'a, T>(item: &'a Item<'_, ResilientTable<T>>) -> Option<&'a MemoryTable> {
+            let speaks = item.mode == Mode::Enforce && item.cost > 0 && item.max_wait.is_zero();
+            item.table.deny.as_ref().filter(|_| speaks)
+        }
+        let refuse = |at: usize, wait: u64| -> Statuses {
+            items[at].table.deny_hits.increment(1);
+            let mut statuses: Statuses = items.iter().map(|_| Status::Unchecked).collect();
+            let item = &items[at];
+            statuses[at] = Status::Checked(cached_outcome(&item.quota, item.cost, wait));
+            statuses
+        };
+        // A live denial refuses the request: read only.
         let mut refused = false;
         let statuses = items
             .iter()
             .map(|item| {
-                let table = item.table.deny.as_ref()?;
-                // A reservation may pass where a check is refused: the store decides.
-                if item.mode != Mode::Enforce || item.cost == 0 || !item.max_wait.is_zero() {
-                    return None;
-                }
+                let table = remembered(item)?;
                 let (until, now) = cache.marker(table, &item.key, quota_salt(&item.quota));
                 if until <= now {
                     return None;
@@ -362,7 +385,34 @@ impl<B: Backend> Resilient<B> {
             })
             .map(|s| s.unwrap_or(Status::Unchecked))
             .collect();
-        refused.then_some(statuses)
+        if refused {
+            return Some(statuses);
+        }
+        // Otherwise the request claims its tokens; one it cannot have (a concurrent request
+        // took them) refuses it, and the claims made for its other limits go back.
+        let mut claimed: SmallVec<[(usize, u64); 4]> = SmallVec::new();
+        for (i, item) in items.iter().enumerate() {
+            let Some(table) = remembered(item) else {
+                continue;
+            };
+            let t = u64::try_from(item.quota.emission_interval().as_nanos()).unwrap_or(u64::MAX);
+            let step = t.saturating_mul(u64::from(item.cost));
+            let tau = t.saturating_mul(item.quota.burst_size().saturating_sub(1));
+            let salt = quota_salt(&item.quota);
+            match cache.claim_marker(table, &item.key, salt, step, tau) {
+                (Ok(true), _) => claimed.push((i, step)),
+                (Ok(false), _) => {}
+                (Err(until), now) => {
+                    for &(j, step) in &claimed {
+                        let item = &items[j];
+                        let table = remembered(item).expect("claimed");
+                        cache.unclaim_marker(table, &item.key, quota_salt(&item.quota), step);
+                    }
+                    return Some(refuse(i, until.saturating_sub(now)));
+                }
+            }
+        }
+        None
     }
 
     /// Keeps the deny cache true to an operation other than a check made through this

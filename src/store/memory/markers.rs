@@ -44,6 +44,59 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    /// A request of `step` ns (its cost in emission intervals) against the marker of
+    /// `key` read as the earliest instant at which a request of cost 1 passes (a shadow
+    /// of the backend's bucket, with burst tolerance `tau` ns): `Err(until)` while that
+    /// instant is ahead; otherwise the marker moves on by `step` from that instant (or from
+    /// `now - tau`, if the bucket may have filled since), as the bucket's would, and `Ok`.
+    /// A key without a marker is `Ok` and writes nothing. Returns the store's time too.
+    pub(crate) fn claim_marker(
+        &self,
+        table: &MemoryTable,
+        key: &Key,
+        salt: u64,
+        step: u64,
+        tau: u64,
+    ) -> (Result<bool, u64>, u64) {
+        let now = self.inner.clock.now();
+        let claim = |v: &AtomicU64| {
+            let mut m = v.load(Ordering::Acquire);
+            loop {
+                if m > now {
+                    return Err(m);
+                }
+                if m == 0 {
+                    return Ok(false); // cleared: the backend decides, as without a cache
+                }
+                let from = m.max(now.saturating_sub(tau));
+                match v.compare_exchange_weak(
+                    m,
+                    from.saturating_add(step),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => return Ok(true),
+                    Err(actual) => m = actual,
+                }
+            }
+        };
+        let result = self
+            .with_existing(&table.table, self.marker_slot(key, salt), claim)
+            .unwrap_or(Ok(false));
+        (result, now)
+    }
+
+    /// Takes back a claim of `step` ns made by [`claim_marker`](Self::claim_marker) for a
+    /// request that was not sent after all.
+    pub(crate) fn unclaim_marker(&self, table: &MemoryTable, key: &Key, salt: u64, step: u64) {
+        let slot = self.marker_slot(key, salt);
+        self.with_existing(&table.table, slot, |v| {
+            let _ = v.fetch_update(Ordering::AcqRel, Ordering::Acquire, |m| {
+                Some(m.saturating_sub(step))
+            });
+        });
+    }
+
     /// Forgets the marker of `key`.
     pub(crate) fn clear_marker(&self, table: &MemoryTable, key: &Key, salt: u64) {
         let slot = self.marker_slot(key, salt);
