@@ -57,8 +57,8 @@ const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(1);
 ///   reset or refund through *this* store updates the cache at once, a block once the
 ///   backend has applied it.
 ///
-/// The breaker, the fallback and the deny cache run on one clock, by default the monotonic
-/// clock; [`clock`](Self::clock) injects another (a
+/// The breaker, the fallback and the deny cache run on one clock, by default the
+/// [`CpuClock`](crate::clock::CpuClock); [`clock`](Self::clock) injects another (a
 /// [`FakeClock`](crate::clock::FakeClock) in tests, which then need no sleeps).
 ///
 /// ```
@@ -165,7 +165,7 @@ impl<B: fmt::Debug> fmt::Debug for Resilient<B> {
 
 impl<B: Backend> Resilient<B> {
     /// `backend` with the default timeout (50 ms), breaker (3 failures, 1 s cool-down),
-    /// fallback store and deny cache, on the monotonic clock.
+    /// fallback store and deny cache, on the default clock ([`CpuClock`](crate::clock::CpuClock)).
     pub fn new(backend: B) -> Self {
         let clock = SharedClock::default();
         Self {
@@ -209,7 +209,7 @@ impl<B: Backend> Resilient<B> {
     }
 
     /// Runs the breaker, the fallback limiter and the deny cache on `clock` (default: the
-    /// monotonic clock).
+    /// [`CpuClock`](crate::clock::CpuClock)).
     pub fn clock(self, clock: impl Clock) -> Self {
         let clock = SharedClock::new(clock);
         self.configure(|i| {

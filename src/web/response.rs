@@ -213,6 +213,13 @@ impl DefaultOnRejection {
 
     /// The problem document for `rejection`, as JSON text.
     pub fn problem(&self, rejection: &Rejection<'_>) -> String {
+        let doc = self.write_problem(rejection);
+        // Only whole UTF-8 strings are ever written.
+        String::from_utf8_lossy(&doc).into_owned()
+    }
+
+    /// The problem document for `rejection`, written on the stack.
+    fn write_problem(&self, rejection: &Rejection<'_>) -> Text {
         let status = rejection.status();
         let title: &'static str = status.canonical_reason().unwrap_or("Error");
         let mut doc = Problem::new();
@@ -294,42 +301,51 @@ impl DefaultOnRejection {
 
 /// A JSON object written member by member into one buffer: the problem documents have a
 /// fixed shape, and this is on the path of every refused request.
-struct Problem(String);
+/// Written on the stack (a problem document is a few hundred bytes): the response body is
+/// then one allocation of its exact size.
+struct Problem(Text);
+
+/// A problem document's bytes.
+type Text = smallvec::SmallVec<[u8; 512]>;
 
 impl Problem {
     fn new() -> Self {
-        Problem(String::with_capacity(256))
+        Problem(Text::new())
+    }
+
+    fn push_str(&mut self, s: &str) {
+        self.0.extend_from_slice(s.as_bytes());
     }
 
     fn key(&mut self, key: &'static str) {
-        self.0.push(if self.0.is_empty() { '{' } else { ',' });
-        self.0.push('"');
-        self.0.push_str(key);
-        self.0.push_str("\":");
+        self.0.push(if self.0.is_empty() { b'{' } else { b',' });
+        self.0.push(b'"');
+        self.push_str(key);
+        self.push_str("\":");
     }
 
     fn open(&mut self) {
-        self.0.push('"');
+        self.0.push(b'"');
     }
 
     fn close(&mut self) {
-        self.0.push('"');
+        self.0.push(b'"');
     }
 
     /// Constant text inside an open string (plain: nothing to escape).
     fn text(&mut self, s: &'static str) {
-        self.0.push_str(s);
+        self.push_str(s);
     }
 
     /// A name in quotes inside an open string: `\"name\"`.
     fn quoted(&mut self, name: &str) {
-        self.0.push_str("\\\"");
+        self.push_str("\\\"");
         push_json_escaped(&mut self.0, name);
-        self.0.push_str("\\\"");
+        self.push_str("\\\"");
     }
 
     fn integer(&mut self, n: u64) {
-        self.0.push_str(itoa::Buffer::new().format(n));
+        self.push_str(itoa::Buffer::new().format(n));
     }
 
     /// A constant string member.
@@ -347,51 +363,50 @@ impl Problem {
 
     fn strings<'a>(&mut self, key: &'static str, values: impl Iterator<Item = &'a str>) {
         self.key(key);
-        self.0.push('[');
+        self.0.push(b'[');
         for (i, v) in values.enumerate() {
             if i > 0 {
-                self.0.push(',');
+                self.0.push(b',');
             }
             self.open();
             push_json_escaped(&mut self.0, v);
             self.close();
         }
-        self.0.push(']');
+        self.0.push(b']');
     }
 
-    fn finish(mut self) -> String {
-        self.0.push('}');
+    fn finish(mut self) -> Text {
+        self.0.push(b'}');
         self.0
     }
 }
 
 /// Appends `s` escaped for a JSON string (RFC 8259: quote, backslash and control
 /// characters).
-fn push_json_escaped(out: &mut String, s: &str) {
+fn push_json_escaped(out: &mut Text, s: &str) {
     if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
-        out.push_str(s);
+        out.extend_from_slice(s.as_bytes());
         return;
     }
     for c in s.chars() {
         match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
+            '"' => out.extend_from_slice(b"\\\""),
+            '\\' => out.extend_from_slice(b"\\\\"),
             c if (c as u32) < 0x20 => {
-                out.push_str("\\u00");
-                out.push(char::from_digit(c as u32 >> 4, 16).unwrap_or('0'));
-                out.push(char::from_digit(c as u32 & 0xf, 16).unwrap_or('0'));
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[(c as usize >> 4) & 0xf]);
+                out.push(HEX[c as usize & 0xf]);
             }
-            c => out.push(c),
+            c => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
         }
     }
 }
 
 impl<B: From<Bytes>> OnRejection<B> for DefaultOnRejection {
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<B> {
-        // Shrunk to its length, the buffer becomes the body as it is: `Bytes::from` a
-        // vector with spare capacity would allocate a shared header besides.
-        let body = self.problem(rejection).into_bytes().into_boxed_slice();
-        let mut response = Response::new(B::from(Bytes::from(body)));
+        let body = Bytes::copy_from_slice(&self.write_problem(rejection));
+        let mut response = Response::new(B::from(body));
         *response.status_mut() = rejection.status();
         // Room for what the layer adds: the rate-limit fields, Retry-After, Cache-Control.
         *response.headers_mut() = http::HeaderMap::with_capacity(6);
