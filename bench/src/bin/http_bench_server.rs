@@ -19,7 +19,8 @@
 //!   refused (`429` with the problem-details body);
 //! - `tollgate-redis` (feature `redis`): as `tollgate-allow` on a `RedisStore` at
 //!   `--redis-url` (default `redis://127.0.0.1:6379/`), keys under
-//!   `tollgate-http-bench:`.
+//!   `tollgate-http-bench:`, failing closed: a request Redis did not decide is a 503, not
+//!   a decision of the local fallback.
 //!
 //! It serves on `127.0.0.1:--port` (default 3000) with axum's connection info, on tokio's
 //! multi-threaded runtime, until killed. It prints `listening on …` once it accepts
@@ -109,7 +110,14 @@ async fn redis_app(url: &str) -> Result<Router, Box<dyn std::error::Error>> {
     // sending every request to the local fallback.
     let conn = redis::Client::open(url)?.get_connection_manager().await?;
     let store = tollgate::store::RedisStore::new(conn).prefix("tollgate-http-bench:");
-    Ok(plain().route_layer(RateLimitLayer::new(NEVER_REFUSED, PeerIp::new(), store)))
+    let layer = RateLimitLayer::builder(store)
+        .limit(
+            tollgate::Limit::new("per-ip", NEVER_REFUSED)
+                .key(PeerIp::new())
+                .on_store_failure(tollgate::FailurePolicy::Deny),
+        )
+        .build()?;
+    Ok(plain().route_layer(layer))
 }
 
 #[cfg(not(feature = "redis"))]
