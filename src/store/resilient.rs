@@ -52,10 +52,10 @@ const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(1);
 ///   refused far over its limit costs about one call per token it can be granted, not one
 ///   per request until the backend's next answer comes back. These claims follow only this
 ///   store's own requests, so the backend's bucket is never behind them and nothing it
-///   would allow is refused locally. Tokens given back meanwhile (a refund or a reset on another instance) can
-///   make the backend allow earlier: the key then waits at most until the deadline. A
-///   reset or refund through *this* store updates the cache at once, a block once the
-///   backend has applied it.
+///   would allow is refused locally. Tokens given back meanwhile (a refund or a reset on
+///   another instance) can make the backend allow earlier: the key then waits at most
+///   until the deadline. A reset or refund through *this* store updates the cache at once,
+///   a block once the backend has applied it.
 ///
 /// The breaker, the fallback and the deny cache run on one clock, by default the
 /// [`CpuClock`](crate::clock::CpuClock); [`clock`](Self::clock) injects another (a

@@ -189,8 +189,8 @@ pub(crate) fn limit_prefix(name: &str) -> Box<str> {
     out.into()
 }
 
-/// `RateLimit` (draft-11) for `reports`, from the pre-rendered prefixes, into one buffer
-/// sized up front; `None` for no members.
+/// `RateLimit` (draft-11) for `reports`, from the pre-rendered prefixes, into a buffer on
+/// the stack; `None` for no members.
 fn ietf_limit_of(reports: &[Report<'_>]) -> Option<Text> {
     if reports.is_empty() {
         return None;
