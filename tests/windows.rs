@@ -212,6 +212,30 @@ async fn a_check_that_read_the_clock_before_a_window_boundary_does_not_rewind_th
             "{limit}: the second window holds all three"
         );
     }
+    // A lagging check is judged as if it came at the start of the key's window, never by
+    // the older window's end: there a sliding window weighs the previous window as a
+    // whole. 4 used in the first window, 1 in the second; 10 s into the second window
+    // they weigh 4 × 50/60 + 1 = 4.33 of 6.
+    let key = format!("{key}-weight");
+    clock.set(START + 30 * S);
+    for _ in 0..4 {
+        assert!(ok(l.check("sw", key.as_str(), 1)).await.allowed());
+    }
+    clock.set(START + 70 * S);
+    assert!(ok(l.check("sw", key.as_str(), 1)).await.allowed());
+    // Read in the first window, 1 s before its end: there the first window would weigh
+    // almost nothing; at the second window's start it weighs 4, and 4 + 1 + 2 > 6.
+    clock.set(START + 59 * S);
+    assert!(!ok(l.check("sw", key.as_str(), 2)).await.allowed());
+    clock.set(START + 70 * S);
+    assert!(
+        ok(l.check("sw", key.as_str(), 1)).await.allowed(),
+        "4.33 + 1 fits"
+    );
+    assert!(
+        !ok(l.check("sw", key.as_str(), 1)).await.allowed(),
+        "5.33 + 1 does not"
+    );
 }
 
 macro_rules! cases {

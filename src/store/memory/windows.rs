@@ -138,18 +138,44 @@ impl Ctx {
         }
     }
 
-    /// The state `(a, b)` packed to replace `over`, in the current window, or in the
-    /// window of `over` if that one is later: a check that read the clock just before a
-    /// window ended and writes after another has moved the key to the next window must
-    /// not move it back (that would start the next window over, empty).
+    /// How many windows after this context's the state `word` was written (0 if not
+    /// after; 0 is an absent key's state). Both layouts keep the index in the high half.
+    #[inline(always)]
+    fn ahead(&self, word: u64) -> u64 {
+        if word == 0 {
+            return 0;
+        }
+        let ahead = ((word >> 32) as u32).wrapping_sub(self.index as u32) as i32;
+        u64::from(ahead.max(0).unsigned_abs())
+    }
+
+    /// This context, or, when `word` was written in a later window (by a check whose clock
+    /// read later: a thread that raced this one, or a core a hair ahead), the start of that
+    /// window. A check is never judged by a window older than the one the key holds, nor
+    /// moves the key back to it (that would start the later one over, empty).
+    #[inline(always)]
+    fn at(&self, word: u64) -> Ctx {
+        match self.ahead(word) {
+            0 => *self,
+            ahead => {
+                let index = self.index + ahead;
+                Ctx {
+                    index,
+                    e: 0,
+                    t: index
+                        .saturating_mul(self.g.len)
+                        .saturating_add(self.g.phase),
+                    ..*self
+                }
+            }
+        }
+    }
+
+    /// The state `(a, b)` packed to replace `over`, in the later of this context's window
+    /// and the one `over` was written in (see [`at`](Self::at)).
     #[inline(always)]
     fn pack(&self, algorithm: Algorithm, over: u64, a: u64, b: u64) -> u64 {
-        // Both layouts keep the index in the high half; 0 is an absent key's state.
-        let ahead = match over {
-            0 => 0,
-            _ => ((over >> 32) as u32).wrapping_sub(self.index as u32) as i32,
-        };
-        let index = self.index + u64::from(ahead.max(0).unsigned_abs());
+        let index = self.index + self.ahead(over);
         if let Algorithm::FixedWindow { .. } = algorithm {
             pack_fixed(index, a)
         } else {
@@ -160,6 +186,13 @@ impl Ctx {
     /// Checks `cost` against the packed state: the report and the word to store.
     #[inline(always)]
     fn decide(&self, algorithm: Algorithm, word: u64, cost: u64) -> (Report, Option<u64>) {
+        let ctx = self.at(word);
+        ctx.decide_at(algorithm, word, cost)
+    }
+
+    /// [`decide`](Self::decide) in this context's window, which `word` is not after.
+    #[inline(always)]
+    fn decide_at(&self, algorithm: Algorithm, word: u64, cost: u64) -> (Report, Option<u64>) {
         let (a, b) = self.current(algorithm, word);
         if let Algorithm::FixedWindow { .. } = algorithm {
             let until_end = self.g.len - self.e;
@@ -473,35 +506,37 @@ impl<C: Clock> MemoryStore<C> {
     fn sliding_check_one(&self, table: &Table, slot: Slot, ctx: &Ctx, cost: u64) -> Status {
         let algorithm = Algorithm::SlidingWindow;
         let g = ctx.g;
-        let passes = |cur: u64, prev: u64| {
-            cost <= g.limit && (cost == 0 || window::sliding_fits(g, cur, prev, ctx.e, cost))
+        let passes = |cur: u64, prev: u64, e: u64| {
+            cost <= g.limit && (cost == 0 || window::sliding_fits(g, cur, prev, e, cost))
         };
-        // Ok: (cur, prev) after the request; Err: the word that refused it.
-        let run = |word: &AtomicU64| -> Result<(u64, u64), u64> {
+        // Ok: (cur, prev) after the request and the time into its window; Err: the word
+        // that refused it.
+        let run = |word: &AtomicU64| -> Result<(u64, u64, u64), u64> {
             let mut w = word.load(Ordering::Acquire);
             loop {
-                let (cur, prev) = ctx.current(algorithm, w);
-                if !passes(cur, prev) {
+                let at = ctx.at(w);
+                let (cur, prev) = at.current(algorithm, w);
+                if !passes(cur, prev, at.e) {
                     return Err(w);
                 }
                 if cost == 0 {
-                    return Ok((cur, prev));
+                    return Ok((cur, prev, at.e));
                 }
-                let new = ctx.pack(algorithm, w, cur + cost, prev);
+                let new = at.pack(algorithm, w, cur + cost, prev);
                 match word.compare_exchange_weak(w, new, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return Ok((cur + cost, prev)),
+                    Ok(_) => return Ok((cur + cost, prev, at.e)),
                     Err(actual) => w = actual,
                 }
             }
         };
         let result = match self.with_existing(table, slot, run) {
             Some(r) => r,
-            None if cost > 0 && passes(0, 0) => self.with_entry(table, slot, run),
-            None if passes(0, 0) => Ok((0, 0)),
+            None if cost > 0 && passes(0, 0, ctx.e) => self.with_entry(table, slot, run),
+            None if passes(0, 0, ctx.e) => Ok((0, 0, ctx.e)),
             None => Err(0),
         };
         match result {
-            Ok((cur, prev)) => Status::Checked(Outcome::sliding_allowed(g, cur, prev, ctx.e)),
+            Ok((cur, prev, e)) => Status::Checked(Outcome::sliding_allowed(g, cur, prev, e)),
             Err(w) => Status::Checked(Outcome::window(ctx.decide(algorithm, w, cost).0, 1_000)),
         }
     }
@@ -579,6 +614,7 @@ impl<C: Clock> MemoryStore<C> {
         } else {
             let fixed = matches!(algorithm, Algorithm::FixedWindow { .. });
             let f = |w: u64| -> u64 {
+                let ctx = ctx.at(w);
                 let (a, b) = ctx.current(algorithm, w);
                 match op {
                     Op::Refund => ctx.pack(algorithm, w, a.saturating_sub(cost), b),
