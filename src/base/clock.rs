@@ -108,7 +108,8 @@ impl Clock for MonotonicClock {
 ///   write one bucket); a time that is older only makes a check stricter, since a bucket's
 ///   state only moves forward.
 /// - **Rate.** The counter is calibrated against the OS monotonic clock once per process
-///   (about half a millisecond, at the first `CpuClock::new`); the error measured on a
+///   (at the first `CpuClock::new`: about half a millisecond measured, 200 ms at most, a
+///   bound `quanta` sets on its calibration loop); the error measured on a
 ///   development VM is 1–2 parts per million, so over-grant from the clock's rate is about
 ///   one token in 500,000. Unlike `CLOCK_MONOTONIC`, the counter is not slewed by NTP.
 ///
