@@ -124,9 +124,10 @@ impl Clock for MonotonicClock {
 #[derive(Clone, Copy)]
 pub struct CpuClock {
     counter: Option<&'static quanta::Clock>,
+    /// The raw counter at creation.
     origin: u64,
-    instant: Instant,
-    unix_origin: u64,
+    /// Read where the counter is not; its creation gives the wall-time origin either way.
+    fallback: MonotonicClock,
 }
 
 thread_local! {
@@ -167,8 +168,7 @@ impl CpuClock {
         Self {
             counter,
             origin: counter.map_or(0, |c| c.raw()),
-            instant: Instant::now(),
-            unix_origin: unix_now(),
+            fallback: MonotonicClock::new(),
         }
     }
 
@@ -197,12 +197,12 @@ impl Clock for CpuClock {
                 // 0 for a counter below the origin (read on another core just after it).
                 counter.delta_as_nanos(self.origin, raw)
             }
-            None => self.instant.elapsed().as_nanos() as u64,
+            None => self.fallback.now(),
         }
     }
 
     fn unix_origin(&self) -> u64 {
-        self.unix_origin
+        self.fallback.unix_origin()
     }
 }
 

@@ -142,11 +142,10 @@ impl Ctx {
     /// after; 0 is an absent key's state). Both layouts keep the index in the high half.
     #[inline(always)]
     fn ahead(&self, word: u64) -> u64 {
-        if word == 0 {
-            return 0;
+        match word {
+            0 => 0,
+            _ => behind(word >> 32, self.index as u32),
         }
-        let ahead = ((word >> 32) as u32).wrapping_sub(self.index as u32) as i32;
-        u64::from(ahead.max(0).unsigned_abs())
     }
 
     /// This context, or, when `word` was written in a later window (by a check whose clock
@@ -187,20 +186,14 @@ impl Ctx {
     #[inline(always)]
     fn decide(&self, algorithm: Algorithm, word: u64, cost: u64) -> (Report, Option<u64>) {
         let ctx = self.at(word);
-        ctx.decide_at(algorithm, word, cost)
-    }
-
-    /// [`decide`](Self::decide) in this context's window, which `word` is not after.
-    #[inline(always)]
-    fn decide_at(&self, algorithm: Algorithm, word: u64, cost: u64) -> (Report, Option<u64>) {
-        let (a, b) = self.current(algorithm, word);
+        let (a, b) = ctx.current(algorithm, word);
         if let Algorithm::FixedWindow { .. } = algorithm {
-            let until_end = self.g.len - self.e;
-            let (r, new) = window::fixed_check_within(self.g, a, until_end, cost, self.max_wait);
-            (r, new.map(|used| self.pack(algorithm, word, used, 0)))
+            let until_end = ctx.g.len - ctx.e;
+            let (r, new) = window::fixed_check_within(ctx.g, a, until_end, cost, ctx.max_wait);
+            (r, new.map(|used| ctx.pack(algorithm, word, used, 0)))
         } else {
-            let (r, new) = window::sliding_check(self.g, a, b, self.e, cost);
-            (r, new.map(|cur| self.pack(algorithm, word, cur, b)))
+            let (r, new) = window::sliding_check(ctx.g, a, b, ctx.e, cost);
+            (r, new.map(|cur| ctx.pack(algorithm, word, cur, b)))
         }
     }
 }
