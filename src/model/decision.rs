@@ -235,6 +235,13 @@ impl Outcome {
         (self.verdict == Code::Denied).then(|| Duration::from_nanos(self.retry_after_ns))
     }
 
+    /// [`remaining`](Self::remaining) and [`next_after`](Self::next_after), computed
+    /// once.
+    pub(crate) fn left(&self) -> (u64, Option<Duration>) {
+        let (remaining, next) = self.report();
+        (remaining, next.map(Duration::from_nanos))
+    }
+
     /// Tokens left and nanoseconds to the next token, by the same formula as
     /// [`gcra::Decided::report`].
     fn report(&self) -> (u64, Option<u64>) {

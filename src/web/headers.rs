@@ -27,6 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderName, HeaderValue};
 
+use crate::base::text::StackText;
 use crate::web::numbers::number;
 
 /// Which rate-limit fields responses carry.
@@ -189,31 +190,27 @@ pub(crate) fn limit_prefix(name: &str) -> Box<str> {
     out.into()
 }
 
-/// `RateLimit` (draft-11) for `reports`, from the pre-rendered prefixes, into a buffer on
-/// the stack; `None` for no members.
-fn ietf_limit_of(reports: &[Report<'_>]) -> Option<Text> {
+/// `RateLimit` (draft-11) for `reports`, from the pre-rendered prefixes, written on the
+/// stack and copied once into the value; `None` for no members.
+fn ietf_limit_of(reports: &[Report<'_>]) -> Option<HeaderValue> {
     if reports.is_empty() {
         return None;
     }
-    let mut out = Text::new();
+    let mut out = StackText::<128>::new();
     let mut digits = itoa::Buffer::new();
     for (i, r) in reports.iter().enumerate() {
         if i > 0 {
-            out.extend_from_slice(b", ");
+            out.push(b", ");
         }
-        out.extend_from_slice(r.prefix.as_bytes());
-        out.extend_from_slice(digits.format(r.remaining.min(SF_INT_MAX)).as_bytes());
+        out.push(r.prefix.as_bytes());
+        out.push(digits.format(r.remaining.min(SF_INT_MAX)).as_bytes());
         if let Some(t) = r.next_after {
-            out.extend_from_slice(b";t=");
-            out.extend_from_slice(digits.format(ceil_secs(t).min(SF_INT_MAX)).as_bytes());
+            out.push(b";t=");
+            out.push(digits.format(ceil_secs(t).min(SF_INT_MAX)).as_bytes());
         }
     }
-    Some(out)
+    HeaderValue::from_bytes(out.as_bytes()).ok()
 }
-
-/// A field's text, on the stack while it is rendered (a few limits' members fit): the
-/// header value is then its one allocation, of the exact size.
-type Text = smallvec::SmallVec<[u8; 128]>;
 
 /// The most limits the rate-limit fields of one response describe. A request under more
 /// limits gets the members of the most restrictive ones: those that refuse it first, then
@@ -350,7 +347,7 @@ pub(crate) fn rate_limit_fields(
             if let Some(p) = policy {
                 out.push((&RATELIMIT_POLICY, p));
             }
-            if let Some(l) = ietf_limit_of(reports).and_then(|t| HeaderValue::from_bytes(&t).ok()) {
+            if let Some(l) = ietf_limit_of(reports) {
                 out.push((&RATELIMIT, l));
             }
         }
@@ -818,8 +815,7 @@ mod tests {
                 let mut rep = report(name, 10, 1, r, 1.0);
                 rep.next_after = t.map(s);
                 let other = report("second", 20, 2, 3, 1.5);
-                let ours =
-                    ietf_limit_of(&[rep, other]).map(|t| String::from_utf8(t.to_vec()).unwrap());
+                let ours = ietf_limit_of(&[rep, other]).map(|t| t.to_str().unwrap().to_owned());
                 assert_eq!(ours, reference_limit(&[rep, other]));
             }
         }

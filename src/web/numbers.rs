@@ -37,10 +37,13 @@ fn table() -> &'static str {
     })
 }
 
-/// `n` as a header value: from the table below 10,000, else rendered.
+/// `n` as a header value: from the table below 10,000, else rendered on the stack and
+/// copied once.
 pub(crate) fn number(n: u64) -> HeaderValue {
     if n >= TABLE {
-        return HeaderValue::from(n);
+        let mut digits = itoa::Buffer::new();
+        return HeaderValue::from_bytes(digits.format(n).as_bytes())
+            .unwrap_or_else(|_| HeaderValue::from(n));
     }
     let (start, len) = place(n);
     let digits = Bytes::from_static(&table().as_bytes()[start..start + len]);

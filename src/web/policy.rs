@@ -68,6 +68,8 @@ pub(crate) struct PolicyLimit {
     pub(crate) limit: Limit,
     /// The start of this limit's `RateLimit` member, `"name";r=`.
     pub(crate) ietf_prefix: Box<str>,
+    /// The window its policy reports for its configured quota, in seconds.
+    pub(crate) window_secs: u64,
     /// Misconfigurations hit by requests: logged once a minute.
     pub(crate) misconfigured_log: LogThrottle,
     /// Shadow "would refuse"s: logged once per [`SHADOW_LOG_EVERY`], with a count.
@@ -78,6 +80,7 @@ impl PolicyLimit {
     pub(crate) fn new(limit: Limit) -> Self {
         Self {
             ietf_prefix: headers::limit_prefix(&limit.spec.name),
+            window_secs: limit.spec.algorithm.window_secs(&limit.spec.quota),
             misconfigured_log: LogThrottle::new(),
             shadow_log: LogThrottle::new(),
             limit,
@@ -437,17 +440,21 @@ impl Policy {
             .filter(|(l, _)| l.mode() == Mode::Enforce || self.options.shadow_headers)
             .filter_map(|(l, p)| {
                 let o = l.outcome()?;
+                let limit = &self.limits[p.bound];
+                let spec = &limit.limit.spec;
+                let (remaining, next_after) = o.left();
                 Some(Report {
                     name: l.name(),
-                    prefix: &self.limits[p.bound].ietf_prefix,
+                    prefix: &limit.ietf_prefix,
                     burst: l.quota.burst_size(),
-                    window: self.limits[p.bound]
-                        .limit
-                        .spec
-                        .algorithm
-                        .window_secs(&l.quota),
-                    remaining: o.remaining(),
-                    next_after: o.next_after(),
+                    // A division: done again only for a quota chosen per request.
+                    window: if l.quota == spec.quota {
+                        limit.window_secs
+                    } else {
+                        spec.algorithm.window_secs(&l.quota)
+                    },
+                    remaining,
+                    next_after,
                     reset_after: o.reset_after(),
                     violated: l.denies(),
                 })

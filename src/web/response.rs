@@ -40,6 +40,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Response, StatusCode};
 
+use crate::base::text::StackText;
 use crate::model::decision::Decision;
 
 /// Why a request is refused.
@@ -218,32 +219,20 @@ impl DefaultOnRejection {
         String::from_utf8_lossy(&doc).into_owned()
     }
 
-    /// The problem document for `rejection`, written on the stack.
-    fn write_problem(&self, rejection: &Rejection<'_>) -> Text {
-        let status = rejection.status();
-        let title: &'static str = status.canonical_reason().unwrap_or("Error");
+    /// The problem document for `rejection`, written on the stack and copied once.
+    fn write_problem(&self, rejection: &Rejection<'_>) -> Bytes {
         let mut doc = Problem::new();
-        let (problem_type, title) = match rejection {
-            Rejection::Limited { .. } if self.ietf_types => (QUOTA_EXCEEDED, "Quota Exceeded"),
-            Rejection::Unavailable { .. } if self.ietf_types => {
-                (REDUCED_CAPACITY, "Temporary Reduced Capacity")
-            }
-            _ => ("about:blank", title),
-        };
-        doc.string("type", problem_type);
-        doc.string("title", title);
-        doc.number("status", status.as_u16().into());
         match rejection {
+            // Every 429 starts alike: its head and the opening of its detail are one piece.
             Rejection::Limited {
                 decision,
                 retry_after,
             } => {
+                doc.push_str(limited_head(self.ietf_types));
                 let never = decision.violated().find(|l| {
                     l.outcome()
                         .is_some_and(crate::model::decision::Outcome::is_never)
                 });
-                doc.key("detail");
-                doc.open();
                 match (never, retry_after) {
                     (Some(l), _) => {
                         doc.text("A request costing ");
@@ -274,7 +263,13 @@ impl DefaultOnRejection {
                 }
                 doc.close();
                 doc.strings("violated-policies", decision.violated().map(|l| l.name()));
+                return doc.finish();
             }
+            _ => self.head(&mut doc, rejection),
+        }
+        match rejection {
+            // Written above.
+            Rejection::Limited { .. } => {}
             Rejection::Unavailable { decision, .. } => {
                 doc.string(
                     "detail",
@@ -299,6 +294,33 @@ impl DefaultOnRejection {
     }
 }
 
+impl DefaultOnRejection {
+    /// `type`, `title` and `status`.
+    fn head(&self, doc: &mut Problem, rejection: &Rejection<'_>) {
+        let status = rejection.status();
+        let title: &'static str = status.canonical_reason().unwrap_or("Error");
+        let (problem_type, title) = match rejection {
+            Rejection::Limited { .. } if self.ietf_types => (QUOTA_EXCEEDED, "Quota Exceeded"),
+            Rejection::Unavailable { .. } if self.ietf_types => {
+                (REDUCED_CAPACITY, "Temporary Reduced Capacity")
+            }
+            _ => ("about:blank", title),
+        };
+        doc.string("type", problem_type);
+        doc.string("title", title);
+        doc.number("status", status.as_u16().into());
+    }
+}
+
+/// What [`DefaultOnRejection::head`] writes for a 429, and the opening of its `detail`.
+fn limited_head(ietf_types: bool) -> &'static str {
+    if ietf_types {
+        r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Quota Exceeded","status":429,"detail":""#
+    } else {
+        r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":""#
+    }
+}
+
 /// A JSON object written member by member into one buffer: the problem documents have a
 /// fixed shape, and this is on the path of every refused request.
 /// Written on the stack (a problem document is a few hundred bytes): the response body is
@@ -306,7 +328,7 @@ impl DefaultOnRejection {
 struct Problem(Text);
 
 /// A problem document's bytes.
-type Text = smallvec::SmallVec<[u8; 512]>;
+type Text = StackText<512>;
 
 impl Problem {
     fn new() -> Self {
@@ -314,22 +336,21 @@ impl Problem {
     }
 
     fn push_str(&mut self, s: &str) {
-        self.0.extend_from_slice(s.as_bytes());
+        self.0.push(s.as_bytes());
     }
 
     fn key(&mut self, key: &'static str) {
-        self.0.push(if self.0.is_empty() { b'{' } else { b',' });
-        self.0.push(b'"');
+        self.0.push(if self.0.is_empty() { b"{\"" } else { b",\"" });
         self.push_str(key);
         self.push_str("\":");
     }
 
     fn open(&mut self) {
-        self.0.push(b'"');
+        self.0.push_byte(b'"');
     }
 
     fn close(&mut self) {
-        self.0.push(b'"');
+        self.0.push_byte(b'"');
     }
 
     /// Constant text inside an open string (plain: nothing to escape).
@@ -363,21 +384,22 @@ impl Problem {
 
     fn strings<'a>(&mut self, key: &'static str, values: impl Iterator<Item = &'a str>) {
         self.key(key);
-        self.0.push(b'[');
+        self.0.push_byte(b'[');
         for (i, v) in values.enumerate() {
             if i > 0 {
-                self.0.push(b',');
+                self.0.push_byte(b',');
             }
             self.open();
             push_json_escaped(&mut self.0, v);
             self.close();
         }
-        self.0.push(b']');
+        self.0.push_byte(b']');
     }
 
-    fn finish(mut self) -> Text {
-        self.0.push(b'}');
-        self.0
+    /// The document, copied once at its exact size.
+    fn finish(mut self) -> Bytes {
+        self.0.push_byte(b'}');
+        Bytes::copy_from_slice(self.0.as_bytes())
     }
 }
 
@@ -385,27 +407,27 @@ impl Problem {
 /// characters).
 fn push_json_escaped(out: &mut Text, s: &str) {
     if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
-        out.extend_from_slice(s.as_bytes());
+        out.push(s.as_bytes());
         return;
     }
     for c in s.chars() {
         match c {
-            '"' => out.extend_from_slice(b"\\\""),
-            '\\' => out.extend_from_slice(b"\\\\"),
+            '"' => out.push(b"\\\""),
+            '\\' => out.push(b"\\\\"),
             c if (c as u32) < 0x20 => {
                 const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[(c as usize >> 4) & 0xf]);
-                out.push(HEX[c as usize & 0xf]);
+                out.push(b"\\u00");
+                out.push_byte(HEX[(c as usize >> 4) & 0xf]);
+                out.push_byte(HEX[c as usize & 0xf]);
             }
-            c => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+            c => out.push(c.encode_utf8(&mut [0; 4]).as_bytes()),
         }
     }
 }
 
 impl<B: From<Bytes>> OnRejection<B> for DefaultOnRejection {
     fn on_rejection(&self, rejection: &Rejection<'_>) -> Response<B> {
-        let body = Bytes::copy_from_slice(&self.write_problem(rejection));
+        let body = self.write_problem(rejection);
         let mut response = Response::new(B::from(body));
         *response.status_mut() = rejection.status();
         // Room for what the layer adds: the rate-limit fields, Retry-After, Cache-Control.
@@ -491,6 +513,26 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["status"], 429);
+    }
+
+    #[test]
+    fn the_head_of_a_429_is_the_one_every_problem_has() {
+        let d = denied("default", Admission::Denied { retry_after: 1 });
+        for on in [
+            DefaultOnRejection::new(),
+            DefaultOnRejection::ietf_problem_types(),
+        ] {
+            let mut doc = Problem::new();
+            on.head(&mut doc, &limited(&d, None));
+            doc.key("detail");
+            doc.open();
+            assert_eq!(
+                doc.0.as_bytes(),
+                limited_head(on.ietf_types).as_bytes(),
+                "ietf types: {}",
+                on.ietf_types
+            );
+        }
     }
 
     #[test]
