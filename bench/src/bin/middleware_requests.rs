@@ -1,0 +1,146 @@
+//! Sends a number of requests through one of the middleware benchmark's routers, for
+//! counting what they cost with a tool outside the process (`scripts/middleware_count.sh`
+//! runs it under valgrind's cachegrind and reports instructions per request).
+//!
+//!   cargo run -p tollgate-bench --release --bin middleware_requests -- <config> <requests>
+//!
+//! Configs, the routers of `benches/middleware.rs` (`GET /` answering "hello", the peer
+//! address in `ConnectInfo`, requests dispatched as `axum::serve` does: a clone of the
+//! router, then `oneshot`, on a current-thread runtime):
+//!
+//! - `bare`, `noop_layer`: no limiter; an identity `route_layer`;
+//! - `tollgate`: `RateLimitLayer` keyed by the peer IP, a quota that never runs out;
+//! - `tollgate_no_extensions`: the same without the `Decision` and `Limiter` extensions;
+//! - `tower_governor`: its layer with headers, never running out;
+//! - `tollgate_denied`, `tower_governor_denied`: one token a day, spent by a first request
+//!   before the others (every other response is a 429).
+//!
+//! Every response's status is checked; a wrong one ends the run with an error. The
+//! requests are built in batches of 1,024 outside the loop that sends them, as in the
+//! criterion benchmark.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use tollgate::key::PeerIp;
+use tollgate::store::MemoryStore;
+use tollgate::{Limit, Quota, RateLimitLayer};
+use tower::ServiceExt;
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+
+fn request() -> Request<Body> {
+    let mut request = Request::get("/").body(Body::empty()).unwrap();
+    let peer = SocketAddr::from(([203, 0, 113, 7], 41_000));
+    request.extensions_mut().insert(ConnectInfo(peer));
+    request
+}
+
+fn bare() -> Router {
+    Router::new().route("/", get(|| async { "hello" }))
+}
+
+fn tower_governor(period: Duration, burst: u32) -> Router {
+    let config = GovernorConfigBuilder::default()
+        .period(period)
+        .burst_size(burst)
+        .use_headers()
+        .finish()
+        .expect("a valid tower_governor configuration");
+    bare().route_layer(GovernorLayer::new(config))
+}
+
+/// The router of `config`, and the status its measured responses must have.
+fn router(config: &str) -> Option<(Router, StatusCode)> {
+    let plenty = Quota::per_second(1_000_000).burst(1_000_000_000);
+    let ok = StatusCode::OK;
+    let refused = StatusCode::TOO_MANY_REQUESTS;
+    Some(match config {
+        "bare" => (bare(), ok),
+        "noop_layer" => (bare().route_layer(tower::layer::util::Identity::new()), ok),
+        "tollgate" => (
+            bare().route_layer(RateLimitLayer::new(
+                plenty,
+                PeerIp::new(),
+                MemoryStore::new(),
+            )),
+            ok,
+        ),
+        "tollgate_no_extensions" => {
+            let layer = RateLimitLayer::builder(MemoryStore::new())
+                .limit(Limit::new("default", plenty).key(PeerIp::new()))
+                .decision_extension(false)
+                .limiter_extension(false)
+                .build()
+                .expect("a valid layer");
+            (bare().route_layer(layer), ok)
+        }
+        "tower_governor" => (tower_governor(Duration::from_nanos(1), u32::MAX), ok),
+        "tollgate_denied" => (
+            bare().route_layer(RateLimitLayer::new(
+                Quota::per_day(1),
+                PeerIp::new(),
+                MemoryStore::new(),
+            )),
+            refused,
+        ),
+        "tower_governor_denied" => (tower_governor(Duration::from_secs(86_400), 1), refused),
+        _ => return None,
+    })
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let config = args.next().unwrap_or_default();
+    let requests: u64 = match args.next().map(|n| n.parse()) {
+        Some(Ok(n)) => n,
+        _ => {
+            eprintln!("usage: middleware_requests <config> <requests>");
+            return ExitCode::from(2);
+        }
+    };
+    let Some((app, expected)) = router(&config) else {
+        eprintln!("unknown config `{config}`");
+        return ExitCode::from(2);
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    // The denied configs' one token goes first.
+    if expected == StatusCode::TOO_MANY_REQUESTS {
+        let first = rt.block_on(app.clone().oneshot(request())).unwrap();
+        assert_eq!(
+            first.status(),
+            StatusCode::OK,
+            "{config}: the first request"
+        );
+    }
+    let mut batch = Vec::with_capacity(1024);
+    let mut left = requests;
+    let mut wrong = 0u64;
+    while left > 0 {
+        let n = left.min(1024);
+        left -= n;
+        batch.extend((0..n).map(|_| request()));
+        wrong += rt.block_on(async {
+            let mut wrong = 0;
+            for request in batch.drain(..) {
+                let response = app.clone().oneshot(request).await.unwrap();
+                wrong += u64::from(response.status() != expected);
+            }
+            wrong
+        });
+    }
+    if wrong > 0 {
+        eprintln!("{config}: {wrong} of {requests} responses were not {expected}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Instructions per request through the middleware benchmark's routers, counted by
+# valgrind's cachegrind: a figure that does not move with the machine's load, for
+# comparing builds and configs on a noisy machine (time is what users feel; compare it with
+# `cargo bench -p tollgate-bench --bench middleware`).
+#
+#   bash scripts/middleware_count.sh
+#
+# Each config (bench/src/bin/middleware_requests.rs) runs twice under cachegrind, with
+# 20,000 and 60,000 requests; instructions per request are the difference over the 40,000
+# requests in between, so start-up (the runtime, the router, the clock's calibration) is
+# not counted. Instructions are not time: a cache miss or a division costs more than an
+# add. Installs valgrind (Debian package) if it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v valgrind >/dev/null 2>&1; then
+  echo "==> installing valgrind (Debian package)"
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  $sudo apt-get install -y -q valgrind >/dev/null
+fi
+
+cargo build -q -p tollgate-bench --release --bin middleware_requests
+bin="${CARGO_TARGET_DIR:-target}/release/middleware_requests"
+
+instructions() {
+  local out count
+  out=$(valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1) || {
+    echo "$1: the run failed:" >&2
+    echo "$out" >&2
+    exit 1
+  }
+  count=$(awk '/I *refs:/ { gsub(",", "", $NF); print $NF }' <<<"$out")
+  if [ -z "$count" ]; then
+    echo "$1: no instruction count in valgrind's output" >&2
+    exit 1
+  fi
+  echo "$count"
+}
+
+declare -A per
+configs=(bare noop_layer tollgate tollgate_no_extensions tower_governor tollgate_denied tower_governor_denied)
+for config in "${configs[@]}"; do
+  low=$(instructions "$config" 20000)
+  high=$(instructions "$config" 60000)
+  per[$config]=$(( (high - low) / 40000 ))
+done
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+printf '%-24s %12s %10s %12s %16s\n' config instr/request "÷ bare" "÷ no-op" "÷ tower_governor"
+for config in "${configs[@]}"; do
+  anchor=""
+  case "$config" in
+    tollgate|tollgate_no_extensions) anchor=$(ratio "${per[$config]}" "${per[tower_governor]}") ;;
+    tollgate_denied) anchor=$(ratio "${per[$config]}" "${per[tower_governor_denied]}") ;;
+  esac
+  printf '%-24s %12s %10s %12s %16s\n' "$config" "${per[$config]}" \
+    "$(ratio "${per[$config]}" "${per[bare]}")" "$(ratio "${per[$config]}" "${per[noop_layer]}")" "$anchor"
+done
