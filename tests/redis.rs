@@ -1076,3 +1076,76 @@ async fn a_cluster_node_that_loses_its_data_gets_its_exhausted_keys_back() {
         );
     }
 }
+
+/// `?protocol=resp3` in the URL (Redis 6 and later) is passed on to the connection, and
+/// every script's answer reads the same as over RESP2: each algorithm's grants, tokens
+/// left, refusals, waits, a refund and a reset.
+#[tokio::test]
+async fn a_store_opened_over_resp3_decides_as_over_resp2() {
+    use tollgate::{Algorithm, LimitSpec, Limiter};
+
+    let server = RedisServer::start();
+    let mut seen = Vec::new();
+    // Kept open to the end, for the client list.
+    let mut limiters = Vec::new();
+    for url in [server.url(), format!("{}?protocol=resp3", server.url())] {
+        let store = RedisStore::open(&url)
+            .unwrap()
+            .timeout(Duration::from_secs(2))
+            .deny_cache(false)
+            .prefix(if url.contains("resp3") { "r3:" } else { "r2:" });
+        let mut limiter = Limiter::builder(store);
+        let algorithms = [
+            ("gcra", Algorithm::Gcra),
+            ("fixed", Algorithm::fixed_window()),
+            ("sliding", Algorithm::SlidingWindow),
+            ("log", Algorithm::SlidingLog),
+        ];
+        for (name, algorithm) in algorithms {
+            let spec = LimitSpec::new(name, Quota::per_hour(5)).algorithm(algorithm);
+            limiter = limiter.limit(spec);
+        }
+        let limiter = limiter.build().unwrap();
+        let mut answers = Vec::new();
+        for (name, _) in algorithms {
+            for _ in 0..6 {
+                let d = limiter.check(name, "k", 1).await.unwrap();
+                assert!(
+                    matches!(d.status(), Status::Checked(_)),
+                    "{url} {name}: {d:?}"
+                );
+                let waits = d.retry_after().is_some_and(|w| w > Duration::ZERO);
+                answers.push((name, d.allowed(), d.remaining(), waits));
+            }
+            if name == "gcra" {
+                let d = limiter.refund(name, "k", 2).await.unwrap();
+                answers.push((name, d.allowed(), d.remaining(), false));
+            }
+            let _ = limiter.reset(name, "k").await.unwrap();
+            let d = limiter.peek(name, "k").await.unwrap();
+            answers.push((name, d.allowed(), d.remaining(), false));
+        }
+        seen.push(answers);
+        limiters.push(limiter);
+    }
+    let expected_gcra = [
+        ("gcra", true, Some(4), false),
+        ("gcra", true, Some(3), false),
+        ("gcra", true, Some(2), false),
+        ("gcra", true, Some(1), false),
+        ("gcra", true, Some(0), false),
+        ("gcra", false, Some(0), true),
+        ("gcra", true, Some(2), false),
+        ("gcra", true, Some(5), false),
+    ];
+    assert_eq!(seen[0][..8], expected_gcra, "RESP2");
+    assert_eq!(seen[1], seen[0], "RESP3 against RESP2");
+    // And the connection did speak RESP3.
+    let mut c = server.connection().await;
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(clients.contains("resp=3"), "{clients}");
+}

@@ -145,6 +145,12 @@ impl RedisStore {
     /// hidden) or if it is called outside a Tokio runtime (the connection's task needs
     /// one).
     ///
+    /// `?protocol=resp3` at the end of the URL speaks RESP3 (Redis 6 and later): the
+    /// scripts' answers read the same, and in a benchmark of 64 concurrent single-limit
+    /// checks it decided 1.14–1.16× as many per second as RESP2, Redis spending about 9%
+    /// less CPU per decision (three limits per request: within noise). RESP2 stays the
+    /// default, which every Redis version speaks.
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tollgate::ConfigError> {
