@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::middleware::guard::{DelayGuard, PendingCharge};
-use crate::middleware::shared::{Passed, Shared, proceed};
+use crate::middleware::shared::{Passed, Version, proceed};
 use crate::store::Store;
 use crate::web::headers::Fields;
 use crate::web::policy::Prepared;
@@ -43,7 +43,7 @@ pin_project! {
         #[pin]
         check: St::Future,
         service: Option<S>,
-        shared: Arc<Shared<St, R>>,
+        version: Arc<Version<St, R>>,
         prepared: Option<Prepared>,
         // The keys of the request's limits, if its refusal is logged or tracked.
         keys: KeptKeys,
@@ -151,7 +151,7 @@ where
     pub(crate) fn checking(
         check: St::Future,
         service: S,
-        shared: Arc<Shared<St, R>>,
+        version: Arc<Version<St, R>>,
         prepared: Prepared,
         keys: KeptKeys,
         parts: Parts,
@@ -162,7 +162,7 @@ where
                 waiting: Box::pin(Waiting {
                     check,
                     service: Some(service),
-                    shared,
+                    version,
                     prepared: Some(prepared),
                     keys,
                     request: Some((parts, body)),
@@ -192,7 +192,7 @@ where
                         .take()
                         .expect("ResponseFuture polled after completion");
                     let prepared = w.prepared.take().expect("prepared once");
-                    match proceed(w.shared, prepared, statuses, &mut parts, &w.keys[..]) {
+                    match proceed(w.version, prepared, statuses, &mut parts, &w.keys[..]) {
                         Ok(passed) => {
                             let service = w.service.take().expect("service taken once");
                             let next = Self::passed(passed, service, parts, body);

@@ -7,7 +7,7 @@ use tower_layer::Layer;
 
 use crate::limiter::Limiter;
 use crate::middleware::service::RateLimit;
-use crate::middleware::shared::Shared;
+use crate::middleware::shared::{Shared, Version};
 use crate::middleware::source::Source;
 use crate::store::Store;
 use crate::web::response::DefaultOnRejection;
@@ -27,7 +27,7 @@ impl<St: Store, R> RateLimitLayer<St, R> {
     /// A layer on `shared`, fixed for its life.
     pub(crate) fn fixed(shared: Shared<St, R>) -> Self {
         Self {
-            source: Source::Fixed(Arc::new(shared)),
+            source: Source::Fixed(Arc::new(Version::new(Arc::new(shared)))),
         }
     }
 

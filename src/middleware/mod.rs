@@ -7,6 +7,7 @@ pub(crate) mod future;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub(crate) mod guard;
+pub(crate) mod handles;
 pub(crate) mod layer;
 pub(crate) mod service;
 pub(crate) mod shared;

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use tower_service::Service;
 
 use crate::middleware::future::ResponseFuture;
-use crate::middleware::shared::{Shared, insert_limiter, proceed};
+use crate::middleware::shared::{Version, insert_limiter, proceed};
 use crate::middleware::source::Source;
 use crate::store::{Checked, Item, Store};
 use crate::web::headers::Fields;
@@ -77,14 +77,15 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let inner = &mut self.inner;
-        self.source.with(|shared| call(shared, inner, req))
+        self.source
+            .with_version(|version| call(version, inner, req))
     }
 }
 
-/// A request through the limits of `shared` (the version current when it arrived) and
-/// then `inner`.
+/// A request through the limits of `version` (the one current when it arrived) and then
+/// `inner`.
 fn call<S, St, R, ReqBody, ResBody>(
-    shared: &Arc<Shared<St, R>>,
+    version: &Arc<Version<St, R>>,
     inner: &mut S,
     req: Request<ReqBody>,
 ) -> ResponseFuture<S, St, R, ReqBody>
@@ -94,13 +95,14 @@ where
     R: OnRejection<ResBody> + Send + Sync + 'static,
 {
     let (mut parts, body) = req.into_parts();
+    let shared = &version.shared;
     let engine = &*shared.engine;
     let mut items = SmallVec::<[Item<'_, St::Table>; 4]>::new();
     let prepared = match shared.policy.prepare(engine, &parts, &mut items) {
         Ok(prepared) => prepared,
         Err(Early::Pass) => {
             drop(items);
-            insert_limiter(shared, &mut parts);
+            insert_limiter(version, &mut parts);
             let future = inner.call(Request::from_parts(parts, body));
             return ResponseFuture::calling(future, Fields::default(), None);
         }
@@ -110,7 +112,7 @@ where
     };
     match engine.check(&items) {
         Checked::Ready(statuses) => {
-            let next = proceed(shared, prepared, statuses, &mut parts, &items[..]);
+            let next = proceed(version, prepared, statuses, &mut parts, &items[..]);
             drop(items);
             match next {
                 Ok(passed) if passed.delay.is_none() => {
@@ -135,7 +137,7 @@ where
             // Take the service that was made ready; leave a clone for the next call.
             let clone = inner.clone();
             let service = mem::replace(inner, clone);
-            ResponseFuture::checking(check, service, shared.clone(), prepared, keys, parts, body)
+            ResponseFuture::checking(check, service, version.clone(), prepared, keys, parts, body)
         }
     }
 }

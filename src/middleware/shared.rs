@@ -12,6 +12,7 @@ use http::request::Parts;
 use crate::engine::Engine;
 use crate::limiter::{Applied, Calls, Handle, Limiter, LimiterError};
 use crate::middleware::guard::{ChargeGuard, DelayGuard, PendingCharge};
+use crate::middleware::handles::Handles;
 use crate::observe::offenders::RefusedKey;
 use crate::store::{Op, Statuses, Store};
 use crate::web::headers::{self, Fields};
@@ -64,6 +65,31 @@ impl<St: Store, R> Shared<St, R> {
     }
 }
 
+/// One version of what a layer's requests share (fixed for a built layer, replaced whole
+/// on each reload of rules), and the [`Limiter`] handles it puts in their extensions, one
+/// per thread slot ([`Handles`]): no request writes a reference count that every core
+/// writes.
+pub(crate) struct Version<St: Store, R> {
+    pub(crate) shared: Arc<Shared<St, R>>,
+    handles: Handles,
+}
+
+impl<St: Store, R> Version<St, R> {
+    pub(crate) fn new(shared: Arc<Shared<St, R>>) -> Self {
+        Self {
+            shared,
+            handles: Handles::new(),
+        }
+    }
+}
+
+impl<St: Store, R: Send + Sync + 'static> Version<St, R> {
+    /// A limiter handle for a request on this version.
+    pub(crate) fn limiter(&self) -> Limiter {
+        self.handles.limiter(&self.shared)
+    }
+}
+
 /// A request the limits let through: the fields for its response, the charges to settle
 /// when it comes, and in delay mode how long it waits first (and what it holds meanwhile).
 pub(crate) struct Passed<St: Store> {
@@ -75,7 +101,7 @@ pub(crate) struct Passed<St: Store> {
 
 /// What follows the store's answer: the request passes, or the refusal.
 pub(crate) fn proceed<St, R, B>(
-    shared: &Arc<Shared<St, R>>,
+    version: &Version<St, R>,
     prepared: Prepared,
     statuses: Statuses,
     parts: &mut Parts,
@@ -85,6 +111,7 @@ where
     St: Store,
     R: OnRejection<B> + Send + Sync + 'static,
 {
+    let shared = &version.shared;
     let policy = &shared.policy;
     match policy.finish(&shared.engine, &prepared, statuses, parts, keys) {
         Next::Proceed {
@@ -92,7 +119,7 @@ where
             charged,
             delay,
         } => {
-            insert_limiter(shared, parts);
+            insert_limiter(version, parts);
             let engine = &shared.engine;
             let delay = delay.map(|d| {
                 (
@@ -151,15 +178,14 @@ where
     }
 }
 
-/// Puts the [`Limiter`] in the request's extensions, if the layer does.
+/// Puts the [`Limiter`] in the request's extensions, if the layer does: the handle of
+/// the calling thread's slot (see [`Version`]).
 pub(crate) fn insert_limiter<St: Store, R: Send + Sync + 'static>(
-    shared: &Arc<Shared<St, R>>,
+    version: &Version<St, R>,
     parts: &mut Parts,
 ) {
-    if shared.policy.options.limiter_extension {
-        parts
-            .extensions
-            .insert(Limiter::from_handle(shared.clone()));
+    if version.shared.policy.options.limiter_extension {
+        parts.extensions.insert(version.limiter());
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::limiter::Handle;
-use crate::middleware::shared::Shared;
+use crate::middleware::shared::{Shared, Version};
 use crate::store::Store;
 #[cfg(feature = "rules")]
 use {
@@ -20,12 +20,12 @@ use {
 #[cfg(feature = "rules")]
 pub(crate) trait Live<St: Store, R>: Send + Sync + 'static {
     /// The current version.
-    fn current(&self) -> arc_swap::Guard<Arc<Shared<St, R>>>;
+    fn current(&self) -> arc_swap::Guard<Arc<Version<St, R>>>;
 }
 
 /// What a layer's services share: fixed, or the current version of a live source.
 pub(crate) enum Source<St: Store, R> {
-    Fixed(Arc<Shared<St, R>>),
+    Fixed(Arc<Version<St, R>>),
     #[cfg(feature = "rules")]
     Live(Arc<dyn Live<St, R>>),
 }
@@ -44,8 +44,14 @@ impl<St: Store, R: 'static> Source<St, R> {
     /// Runs `f` on what is current.
     #[inline]
     pub(crate) fn with<T>(&self, f: impl FnOnce(&Arc<Shared<St, R>>) -> T) -> T {
+        self.with_version(|version| f(&version.shared))
+    }
+
+    /// Runs `f` on the current version (what is current, and its request handles).
+    #[inline]
+    pub(crate) fn with_version<T>(&self, f: impl FnOnce(&Arc<Version<St, R>>) -> T) -> T {
         match self {
-            Source::Fixed(shared) => f(shared),
+            Source::Fixed(version) => f(version),
             #[cfg(feature = "rules")]
             Source::Live(live) => f(&live.current()),
         }
@@ -56,7 +62,7 @@ impl<St: Store, R: Send + Sync + 'static> Source<St, R> {
     /// A limiter handle on this source: fixed, or following every reload.
     pub(crate) fn handle(&self) -> Arc<dyn Handle> {
         match self {
-            Source::Fixed(shared) => shared.clone(),
+            Source::Fixed(version) => version.shared.clone(),
             #[cfg(feature = "rules")]
             Source::Live(live) => Arc::new(LiveHandle(live.clone())),
         }
@@ -70,14 +76,14 @@ struct LiveHandle<St: Store, R>(Arc<dyn Live<St, R>>);
 #[cfg(feature = "rules")]
 impl<St: Store, R: Send + Sync + 'static> Handle for LiveHandle<St, R> {
     fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
-        self.0.current().apply(op, calls, max_wait)
+        self.0.current().shared.apply(op, calls, max_wait)
     }
 
     fn names(&self) -> Vec<&'static str> {
-        self.0.current().names()
+        self.0.current().shared.names()
     }
 
     fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
-        self.0.current().top_refused(limit, n)
+        self.0.current().shared.top_refused(limit, n)
     }
 }

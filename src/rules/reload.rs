@@ -18,7 +18,7 @@ use crate::engine::delay::WaitCounts;
 use crate::limiter::Limiter;
 use crate::middleware::builder::RateLimitBuilder;
 use crate::middleware::layer::RateLimitLayer;
-use crate::middleware::shared::Shared;
+use crate::middleware::shared::{Shared, Version};
 use crate::middleware::source::Live;
 use crate::rules::compile::{CustomKeys, compile_maybe_empty, rebase};
 use crate::rules::document::Document;
@@ -98,7 +98,7 @@ impl<St: Store, R> fmt::Debug for Rules<St, R> {
 }
 
 struct Reloadable<St: Store, R> {
-    current: ArcSwap<Shared<St, R>>,
+    current: ArcSwap<Version<St, R>>,
     document: ArcSwap<Document>,
     /// What every version is compiled with.
     compiler: Compiler<St, R>,
@@ -366,7 +366,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
         let doc = Arc::new(doc);
         {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            self.current.store(shared);
+            self.current.store(Arc::new(Version::new(shared)));
             self.document.store(doc.clone());
             state.reloads += 1;
             state.healthy = true;
@@ -556,7 +556,7 @@ impl<St: Store, R> WeakRules<St, R> {
 /// The rules are a live source for their layer: each request loads the version current
 /// when it arrives.
 impl<St: Store, R: Send + Sync + 'static> Live<St, R> for Reloadable<St, R> {
-    fn current(&self) -> arc_swap::Guard<Arc<Shared<St, R>>> {
+    fn current(&self) -> arc_swap::Guard<Arc<Version<St, R>>> {
         self.current.load()
     }
 }

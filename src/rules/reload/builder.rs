@@ -268,7 +268,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             }
         };
         let inner = Arc::new(Reloadable {
-            current: ArcSwap::new(shared),
+            current: ArcSwap::new(Arc::new(Version::new(shared))),
             document: ArcSwap::from_pointee(document),
             compiler,
             file,
