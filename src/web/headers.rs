@@ -360,13 +360,15 @@ pub(crate) fn rate_limit_fields(
             };
             let reset = ceil_secs(r.reset_after);
             if style == HeaderStyle::Draft7 {
-                let v = format!(
-                    "limit={}, remaining={}, reset={}",
-                    r.burst.min(SF_INT_MAX),
-                    r.remaining.min(SF_INT_MAX),
-                    reset.min(SF_INT_MAX)
-                );
-                if let Some(v) = value(v) {
+                let mut text = StackText::<96>::new();
+                let mut digits = itoa::Buffer::new();
+                text.push(b"limit=");
+                text.push(digits.format(r.burst.min(SF_INT_MAX)).as_bytes());
+                text.push(b", remaining=");
+                text.push(digits.format(r.remaining.min(SF_INT_MAX)).as_bytes());
+                text.push(b", reset=");
+                text.push(digits.format(reset.min(SF_INT_MAX)).as_bytes());
+                if let Ok(v) = HeaderValue::from_bytes(text.as_bytes()) {
                     out.push((&RATELIMIT, v));
                 }
             } else {
