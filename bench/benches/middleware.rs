@@ -29,58 +29,18 @@
 // `criterion_group!` defines an undocumented public function.
 #![allow(missing_docs)]
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::routing::get;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
-use http::{Request, StatusCode};
+use http::StatusCode;
 use tokio::runtime::Runtime;
-use tollgate::key::PeerIp;
-use tollgate::store::MemoryStore;
-use tollgate::{Quota, RateLimitLayer};
+use tollgate::Quota;
+use tollgate_bench::routers::{bare, request, tollgate, tower_governor};
 use tower::ServiceExt;
-use tower_governor::GovernorLayer;
-use tower_governor::governor::GovernorConfigBuilder;
 
 /// Requests built ahead of one timed `block_on`.
 const BATCH: u64 = 1024;
-
-fn peer() -> SocketAddr {
-    SocketAddr::from(([203, 0, 113, 7], 41_000))
-}
-
-fn request() -> Request<Body> {
-    let mut request = Request::get("/").body(Body::empty()).unwrap();
-    request.extensions_mut().insert(ConnectInfo(peer()));
-    request
-}
-
-fn bare() -> Router {
-    Router::new().route("/", get(|| async { "hello" }))
-}
-
-fn tollgate(quota: Quota) -> Router {
-    bare().route_layer(RateLimitLayer::new(
-        quota,
-        PeerIp::new(),
-        MemoryStore::new(),
-    ))
-}
-
-/// `tower_governor` counts in "one token every `period`", with a bucket of `burst`.
-fn tower_governor(period: Duration, burst: u32) -> Router {
-    let config = GovernorConfigBuilder::default()
-        .period(period)
-        .burst_size(burst)
-        .use_headers()
-        .finish()
-        .expect("a valid tower_governor configuration");
-    bare().route_layer(GovernorLayer::new(config))
-}
 
 /// The rate-limit header each implementation must send.
 fn header_of(name: &str) -> Option<&'static str> {

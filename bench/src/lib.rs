@@ -45,3 +45,55 @@ pub mod redis_stats {
             * 1e6
     }
 }
+
+/// The routers of the middleware benchmark (`benches/middleware.rs`), shared with
+/// `bin/middleware_requests.rs`: one axum route, `GET /` answering `"hello"`.
+pub mod routers {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::ConnectInfo;
+    use axum::routing::get;
+    use http::Request;
+    use tollgate::key::PeerIp;
+    use tollgate::store::MemoryStore;
+    use tollgate::{Quota, RateLimitLayer};
+    use tower_governor::GovernorLayer;
+    use tower_governor::governor::GovernorConfigBuilder;
+
+    /// `GET /` from one peer, its address in `ConnectInfo` as `axum::serve` puts it.
+    pub fn request() -> Request<Body> {
+        let mut request = Request::get("/").body(Body::empty()).unwrap();
+        let peer = SocketAddr::from(([203, 0, 113, 7], 41_000));
+        request.extensions_mut().insert(ConnectInfo(peer));
+        request
+    }
+
+    /// No limiter.
+    pub fn bare() -> Router {
+        Router::new().route("/", get(|| async { "hello" }))
+    }
+
+    /// `RateLimitLayer` on the route, keyed by the peer IP, default headers.
+    pub fn tollgate(quota: Quota) -> Router {
+        bare().route_layer(RateLimitLayer::new(
+            quota,
+            PeerIp::new(),
+            MemoryStore::new(),
+        ))
+    }
+
+    /// `tower_governor` on the route, keyed by the peer IP, with its headers: one token
+    /// every `period`, a bucket of `burst`.
+    pub fn tower_governor(period: Duration, burst: u32) -> Router {
+        let config = GovernorConfigBuilder::default()
+            .period(period)
+            .burst_size(burst)
+            .use_headers()
+            .finish()
+            .expect("a valid tower_governor configuration");
+        bare().route_layer(GovernorLayer::new(config))
+    }
+}

@@ -292,9 +292,7 @@ impl DefaultOnRejection {
         }
         doc.finish()
     }
-}
 
-impl DefaultOnRejection {
     /// `type`, `title` and `status`.
     fn head(&self, doc: &mut Problem, rejection: &Rejection<'_>) {
         let status = rejection.status();

@@ -19,42 +19,16 @@
 //! requests are built in batches of 1,024 outside the loop that sends them, as in the
 //! criterion benchmark.
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::routing::get;
-use http::{Request, StatusCode};
+use http::StatusCode;
 use tollgate::key::PeerIp;
 use tollgate::store::MemoryStore;
 use tollgate::{Limit, Quota, RateLimitLayer};
+use tollgate_bench::routers::{bare, request, tollgate, tower_governor};
 use tower::ServiceExt;
-use tower_governor::GovernorLayer;
-use tower_governor::governor::GovernorConfigBuilder;
-
-fn request() -> Request<Body> {
-    let mut request = Request::get("/").body(Body::empty()).unwrap();
-    let peer = SocketAddr::from(([203, 0, 113, 7], 41_000));
-    request.extensions_mut().insert(ConnectInfo(peer));
-    request
-}
-
-fn bare() -> Router {
-    Router::new().route("/", get(|| async { "hello" }))
-}
-
-fn tower_governor(period: Duration, burst: u32) -> Router {
-    let config = GovernorConfigBuilder::default()
-        .period(period)
-        .burst_size(burst)
-        .use_headers()
-        .finish()
-        .expect("a valid tower_governor configuration");
-    bare().route_layer(GovernorLayer::new(config))
-}
 
 /// The router of `config`, and the status its measured responses must have.
 fn router(config: &str) -> Option<(Router, StatusCode)> {
@@ -82,14 +56,7 @@ fn router(config: &str) -> Option<(Router, StatusCode)> {
             (bare().route_layer(layer), ok)
         }
         "tower_governor" => (tower_governor(Duration::from_nanos(1), u32::MAX), ok),
-        "tollgate_denied" => (
-            bare().route_layer(RateLimitLayer::new(
-                Quota::per_day(1),
-                PeerIp::new(),
-                MemoryStore::new(),
-            )),
-            refused,
-        ),
+        "tollgate_denied" => (tollgate(Quota::per_day(1)), refused),
         "tower_governor_denied" => (tower_governor(Duration::from_secs(86_400), 1), refused),
         _ => return None,
     })
