@@ -20,8 +20,16 @@ pub(crate) const DEFAULT_LEASE_AGE: Duration = Duration::from_secs(1);
 ///   as usual, and a lease is taken in the background: as many tokens as this instance
 ///   spends on the key in about 100 ms, at most [`tokens`](Self::tokens) (with
 ///   [`auto`](Self::auto): an eighth of the burst), and no more than the shared bucket
-///   can give. Near exhaustion this instance waits until at least half a lease's worth of
-///   tokens is back before it asks again, and refuses the key locally meanwhile.
+///   can give.
+/// - **Near exhaustion** (the bucket had less than a lease): a GCRA lease becomes a
+///   reservation of the tokens the bucket will give within [`max_age`](Self::max_age).
+///   This instance spends them as they come due, one per emission interval, and refuses
+///   the key locally until each is. The instances queue in the bucket rather than race for
+///   each refill, so no tokens wait in the bucket while they wait for a batch, and a call
+///   brings a whole lease. A fixed window's units cannot be reserved (they would count in
+///   a later window): its instances take what is left, then refuse the key locally until
+///   the next window. While leasing instances queue, a check of the same key without a lease (in
+///   another deployment) finds the bucket spent, as it would behind reservations.
 /// - **Spending**: a request whose leased limits all have their tokens here is decided
 ///   without a call; with other limits beside, only those are asked, all or nothing.
 /// - **Giving back**: tokens not spent after [`max_age`](Self::max_age) go back to the

@@ -24,7 +24,7 @@ use crate::model::decision::{Outcome, Status};
 use crate::model::key::Key;
 use crate::model::policy::{FailurePolicy, Mode};
 pub use lease::LeaseStats;
-use lease::{Ask, Backed, Counters, GiveBack, LeaseTable, Local};
+use lease::{Answer, Ask, Backed, Counters, GiveBack, LeaseTable, Local, Take};
 
 /// Keys the deny cache remembers at most.
 const DENY_CACHE_MAX_KEYS: usize = 100_000;
@@ -575,10 +575,14 @@ impl<B: Backend> Resilient<B> {
         let timeout = inner.timeout;
         for r in refused {
             let block = Duration::from_nanos(r.until - now);
-            let call = r
-                .remote
-                .remote
-                .call(Op::Block(block), &r.key, r.quota, r.algorithm, 1);
+            let call = r.remote.remote.call(
+                Op::Block(block),
+                &r.key,
+                r.quota,
+                r.algorithm,
+                1,
+                Duration::ZERO,
+            );
             runtime.spawn(async move {
                 let _ = tokio::time::timeout(timeout, call).await;
             });
@@ -754,8 +758,8 @@ impl<B: Backend> Resilient<B> {
             let leases = &item.table.leases;
             let decided = leases.decide(&item.key, ask, now, timeout_ns);
             self.give_back(leases, decided.give_back);
-            if let Some(want) = decided.take {
-                self.take_lease(leases, &item.key, ask, want);
+            if let Some(take) = decided.take {
+                self.take_lease(leases, &item.key, ask, take);
             }
             match decided.local {
                 Local::Remote => remote = true,
@@ -833,10 +837,17 @@ impl<B: Backend> Resilient<B> {
 
     /// Takes a lease of `want` tokens for `key` in the background (and, if the bucket
     /// had fewer but enough, what it had).
-    fn take_lease(&self, leases: &Arc<LeaseTable>, key: &Key, ask: Ask, want: u64) {
+    fn take_lease(&self, leases: &Arc<LeaseTable>, key: &Key, ask: Ask, take: Take) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             let now = self.inner.clock.now();
-            leases.settle(key, ask, want, now, None, true);
+            let failed = Answer {
+                asked: take.tokens,
+                sent_at: now,
+                answered_at: now,
+                outcome: None,
+                last: true,
+            };
+            leases.settle(key, ask, failed);
             return;
         };
         let this = self.clone();
@@ -845,13 +856,18 @@ impl<B: Backend> Resilient<B> {
         runtime.spawn(async move {
             let inner = &*this.inner;
             let name = inner.backend.name();
-            let mut asked = want;
+            let mut asked = take.tokens;
             for attempt in 0..2 {
                 let sent_at = inner.clock.now();
                 let cost = u32::try_from(asked).unwrap_or(u32::MAX);
-                let call = leases
-                    .remote
-                    .call(Op::Check, &key, ask.quota, ask.algorithm, cost);
+                let call = leases.remote.call(
+                    Op::Check,
+                    &key,
+                    ask.quota,
+                    ask.algorithm,
+                    cost,
+                    take.max_wait,
+                );
                 let answer = match tokio::time::timeout(inner.timeout, call).await {
                     Ok(Ok(s)) if s.len() == 1 => {
                         inner.breaker.success(name);
@@ -877,13 +893,20 @@ impl<B: Backend> Resilient<B> {
                     }
                 };
                 if let Some(o) = &answer
-                    && !o.is_allowed()
+                    && (!o.is_allowed() || !o.wait().is_zero())
                 {
-                    // A lease refused with nothing left: written back if Redis loses it.
+                    // A lease refused with nothing left, or reserved (the bucket is spent
+                    // until its tokens are due): written back if Redis loses it.
                     this.remember(&leases, &key, ask.quota, ask.algorithm, sent_at, o);
                 }
-                let (again, give_back) =
-                    leases.settle(&key, ask, asked, sent_at, answer, attempt == 1);
+                let settled = Answer {
+                    asked,
+                    sent_at,
+                    answered_at: inner.clock.now(),
+                    outcome: answer,
+                    last: attempt == 1,
+                };
+                let (again, give_back) = leases.settle(&key, ask, settled);
                 this.give_back(&leases, give_back);
                 match again {
                     Some(n) => asked = n,

@@ -3,7 +3,8 @@
 //! here without a call.
 //!
 //! A request's leased items are decided here when every one of them has its tokens (or
-//! one is refused while this instance waits for tokens to come back); otherwise the whole
+//! one is refused while this instance waits for tokens to come back, or to come due from a
+//! reservation); otherwise the whole
 //! request is checked in the backend as usual and a lease is taken for the next ones in
 //! the background. The backend's bucket counts every token before it is spent; see
 //! [`Lease`] for the bound this gives.
@@ -46,7 +47,15 @@ pub(super) type RemoteCall = Pin<Box<dyn Future<Output = Result<Statuses, StoreE
 /// The backend and a table of its own for one limit: what lease calls (taking, giving
 /// back) need after the request that started them is gone.
 pub(super) trait Remote: Send + Sync {
-    fn call(&self, op: Op, key: &Key, quota: Quota, algorithm: Algorithm, cost: u32) -> RemoteCall;
+    fn call(
+        &self,
+        op: Op,
+        key: &Key,
+        quota: Quota,
+        algorithm: Algorithm,
+        cost: u32,
+        max_wait: Duration,
+    ) -> RemoteCall;
 }
 
 pub(super) struct Backed<B: Backend> {
@@ -55,8 +64,18 @@ pub(super) struct Backed<B: Backend> {
 }
 
 impl<B: Backend> Remote for Backed<B> {
-    fn call(&self, op: Op, key: &Key, quota: Quota, algorithm: Algorithm, cost: u32) -> RemoteCall {
-        let item = Item::new(&self.table, key.clone(), quota, cost).algorithm(algorithm);
+    fn call(
+        &self,
+        op: Op,
+        key: &Key,
+        quota: Quota,
+        algorithm: Algorithm,
+        cost: u32,
+        max_wait: Duration,
+    ) -> RemoteCall {
+        let item = Item::new(&self.table, key.clone(), quota, cost)
+            .algorithm(algorithm)
+            .max_wait(max_wait);
         Box::pin(self.backend.apply(op, &[item]))
     }
 }
@@ -130,8 +149,12 @@ struct Slot {
     salt: u64,
     /// That quota and the algorithm, to give the tokens back.
     held_as: Option<(Quota, Algorithm)>,
-    /// Tokens taken and not spent.
+    /// Tokens taken and not spent (some perhaps not due yet: see `due`).
     tokens: u64,
+    /// GCRA near exhaustion: leases are reservations, tokens the shared bucket gives as
+    /// they come due. The last two reservations, older first; the tokens of each not due
+    /// yet are the last of `tokens`, and none is spent before it is due.
+    due: [Due; 2],
     /// Spend them before this instant (never after a fixed window ends).
     expires: u64,
     /// A fixed window: when the window the tokens were taken in ends (0: GCRA).
@@ -174,12 +197,30 @@ pub(super) enum Local {
     Remote,
 }
 
-/// What [`LeaseTable::decide`] answers: the item's decision, a lease of this many tokens
-/// to take in the background, and tokens to give back.
+/// What [`LeaseTable::decide`] answers: the item's decision, a lease to take in the
+/// background, and tokens to give back.
 pub(super) struct Decided {
     pub(super) local: Local,
-    pub(super) take: Option<u64>,
+    pub(super) take: Option<Take>,
     pub(super) give_back: GiveBack,
+}
+
+/// What a lease call for `asked` tokens answered (`None`: it failed), sent at `sent_at`
+/// and answered at `answered_at`; `last`: no second call follows.
+pub(super) struct Answer {
+    pub(super) asked: u64,
+    pub(super) sent_at: u64,
+    pub(super) answered_at: u64,
+    pub(super) outcome: Option<Outcome>,
+    pub(super) last: bool,
+}
+
+/// A lease to take: this many tokens, as a reservation that may wait up to `max_wait`
+/// for them (zero: only tokens the shared bucket has now).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Take {
+    pub(super) tokens: u64,
+    pub(super) max_wait: Duration,
 }
 
 /// The leases of the keys that hash to one shard, and what the decisions made from them
@@ -322,6 +363,7 @@ impl LeaseTable {
                 };
             }
             slot.tokens = 0;
+            slot.due = [Due::default(); 2];
         }
         slot.used_at = now;
         slot.demand = slot.demand.saturating_add(u64::from(ask.cost));
@@ -331,12 +373,25 @@ impl LeaseTable {
             counts.local_refused += 1;
             Local::Refused(refused(&ask, slot.refused_until - now))
         } else if slot.tokens >= cost {
-            slot.tokens -= cost;
-            counts.local_allowed += 1;
-            if !slot.taking && slot.tokens < slot.low_water {
-                take = Some(start(slot, &ask, now));
+            let t = ask.quota.t_ns().max(1);
+            let pending = pending(slot, t, now);
+            if slot.tokens - pending >= cost {
+                slot.tokens -= cost;
+                counts.local_allowed += 1;
+                if !slot.taking && slot.tokens < slot.low_water {
+                    take = Some(start(slot, &ask, now));
+                }
+                Local::Taken(allowed(&ask, slot, pending, now))
+            } else {
+                // Reserved tokens not due yet: refused here until the first of them is.
+                counts.local_refused += 1;
+                let first_due = slot
+                    .due
+                    .iter()
+                    .find_map(|d| d.first_pending(t, now))
+                    .unwrap_or(now + t);
+                Local::Refused(refused(&ask, first_due.saturating_sub(now).max(1)))
             }
-            Local::Taken(allowed(&ask, slot, now))
         } else {
             if !slot.taking {
                 take = Some(start(slot, &ask, now));
@@ -370,15 +425,14 @@ impl LeaseTable {
     /// What a lease call answered, sent at `sent_at` for `asked` tokens. Answers the
     /// tokens to take in a second call (the bucket had fewer than asked, but enough to
     /// be worth it), and tokens to give back (the key's lease was reset meanwhile).
-    pub(super) fn settle(
-        &self,
-        key: &Key,
-        ask: Ask,
-        asked: u64,
-        sent_at: u64,
-        answer: Option<Outcome>,
-        last: bool,
-    ) -> (Option<u64>, GiveBack) {
+    pub(super) fn settle(&self, key: &Key, ask: Ask, call: Answer) -> (Option<u64>, GiveBack) {
+        let Answer {
+            asked,
+            sent_at,
+            answered_at,
+            outcome: answer,
+            last,
+        } = call;
         Counters::add(&self.counters.lease_calls, 1);
         let mut shard = self.shard(key);
         let salt = super::quota_salt(&ask.quota);
@@ -411,6 +465,23 @@ impl LeaseTable {
             slot.backoff = (slot.backoff / 2).max(1);
             let age = u64::try_from(ask.lease.age().as_nanos()).unwrap_or(u64::MAX);
             slot.expires = sent_at.saturating_add(age);
+            let wait = duration_ns(o.wait());
+            if wait > 0 && !ask.algorithm.is_window() {
+                // A reservation: its last token is due `wait` after the backend decided,
+                // which was before the answer came (so never earlier than in the bucket).
+                // Tokens still pending from the two before are counted as due just before
+                // the later of them, which is no earlier than they are.
+                let t = ask.quota.t_ns().max(1);
+                let [older, newer] = slot.due;
+                let before = older.pending(t, answered_at) + newer.pending(t, answered_at);
+                let merged = Due {
+                    at: newer.at.max(older.at),
+                    batch: before,
+                };
+                let at = answered_at.saturating_add(wait);
+                slot.due = [merged, Due { at, batch: asked }];
+                slot.expires = at.saturating_add(age);
+            }
             if ask.algorithm.is_window() {
                 // Counted from the send: never after the backend's own end of the window.
                 let end = sent_at.saturating_add(duration_ns(o.reset_after()));
@@ -469,7 +540,9 @@ impl LeaseTable {
         Counters::add(&self.counters.return_calls, 1);
         Counters::add(&self.counters.returned_tokens, tokens);
         let cost = u32::try_from(tokens).unwrap_or(u32::MAX);
-        let call = self.remote.call(Op::Refund, key, quota, algorithm, cost);
+        let call = self
+            .remote
+            .call(Op::Refund, key, quota, algorithm, cost, Duration::ZERO);
         let timeout = self.timeout;
         runtime.spawn(async move {
             // A refund that fails leaves the tokens to come back as the bucket refills.
@@ -527,15 +600,60 @@ fn duration_ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Starts a lease call for `slot`: how many tokens to ask for.
-fn start(slot: &mut Slot, ask: &Ask, now: u64) -> u64 {
+/// Starts a lease call for `slot`: how many tokens to ask for, and whether as a
+/// reservation. Near exhaustion a GCRA lease reserves the tokens the bucket will give
+/// within the lease's age: instead of each instance waiting for a batch to be back (tokens
+/// waiting in the bucket meanwhile, and several instances racing for each refill), the
+/// instances queue in the bucket, and each spends its tokens as they come due.
+fn start(slot: &mut Slot, ask: &Ask, now: u64) -> Take {
     let (want, min_batch) = want(slot, ask, now);
     slot.taking = true;
     slot.min_batch = min_batch;
     slot.low_water = want / 4;
     slot.demand = 0;
     slot.since = now;
-    want
+    let max_wait = if slot.exhausted && !ask.algorithm.is_window() {
+        ask.lease.age()
+    } else {
+        Duration::ZERO
+    };
+    Take {
+        tokens: want,
+        max_wait,
+    }
+}
+
+/// Tokens reserved in one lease call: `batch` of them, due one per emission interval, the
+/// last at `at`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Due {
+    at: u64,
+    batch: u64,
+}
+
+impl Due {
+    /// How many are not due yet at `now` (`t`: the emission interval).
+    fn pending(self, t: u64, now: u64) -> u64 {
+        if self.at <= now {
+            return 0;
+        }
+        self.batch.min((self.at - now).div_ceil(t))
+    }
+
+    /// When the first of those not due yet at `now` is due, if any.
+    fn first_pending(self, t: u64, now: u64) -> Option<u64> {
+        let n = self.pending(t, now);
+        (n > 0).then(|| self.at - (n - 1) * t)
+    }
+}
+
+/// How many of `slot`'s tokens are not due yet at `now` (`t`: the emission interval).
+fn pending(slot: &Slot, t: u64, now: u64) -> u64 {
+    slot.due
+        .iter()
+        .map(|d| d.pending(t, now))
+        .sum::<u64>()
+        .min(slot.tokens)
 }
 
 /// The lease to ask for, and the fewest tokens worth a call: about 100 ms of the
@@ -576,7 +694,7 @@ fn want(slot: &Slot, ask: &Ask, now: u64) -> (u64, u64) {
 
 /// A request allowed from the lease: what is left is the lease and what the shared bucket
 /// had at the last call (with what came back since, for GCRA), at most a full bucket.
-fn allowed(ask: &Ask, slot: &Slot, now: u64) -> Outcome {
+fn allowed(ask: &Ask, slot: &Slot, pending: u64, now: u64) -> Outcome {
     let depth = ask.quota.burst_size();
     if ask.algorithm.is_window() {
         let until_end = slot.window_end.saturating_sub(now);
@@ -595,7 +713,9 @@ fn allowed(ask: &Ask, slot: &Slot, now: u64) -> Outcome {
     let t = ask.quota.t_ns();
     let accrued = now.saturating_sub(slot.shared_at) / t.max(1);
     let shared = slot.shared_left.saturating_add(accrued);
-    let remaining = slot.tokens.saturating_add(shared).min(depth);
+    let remaining = (slot.tokens - pending.min(slot.tokens))
+        .saturating_add(shared)
+        .min(depth);
     let params = Params::new(t, depth);
     Outcome::new(
         gcra::Admission::Allowed,
@@ -675,6 +795,62 @@ mod tests {
     }
 
     #[test]
+    fn near_exhaustion_a_gcra_lease_is_a_reservation_spent_as_its_tokens_come_due() {
+        let a = ask(Quota::per_second(1_000).burst(1_000), Lease::tokens(100)); // T = 1 ms
+        let mut slot = Slot {
+            demand: 10,
+            ..Slot::default()
+        };
+        // Not exhausted: only the tokens the bucket has now.
+        assert_eq!(start(&mut slot, &a, 10_000_000).max_wait, Duration::ZERO);
+        // Exhausted: a reservation of up to the lease's age.
+        slot.exhausted = true;
+        assert_eq!(
+            start(&mut slot, &a, 10_000_000).max_wait,
+            Duration::from_secs(1)
+        );
+        // ...but never for a fixed window, whose reserved units would count in a later
+        // window.
+        let window = Ask {
+            algorithm: Algorithm::fixed_window(),
+            ..a
+        };
+        assert_eq!(
+            start(&mut slot, &window, 10_000_000).max_wait,
+            Duration::ZERO
+        );
+
+        // 10 tokens, the last due at 20 ms: the 10th at 20, the 1st at 11 ms.
+        let t = 1_000_000;
+        slot.tokens = 10;
+        slot.due[1] = Due {
+            at: 20_000_000,
+            batch: 10,
+        };
+        assert_eq!(pending(&slot, t, 10_000_000), 10);
+        assert_eq!(pending(&slot, t, 10_500_000), 10);
+        assert_eq!(pending(&slot, t, 11_000_000), 9);
+        assert_eq!(slot.due[1].first_pending(t, 11_000_000), Some(12_000_000));
+        assert_eq!(pending(&slot, t, 19_999_999), 1);
+        assert_eq!(pending(&slot, t, 20_000_000), 0);
+        assert_eq!(slot.due[1].first_pending(t, 20_000_000), None);
+        // Tokens held from before the reservation are due already.
+        slot.tokens = 15;
+        assert_eq!(pending(&slot, t, 10_000_000), 10);
+        // An older reservation, 5 tokens due by 8 ms (others queued between): each counts
+        // on its own schedule.
+        slot.due[0] = Due {
+            at: 8_000_000,
+            batch: 5,
+        };
+        assert_eq!(pending(&slot, t, 5_000_000), 13);
+        assert_eq!(pending(&slot, t, 8_000_000), 10);
+        // Never more than are held (some were given back).
+        slot.tokens = 4;
+        assert_eq!(pending(&slot, t, 10_000_000), 4);
+    }
+
+    #[test]
     fn an_allowed_local_outcome_reports_the_lease_and_the_shared_tokens() {
         let a = ask(Quota::per_second(10), Lease::tokens(5)); // T = 100 ms, burst 10
         let slot = Slot {
@@ -683,7 +859,7 @@ mod tests {
             shared_at: 1_000_000_000,
             ..Slot::default()
         };
-        let o = allowed(&a, &slot, 1_100_000_000);
+        let o = allowed(&a, &slot, 0, 1_100_000_000);
         assert!(o.is_allowed());
         assert_eq!(o.wait(), Duration::ZERO);
         // 3 here, 2 + 1 (100 ms) there.
