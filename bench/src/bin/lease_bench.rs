@@ -201,6 +201,25 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    // What the instances hold, and the bucket's debt, as the run stops (before the
+    // latencies are sorted: the debt shrinks by a token per interval).
+    let held = stores
+        .iter()
+        .map(|s| {
+            let st = s.lease_stats();
+            st.leased_tokens - st.local_allowed - st.returned_tokens
+        })
+        .sum();
+    // The bucket's debt: tokens reserved by leases and not due yet (a look takes nothing).
+    let reserved = if s.keys == 1 {
+        let look = limiters[0].peek("limit", 0u64).await;
+        let t = s.quota.emission_interval().as_nanos();
+        look.ok()
+            .and_then(|d| d.outcome().map(|o| o.wait().as_nanos().div_ceil(t)))
+            .map_or(0, |n| n as u64)
+    } else {
+        0
+    };
     // A fresh connection: Redis may have been restarted meanwhile (`--timeline` runs).
     let mut admin = client
         .get_multiplexed_async_connection()
@@ -219,23 +238,6 @@ async fn run(args: &Args, s: Scenario, lease: bool, round: u32) -> Run {
             st.local_allowed + st.local_refused
         })
         .sum();
-    let held = stores
-        .iter()
-        .map(|s| {
-            let st = s.lease_stats();
-            st.leased_tokens - st.local_allowed - st.returned_tokens
-        })
-        .sum();
-    // The bucket's debt: tokens reserved by leases and not due yet (a look takes nothing).
-    let reserved = if s.keys == 1 {
-        let look = limiters[0].peek("limit", 0u64).await;
-        let t = s.quota.emission_interval().as_nanos();
-        look.ok()
-            .and_then(|d| d.outcome().map(|o| o.wait().as_nanos().div_ceil(t)))
-            .map_or(0, |n| n as u64)
-    } else {
-        0
-    };
     Run {
         per_second,
         fallback,
