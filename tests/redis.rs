@@ -1077,6 +1077,46 @@ async fn a_cluster_node_that_loses_its_data_gets_its_exhausted_keys_back() {
     }
 }
 
+/// A store over several connections (`RedisStore::open_pool`) takes them in turn, and
+/// decides exactly as over one: 256 concurrent checks of one key with a limit of 100 grant
+/// exactly 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_over_several_connections_uses_each_and_grants_exactly_the_limit() {
+    use tollgate::{LimitSpec, Limiter};
+
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let clients = |list: &str| list.lines().filter(|l| !l.is_empty()).count();
+    let list = || redis::cmd("CLIENT").arg("LIST").clone();
+    let before: String = list().query_async(&mut admin).await.unwrap();
+    let store = RedisStore::open_pool(&server.url(), 4)
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+        .deny_cache(false);
+    let limiter = Limiter::builder(store)
+        .limit(LimitSpec::new("api", Quota::per_hour(100)))
+        .build()
+        .unwrap();
+    let tasks: Vec<_> = (0..256)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.check("api", "k", 1).await.unwrap() })
+        })
+        .collect();
+    let mut allowed = 0;
+    for t in tasks {
+        let d = t.await.unwrap();
+        assert!(matches!(d.status(), Status::Checked(_)), "{d:?}");
+        allowed += usize::from(d.allowed());
+    }
+    assert_eq!(allowed, 100, "256 checks of a limit of 100");
+    // Each connection is made on its first call: four new clients, each used.
+    let after: String = list().query_async(&mut admin).await.unwrap();
+    assert_eq!(clients(&after), clients(&before) + 4, "{after}");
+    // No connection counts as one.
+    assert!(RedisStore::open_pool(&server.url(), 0).is_ok());
+}
+
 /// `?protocol=resp3` in the URL (Redis 6 and later) is passed on to the connection, and
 /// every script's answer reads the same as over RESP2: each algorithm's grants, tokens
 /// left, refusals, waits, a refund and a reset.

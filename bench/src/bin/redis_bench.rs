@@ -19,7 +19,9 @@
 //! accounting over the run (`CONFIG RESETSTAT` first): the scripts' time from
 //! `INFO commandstats`, and the server's whole CPU time (`INFO cpu`, reading and answering
 //! clients included), each per decision. `--batch N` (default 128, the store's default)
-//! sets [`RedisStore::batch`]; `--batch 1` sends each check in a call of its own. `scripts/redis_compare.sh` runs it beside `redis-benchmark` on the same script.
+//! sets [`RedisStore::batch`]; `--batch 1` sends each check in a call of its own.
+//! `--connections N` (default 1) opens the store with [`RedisStore::open_pool`], and
+//! `--threads N` (default 1) runs the tasks on a multi-threaded runtime of N workers. `scripts/redis_compare.sh` runs it beside `redis-benchmark` on the same script.
 
 use std::time::{Duration, Instant};
 
@@ -35,6 +37,8 @@ struct Args {
     prefix: String,
     algorithm: String,
     batch: usize,
+    connections: usize,
+    threads: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -46,6 +50,8 @@ fn parse_args() -> Result<Args, String> {
         prefix: "tollgate-bench:".into(),
         algorithm: "gcra".into(),
         batch: 128,
+        connections: 1,
+        threads: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -60,24 +66,51 @@ fn parse_args() -> Result<Args, String> {
             "--prefix" => args.prefix = value()?,
             "--algorithm" => args.algorithm = value()?,
             "--batch" => args.batch = value()?.parse().map_err(|e| format!("--batch: {e}"))?,
+            "--connections" => {
+                args.connections = value()?
+                    .parse()
+                    .map_err(|e| format!("--connections: {e}"))?
+            }
+            "--threads" => {
+                args.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    if args.tasks == 0 || args.limits == 0 || args.seconds == 0 {
-        return Err("--tasks, --limits and --seconds must be at least 1".into());
+    if args.tasks == 0
+        || args.limits == 0
+        || args.seconds == 0
+        || args.connections == 0
+        || args.threads == 0
+    {
+        return Err(
+            "--tasks, --limits, --seconds, --connections and --threads must be at least 1".into(),
+        );
     }
     Ok(args)
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args().map_err(|e| {
-        format!("{e}\nusage: redis_bench --url URL --tasks N --seconds S --limits L [--prefix P] [--algorithm A] [--batch N]")
+        format!("{e}\nusage: redis_bench --url URL --tasks N --seconds S --limits L [--prefix P] [--algorithm A] [--batch N] [--connections N] [--threads N]")
     })?;
+    let runtime = if args.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()?
+    };
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let client = redis::Client::open(args.url.as_str())?;
-    let conn = client.get_connection_manager().await?;
     let mut admin = client.get_multiplexed_async_connection().await?;
-    let store = RedisStore::new(conn)
+    let store = RedisStore::open_pool(&args.url, args.connections)?
         .batch(args.batch)
         .prefix(args.prefix.as_str())
         .deny_cache(false)
@@ -161,12 +194,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     latencies.sort_unstable();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     println!(
-        "url={} tasks={} limits={} algorithm={} batch={} seconds={:.2} decisions={} not_allowed={failures} script_calls={calls}",
+        "url={} tasks={} limits={} algorithm={} batch={} connections={} threads={} seconds={:.2} decisions={} not_allowed={failures} script_calls={calls}",
         args.url,
         args.tasks,
         args.limits,
         args.algorithm,
         args.batch,
+        args.connections,
+        args.threads,
         elapsed,
         latencies.len()
     );

@@ -1,7 +1,7 @@
 //! Many requests' checks in one `gcra.lua` call.
 //!
-//! A check that finds fewer than [`MAX_IN_FLIGHT`] calls in flight to its slot (on one
-//! node: to the server) sends its own call at once, from its own future: nothing is
+//! A check that finds fewer than [`MAX_IN_FLIGHT`] calls (per connection) in flight to its
+//! slot (on one node: to the server) sends its own call at once, from its own future: nothing is
 //! delayed when nothing is in flight. The checks that arrive while that many are in flight
 //! wait in the slot's queue; when a call ends, the queue (up to the batch bounds: requests
 //! and bytes) goes out as one call that decides each request on its own, one after the
@@ -76,6 +76,8 @@ struct Queue {
 pub(super) struct Batcher {
     queues: Mutex<HashMap<Slot, Queue>>,
     max_requests: usize,
+    /// Calls in flight to a slot before checks queue: [`MAX_IN_FLIGHT`] per connection.
+    max_in_flight: usize,
 }
 
 impl fmt::Debug for Batcher {
@@ -106,11 +108,13 @@ impl Drop for InFlight {
 }
 
 impl Batcher {
-    /// `max_requests` per call; 1 sends every check on its own call.
-    pub(super) fn new(max_requests: usize) -> Self {
+    /// `max_requests` per call; 1 sends every check on its own call. `connections`: how
+    /// many connections the calls are spread over.
+    pub(super) fn new(max_requests: usize, connections: usize) -> Self {
         Self {
             queues: Mutex::default(),
             max_requests: max_requests.max(1),
+            max_in_flight: MAX_IN_FLIGHT * connections.max(1),
         }
     }
 
@@ -130,7 +134,7 @@ impl Batcher {
         }
         let mut queues = self.lock();
         let queue = queues.entry(slot).or_default();
-        if queue.in_flight < MAX_IN_FLIGHT || queue.waiting.len() >= MAX_WAITING {
+        if queue.in_flight < self.max_in_flight || queue.waiting.len() >= MAX_WAITING {
             queue.in_flight += 1;
             drop(queues);
             let turn = InFlight {
@@ -318,7 +322,7 @@ mod tests {
 
     #[test]
     fn a_batch_stops_at_its_request_bound() {
-        let batcher = Batcher::new(3);
+        let batcher = Batcher::new(3, 1);
         let (mut queue, _rx) = queue(&[10; 7]);
         assert_eq!(batcher.take(&mut queue).len(), 3);
         assert_eq!(batcher.take(&mut queue).len(), 3);
@@ -328,7 +332,7 @@ mod tests {
 
     #[test]
     fn a_batch_stops_at_its_byte_bound_but_a_large_request_still_goes() {
-        let batcher = Batcher::new(1_000);
+        let batcher = Batcher::new(1_000, 1);
         let big = MAX_BATCH_BYTES; // over the bound with its arguments
         let (mut queue, _rx) = queue(&[big, 100, big / 2, big / 2]);
         assert_eq!(batcher.take(&mut queue).len(), 1, "alone, yet sent");
@@ -342,7 +346,7 @@ mod tests {
 
     #[test]
     fn checks_whose_caller_gave_up_are_not_sent() {
-        let batcher = Batcher::new(10);
+        let batcher = Batcher::new(10, 1);
         let (mut queue, mut rx) = queue(&[10; 4]);
         rx.remove(2);
         rx.remove(0);
@@ -387,7 +391,7 @@ mod tests {
 
     #[test]
     fn one_per_call_never_queues() {
-        let batcher = Batcher::new(0);
+        let batcher = Batcher::new(0, 1);
         assert_eq!(batcher.max_requests(), 1);
     }
 }

@@ -1,6 +1,8 @@
 //! What is sent to Redis: the Lua scripts (loaded once, run by `EVALSHA`), the widths
 //! of their replies, and the connection, single node or cluster.
 
+use std::sync::atomic::AtomicUsize;
+
 use super::*;
 
 pub(super) static GCRA: LazyLock<Script> = LazyLock::new(|| {
@@ -28,6 +30,8 @@ pub(super) const MAX_EXACT: u64 = (1 << 53) - 1;
 #[derive(Clone)]
 pub(super) enum Connection {
     Single(ConnectionManager),
+    /// Several connections to one server, taken in turn call by call.
+    Pool(Arc<Pool>),
     #[cfg(feature = "redis-cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
     #[cfg(feature = "redis-sentinel")]
@@ -44,6 +48,7 @@ impl Connection {
     ) -> redis::RedisResult<T> {
         match self {
             Connection::Single(c) => eval_on(&mut c.clone(), evalsha, script).await,
+            Connection::Pool(p) => eval_on(&mut p.next(), evalsha, script).await,
             #[cfg(feature = "redis-cluster")]
             Connection::Cluster(c) => eval_on(&mut c.clone(), evalsha, script).await,
             #[cfg(feature = "redis-sentinel")]
@@ -64,6 +69,7 @@ impl Connection {
     ) -> redis::RedisResult<T> {
         match self {
             Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Pool(p) => cmd.query_async(&mut p.next()).await,
             #[cfg(feature = "redis-cluster")]
             Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
             #[cfg(feature = "redis-sentinel")]
@@ -77,14 +83,46 @@ impl Connection {
         }
     }
 
+    /// How many connections calls are spread over (a cluster's or a sentinel's: one).
+    pub(super) fn connections(&self) -> usize {
+        match self {
+            Connection::Pool(p) => p.conns.len(),
+            _ => 1,
+        }
+    }
+
     pub(super) fn is_cluster(&self) -> bool {
         match self {
-            Connection::Single(_) => false,
+            Connection::Single(_) | Connection::Pool(_) => false,
             #[cfg(feature = "redis-cluster")]
             Connection::Cluster(_) => true,
             #[cfg(feature = "redis-sentinel")]
             Connection::Sentinel(_) => false,
         }
+    }
+}
+
+/// Connections to one server, each multiplexed, used in turn: each has its own socket and
+/// its own task reading replies, so one server's traffic is not bound to one thread of the
+/// runtime.
+pub(super) struct Pool {
+    conns: Box<[ConnectionManager]>,
+    turn: AtomicUsize,
+}
+
+impl Pool {
+    /// `None` for no connection.
+    pub(super) fn new(conns: Vec<ConnectionManager>) -> Option<Self> {
+        (!conns.is_empty()).then(|| Self {
+            conns: conns.into_boxed_slice(),
+            turn: AtomicUsize::new(0),
+        })
+    }
+
+    /// The next connection in turn.
+    fn next(&self) -> ConnectionManager {
+        let i = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.conns[i % self.conns.len()].clone()
     }
 }
 
