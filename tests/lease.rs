@@ -138,6 +138,27 @@ fn arrivals(instances: usize) -> impl Strategy<Value = Vec<Arrival>> {
     )
 }
 
+/// Plays `script` on `n` instances leasing `spec` (one shared store, a fake clock): the
+/// instant the run starts, and the instant of each grant.
+fn grant_times(n: usize, spec: &LimitSpec, script: &[Arrival]) -> (u64, Vec<u64>) {
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let start = clock.now();
+    let shared = Shared::new(&clock);
+    let fleet = instances(n, &shared, &clock, spec);
+    let mut grants = Vec::new();
+    runtime().block_on(async {
+        for a in script {
+            clock.advance(Duration::from_micros(a.after_us));
+            let (_, limiter) = &fleet[a.instance % n];
+            if limiter.check("api", "k", 1).await.unwrap().allowed() {
+                grants.push(clock.now());
+            }
+            settle(a.steps).await;
+        }
+    });
+    (start, grants)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: 256,
@@ -157,22 +178,9 @@ proptest! {
         script in arrivals(4),
     ) {
         let lease = lease.min(burst as u32);
-        let clock = FakeClock::at(Duration::from_secs(1_000));
-        let shared = Shared::new(&clock);
         let quota = Quota::per_second(rate).burst(burst);
         let spec = LimitSpec::new("api", quota).lease(Lease::tokens(lease));
-        let fleet = instances(n, &shared, &clock, &spec);
-        let mut grants = Vec::new();
-        runtime().block_on(async {
-            for a in &script {
-                clock.advance(Duration::from_micros(a.after_us));
-                let (_, limiter) = &fleet[a.instance % n];
-                if limiter.check("api", "k", 1).await.unwrap().allowed() {
-                    grants.push(clock.now());
-                }
-                settle(a.steps).await;
-            }
-        });
+        let (_, grants) = grant_times(n, &spec, &script);
         let t = u64::try_from(quota.emission_interval().as_nanos()).unwrap();
         let bound = (n as i128) * i128::from(lease) * i128::from(t);
         let excess = excess_over_exact(&grants, burst, t);
@@ -193,29 +201,17 @@ proptest! {
         script in arrivals(4),
     ) {
         let lease = lease.min(burst as u32);
-        let clock = FakeClock::at(Duration::from_secs(1_000));
-        let start = clock.now();
-        let shared = Shared::new(&clock);
         let quota = Quota::per_second(rate).burst(burst);
         let spec = LimitSpec::new("api", quota).lease(Lease::tokens(lease));
-        let fleet = instances(n, &shared, &clock, &spec);
+        let (start, grants) = grant_times(n, &spec, &script);
         let t = i128::try_from(quota.emission_interval().as_nanos()).unwrap();
-        let mut granted = 0i128;
-        runtime().block_on(async {
-            for a in &script {
-                clock.advance(Duration::from_micros(a.after_us));
-                let (_, limiter) = &fleet[a.instance % n];
-                if limiter.check("api", "k", 1).await.unwrap().allowed() {
-                    granted += 1;
-                    let d = i128::from(clock.now() - start);
-                    let excess = granted * t - i128::from(burst) * t - d;
-                    prop_assert!(excess <= 0, "{} granted {} ns after the start: {} tokens ahead of the bucket",
-                        granted, d, excess as f64 / t as f64);
-                }
-                settle(a.steps).await;
-            }
-            Ok(())
-        })?;
+        for (i, at) in grants.iter().enumerate() {
+            let granted = i as i128 + 1;
+            let d = i128::from(at - start);
+            let excess = granted * t - i128::from(burst) * t - d;
+            prop_assert!(excess <= 0, "{} granted {} ns after the start: {} tokens ahead of the bucket",
+                granted, d, excess as f64 / t as f64);
+        }
     }
 
     /// A fixed window: leased units are spent only in the window they were counted in, so
@@ -228,26 +224,17 @@ proptest! {
         script in arrivals(4),
     ) {
         let lease = lease.min(limit as u32);
-        let clock = FakeClock::at(Duration::from_secs(1_000));
-        let shared = Shared::new(&clock);
         let window = Duration::from_millis(100);
         let quota = Quota::new(limit, window).unwrap();
         let spec = LimitSpec::new("api", quota)
             .algorithm(Algorithm::fixed_window())
             .lease(Lease::tokens(lease));
-        let fleet = instances(n, &shared, &clock, &spec);
+        let (_, grants) = grant_times(n, &spec, &script);
         let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
-        runtime().block_on(async {
-            for a in &script {
-                clock.advance(Duration::from_micros(a.after_us));
-                let (_, limiter) = &fleet[a.instance % n];
-                if limiter.check("api", "k", 1).await.unwrap().allowed() {
-                    let w = clock.now() / u64::try_from(window.as_nanos()).unwrap();
-                    *per_window.entry(w).or_default() += 1;
-                }
-                settle(a.steps).await;
-            }
-        });
+        for at in grants {
+            let w = at / u64::try_from(window.as_nanos()).unwrap();
+            *per_window.entry(w).or_default() += 1;
+        }
         for (w, granted) in per_window {
             prop_assert!(granted <= limit, "window {}: {} granted, limit {}", w, granted, limit);
         }

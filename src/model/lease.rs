@@ -28,8 +28,9 @@ pub(crate) const DEFAULT_LEASE_AGE: Duration = Duration::from_secs(1);
 ///   each refill, so no tokens wait in the bucket while they wait for a batch, and a call
 ///   brings a whole lease. A fixed window's units cannot be reserved (they would count in
 ///   a later window): its instances take what is left, then refuse the key locally until
-///   the next window. While leasing instances queue, a check of the same key without a lease (in
-///   another deployment) finds the bucket spent, as it would behind reservations.
+///   the next window. While leasing instances queue, a check of the same key without a
+///   lease (in another deployment) finds the bucket spent, as it would behind
+///   reservations.
 /// - **Spending**: a request whose leased limits all have their tokens here is decided
 ///   without a call; with other limits beside, only those are asked, all or nothing.
 /// - **Giving back**: tokens not spent after [`max_age`](Self::max_age) go back to the

@@ -1,11 +1,11 @@
 //! Many requests' checks in one `gcra.lua` call.
 //!
 //! A check that finds fewer than [`MAX_IN_FLIGHT`] calls (per connection) in flight to its
-//! slot (on one node: to the server) sends its own call at once, from its own future: nothing is
-//! delayed when nothing is in flight. The checks that arrive while that many are in flight
-//! wait in the slot's queue; when a call ends, the queue (up to the batch bounds: requests
-//! and bytes) goes out as one call that decides each request on its own, one after the
-//! other, each all or nothing across its limits (see the script). Redis then pays one
+//! slot (on one node: to the server) sends its own call at once, from its own future:
+//! nothing is delayed when nothing is in flight. The checks that arrive while that many
+//! are in flight wait in the slot's queue; when a call ends, the queue (up to the batch
+//! bounds: requests and bytes) goes out as one call that decides each request on its own,
+//! one after the other, each all or nothing across its limits (see the script). Redis then pays one
 //! script invocation, one `TIME` and one `MGET` for the whole batch instead of one each per
 //! request.
 //!

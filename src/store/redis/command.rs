@@ -111,12 +111,12 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    /// `None` for no connection.
-    pub(super) fn new(conns: Vec<ConnectionManager>) -> Option<Self> {
-        (!conns.is_empty()).then(|| Self {
+    /// At least one connection (the store makes one `Single` otherwise).
+    pub(super) fn new(conns: Vec<ConnectionManager>) -> Self {
+        Self {
             conns: conns.into_boxed_slice(),
             turn: AtomicUsize::new(0),
-        })
+        }
     }
 
     /// The next connection in turn.

@@ -219,7 +219,7 @@ impl RedisStore {
         let conn = match conns.len() {
             0 => return None,
             1 => Connection::Single(conns.pop().expect("one")),
-            _ => Connection::Pool(Arc::new(command::Pool::new(conns)?)),
+            _ => Connection::Pool(Arc::new(command::Pool::new(conns))),
         };
         Some(Self(Resilient::new(RedisBackend::with_connection(conn))))
     }
