@@ -65,16 +65,20 @@ local fresh = {}
 
 -- Decides one request: its limits are KEYS[k0 + 1 .. k0 + n], their arguments start at
 -- ARGV[a0]; appends its answers to `reply` and writes its keys if it proceeds.
-local function decide(k0, a0, n, reply)
-  local tats = {}
+-- Scratch tables, reused by every request: each entry is set before it is read. (A fresh
+-- set of tables per request was a fifth of the script's time per decision: the garbage.)
+local tats, verdicts, afters, writes, wins = {}, {}, {}, {}, {}
+local reply, nreply = { now }, 1
+local function decide(k0, a0, n)
   for i = 1, n do
     local v = fresh[KEYS[k0 + i]]
     if v == nil then
       v = read[k0 + i]
     end
     tats[i] = v
+    writes[i] = false
+    wins[i] = false
   end
-  local verdicts, afters, writes, wins = {}, {}, {}, {}
   local refused = false
 
   for i = 1, n do
@@ -208,7 +212,7 @@ local function decide(k0, a0, n, reply)
 
   for i = 1, n do
     local w = wins[i]
-    if w == nil then
+    if not w then
       local after = afters[i]
       if refused then
         if verdicts[i] == 0 then
@@ -220,9 +224,10 @@ local function decide(k0, a0, n, reply)
         redis.call('SET', KEYS[k0 + i], v, 'PX', math.floor((v - now + 999) / 1000) + 1)
         fresh[KEYS[k0 + i]] = v
       end
-      reply[#reply + 1] = verdicts[i]
-      reply[#reply + 1] = after - now
-      reply[#reply + 1] = tats[i]
+      reply[nreply + 1] = verdicts[i]
+      reply[nreply + 2] = after - now
+      reply[nreply + 3] = tats[i]
+      nreply = nreply + 3
     else
       local written = writes[i]
       if written and not refused then
@@ -240,7 +245,8 @@ local function decide(k0, a0, n, reply)
           fresh[KEYS[k0 + i]] = win_write(w[1], KEYS[k0 + i], w[6], w[7], w[8], px)
         end
       end
-      local r = #reply
+      local r = nreply
+      nreply = r + 5
       reply[r + 1] = verdicts[i]
       reply[r + 2] = w[2]
       if refused and written then
@@ -257,11 +263,10 @@ local function decide(k0, a0, n, reply)
   end
 end
 
-local reply = { now }
-local k0, a = 0, 2
-while a <= #ARGV do
+local k0, a, nargs = 0, 2, #ARGV
+while a <= nargs do
   local n = tonumber(ARGV[a])
-  decide(k0, a + 1, n, reply)
+  decide(k0, a + 1, n)
   k0 = k0 + n
   a = a + 1 + 5 * n
 end
