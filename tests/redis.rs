@@ -1235,16 +1235,34 @@ async fn one_script_call_decides_requests_of_different_shapes_as_one_call_each()
     let mut c = server.connection().await;
     let minute = 60_000_000;
     let requests: [&[ScriptLimit]; 7] = [
-        &[("w", minute, 2, 1, "1", "f"), ("g1", 1_000_000, 2, 1, "1", "")],
+        &[
+            ("w", minute, 2, 1, "1", "f"),
+            ("g1", 1_000_000, 2, 1, "1", ""),
+        ],
         // g1 has one token left: refused, and g2 (which would pass) is not written.
-        &[("g1", 1_000_000, 2, 2, "1", ""), ("g2", 1_000_000, 1, 1, "1", "")],
-        &[("g2", 1_000_000, 1, 1, "1", ""), ("s", minute, 3, 1, "1", "s")],
+        &[
+            ("g1", 1_000_000, 2, 2, "1", ""),
+            ("g2", 1_000_000, 1, 1, "1", ""),
+        ],
+        &[
+            ("g2", 1_000_000, 1, 1, "1", ""),
+            ("s", minute, 3, 1, "1", "s"),
+        ],
         // A shadow limit that could never pass does not refuse the request.
-        &[("w", minute, 2, 1, "1", "f"), ("g3", 1_000_000, 2, 5, "0", "")],
+        &[
+            ("w", minute, 2, 1, "1", "f"),
+            ("g3", 1_000_000, 2, 5, "0", ""),
+        ],
         &[("l", 10_000_000, 2, 1, "1", "l")],
         // The window is spent: refused, after a GCRA limit at its position before.
-        &[("g1", 1_000_000, 2, 1, "1", ""), ("w", minute, 2, 1, "1", "f")],
-        &[("g1", 1_000_000, 2, 1, "1", ""), ("g2", 1_000_000, 1, 1, "1", "")],
+        &[
+            ("g1", 1_000_000, 2, 1, "1", ""),
+            ("w", minute, 2, 1, "1", "f"),
+        ],
+        &[
+            ("g1", 1_000_000, 2, 1, "1", ""),
+            ("g2", 1_000_000, 1, 1, "1", ""),
+        ],
     ];
     let now = 1_800_000_000_000_000;
     let batched = script_call(&mut c, "b:", now, &requests).await;
