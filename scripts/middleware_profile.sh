@@ -16,15 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v valgrind >/dev/null 2>&1; then
-  echo "==> installing valgrind (Debian package)"
-  sudo=""
-  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
-  $sudo apt-get install -y -q valgrind >/dev/null
-fi
-
-cargo build -q -p tollgate-bench --release --bin middleware_requests
-bin="${CARGO_TARGET_DIR:-target}/release/middleware_requests"
+source scripts/middleware_requests.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
