@@ -81,23 +81,28 @@ impl LogShard {
     }
 }
 
+#[inline(always)]
 fn unpack_fixed(word: u64) -> (u32, u64) {
     ((word >> 32) as u32, word & 0xffff_ffff)
 }
 
+#[inline(always)]
 fn pack_fixed(index: u64, used: u64) -> u64 {
     (index as u32 as u64) << 32 | used.min(u64::from(u32::MAX))
 }
 
+#[inline(always)]
 fn unpack_sliding(word: u64) -> (u32, u64, u64) {
     ((word >> 32) as u32, (word >> 16) & 0xffff, word & 0xffff)
 }
 
+#[inline(always)]
 fn pack_sliding(index: u64, cur: u64, prev: u64) -> u64 {
     (index as u32 as u64) << 32 | cur.min(0xffff) << 16 | prev.min(0xffff)
 }
 
 /// Windows from the stored index to the current one (0 if the stored one is ahead).
+#[inline(always)]
 fn behind(index: u64, stored: u32) -> u64 {
     let k = (index as u32).wrapping_sub(stored) as i32;
     k.max(0) as u64
