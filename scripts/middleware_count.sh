@@ -32,7 +32,7 @@ instructions() {
 }
 
 declare -A per
-configs=(bare noop_layer tollgate tollgate_no_extensions tower_governor tollgate_denied tower_governor_denied)
+configs=(bare noop_layer tollgate tollgate_no_extensions tower_governor tollgate_denied tollgate_denied_constant tower_governor_denied)
 for config in "${configs[@]}"; do
   low=$(instructions "$config" 20000)
   high=$(instructions "$config" 60000)
@@ -45,7 +45,7 @@ for config in "${configs[@]}"; do
   anchor=""
   case "$config" in
     tollgate|tollgate_no_extensions) anchor=$(ratio "${per[$config]}" "${per[tower_governor]}") ;;
-    tollgate_denied) anchor=$(ratio "${per[$config]}" "${per[tower_governor_denied]}") ;;
+    tollgate_denied|tollgate_denied_constant) anchor=$(ratio "${per[$config]}" "${per[tower_governor_denied]}") ;;
   esac
   printf '%-24s %12s %10s %12s %16s\n' "$config" "${per[$config]}" \
     "$(ratio "${per[$config]}" "${per[bare]}")" "$(ratio "${per[$config]}" "${per[noop_layer]}")" "$anchor"

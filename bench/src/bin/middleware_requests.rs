@@ -13,7 +13,9 @@
 //! - `tollgate_no_extensions`: the same without the `Decision` and `Limiter` extensions;
 //! - `tower_governor`: its layer with headers, never running out;
 //! - `tollgate_denied`, `tower_governor_denied`: one token a day, spent by a first request
-//!   before the others (every other response is a 429).
+//!   before the others (every other response is a 429);
+//! - `tollgate_denied_constant`: the same refusals answered by a constant 429 (empty body,
+//!   no rate-limit fields): what a denial costs besides its problem body and fields.
 //!
 //! Every response's status is checked; a wrong one ends the run with an error. The
 //! requests are built in batches of 1,024 outside the loop that sends them, as in the
@@ -23,8 +25,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
+use http::Response;
 use http::StatusCode;
+use tollgate::headers::HeaderStyle;
 use tollgate::key::PeerIp;
+use tollgate::response::Rejection;
 use tollgate::store::MemoryStore;
 use tollgate::{Limit, Quota, RateLimitLayer};
 use tollgate_bench::routers::{bare, request, tollgate, tower_governor};
@@ -57,6 +63,21 @@ fn router(config: &str) -> Option<(Router, StatusCode)> {
         }
         "tower_governor" => (tower_governor(Duration::from_nanos(1), u32::MAX), ok),
         "tollgate_denied" => (tollgate(Quota::per_day(1)), refused),
+        "tollgate_denied_constant" => {
+            // The floor of a denial: the decision, then a constant 429 (an empty body, no
+            // rate-limit fields; the layer still adds `Retry-After` and `Cache-Control`).
+            let layer = RateLimitLayer::builder(MemoryStore::new())
+                .limit(Limit::new("default", Quota::per_day(1)).key(PeerIp::new()))
+                .headers(HeaderStyle::None)
+                .on_rejection(|_: &Rejection<'_>| {
+                    let mut response = Response::new(Body::empty());
+                    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                    response
+                })
+                .build()
+                .expect("a valid layer");
+            (bare().route_layer(layer), refused)
+        }
         "tower_governor_denied" => (tower_governor(Duration::from_secs(86_400), 1), refused),
         _ => return None,
     })
