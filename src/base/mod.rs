@@ -5,6 +5,7 @@ pub mod clock;
 pub(crate) mod error;
 pub(crate) mod event;
 pub(crate) mod intern;
+pub(crate) mod memo;
 pub(crate) mod round;
 pub(crate) mod text;
 pub(crate) mod throttle;

@@ -23,10 +23,12 @@
 //! The older styles describe one limit only: the most constrained one (fewest tokens left;
 //! on a 429 the most constrained of the limits that refused).
 
+use std::cell::RefCell;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderName, HeaderValue};
 
+use crate::base::memo::{Memo, MemoKey, memoized};
 use crate::base::text::StackText;
 use crate::web::numbers::number;
 
@@ -161,7 +163,8 @@ pub(crate) fn retry_after(
 /// What the headers say about one limit.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Report<'a> {
-    pub(crate) name: &'a str,
+    /// The limit's name (interned: a memo key, see [`ietf_limit_of`]).
+    pub(crate) name: &'static str,
     /// `"name";r=`, rendered once per limit by [`limit_prefix`].
     pub(crate) prefix: &'a str,
     pub(crate) burst: u64,
@@ -190,9 +193,31 @@ pub(crate) fn limit_prefix(name: &str) -> Box<str> {
     out.into()
 }
 
-/// `RateLimit` (draft-11) for `reports`, from the pre-rendered prefixes, written on the
-/// stack and copied once into the value; `None` for no members.
+thread_local! {
+    /// This thread's recent `RateLimit` values of one spent limit (`"name";r=0;t=N`), by
+    /// limit and `N`: every refused client of a limit told the same wait gets the same
+    /// value, rendered once per thread.
+    static SPENT: RefCell<Memo<HeaderValue>> = const { RefCell::new(Memo::new()) };
+}
+
+/// `RateLimit` (draft-11) for `reports`, from the pre-rendered prefixes; `None` for no
+/// members. One spent limit's value comes from the thread's memo ([`SPENT`]); any other
+/// is written on the stack and copied once into the value.
 fn ietf_limit_of(reports: &[Report<'_>]) -> Option<HeaderValue> {
+    if let [r] = reports
+        && r.remaining == 0
+    {
+        let t = r
+            .next_after
+            .map_or(u64::MAX, |t| ceil_secs(t).min(SF_INT_MAX));
+        let key = MemoKey::new(0, r.name, t);
+        return memoized(&SPENT, key, || render_limit(reports));
+    }
+    render_limit(reports)
+}
+
+/// `RateLimit` for `reports`, written on the stack and copied once into the value.
+fn render_limit(reports: &[Report<'_>]) -> Option<HeaderValue> {
     if reports.is_empty() {
         return None;
     }
@@ -442,7 +467,7 @@ mod tests {
         UNIX_EPOCH + Duration::from_millis((secs * 1000.0).round() as u64)
     }
 
-    fn report(name: &str, q: u64, w: u64, r: u64, d: f64) -> Report<'_> {
+    fn report(name: &'static str, q: u64, w: u64, r: u64, d: f64) -> Report<'static> {
         Report {
             name,
             prefix: Box::leak(limit_prefix(name)),
@@ -492,6 +517,35 @@ mod tests {
         assert_sf_list(&p);
         assert_sf_list(&l);
         (p, l)
+    }
+
+    #[test]
+    fn a_spent_limits_value_comes_from_the_memo_only_for_its_own_limit_and_wait() {
+        // Each value, asked for twice in a row on one thread (the second a memo hit),
+        // must read as one rendered afresh.
+        let full = Report {
+            next_after: None,
+            ..report("spent-b", 10, 60, 0, 0.0)
+        };
+        let cases = [
+            (report("spent-a", 10, 60, 0, 1.2), r#""spent-a";r=0;t=2"#),
+            (report("spent-a", 10, 60, 0, 3.0), r#""spent-a";r=0;t=3"#),
+            (report("spent-b", 10, 60, 0, 3.0), r#""spent-b";r=0;t=3"#),
+            (full, r#""spent-b";r=0"#),
+            // Not spent: rendered, never memoized.
+            (report("spent-b", 10, 60, 4, 3.0), r#""spent-b";r=4;t=3"#),
+        ];
+        for (r, expected) in &cases {
+            for _ in 0..2 {
+                assert_eq!(ietf(std::slice::from_ref(r)).1, *expected);
+            }
+        }
+        // Two members: rendered whole, not from one member's memo.
+        let two = [
+            report("spent-a", 10, 60, 0, 3.0),
+            report("spent-b", 10, 60, 0, 3.0),
+        ];
+        assert_eq!(ietf(&two).1, r#""spent-a";r=0;t=3, "spent-b";r=0;t=3"#);
     }
 
     #[test]

@@ -444,7 +444,7 @@ impl Policy {
                 let spec = &limit.limit.spec;
                 let (remaining, next_after) = o.left();
                 Some(Report {
-                    name: l.name(),
+                    name: l.name,
                     prefix: &limit.ietf_prefix,
                     burst: l.quota.burst_size(),
                     // A division: done again only for a quota chosen per request.

@@ -33,6 +33,7 @@
 //! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
+use std::cell::RefCell;
 use std::fmt;
 use std::time::Duration;
 
@@ -40,6 +41,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Response, StatusCode};
 
+use crate::base::memo::{Memo, MemoKey, memoized};
 use crate::base::text::StackText;
 use crate::model::decision::Decision;
 
@@ -219,8 +221,31 @@ impl DefaultOnRejection {
         String::from_utf8_lossy(&doc).into_owned()
     }
 
-    /// The problem document for `rejection`, written on the stack and copied once.
+    /// The problem document for `rejection`: for a 429 of one limit, the thread's copy
+    /// from earlier refusals of that limit with the same wait in seconds ([`BODIES`]);
+    /// otherwise written on the stack and copied once.
     fn write_problem(&self, rejection: &Rejection<'_>) -> Bytes {
+        if let Rejection::Limited {
+            decision,
+            retry_after,
+        } = rejection
+        {
+            let mut violated = decision.violated();
+            if let (Some(l), None) = (violated.next(), violated.next())
+                && !l.outcome().is_some_and(|o| o.is_never())
+            {
+                // The body names this one limit and the seconds to wait: nothing else.
+                let secs = retry_after.map_or(u64::MAX, crate::web::headers::ceil_secs);
+                let key = MemoKey::new(u8::from(self.ietf_types), l.name, secs);
+                return memoized(&BODIES, key, || Some(self.render_problem(rejection)))
+                    .unwrap_or_default();
+            }
+        }
+        self.render_problem(rejection)
+    }
+
+    /// The problem document for `rejection`, written on the stack and copied once.
+    fn render_problem(&self, rejection: &Rejection<'_>) -> Bytes {
         let mut doc = Problem::new();
         match rejection {
             // Every 429 starts alike: its head and the opening of its detail are one piece.
@@ -308,6 +333,12 @@ impl DefaultOnRejection {
         doc.string("title", title);
         doc.number("status", status.as_u16().into());
     }
+}
+
+thread_local! {
+    /// The problem bodies of this thread's recent 429s of one limit, by limit, problem
+    /// types and seconds to wait: a flood of refusals renders each body once per thread.
+    static BODIES: RefCell<Memo<Bytes>> = const { RefCell::new(Memo::new()) };
 }
 
 /// What [`DefaultOnRejection::head`] writes for a 429, and the opening of its `detail`.
@@ -511,6 +542,64 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["status"], 429);
+    }
+
+    #[test]
+    fn a_refusal_body_comes_from_the_memo_only_for_its_own_limit_wait_and_types() {
+        // Each body, asked for twice in a row on one thread (the second a memo hit),
+        // must read as one rendered afresh: a hit never answers for another limit,
+        // another number of seconds, or the other problem types.
+        let blank = DefaultOnRejection::new();
+        let ietf = DefaultOnRejection::ietf_problem_types();
+        let secs = |s: u64| Admission::Denied {
+            retry_after: s * 1_000_000,
+        };
+        let cases = [
+            (
+                blank,
+                denied("memo-a", secs(1)),
+                Some(Duration::from_millis(900)),
+            ),
+            (
+                blank,
+                denied("memo-a", secs(3)),
+                Some(Duration::from_millis(2_100)),
+            ),
+            (
+                ietf,
+                denied("memo-a", secs(3)),
+                Some(Duration::from_millis(2_100)),
+            ),
+            (
+                blank,
+                denied("memo-b", secs(3)),
+                Some(Duration::from_millis(2_100)),
+            ),
+            (blank, denied("memo-b", secs(3)), None),
+        ];
+        let mut seen = Vec::new();
+        for (on, d, wait) in &cases {
+            let rejection = limited(d, *wait);
+            let fresh = String::from_utf8(on.render_problem(&rejection).to_vec()).unwrap();
+            assert_eq!(on.problem(&rejection), fresh);
+            assert_eq!(on.problem(&rejection), fresh, "a memo hit");
+            seen.push(fresh);
+        }
+        assert!(
+            seen[0].contains(r#"\"memo-a\" exceeded; retry in 1 s."#),
+            "{}",
+            seen[0]
+        );
+        assert!(seen[1].contains("retry in 3 s."), "{}", seen[1]);
+        assert!(seen[2].contains("quota-exceeded"), "{}", seen[2]);
+        assert!(seen[3].contains(r#"\"memo-b\""#), "{}", seen[3]);
+        assert!(seen[4].contains(r#"\"memo-b\" exceeded.""#), "{}", seen[4]);
+        // All different: each case's key is its own.
+        for (i, a) in seen.iter().enumerate() {
+            for b in &seen[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
     }
 
     #[test]
