@@ -234,7 +234,8 @@ impl DefaultOnRejection {
             if let (Some(l), None) = (violated.next(), violated.next())
                 && !l.outcome().is_some_and(|o| o.is_never())
             {
-                // The body names this one limit and the seconds to wait: nothing else.
+                // The body depends on this one limit, the seconds to wait and the problem
+                // types (this type's only option; a new option must join the key).
                 let secs = retry_after.map_or(u64::MAX, crate::web::headers::ceil_secs);
                 let key = MemoKey::new(u8::from(self.ietf_types), l.name, secs);
                 return memoized(&BODIES, key, || Some(self.render_problem(rejection)))
