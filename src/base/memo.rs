@@ -37,6 +37,16 @@ impl MemoKey {
         }
     }
 
+    /// A key of a number alone.
+    pub(crate) fn number(kind: u8, n: u64) -> Self {
+        Self {
+            kind,
+            name: 0,
+            len: 0,
+            n,
+        }
+    }
+
     fn slot(&self) -> usize {
         let mixed = (self.name as u64 ^ self.n.rotate_left(32) ^ u64::from(self.kind))
             .wrapping_mul(0x9e37_79b9_7f4a_7c15);

@@ -30,7 +30,7 @@ use http::header::{HeaderName, HeaderValue};
 
 use crate::base::memo::{Memo, MemoKey, memoized};
 use crate::base::text::StackText;
-use crate::web::numbers::number;
+use crate::web::numbers::{self, number};
 
 /// Which rate-limit fields responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -150,7 +150,7 @@ pub(crate) fn retry_after(
     now: impl FnOnce() -> SystemTime,
 ) -> HeaderValue {
     match format {
-        RetryAfterFormat::Seconds => number(ceil_secs(wait)),
+        RetryAfterFormat::Seconds => numbers::wait(ceil_secs(wait)),
         RetryAfterFormat::HttpDate => {
             let at = now().duration_since(UNIX_EPOCH).unwrap_or_default() + wait;
             let at = UNIX_EPOCH + Duration::from_secs(ceil_secs(at));

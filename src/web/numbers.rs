@@ -3,12 +3,16 @@
 //! integer each, and `HeaderValue::from(u64)` allocates twice per value (a `BytesMut`, then
 //! its freezing). The decimal forms of 0..10,000 are rendered once per process into one
 //! string (38,890 bytes) that lives as long as the process; a value is a `Bytes` view of
-//! it, whose clone and drop touch no shared state.
+//! it, whose clone and drop touch no shared state. A longer wait (hours) is kept in a memo
+//! per thread, as it repeats for every client refused in the same second.
 
+use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use bytes::Bytes;
 use http::HeaderValue;
+
+use crate::base::memo::{Memo, MemoKey, memoized};
 
 /// Integers below this come from the table.
 const TABLE: u64 = 10_000;
@@ -37,6 +41,23 @@ fn table() -> &'static str {
     })
 }
 
+thread_local! {
+    /// This thread's recent waits of 10,000 s and more (see [`wait`]).
+    static LONG_WAITS: RefCell<Memo<HeaderValue>> = const { RefCell::new(Memo::new()) };
+}
+
+/// A wait in seconds as a header value (`Retry-After`): as [`number`], and from 10,000 on
+/// from the thread's memo, as a wait of hours is the same for every client refused in the
+/// same second. (Not for numbers that change with each request, such as tokens left: each
+/// would miss the memo and cost more than rendering.)
+pub(crate) fn wait(secs: u64) -> HeaderValue {
+    if secs < TABLE {
+        return number(secs);
+    }
+    memoized(&LONG_WAITS, MemoKey::number(0, secs), || Some(number(secs)))
+        .unwrap_or_else(|| number(secs))
+}
+
 /// `n` as a header value: from the table below 10,000, else rendered on the stack and
 /// copied once.
 pub(crate) fn number(n: u64) -> HeaderValue {
@@ -56,9 +77,23 @@ mod tests {
 
     #[test]
     fn every_number_reads_as_itself() {
-        for n in (0..10_100).chain([u64::MAX, 123_456_789]) {
+        // Twice each: the second time a large number comes from the thread's memo.
+        for n in (0..10_100)
+            .chain([u64::MAX, 123_456_789])
+            .chain(10_000..10_100)
+        {
             assert_eq!(number(n).to_str().unwrap(), n.to_string(), "{n}");
         }
         assert_eq!(table().len(), 38_890);
+    }
+
+    #[test]
+    fn every_wait_reads_as_itself_from_the_memo_too() {
+        // Twice each: the second time a long wait comes from the thread's memo.
+        for _ in 0..2 {
+            for secs in (9_990..10_200).chain([86_400, u64::MAX]) {
+                assert_eq!(wait(secs).to_str().unwrap(), secs.to_string(), "{secs}");
+            }
+        }
     }
 }
