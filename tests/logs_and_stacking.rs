@@ -95,3 +95,25 @@ async fn stacked_layers_give_the_handler_every_limit_in_one_decision() {
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(support::body_text(r).await, "global=99,per-ip=4");
 }
+
+/// The log statement of
+/// [`a_capture_gets_lines_of_a_statement_another_thread_reached_first_without_a_subscriber`]:
+/// reached only by that test.
+fn probe_statement() {
+    tracing::warn!("probe statement reached");
+}
+
+/// Pins the flake that made CI miss the "is gone" lines of
+/// `rules_sql::a_deleted_database_file_is_reported_not_read_silently_and_a_new_one_is_picked_up`:
+/// `tracing` decides once per process whether a statement is wanted, asking the thread that
+/// reaches it first. A thread without a subscriber, reaching it while this thread's capture
+/// was the only subscriber alive, answered "never" for every thread. (Without the fix in
+/// `Lines::capture`, this fails whenever no other test's capture is alive at that moment.)
+#[test]
+fn a_capture_gets_lines_of_a_statement_another_thread_reached_first_without_a_subscriber() {
+    let lines = Lines::default();
+    let _guard = lines.capture();
+    std::thread::spawn(probe_statement).join().unwrap();
+    probe_statement();
+    assert_eq!(lines.matching("probe statement reached").len(), 1);
+}

@@ -116,14 +116,31 @@ impl std::io::Write for Lines {
 
 impl Lines {
     /// Installs a subscriber at the default level (INFO) for the current thread.
+    ///
+    /// `tracing` caches whether a log statement is wanted once for the whole process, when
+    /// some thread first reaches it, and asks that thread's subscriber. A sibling test
+    /// running without a subscriber would pin the statement to "never", and this thread's
+    /// capture would miss its lines (seen once in CI:
+    /// `a_deleted_database_file_is_reported_not_read_silently_and_a_new_one_is_picked_up`
+    /// captured none of its "is gone" lines). So the first capture of a test binary installs
+    /// a global subscriber that keeps nothing but wants everything, and each capture has
+    /// the cached answers asked again: a statement is then wanted wherever some subscriber
+    /// wants it, and each thread's own subscriber decides what it keeps.
     pub fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        static ANCHOR: std::sync::Once = std::sync::Once::new();
+        ANCHOR.call_once(|| {
+            // Fails only if a global subscriber is already set, which then anchors too.
+            let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+        });
         let lines = self.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::INFO)
             .with_ansi(false)
             .with_writer(move || lines.clone())
             .finish();
-        tracing::subscriber::set_default(subscriber)
+        let guard = tracing::subscriber::set_default(subscriber);
+        tracing::callsite::rebuild_interest_cache();
+        guard
     }
 
     /// The lines that contain `text`.
