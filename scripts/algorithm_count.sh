@@ -27,21 +27,6 @@ if [ -z "$bin" ]; then
   bin="${CARGO_TARGET_DIR:-target}/release/algorithm_checks"
 fi
 
-instructions() {
-  local out count
-  out=$(valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1) || {
-    echo "$1: the run failed:" >&2
-    echo "$out" >&2
-    exit 1
-  }
-  count=$(awk '/I *refs:/ { gsub(",", "", $NF); print $NF }' <<<"$out")
-  if [ -z "$count" ]; then
-    echo "$1: no instruction count in valgrind's output" >&2
-    exit 1
-  fi
-  echo "$count"
-}
-
 declare -A per
 algorithms=(gcra fixed-window fixed-window-random sliding-window sliding-log-100)
 for algorithm in "${algorithms[@]}"; do

@@ -16,21 +16,6 @@ cd "$(dirname "$0")/.."
 
 source scripts/middleware_requests.sh
 
-instructions() {
-  local out count
-  out=$(valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1) || {
-    echo "$1: the run failed:" >&2
-    echo "$out" >&2
-    exit 1
-  }
-  count=$(awk '/I *refs:/ { gsub(",", "", $NF); print $NF }' <<<"$out")
-  if [ -z "$count" ]; then
-    echo "$1: no instruction count in valgrind's output" >&2
-    exit 1
-  fi
-  echo "$count"
-}
-
 declare -A per
 configs=(bare noop_layer tollgate tollgate_no_extensions tower_governor tollgate_denied tollgate_denied_constant tower_governor_denied)
 for config in "${configs[@]}"; do
