@@ -6,7 +6,8 @@
 //! Direct-mapped: each key has one slot, and a key that lands on a taken slot replaces
 //! what was there. So a memo holds at most [`SLOTS`] values whatever the traffic, a lookup
 //! is one slot compared, and a miss costs what the caller did without a memo (one render)
-//! plus storing the result. Nothing is ever searched, grown or cleared.
+//! plus storing the result (for `Bytes` and header values, the first clone also makes the
+//! bytes shared: one small allocation). Nothing is ever searched, grown or cleared.
 //!
 //! A key names its text by the address of a `&'static str` (a limit's interned name): a
 //! static string never moves, changes nor goes away, so an equal address is an equal name.
