@@ -46,6 +46,33 @@ pub mod redis_stats {
     }
 }
 
+/// The command line of the programs counted under cachegrind (`scripts/valgrind.sh`'s
+/// `instructions CASE N`): a case by name, then how many times to run it.
+pub mod counted {
+    use std::process::ExitCode;
+
+    /// The first argument, the case it names (found by `lookup`) and the count in the
+    /// second; on a bad command line, the error already printed and the exit code (2).
+    /// `usage` names the arguments, e.g. `"<algorithm> <checks>"`.
+    pub fn args<T>(
+        program: &str,
+        usage: &str,
+        lookup: impl FnOnce(&str) -> Option<T>,
+    ) -> Result<(String, T, u64), ExitCode> {
+        let mut args = std::env::args().skip(1);
+        let name = args.next().unwrap_or_default();
+        let Some(Ok(count)) = args.next().map(|n| n.parse()) else {
+            eprintln!("usage: {program} {usage}");
+            return Err(ExitCode::from(2));
+        };
+        let Some(case) = lookup(&name) else {
+            eprintln!("unknown case `{name}`");
+            return Err(ExitCode::from(2));
+        };
+        Ok((name, case, count))
+    }
+}
+
 /// The routers of the middleware benchmark (`benches/middleware.rs`), shared with
 /// `bin/middleware_requests.rs`: one axum route, `GET /` answering `"hello"`.
 pub mod routers {

@@ -22,6 +22,7 @@ use tollgate::clock::FakeClock;
 use tollgate::key::Key;
 use tollgate::store::{Checked, Item, MemoryStore, Store};
 use tollgate::{Algorithm, Quota};
+use tollgate_bench::counted;
 
 const KEYS: u32 = 10_000;
 const STEP: Duration = Duration::from_nanos(50);
@@ -50,19 +51,11 @@ fn limit(name: &str) -> Option<(Quota, Algorithm)> {
 }
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    let name = args.next().unwrap_or_default();
-    let checks: u64 = match args.next().map(|n| n.parse()) {
-        Some(Ok(n)) => n,
-        _ => {
-            eprintln!("usage: algorithm_checks <algorithm> <checks>");
-            return ExitCode::from(2);
-        }
-    };
-    let Some((quota, algorithm)) = limit(&name) else {
-        eprintln!("unknown algorithm `{name}`");
-        return ExitCode::from(2);
-    };
+    let (name, (quota, algorithm), checks) =
+        match counted::args("algorithm_checks", "<algorithm> <checks>", limit) {
+            Ok(args) => args,
+            Err(code) => return code,
+        };
     let clock = FakeClock::new();
     let store = MemoryStore::with_clock(clock.clone());
     let table = store.table("per-ip");

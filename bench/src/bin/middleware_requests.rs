@@ -33,6 +33,7 @@ use tollgate::key::PeerIp;
 use tollgate::response::Rejection;
 use tollgate::store::MemoryStore;
 use tollgate::{Limit, Quota, RateLimitLayer};
+use tollgate_bench::counted;
 use tollgate_bench::routers::{bare, request, tollgate, tower_governor};
 use tower::ServiceExt;
 
@@ -84,19 +85,11 @@ fn router(config: &str) -> Option<(Router, StatusCode)> {
 }
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    let config = args.next().unwrap_or_default();
-    let requests: u64 = match args.next().map(|n| n.parse()) {
-        Some(Ok(n)) => n,
-        _ => {
-            eprintln!("usage: middleware_requests <config> <requests>");
-            return ExitCode::from(2);
-        }
-    };
-    let Some((app, expected)) = router(&config) else {
-        eprintln!("unknown config `{config}`");
-        return ExitCode::from(2);
-    };
+    let (config, (app, expected), requests) =
+        match counted::args("middleware_requests", "<config> <requests>", router) {
+            Ok(args) => args,
+            Err(code) => return code,
+        };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
