@@ -344,6 +344,40 @@ async fn shadow_limits_report_but_never_refuse() {
 }
 
 #[tokio::test]
+async fn a_lone_shadow_limit_stays_out_of_the_headers_unless_asked_for() {
+    // One limit takes a path of its own through the rendering of the fields.
+    for show in [false, true] {
+        let (_, store) = store();
+        let layer = RateLimitLayer::builder(store)
+            .limit(
+                Limit::new("trial", Quota::per_minute(2))
+                    .key(PeerIp::new())
+                    .shadow(),
+            )
+            .shadow_headers(show)
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "" }))
+            .route_layer(layer);
+        let s = statuses(&app, 3, || req("/", "192.0.2.3")).await;
+        assert_eq!(count(&s, StatusCode::OK), 3);
+        let r = send(&app, req("/", "192.0.2.3")).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        let (rl, policy) = (
+            header(r.headers(), "ratelimit"),
+            header(r.headers(), "ratelimit-policy"),
+        );
+        if show {
+            assert_eq!(sf_param(&rl.unwrap(), "trial", "r"), Some(0));
+            assert_eq!(sf_names(&policy.unwrap()), ["trial"]);
+        } else {
+            assert_eq!((rl, policy), (None, None));
+        }
+    }
+}
+
+#[tokio::test]
 async fn cost_from_a_header_and_costs_that_can_never_pass() {
     let (_, store) = store();
     let layer = RateLimitLayer::builder(store)

@@ -434,33 +434,41 @@ impl Policy {
         wait: Option<Duration>,
         fields: &mut Fields,
     ) {
-        let mut reports: SmallVec<[Report<'_>; 4]> = decision
-            .limits()
-            .zip(plan)
-            .filter(|(l, _)| l.mode() == Mode::Enforce || self.options.shadow_headers)
-            .filter_map(|(l, p)| {
-                let o = l.outcome()?;
-                let limit = &self.limits[p.bound];
-                let spec = &limit.limit.spec;
-                let (remaining, next_after) = o.left();
-                Some(Report {
-                    name: l.name,
-                    prefix: &limit.ietf_prefix,
-                    burst: l.quota.burst_size(),
-                    // A division: done again only for a quota chosen per request.
-                    window: if l.quota == spec.quota {
-                        limit.window_secs
-                    } else {
-                        spec.algorithm.window_secs(&l.quota)
-                    },
-                    remaining,
-                    next_after,
-                    reset_after: o.reset_after(),
-                    violated: l.denies(),
-                })
+        let report = |(l, p): (&LimitDecision, &Planned)| {
+            if l.mode() != Mode::Enforce && !self.options.shadow_headers {
+                return None;
+            }
+            let o = l.outcome()?;
+            let limit = &self.limits[p.bound];
+            let spec = &limit.limit.spec;
+            let (remaining, next_after) = o.left();
+            Some(Report {
+                name: l.name,
+                prefix: &limit.ietf_prefix,
+                burst: l.quota.burst_size(),
+                // A division: done again only for a quota chosen per request.
+                window: if l.quota == spec.quota {
+                    limit.window_secs
+                } else {
+                    spec.algorithm.window_secs(&l.quota)
+                },
+                remaining,
+                next_after,
+                reset_after: o.reset_after(),
+                violated: l.denies(),
             })
-            .collect();
-        headers::keep_most_restrictive(&mut reports);
+        };
+        // One limit, the usual case: its report on the stack, no list gathered.
+        let one;
+        let mut many: SmallVec<[Report<'_>; 4]>;
+        let reports: &[Report<'_>] = if let ([l], [p]) = (&decision.limits[..], plan) {
+            one = report((l, p));
+            one.as_slice()
+        } else {
+            many = decision.limits().zip(plan).filter_map(report).collect();
+            headers::keep_most_restrictive(&mut many);
+            &many
+        };
         let usual = reports.len() == g.reported
             && (!g.dynamic_quota
                 || decision
@@ -470,7 +478,7 @@ impl Policy {
         let policy = if usual { g.policy.as_ref() } else { None };
         headers::rate_limit_fields(
             self.options.style,
-            &reports,
+            reports,
             policy,
             SystemTime::now,
             wait,
