@@ -281,6 +281,41 @@ async fn the_decision_is_in_the_request_extensions() {
 }
 
 #[tokio::test]
+async fn with_the_extensions_off_handlers_find_neither_and_the_limiter_comes_from_state() {
+    use axum::extract::State;
+    use tollgate::Limiter;
+    let (_, store) = store();
+    let layer = RateLimitLayer::builder(store)
+        .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))
+        .decision_extension(false)
+        .limiter_extension(false)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(
+                |State(limiter): State<Limiter>, req: Request<Body>| async move {
+                    let ext = req.extensions();
+                    let found = (
+                        ext.get::<Decision>().is_some(),
+                        ext.get::<Limiter>().is_some(),
+                    );
+                    // The state's handle reaches the layer's buckets: the request took one.
+                    let key = PeerIp::new().key("192.0.2.9".parse().unwrap());
+                    let left = limiter.peek("per-ip", key).await.unwrap().remaining();
+                    format!("{found:?} {left:?}")
+                },
+            ),
+        )
+        .with_state(layer.limiter())
+        .route_layer(layer);
+    let r = send(&app, req("/", "192.0.2.9")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(support::body_text(r).await, "(false, false) Some(9)");
+}
+
+#[tokio::test]
 async fn several_limits_are_all_or_nothing() {
     let (_, store) = store();
     // A generous per-ip limit and a tight per-key limit.
