@@ -333,14 +333,17 @@ fn checking_an_existing_key_allocates_nothing() {
     assert_eq!(allocations() - before, 0);
 }
 
-/// What a request through the layer allocates beyond the router's own (counted as the
-/// median of 64 requests after 16 to warm up): the `RateLimit` value (one allocation of
-/// its exact size), the `Decision` and `Limiter` extensions (a box each); on a refusal
-/// only the response's header map: the problem body and the `RateLimit` value of a limit
-/// refused with the same wait come from the thread's memo, nothing is allocated per number
+/// What a request through the layer allocates beyond the router's own, on a router run as
+/// `axum::serve` runs it (its state given: each route built once, not per request), counted
+/// as the median of 64 requests after 16 to warm up. An allowed request: the `Decision`
+/// and `Limiter` extensions, a box each, and nothing else: its `RateLimit` value is written
+/// into the thread's buffer of values (one allocation per some forty values). A refusal:
+/// no more than the bare router's handler makes for its own response; its problem body and
+/// `RateLimit` value come from the thread's memo, nothing is allocated per number
 /// (`Retry-After` comes from a table) and no key is rendered for a refusal log nobody
 /// reads. Before this was pinned: 5 more than a no-op layer for an allowed request, 8 more
-/// than the bare router for a refusal; before the memo, 4 more for a refusal.
+/// than the bare router for a refusal; before the memo, 4 more for a refusal; before the
+/// buffer of values, one more for an allowed request.
 mod http_path {
     use super::*;
     use std::net::SocketAddr;
@@ -363,6 +366,8 @@ mod http_path {
     }
 
     fn per_request(rt: &tokio::runtime::Runtime, app: &Router, expected: StatusCode) -> usize {
+        // As `axum::serve` runs a router: its state given, each route built once.
+        let app = app.clone().with_state(());
         let mut counts: Vec<usize> = (0..80)
             .map(|_| {
                 let req = request();
@@ -413,14 +418,15 @@ mod http_path {
             "allocations per request: bare router {n_bare}, no-op route_layer {n_noop}, \
              allowed {n_allowed} (without the extensions {n_allowed_bare}), denied {n_denied}"
         );
-        assert!(n_allowed_bare <= n_noop + 2, "{n_allowed_bare} vs {n_noop}");
+        // Nothing of its own: the `RateLimit` value is written into the thread's buffer.
+        assert!(n_allowed_bare <= n_noop, "{n_allowed_bare} vs {n_noop}");
         // A box per extension.
         assert!(
             n_allowed <= n_allowed_bare + 2,
             "{n_allowed} vs {n_allowed_bare}"
         );
-        // The response's header map (two allocations), against what the bare router's
-        // handler makes for its own response.
-        assert!(n_denied <= n_bare + 2, "{n_denied} vs {n_bare}");
+        // The 429's header map and body, no more than the bare router's handler makes for
+        // its own response.
+        assert!(n_denied <= n_bare, "{n_denied} vs {n_bare}");
     }
 }

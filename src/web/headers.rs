@@ -30,6 +30,7 @@ use http::header::{HeaderName, HeaderValue};
 
 use crate::base::memo::{Memo, MemoKey, memoized};
 use crate::base::text::StackText;
+use crate::web::arena;
 use crate::web::numbers::{self, number};
 
 /// Which rate-limit fields responses carry.
@@ -216,7 +217,8 @@ fn ietf_limit_of(reports: &[Report<'_>]) -> Option<HeaderValue> {
     render_limit(reports)
 }
 
-/// `RateLimit` for `reports`, written on the stack and copied once into the value.
+/// `RateLimit` for `reports`, written on the stack and copied once into the thread's
+/// buffer of values ([`arena`](crate::web::arena)).
 fn render_limit(reports: &[Report<'_>]) -> Option<HeaderValue> {
     if reports.is_empty() {
         return None;
@@ -234,7 +236,7 @@ fn render_limit(reports: &[Report<'_>]) -> Option<HeaderValue> {
             out.push(digits.format(ceil_secs(t).min(SF_INT_MAX)).as_bytes());
         }
     }
-    HeaderValue::from_bytes(out.as_bytes()).ok()
+    arena::value(out.as_bytes())
 }
 
 /// The most limits the rate-limit fields of one response describe. A request under more
@@ -393,7 +395,7 @@ pub(crate) fn rate_limit_fields(
                 text.push(digits.format(r.remaining.min(SF_INT_MAX)).as_bytes());
                 text.push(b", reset=");
                 text.push(digits.format(reset.min(SF_INT_MAX)).as_bytes());
-                if let Ok(v) = HeaderValue::from_bytes(text.as_bytes()) {
+                if let Some(v) = arena::value(text.as_bytes()) {
                     out.push((&RATELIMIT, v));
                 }
             } else {

@@ -2,6 +2,7 @@
 //! rules), route tables, allow and deny lists, the rate-limit header fields, rejections,
 //! and the hooks that report decisions. Knows `http::request::Parts`, not tower.
 
+pub(crate) mod arena;
 pub(crate) mod charge;
 pub(crate) mod compile;
 pub(crate) mod cost;
