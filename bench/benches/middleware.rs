@@ -11,8 +11,10 @@
 //! - `tower_governor`: its `GovernorLayer` on the route, keyed by the peer IP, with
 //!   `.use_headers()` so that it emits its `x-ratelimit-*` headers too.
 //!
-//! Every request is dispatched the way `axum::serve` does it: a clone of the router, then
-//! `oneshot`, on a current-thread tokio runtime; it carries the peer address as axum's
+//! Every request is dispatched the way `axum::serve` does it: the router is given its
+//! state once (`with_state(())`, which builds each route once instead of per request),
+//! then each request gets a clone of it and `oneshot`, on a current-thread tokio runtime;
+//! it carries the peer address as axum's
 //! `ConnectInfo<SocketAddr>`, and its response is dropped. Requests are built before the
 //! clock starts, in batches of 1024, and each batch runs inside one `block_on`.
 //!
@@ -96,6 +98,7 @@ fn bench(
     app: Router,
     expected: StatusCode,
 ) {
+    let app = app.with_state(());
     group.bench_function(name, |b| {
         b.iter_custom(|iters| timed(rt, &app, expected, iters));
     });

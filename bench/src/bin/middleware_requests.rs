@@ -5,8 +5,9 @@
 //!   cargo run -p tollgate-bench --release --bin middleware_requests -- <config> <requests>
 //!
 //! Configs, the routers of `benches/middleware.rs` (`GET /` answering "hello", the peer
-//! address in `ConnectInfo`, requests dispatched as `axum::serve` does: a clone of the
-//! router, then `oneshot`, on a current-thread runtime):
+//! address in `ConnectInfo`, requests dispatched as `axum::serve` does: the router given
+//! its state once, then a clone of it and `oneshot` per request, on a current-thread
+//! runtime):
 //!
 //! - `bare`, `noop_layer`: no limiter; an identity `route_layer`;
 //! - `tollgate`: `RateLimitLayer` keyed by the peer IP, a quota that never runs out;
@@ -90,6 +91,8 @@ fn main() -> ExitCode {
             Ok(args) => args,
             Err(code) => return code,
         };
+    // As `axum::serve` runs a router: its state given, each route built once.
+    let app = app.with_state(());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
