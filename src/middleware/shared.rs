@@ -50,17 +50,15 @@ impl<St: Store, R> Shared<St, R> {
         let mut response = self.on_rejection.on_rejection(rejection);
         let headers = response.headers_mut();
         fields.apply(headers);
-        if let Some(wait) = rejection.retry_after()
-            && !headers.contains_key(RETRY_AFTER)
-        {
-            headers.insert(
-                RETRY_AFTER,
-                headers::retry_after(wait, self.policy.options.retry_format, SystemTime::now),
-            );
+        // One lookup each (`entry`), not a lookup and an insert.
+        if let Some(wait) = rejection.retry_after() {
+            headers.entry(RETRY_AFTER).or_insert_with(|| {
+                headers::retry_after(wait, self.policy.options.retry_format, SystemTime::now)
+            });
         }
-        if !headers.contains_key(CACHE_CONTROL) {
-            headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        }
+        headers
+            .entry(CACHE_CONTROL)
+            .or_insert_with(|| HeaderValue::from_static("no-store"));
         response
     }
 }

@@ -334,8 +334,8 @@ impl Fields {
         for (name, value) in self.items {
             if self.append {
                 headers.append(name.clone(), value);
-            } else if !headers.contains_key(name) {
-                headers.insert(name.clone(), value);
+            } else if let http::header::Entry::Vacant(slot) = headers.entry(name.clone()) {
+                slot.insert(value);
             }
         }
     }
