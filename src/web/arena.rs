@@ -8,7 +8,8 @@
 //! alive only as long as a value in it, so responses still being written hold at most one
 //! chunk each (a response held by a slow client keeps up to [`CHUNK`] bytes, where it
 //! would have kept its value's few dozen). A value longer than a chunk is copied on its
-//! own, as without the buffer.
+//! own, as without the buffer. Values kept for long (a refusal's memoized `RateLimit`)
+//! are copies of their own, never views into the buffer.
 
 use std::cell::RefCell;
 
@@ -26,22 +27,25 @@ thread_local! {
 /// `text` as a header value whose bytes are in this thread's buffer; `None` if `text` is
 /// not a valid header value.
 pub(crate) fn value(text: &[u8]) -> Option<HeaderValue> {
-    if text.len() > CHUNK {
-        return HeaderValue::from_bytes(text).ok();
-    }
-    let shared = BUFFER.try_with(|buffer| {
-        let mut buffer = buffer.try_borrow_mut().ok()?;
-        if buffer.capacity() - buffer.len() < text.len() {
-            // The full chunk lives on in the values that view it.
-            *buffer = BytesMut::with_capacity(CHUNK);
-        }
-        buffer.extend_from_slice(text);
-        Some(buffer.split().freeze())
-    });
-    match shared {
-        Ok(Some(bytes)) => HeaderValue::from_maybe_shared(bytes).ok(),
-        // The thread is exiting, or (never on the request path) the buffer is in use.
-        _ => HeaderValue::from_bytes(text).ok(),
+    let in_buffer = || {
+        BUFFER
+            .try_with(|buffer| {
+                let mut buffer = buffer.try_borrow_mut().ok()?;
+                if buffer.capacity() - buffer.len() < text.len() {
+                    // The full chunk lives on in the values that view it.
+                    *buffer = BytesMut::with_capacity(CHUNK);
+                }
+                buffer.extend_from_slice(text);
+                Some(buffer.split().freeze())
+            })
+            .ok()
+            .flatten()
+    };
+    match (text.len() <= CHUNK).then(in_buffer).flatten() {
+        Some(bytes) => HeaderValue::from_maybe_shared(bytes).ok(),
+        // Longer than a chunk, the thread exiting, or (never on the request path) the
+        // buffer in use: a copy of its own.
+        None => HeaderValue::from_bytes(text).ok(),
     }
 }
 

@@ -212,14 +212,21 @@ fn ietf_limit_of(reports: &[Report<'_>]) -> Option<HeaderValue> {
             .next_after
             .map_or(u64::MAX, |t| ceil_secs(t).min(SF_INT_MAX));
         let key = MemoKey::new(0, r.name, t);
-        return memoized(&SPENT, key, || render_limit(reports));
+        // Kept by the memo, maybe for long: a copy of its own, not a view that would keep
+        // a whole chunk of the thread's buffer of values alive with it.
+        return memoized(&SPENT, key, || {
+            render_limit(reports, |text| HeaderValue::from_bytes(text).ok())
+        });
     }
-    render_limit(reports)
+    render_limit(reports, arena::value)
 }
 
-/// `RateLimit` for `reports`, written on the stack and copied once into the thread's
-/// buffer of values ([`arena`](crate::web::arena)).
-fn render_limit(reports: &[Report<'_>]) -> Option<HeaderValue> {
+/// `RateLimit` for `reports`, written on the stack and then made a value by `make` (a copy
+/// of its own, or a view into the thread's buffer of values, [`arena`](crate::web::arena)).
+fn render_limit(
+    reports: &[Report<'_>],
+    make: impl FnOnce(&[u8]) -> Option<HeaderValue>,
+) -> Option<HeaderValue> {
     if reports.is_empty() {
         return None;
     }
@@ -236,7 +243,7 @@ fn render_limit(reports: &[Report<'_>]) -> Option<HeaderValue> {
             out.push(digits.format(ceil_secs(t).min(SF_INT_MAX)).as_bytes());
         }
     }
-    arena::value(out.as_bytes())
+    make(out.as_bytes())
 }
 
 /// The most limits the rate-limit fields of one response describe. A request under more
@@ -548,6 +555,23 @@ mod tests {
             report("spent-b", 10, 60, 0, 3.0),
         ];
         assert_eq!(ietf(&two).1, r#""spent-a";r=0;t=3, "spent-b";r=0;t=3"#);
+    }
+
+    #[test]
+    fn a_memoized_value_owns_its_bytes_and_keeps_no_chunk_of_the_buffer_alive() {
+        // A fresh test thread: its buffer of values starts empty. Had the spent value been
+        // written into the buffer, the next value there would start right after it.
+        let spent = ietf_limit_of(&[report("owned", 10, 60, 0, 2.0)]).unwrap();
+        let next = arena::value(b"probe").unwrap();
+        let end = spent.as_bytes().as_ptr_range().end;
+        assert_ne!(next.as_bytes().as_ptr(), end);
+        // An allowed request's value is a view into the buffer: the next one follows it.
+        let allowed = ietf_limit_of(&[report("owned", 10, 60, 4, 2.0)]).unwrap();
+        let after = arena::value(b"probe").unwrap();
+        assert_eq!(
+            after.as_bytes().as_ptr(),
+            allowed.as_bytes().as_ptr_range().end
+        );
     }
 
     #[test]
