@@ -5,12 +5,12 @@ KEYS[i]  a bucket: its value is the TAT in microseconds since the Unix epoch; an
          is a full bucket.
 
 ARGV[1]  now, in microseconds since the Unix epoch, or "" to use Redis TIME
-ARGV[2]  the operation: "refund", "penalize", "block", "reset" or "undo" (windows only:
+ARGV[2]  the operation: "refund", "penalize", "block", "restore", "reset" or "undo" (windows only:
          give back a consumption made at the kind's `at`, for Redis Cluster)
 Then four arguments per key (ARGV[4i-1] ... ARGV[4i+2]):
   t        emission interval in microseconds (>= 1); a window limit: the window (µs)
   burst    bucket capacity in tokens (>= 1); a window limit: its limit
-  amount   refund, penalize, undo: tokens; block: microseconds; reset: unused
+  amount   refund, penalize, undo: tokens; block, restore: microseconds; reset: unused
   kind     "" for GCRA; a window limit's kind (window.lua)
 
   refund    TAT := max(now, TAT - amount * t): never beyond a full bucket; an absent key
@@ -18,6 +18,8 @@ Then four arguments per key (ARGV[4i-1] ... ARGV[4i+2]):
   penalize  TAT := max(TAT, now) + amount * t, without bound (debt)
   block     TAT := max(TAT, now + amount + burst * t - t): a request of cost 1 is refused
             until now + amount
+  restore   TAT := max(TAT, now + amount): at least as spent as a bucket full again in
+            `amount` (a write-back after a state loss); window limits are unchanged
   reset     the key is deleted: a full bucket, unblocked
 
 A written key expires when its bucket is full again (PX = TAT - now in milliseconds,
@@ -165,6 +167,8 @@ for i = 1, #KEYS do
     new = math.max(tat or 0, now) + amount * t
   elseif op == 'block' then
     new = math.max(tat or 0, now + amount + burst * t - t)
+  elseif op == 'restore' then
+    new = math.max(tat or 0, now + amount)
   else
     return redis.error_reply('tollgate ops.lua: unknown operation ' .. tostring(op))
   end

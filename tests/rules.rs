@@ -127,7 +127,7 @@ fn the_example_file_reads_every_field() {
     assert_eq!(per_ip.cost, Some(CostSpec::Fixed(1)));
     assert_eq!(per_ip.mode.as_deref(), Some("enforce"));
     assert_eq!(per_ip.on_missing_key.as_deref(), Some("shared"));
-    assert_eq!(per_ip.on_store_failure.as_deref(), Some("fallback"));
+    assert_eq!(per_ip.on_store_failure.as_deref(), Some("share"));
     assert_eq!(per_ip.routes, None);
     assert_eq!(
         login.key,
@@ -475,7 +475,7 @@ fn every_error_names_file_line_and_field() {
         (format!("{base}on_missing_key = \"drop\"\n"), 4, "limits[0].on_missing_key", "shared, skip, reject"),
         (format!("{base}on_missing_key = \"reject\"\nmissing_key_status = 503\n"), 5, "limits[0].missing_key_status", "4xx"),
         (format!("{base}missing_key_status = 401\n"), 4, "limits[0].missing_key_status", "reject"),
-        (format!("{base}on_store_failure = \"retry\"\n"), 4, "limits[0].on_store_failure", "fallback, allow, deny"),
+        (format!("{base}on_store_failure = \"retry\"\n"), 4, "limits[0].on_store_failure", "share, fallback, allow, deny"),
         (format!("{base}on_limit = \"queue\"\n"), 4, "limits[0].on_limit", "reject, delay"),
         (format!("{base}on_limit = \"delay\"\n"), 1, "limits[0].max_wait", "missing"),
         (format!("{base}on_limit = \"delay\"\nmax_wait = \"soon\"\n"), 5, "limits[0].max_wait", "duration"),

@@ -237,6 +237,27 @@ impl Quota {
         if secs == 0 { 1 } else { secs }
     }
 
+    /// One of `n` equal shares of this quota: a burst of `burst / n` (at least 1) and a
+    /// rate of `rate / n`, as a period `n` times longer (`window`: a window's limit of
+    /// `rate / n`, at least 1, over the same window, whose length must not change). What
+    /// one of `n` instances spends on its own while the store they share is out of reach.
+    /// `n` of 0 or 1, or a share the quota cannot express: the quota itself.
+    pub(crate) fn share(&self, n: u64, window: bool) -> Quota {
+        if n <= 1 {
+            return *self;
+        }
+        let burst = (self.burst / n).max(1);
+        let shared = if window {
+            build((self.rate / n).max(1), self.period(), burst)
+        } else {
+            match self.period_ns.checked_mul(n) {
+                Some(p) => build(self.rate, Duration::from_nanos(p), burst),
+                None => return *self,
+            }
+        };
+        shared.unwrap_or(*self)
+    }
+
     /// The period in nanoseconds.
     pub(crate) const fn period_ns(&self) -> u64 {
         self.period_ns
@@ -611,6 +632,24 @@ mod tests {
         assert_eq!(
             "1/1µs".parse::<Quota>().unwrap().period(),
             Duration::from_micros(1)
+        );
+    }
+    #[test]
+    fn a_share_is_an_nth_of_the_burst_and_the_rate() {
+        let q = Quota::per_second(1_000).burst(100);
+        let s = q.share(4, false);
+        assert_eq!(s.burst_size(), 25);
+        assert_eq!(s.emission_interval(), Duration::from_millis(4));
+        assert_eq!(q.share(1, false), q);
+        assert_eq!(q.share(0, false), q);
+        // Never under one token.
+        assert_eq!(Quota::per_second(3).share(10, false).burst_size(), 1);
+        // A window keeps its length: a tenth of its limit in the same window.
+        let w = Quota::new(100, Duration::from_secs(60)).unwrap();
+        let s = w.share(10, true);
+        assert_eq!(
+            (s.rate(), s.period(), s.burst_size()),
+            (10, Duration::from_secs(60), 10)
         );
     }
 }

@@ -266,8 +266,9 @@ impl Outcome {
 pub enum Status {
     /// The store answered.
     Checked(Outcome),
-    /// The store failed and the limit's [`FailurePolicy::Fallback`](crate::FailurePolicy)
-    /// answered from this instance's local limiter.
+    /// The store failed and the limit's [`FailurePolicy::Share`](crate::FailurePolicy) or
+    /// [`FailurePolicy::Fallback`](crate::FailurePolicy) answered from this instance's
+    /// local limiter.
     Fallback(Outcome),
     /// The store failed and the limit's policy lets requests pass unchecked
     /// ([`FailurePolicy::Allow`](crate::FailurePolicy)).

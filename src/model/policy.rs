@@ -42,9 +42,17 @@ pub enum MissingKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
-    /// Check the request against a local in-memory limiter with the same quota: each
-    /// instance keeps limiting on its own until the store is back (the default).
+    /// Spend what this instance holds of the limit (its leased tokens), then check the
+    /// request against a local in-memory limiter with this instance's *share* of the
+    /// quota: the burst and the rate divided by the number of live instances that use the
+    /// store (counted in the store, e.g. Redis; a store that cannot count them counts 1,
+    /// and a share is never under one token). Together the instances spend about one
+    /// quota, not one each, until the store is back (the default).
     #[default]
+    Share,
+    /// Check the request against a local in-memory limiter with the whole quota: each
+    /// instance keeps limiting on its own, with the full burst and rate, until the store
+    /// is back (`N` instances grant up to `N` times the limit meanwhile).
     Fallback,
     /// Let the request pass unchecked (fail open).
     Allow,

@@ -52,7 +52,7 @@ impl LimitSpec {
             name: name.as_ref().into(),
             quota,
             mode: Mode::Enforce,
-            on_failure: FailurePolicy::Fallback,
+            on_failure: FailurePolicy::Share,
             algorithm: Algorithm::Gcra,
             on_limit: OnLimit::Reject,
             max_reserved: None,
@@ -78,7 +78,7 @@ impl LimitSpec {
         self
     }
 
-    /// What to do when the store fails. Default: [`FailurePolicy::Fallback`].
+    /// What to do when the store fails. Default: [`FailurePolicy::Share`].
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.on_failure = policy;
         self

@@ -16,6 +16,7 @@
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` | failed calls: `kind` is `timeout`, `backend` (the store answered an error) or `protocol` (a wrong answer) |
 //! | `tollgate_breaker_open` | gauge | `store` | 1 while the circuit breaker skips the store, else 0 |
 //! | `tollgate_deny_cache_hits_total` | counter | `limit` | requests refused from the remote store's local deny cache, without a call |
+//! | `tollgate_writeback_dropped_total` | counter | `store` | keys a remote store could not keep for its write-back after a state loss (the list holds one entry per key, up to 10,000): such a key starts full if the store loses its state |
 //! | `tollgate_keys` | gauge | `limit` | keys the memory store tracks for the limit (updated on insertion and by the sweeper, never per request) |
 //! | `tollgate_delayed_total` | counter | `limit` | requests of a limit in delay mode ([`Limit::delay`](crate::Limit::delay)) that waited for their tokens instead of being refused (also counted `allowed` above) |
 //! | `tollgate_delay_seconds` | histogram | `limit` | the wait of each such request (the time it was to spend in the queue) |
@@ -62,6 +63,8 @@ pub const BREAKER_OPEN: &str = "tollgate_breaker_open";
 pub const DENY_CACHE_HITS_TOTAL: &str = "tollgate_deny_cache_hits_total";
 /// `tollgate_keys{limit}`.
 pub const KEYS: &str = "tollgate_keys";
+/// `tollgate_writeback_dropped_total{store}`.
+pub const WRITEBACK_DROPPED_TOTAL: &str = "tollgate_writeback_dropped_total";
 /// `tollgate_delayed_total{limit}`.
 pub const DELAYED_TOTAL: &str = "tollgate_delayed_total";
 /// `tollgate_delay_seconds{limit}`.
@@ -104,6 +107,10 @@ fn describe() {
             "Requests refused from the local deny cache"
         );
         ::metrics::describe_gauge!(KEYS, "Keys tracked by the memory store, per limit");
+        ::metrics::describe_counter!(
+            WRITEBACK_DROPPED_TOTAL,
+            "Keys a remote store could not keep for a write-back after a state loss"
+        );
         ::metrics::describe_counter!(
             DELAYED_TOTAL,
             "Requests that waited for their tokens (delay mode)"
@@ -225,6 +232,12 @@ impl StoreMetrics {
 pub(crate) fn deny_cache_hits(limit: &str) -> Counter {
     describe();
     ::metrics::counter!(DENY_CACHE_HITS_TOTAL, "limit" => limit.to_owned())
+}
+
+/// `tollgate_writeback_dropped_total{store}`.
+pub(crate) fn writeback_dropped(store: &str) -> Counter {
+    describe();
+    ::metrics::counter!(WRITEBACK_DROPPED_TOTAL, "store" => store.to_lowercase())
 }
 
 /// `tollgate_keys{limit}`.

@@ -5,7 +5,7 @@
 
 #[cfg(feature = "metrics")]
 pub(crate) use crate::observe::metrics::{
-    DelayMetrics, ErrorKind, LimitMetrics, StoreMetrics, deny_cache_hits, keys,
+    DelayMetrics, ErrorKind, LimitMetrics, StoreMetrics, deny_cache_hits, keys, writeback_dropped,
 };
 #[cfg(feature = "metrics")]
 pub(crate) use ::metrics::{Counter, Gauge};
@@ -101,6 +101,12 @@ mod off {
     /// The deny cache's hits of a limit.
     #[inline(always)]
     pub(crate) fn deny_cache_hits(_limit: &str) -> Counter {
+        Counter
+    }
+
+    /// Keys a remote store could not keep for its write-back.
+    #[inline(always)]
+    pub(crate) fn writeback_dropped(_store: &str) -> Counter {
         Counter
     }
 

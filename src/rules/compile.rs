@@ -261,11 +261,16 @@ fn limit(
             Some(other) => return Err(unknown("mode", other, "enforce, shadow")),
         })
         .on_store_failure(match rule.on_store_failure.as_deref() {
-            None | Some("fallback") => FailurePolicy::Fallback,
+            None | Some("share") => FailurePolicy::Share,
+            Some("fallback") => FailurePolicy::Fallback,
             Some("allow") => FailurePolicy::Allow,
             Some("deny") => FailurePolicy::Deny,
             Some(other) => {
-                return Err(unknown("on_store_failure", other, "fallback, allow, deny"));
+                return Err(unknown(
+                    "on_store_failure",
+                    other,
+                    "share, fallback, allow, deny",
+                ));
             }
         })
         .on_missing_key(missing);

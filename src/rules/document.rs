@@ -101,7 +101,8 @@ pub struct LimitRule {
     pub on_missing_key: Option<String>,
     /// `missing_key_status`: the 4xx status of `on_missing_key = "reject"`; default 400.
     pub missing_key_status: Option<u16>,
-    /// `on_store_failure`: `"fallback"` (default), `"allow"` or `"deny"`.
+    /// `on_store_failure`: `"share"` (default: this instance's share of the quota),
+    /// `"fallback"` (the whole quota, per instance), `"allow"` or `"deny"`.
     pub on_store_failure: Option<String>,
     /// `routes`: `["POST /login", "/api/{*rest}"]`; absent: every request.
     pub routes: Option<Vec<String>>,

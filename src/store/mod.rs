@@ -30,6 +30,7 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 mod resilient;
+mod rtt;
 
 use std::fmt;
 use std::future::Future;
@@ -60,6 +61,7 @@ use crate::model::policy::{FailurePolicy, Mode};
 /// | `Penalize` | `cost` tokens taken whatever is left: the bucket may go into debt, and the next request passes once the debt has refilled |
 /// | `Block(d)` | a request of cost 1 is refused until `d` from now, whatever the tokens; then one token is there and the bucket refills from it |
 /// | `Reset` | a full bucket, unblocked (the key is forgotten) |
+/// | `Restore(d)` | GCRA: the bucket at least as spent as one that is full again in `d` (what a write-back after a state loss restores; it only ever moves a bucket forward); window limits: unchanged |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Op {
@@ -73,6 +75,9 @@ pub enum Op {
     Block(Duration),
     /// Forget each item's key.
     Reset,
+    /// Make each item's bucket at least as spent as one that is full again after this
+    /// long (GCRA; window limits are unchanged).
+    Restore(Duration),
 }
 
 /// Why a [`Backend`] could not answer: the message of the underlying error.
@@ -150,7 +155,7 @@ impl<'a, T> Item<'a, T> {
             quota,
             cost,
             mode: Mode::Enforce,
-            on_failure: FailurePolicy::Fallback,
+            on_failure: FailurePolicy::Share,
             algorithm: Algorithm::Gcra,
             max_wait: Duration::ZERO,
             lease: None,
@@ -294,5 +299,15 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// so that an exhausted key does not get a full bucket back.
     fn resets(&self) -> u64 {
         0
+    }
+
+    /// How many instances share the backend's buckets, as far as it can tell (those that
+    /// were live lately, counted in the backend); `1` if it cannot. A limit whose policy
+    /// is [`FailurePolicy::Share`] spends `1/n` of its quota locally while the backend
+    /// fails. Asked when a call fails; it must be cheap (a remembered count).
+    ///
+    /// [`FailurePolicy::Share`]: crate::FailurePolicy
+    fn instances(&self) -> u64 {
+        1
     }
 }

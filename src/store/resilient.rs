@@ -15,6 +15,7 @@ use smallvec::SmallVec;
 
 use super::breaker::{Breaker, Permit};
 use super::memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
+use super::rtt::RoundTrips;
 use super::{Backend, Checked, Item, Op, Statuses, Store, StoreError};
 use crate::algo::algorithm::Algorithm;
 use crate::algo::gcra::{self, Params};
@@ -113,10 +114,21 @@ pub(super) struct Inner<B> {
     lease_counters: Arc<Counters>,
     /// The lease tables made so far, for [`lease_stats`](Resilient::lease_stats).
     lease_tables: Arc<std::sync::Mutex<Vec<std::sync::Weak<LeaseTable>>>>,
-    /// The backend's reset count this store has answered, and the refusals it would
-    /// write back at the next.
+    /// The lease table of each limit name: limits (or layers) with the same name share
+    /// one, so an instance holds at most `L` of a key however many tables name it.
+    lease_by_name:
+        Arc<std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<LeaseTable>>>>,
+    /// The backend's reset count this store has answered, and the keys it would write
+    /// back at the next.
     seen_resets: Arc<std::sync::atomic::AtomicU64>,
-    refused: Arc<std::sync::Mutex<std::collections::VecDeque<Refused>>>,
+    refused: Arc<std::sync::Mutex<WriteBack>>,
+    /// `tollgate_writeback_dropped_total{store}`.
+    writeback_dropped: crate::observe::probe::Counter,
+    /// The round trips of the calls answered, which size each call's timeout.
+    rtt: Arc<RoundTrips>,
+    /// When a call was last answered (the store's clock): a timeout after it is a busy
+    /// client, not a backend that does not answer.
+    answered_at: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl<B> Inner<B> {
@@ -183,8 +195,12 @@ impl<B: Backend> Resilient<B> {
                 lease_keys: Arc::default(),
                 lease_counters: Arc::default(),
                 lease_tables: Arc::default(),
+                lease_by_name: Arc::default(),
                 seen_resets: Arc::default(),
                 refused: Arc::default(),
+                writeback_dropped: crate::observe::probe::writeback_dropped(backend.name()),
+                rtt: Arc::default(),
+                answered_at: Arc::default(),
                 backend,
                 clock,
             }),
@@ -293,8 +309,9 @@ struct Part {
     remote: Arc<LeaseTable>,
 }
 
-/// A key the backend refused, remembered to be written back if the backend loses its
-/// buckets: refused until `until` on the store's clock.
+/// A key the backend left with nothing (refused, or granted its last token), remembered
+/// to be written back if the backend loses its buckets: a GCRA bucket full again at
+/// `until`, a fixed window full until `until` (its end), on the store's clock.
 struct Refused {
     remote: Arc<LeaseTable>,
     key: Key,
@@ -303,8 +320,68 @@ struct Refused {
     until: u64,
 }
 
-/// Refusals remembered for a write-back, at most (the oldest go first).
+/// Keys remembered for a write-back, at most.
 const REMEMBERED_REFUSALS: usize = 10_000;
+
+/// The keys to write back if the backend loses its buckets: one entry per (limit, key),
+/// the most spent state seen, kept until that state has passed (a write-back does not
+/// empty it, so a second loss restores again), at most [`REMEMBERED_REFUSALS`].
+#[derive(Default)]
+struct WriteBack {
+    keys: std::collections::HashMap<(usize, Key), Refused, foldhash::fast::RandomState>,
+    /// When entries that have passed were last dropped (at most once a second when full,
+    /// so a full list costs a lookup per new key, not a scan).
+    purged_at: u64,
+}
+
+impl WriteBack {
+    /// Remembers `r` at `now`: `false` if the list is full of live entries (`r` is
+    /// dropped).
+    fn remember(&mut self, r: Refused, now: u64) -> bool {
+        let id = (Arc::as_ptr(&r.remote) as usize, r.key.clone());
+        if let Some(known) = self.keys.get_mut(&id) {
+            if r.until >= known.until {
+                *known = r;
+            }
+            return true;
+        }
+        if self.keys.len() >= REMEMBERED_REFUSALS
+            && now.saturating_sub(self.purged_at) >= 1_000_000_000
+        {
+            self.purged_at = now;
+            self.keys.retain(|_, k| k.until > now);
+        }
+        if self.keys.len() >= REMEMBERED_REFUSALS {
+            return false;
+        }
+        self.keys.insert(id, r);
+        true
+    }
+
+    /// When the bucket of `key` (of the limit `remote` leases for) is full again, if
+    /// remembered.
+    fn until(&self, remote: &Arc<LeaseTable>, key: &Key) -> Option<u64> {
+        let id = (Arc::as_ptr(remote) as usize, key.clone());
+        self.keys.get(&id).map(|k| k.until)
+    }
+
+    /// The entries still to restore at `now` (those that have passed are dropped).
+    fn live(&mut self, now: u64) -> Vec<(Arc<LeaseTable>, Key, Quota, Algorithm, u64)> {
+        self.keys.retain(|_, k| k.until > now);
+        self.keys
+            .values()
+            .map(|k| {
+                (
+                    k.remote.clone(),
+                    k.key.clone(),
+                    k.quota,
+                    k.algorithm,
+                    k.until,
+                )
+            })
+            .collect()
+    }
+}
 
 /// A fingerprint of a quota: a denial remembered under one quota says nothing about
 /// another (after a plan upgrade the key may pass at once).
@@ -521,21 +598,32 @@ impl<B: Backend> Resilient<B> {
         o: &Outcome,
     ) {
         let restorable = matches!(algorithm, Algorithm::Gcra | Algorithm::FixedWindow { .. });
-        let Some(next) = o.next_after().filter(|_| restorable && o.remaining() == 0) else {
+        if !restorable || o.remaining() > 0 {
             return;
-        };
-        let until = sent_at.saturating_add(u64::try_from(next.as_nanos()).unwrap_or(u64::MAX));
-        let mut refused = self.inner.refused.lock().unwrap_or_else(|e| e.into_inner());
-        if refused.len() >= REMEMBERED_REFUSALS {
-            refused.pop_front();
         }
-        refused.push_back(Refused {
-            remote: remote.clone(),
-            key: key.clone(),
-            quota,
-            algorithm,
-            until,
-        });
+        // Until the bucket is full again (GCRA), or the window ends: counted from the
+        // send, so never later than the backend's own.
+        let full = u64::try_from(o.reset_after().as_nanos()).unwrap_or(u64::MAX);
+        let until = sent_at.saturating_add(full);
+        let now = self.inner.clock.now();
+        let kept = self
+            .inner
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remember(
+                Refused {
+                    remote: remote.clone(),
+                    key: key.clone(),
+                    quota,
+                    algorithm,
+                    until,
+                },
+                now,
+            );
+        if !kept {
+            self.inner.writeback_dropped.increment(1);
+        }
     }
 
     /// The backend lost its buckets (its reset count moved): blocks every remembered key
@@ -563,26 +651,29 @@ impl<B: Backend> Resilient<B> {
             return;
         };
         let now = inner.clock.now();
-        let refused: Vec<Refused> = {
-            let mut list = inner.refused.lock().unwrap_or_else(|e| e.into_inner());
-            list.drain(..).filter(|r| r.until > now).collect()
-        };
+        let live = inner
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .live(now);
         tracing::info!(
-            keys = refused.len(),
-            "tollgate: writing back the refused keys {} lost",
+            keys = live.len(),
+            "tollgate: writing back the spent keys {} lost",
             inner.backend.name()
         );
-        let timeout = inner.timeout;
-        for r in refused {
-            let block = Duration::from_nanos(r.until - now);
-            let call = r.remote.remote.call(
-                Op::Block(block),
-                &r.key,
-                r.quota,
-                r.algorithm,
-                1,
-                Duration::ZERO,
-            );
+        let timeout = inner.rtt.timeout(inner.timeout);
+        for (remote, key, quota, algorithm, until) in live {
+            let left = Duration::from_nanos(until - now);
+            // GCRA: the bucket as spent as it was (full again at `until`); a fixed window:
+            // full until its end.
+            let op = if algorithm.is_window() {
+                Op::Block(left)
+            } else {
+                Op::Restore(left)
+            };
+            let call = remote
+                .remote
+                .call(op, &key, quota, algorithm, 1, Duration::ZERO);
             runtime.spawn(async move {
                 let _ = tokio::time::timeout(timeout, call).await;
             });
@@ -602,22 +693,36 @@ impl<B: Backend> Resilient<B> {
         let refused =
             op == Op::Check && statuses.iter().zip(parts).any(|(s, p)| refuses(s, p.mode));
         let fallback: SmallVec<[usize; 4]> = (0..parts.len())
-            .filter(|&i| parts[i].policy == FailurePolicy::Fallback)
+            .filter(|&i| {
+                matches!(
+                    parts[i].policy,
+                    FailurePolicy::Fallback | FailurePolicy::Share
+                )
+            })
             .collect();
         if fallback.is_empty() || refused {
             // A refused check consumes nothing, not even locally.
             return statuses;
         }
+        // This instance's share of a shared limit: 1/n of it, n the live instances.
+        let instances = self.inner.backend.instances();
         let items: SmallVec<[Item<'_, MemoryTable>; 4]> = fallback
             .iter()
             .map(|&i| {
                 let p = &parts[i];
-                Item::new(&p.fallback, p.key.clone(), p.quota, p.cost)
+                let quota = match p.policy {
+                    FailurePolicy::Share => p.quota.share(instances, p.algorithm.is_window()),
+                    _ => p.quota,
+                };
+                Item::new(&p.fallback, p.key.clone(), quota, p.cost)
                     .mode(p.mode)
                     .algorithm(p.algorithm)
                     .max_wait(p.max_wait)
             })
             .collect();
+        if op == Op::Check {
+            self.share_as_spent(&fallback, parts, &items);
+        }
         let Checked::Ready(local) = self.inner.fallback.apply(op, &items) else {
             unreachable!("the memory store answers at once")
         };
@@ -630,16 +735,54 @@ impl<B: Backend> Resilient<B> {
         statuses
     }
 
-    async fn run(self, op: Op, parts: SmallVec<[Part; 4]>, call: B::Future) -> Statuses {
+    /// A key this instance saw spent (in the write-back list) starts its share as spent as
+    /// the shared bucket was: a share is of what the limit has left, not a fresh burst on
+    /// top of what the shared bucket gives back once it answers again. GCRA; a restore
+    /// only ever moves the local bucket forward, so repeating it changes nothing.
+    fn share_as_spent(&self, fallback: &[usize], parts: &[Part], items: &[Item<'_, MemoryTable>]) {
+        let now = self.inner.clock.now();
+        for (&i, item) in fallback.iter().zip(items) {
+            let p = &parts[i];
+            if p.policy != FailurePolicy::Share || p.algorithm.is_window() {
+                continue;
+            }
+            let until = {
+                let list = self.inner.refused.lock().unwrap_or_else(|e| e.into_inner());
+                list.until(&p.remote, &p.key)
+            };
+            if let Some(until) = until.filter(|&u| u > now) {
+                let restore = [Item::new(item.table, p.key.clone(), item.quota, 1)];
+                let _ = self
+                    .inner
+                    .fallback
+                    .apply(Op::Restore(Duration::from_nanos(until - now)), &restore);
+            }
+        }
+    }
+
+    async fn run(
+        self,
+        op: Op,
+        parts: SmallVec<[Part; 4]>,
+        call: B::Future,
+        probe: bool,
+    ) -> Statuses {
         let inner = &*self.inner;
         let sent_at = inner.clock.now();
-        let (result, _timed_out) = match tokio::time::timeout(inner.timeout, call).await {
-            Ok(result) => (result, false),
+        let timeout = if probe {
+            inner.rtt.longest(inner.timeout)
+        } else {
+            inner.rtt.timeout(inner.timeout)
+        };
+        let (result, late) = match tokio::time::timeout(timeout, call).await {
+            Ok(result) => {
+                if result.is_ok() {
+                    self.answered(sent_at);
+                }
+                (result, false)
+            }
             Err(_) => (
-                Err(StoreError::new(format!(
-                    "no answer within {:?}",
-                    inner.timeout
-                ))),
+                Err(StoreError::new(format!("no answer within {timeout:?}"))),
                 true,
             ),
         };
@@ -648,7 +791,7 @@ impl<B: Backend> Resilient<B> {
             let m = &inner.metrics;
             m.duration(inner.clock.now().saturating_sub(sent_at));
             match &result {
-                Err(_) if _timed_out => m.error(ErrorKind::Timeout),
+                Err(_) if late => m.error(ErrorKind::Timeout),
                 Err(_) => m.error(ErrorKind::Backend),
                 Ok(s) if s.len() != parts.len() => m.error(ErrorKind::Protocol),
                 Ok(_) => {}
@@ -665,17 +808,42 @@ impl<B: Backend> Resilient<B> {
                 }
             }
         }
-        let statuses = self.settle(op, &parts, sent_at, result, name);
+        let statuses = self.settle(op, &parts, sent_at, result, late, name);
         inner.metrics.breaker(inner.breaker.is_open());
         statuses
     }
 
+    /// A call sent at `sent_at` was answered now: a round trip observed, and the backend
+    /// answers.
+    fn answered(&self, sent_at: u64) {
+        let inner = &*self.inner;
+        let now = inner.clock.now();
+        inner.rtt.observe(now.saturating_sub(sent_at));
+        inner
+            .answered_at
+            .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether some call was answered after `sent_at`: then a call sent at `sent_at` that
+    /// timed out was slow on this side (a busy instance, a queue of calls), not sent to a
+    /// backend that does not answer, and it does not count against the breaker.
+    fn answering_since(&self, sent_at: u64) -> bool {
+        self.inner
+            .answered_at
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > sent_at
+    }
+
+    /// The statuses of a call's answer (`late`: it timed out; the request follows its
+    /// policy, and the timeout counts against the breaker only if no call was answered
+    /// since this one was sent).
     fn settle(
         &self,
         op: Op,
         parts: &[Part],
         sent_at: u64,
         result: Result<Statuses, StoreError>,
+        late: bool,
         name: &'static str,
     ) -> Statuses {
         let inner = &*self.inner;
@@ -687,9 +855,11 @@ impl<B: Backend> Resilient<B> {
                         for (p, s) in parts.iter().zip(&statuses) {
                             if let Status::Checked(o) = s
                                 && p.mode == Mode::Enforce
-                                && !o.is_allowed()
                             {
-                                self.remember_denial(p, sent_at, o);
+                                if !o.is_allowed() {
+                                    self.remember_denial(p, sent_at, o);
+                                }
+                                // Refused, or granted its last token: spent.
                                 self.remember_refusal(p, sent_at, o);
                             }
                         }
@@ -713,7 +883,9 @@ impl<B: Backend> Resilient<B> {
             }
             Err(error) => {
                 tracing::debug!(%error, "tollgate: {name} call failed");
-                inner.breaker.failure(inner.clock.now(), name, &error);
+                if !late || !self.answering_since(sent_at) {
+                    inner.breaker.failure(inner.clock.now(), name, &error);
+                }
                 self.on_failure(op, parts)
             }
         }
@@ -734,9 +906,9 @@ impl<B: Backend> Resilient<B> {
         items: &[Item<'_, ResilientTable<B::Table>>],
     ) -> Option<Checked<<Self as Store>::Future>> {
         let inner = &*self.inner;
-        if inner.breaker.is_open() {
-            return None; // the backend fails: every item follows its policy
-        }
+        // While the backend fails, tokens held are still spent (they were taken from the
+        // shared bucket); once they are gone, every item follows its policy.
+        let offline = inner.breaker.is_open();
         let now = inner.clock.now();
         let timeout_ns = self.timeout_ns();
         let mut locals: SmallVec<[Option<Local>; 4]> = SmallVec::new();
@@ -756,7 +928,7 @@ impl<B: Backend> Resilient<B> {
                 cost: item.cost,
             };
             let leases = &item.table.leases;
-            let decided = leases.decide(&item.key, ask, now, timeout_ns);
+            let decided = leases.decide(&item.key, ask, now, timeout_ns, offline);
             self.give_back(leases, decided.give_back);
             if let Some(take) = decided.take {
                 self.take_lease(leases, &item.key, ask, take);
@@ -842,6 +1014,7 @@ impl<B: Backend> Resilient<B> {
             let now = self.inner.clock.now();
             let failed = Answer {
                 asked: take.tokens,
+                generation: take.generation,
                 sent_at: now,
                 answered_at: now,
                 outcome: None,
@@ -850,6 +1023,7 @@ impl<B: Backend> Resilient<B> {
             leases.settle(key, ask, failed);
             return;
         };
+        leases.sweep_in_background();
         let this = self.clone();
         let leases = leases.clone();
         let key = key.clone();
@@ -868,8 +1042,12 @@ impl<B: Backend> Resilient<B> {
                     cost,
                     take.max_wait,
                 );
-                let answer = match tokio::time::timeout(inner.timeout, call).await {
+                // No request waits for this call: it may take twice a request's timeout
+                // (a late answer is still an answer, timed from the send).
+                let timeout = inner.rtt.timeout(inner.timeout).saturating_mul(2);
+                let answer = match tokio::time::timeout(timeout, call).await {
                     Ok(Ok(s)) if s.len() == 1 => {
+                        this.answered(sent_at);
                         inner.breaker.success(name);
                         s[0].outcome().copied()
                     }
@@ -886,21 +1064,23 @@ impl<B: Backend> Resilient<B> {
                         None
                     }
                     Err(_) => {
-                        inner
-                            .breaker
-                            .failure(inner.clock.now(), name, &"no answer in time");
+                        if !this.answering_since(sent_at) {
+                            inner
+                                .breaker
+                                .failure(inner.clock.now(), name, &"no answer in time");
+                        }
                         None
                     }
                 };
-                if let Some(o) = &answer
-                    && (!o.is_allowed() || !o.wait().is_zero())
-                {
-                    // A lease refused with nothing left, or reserved (the bucket is spent
-                    // until its tokens are due): written back if Redis loses it.
+                if let Some(o) = &answer {
+                    // A lease that left nothing (refused, the last tokens, or reserved:
+                    // the bucket is spent until its tokens are due): written back if the
+                    // backend loses it.
                     this.remember(&leases, &key, ask.quota, ask.algorithm, sent_at, o);
                 }
                 let settled = Answer {
                     asked,
+                    generation: take.generation,
                     sent_at,
                     answered_at: inner.clock.now(),
                     outcome: answer,
@@ -924,6 +1104,39 @@ impl<B: Backend> Resilient<B> {
     }
 }
 
+impl<B: Backend> Resilient<B> {
+    /// The lease table of the limit called `name`: one per name in this store, shared by
+    /// every limit, layer or reloaded rule set of that name, so that the tokens one
+    /// instance holds for a key are counted once (at most `L`).
+    fn lease_table(&self, name: &str) -> Arc<LeaseTable> {
+        let inner = &*self.inner;
+        let mut by_name = inner
+            .lease_by_name
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(live) = by_name.get(name).and_then(std::sync::Weak::upgrade) {
+            return live;
+        }
+        by_name.retain(|_, t| t.strong_count() > 0);
+        let remote = Backed {
+            backend: inner.backend.clone(),
+            table: inner.backend.table(name),
+        };
+        let leases = Arc::new(LeaseTable::new(
+            Box::new(remote),
+            inner.lease_keys.clone(),
+            inner.lease_counters.clone(),
+            inner.clock.clone(),
+            inner.timeout,
+        ));
+        by_name.insert(name.to_owned(), Arc::downgrade(&leases));
+        let mut tables = inner.lease_tables.lock().unwrap_or_else(|e| e.into_inner());
+        tables.retain(|t| t.strong_count() > 0);
+        tables.push(Arc::downgrade(&leases));
+        leases
+    }
+}
+
 /// Gives back the tokens leased items took for a request that does not pass.
 fn undo(taken: &Taken) {
     for (leases, key, cost) in taken {
@@ -937,28 +1150,12 @@ impl<B: Backend> Store for Resilient<B> {
 
     fn table(&self, name: &str) -> Self::Table {
         let inner = &*self.inner;
-        let remote = Backed {
-            backend: inner.backend.clone(),
-            table: inner.backend.table(name),
-        };
         ResilientTable {
             inner: inner.backend.table(name),
             fallback: inner.fallback.table(name),
             deny: inner.deny_cache.as_ref().map(|c| c.table(name)),
             deny_hits: crate::observe::probe::deny_cache_hits(name),
-            leases: {
-                let leases = Arc::new(LeaseTable::new(
-                    Box::new(remote),
-                    inner.lease_keys.clone(),
-                    inner.lease_counters.clone(),
-                    inner.clock.clone(),
-                    inner.timeout,
-                ));
-                let mut tables = inner.lease_tables.lock().unwrap_or_else(|e| e.into_inner());
-                tables.retain(|t| t.strong_count() > 0);
-                tables.push(Arc::downgrade(&leases));
-                leases
-            },
+            leases: self.lease_table(name),
         }
     }
 
@@ -995,6 +1192,10 @@ impl<B: Backend> Store for Resilient<B> {
                 remote: item.table.leases.clone(),
             })
             .collect();
+        // A call while the breaker is open is its probe: it may take up to the longest
+        // timeout, so that a backend slower than the timeout (far away, or busy) is
+        // measured and the timeout learns its round trips, instead of failing forever.
+        let probe = self.inner.breaker.is_open();
         if self.inner.breaker.permit(self.inner.clock.now()) == Permit::Skip {
             return Checked::Ready(self.on_failure(op, &parts));
         }
@@ -1003,7 +1204,7 @@ impl<B: Backend> Store for Resilient<B> {
             .map(|item| item.on(&item.table.inner).lease(None))
             .collect();
         let call = self.inner.backend.apply(op, &backend_items);
-        Checked::Pending(Box::pin(self.clone().run(op, parts, call)))
+        Checked::Pending(Box::pin(self.clone().run(op, parts, call, probe)))
     }
 }
 

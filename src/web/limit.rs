@@ -203,7 +203,7 @@ impl Limit {
         self
     }
 
-    /// What to do when the store fails. Default: [`FailurePolicy::Fallback`].
+    /// What to do when the store fails. Default: [`FailurePolicy::Share`].
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.spec = self.spec.on_store_failure(policy);
         self

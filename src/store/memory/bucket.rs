@@ -76,6 +76,12 @@ impl<C: Clock> MemoryStore<C> {
                     .saturating_sub(params.t());
                 self.with_entry(table, slot, |tat| set(tat, &|cur| cur.max(until)))
             }
+            Op::Restore(d) => {
+                let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+                // Full again at now + d: the TAT.
+                let full_at = now.saturating_add(d);
+                self.with_entry(table, slot, |tat| set(tat, &|cur| cur.max(full_at)))
+            }
             Op::Reset => {
                 self.with_existing(table, slot, |tat| tat.store(0, Ordering::Release));
                 0

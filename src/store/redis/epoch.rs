@@ -7,7 +7,22 @@
 //! reads them back at most once a second. A marker that is gone (or that another instance
 //! wrote anew) means the state was lost: the store counts a reset, which
 //! [`Resilient`](crate::store::Resilient) answers by writing back what it remembers of the
-//! keys it saw refused, each with a block that only moves a bucket's state forward.
+//! keys it saw spent, each with an operation that only moves a bucket's state forward.
+//!
+//! A wipe is not the only loss: a restart from an older RDB/AOF file, or a failover to a
+//! replica that lagged, brings back the marker with the rest of an *older* state, and
+//! eviction (`maxmemory-policy` other than `noeviction`) drops buckets but not the marker.
+//! So the same probe also reads `INFO` (except on a cluster, whose nodes each have their
+//! own): a `run_id` that changed (a restart, or another server after a failover) or an
+//! `evicted_keys` count that moved counts a reset too, and a policy that evicts is logged
+//! once at `WARN`. A write-back when nothing was lost costs calls, never tokens.
+//!
+//! The probe also counts the live instances: each store adds itself to a sorted set,
+//! `{prefix}__instances`, with the server's time, and drops entries older than
+//! [`LIVE_FOR`]; the count is each instance's share of a limit while Redis is out of reach
+//! ([`FailurePolicy::Share`](crate::FailurePolicy)). Under Sentinel, the probe also asks
+//! the sentinels for the master: once they announce another, the connection to the old one
+//! is dropped and the next call goes to the new one.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,6 +33,27 @@ use super::command::Connection;
 
 /// How often a store reads the marker back.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// An instance that has not probed for this long is no longer counted live.
+const LIVE_FOR: Duration = Duration::from_secs(5);
+
+/// Adds this instance to the live set with the server's time, drops the entries older
+/// than `ARGV[2]` ms, and answers how many are left.
+const HEARTBEAT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return redis.call('ZCARD', KEYS[1])
+";
+
+/// What the probe last read of the server (`INFO`).
+#[derive(Default)]
+struct Server {
+    run_id: Option<String>,
+    evicted: Option<u64>,
+    policy_warned: bool,
+}
 
 /// What a store knows of the marker.
 pub(super) struct Epoch {
@@ -28,6 +64,12 @@ pub(super) struct Epoch {
     known: Mutex<HashMap<Vec<u8>, String>>,
     /// Resets seen so far.
     resets: AtomicU64,
+    /// What the server said last.
+    server: Mutex<Server>,
+    /// This store's name in the live set, and the live instances counted last (1 until
+    /// counted).
+    id: String,
+    instances: AtomicU64,
 }
 
 impl Default for Epoch {
@@ -37,6 +79,9 @@ impl Default for Epoch {
             probed_ms: AtomicU64::new(u64::MAX),
             known: Mutex::new(HashMap::new()),
             resets: AtomicU64::new(0),
+            server: Mutex::default(),
+            id: format!("{:016x}", random()),
+            instances: AtomicU64::new(1),
         }
     }
 }
@@ -45,6 +90,11 @@ impl Epoch {
     /// Resets seen so far.
     pub(super) fn resets(&self) -> u64 {
         self.resets.load(Ordering::Acquire)
+    }
+
+    /// The live instances counted last (at least 1).
+    pub(super) fn instances(&self) -> u64 {
+        self.instances.load(Ordering::Relaxed).max(1)
     }
 
     /// Whether a probe is due now; claims it if so (one caller wins).
@@ -63,6 +113,74 @@ impl Epoch {
     /// Reads the markers of `prefix` (and writes those that are missing): counts a reset
     /// if a value is not the one this store saw last.
     pub(super) async fn probe(&self, conn: &Connection, prefix: &[u8]) -> redis::RedisResult<()> {
+        #[cfg(feature = "redis-sentinel")]
+        if let Connection::Sentinel(s) = conn {
+            s.follow().await;
+        }
+        let mut lost = self.markers(conn, prefix).await?;
+        if !conn.is_cluster() {
+            lost |= self.server(conn).await?;
+        }
+        if lost {
+            tracing::warn!(
+                "tollgate: Redis lost rate-limit state (a restart, a flush, a failover, an older snapshot or an eviction); writing back the keys this instance saw spent"
+            );
+            self.resets.fetch_add(1, Ordering::AcqRel);
+        }
+        self.heartbeat(conn, prefix).await
+    }
+
+    /// Counts this instance live, and the live ones.
+    async fn heartbeat(&self, conn: &Connection, prefix: &[u8]) -> redis::RedisResult<()> {
+        let mut key = prefix.to_vec();
+        key.extend_from_slice(b"__instances");
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(HEARTBEAT)
+            .arg(1)
+            .arg(key)
+            .arg(&self.id)
+            .arg(u64::try_from(LIVE_FOR.as_millis()).unwrap_or(5_000));
+        let live: u64 = conn.query(&eval).await?;
+        self.instances.store(live.max(1), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads `INFO`: whether the server restarted or changed (`run_id`), or evicted keys,
+    /// since the last probe.
+    async fn server(&self, conn: &Connection) -> redis::RedisResult<bool> {
+        let info: String = conn.query(&redis::cmd("INFO")).await?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let run_id = field("run_id").map(str::to_owned);
+        let evicted = field("evicted_keys").and_then(|v| v.parse::<u64>().ok());
+        let policy = field("maxmemory_policy").unwrap_or("noeviction");
+        let mut seen = self.server.lock().unwrap_or_else(|e| e.into_inner());
+        if policy != "noeviction" && !seen.policy_warned {
+            seen.policy_warned = true;
+            tracing::warn!(
+                policy,
+                "tollgate: Redis may evict rate-limit buckets under memory pressure (maxmemory-policy is not noeviction); each eviction is taken for a loss of state and written back, but a bucket evicted between two probes starts full"
+            );
+        }
+        let restarted = matches!((&seen.run_id, &run_id), (Some(a), Some(b)) if a != b);
+        let evicting = matches!((seen.evicted, evicted), (Some(a), Some(b)) if b > a);
+        if restarted {
+            tracing::info!("tollgate: Redis restarted or failed over (its run_id changed)");
+        }
+        if evicting {
+            tracing::info!("tollgate: Redis evicted keys since the last probe");
+        }
+        seen.run_id = run_id.or(seen.run_id.take());
+        seen.evicted = evicted.or(seen.evicted);
+        Ok(restarted || evicting)
+    }
+
+    /// Reads the markers (and writes those that are missing): whether one is not the
+    /// value this store saw last.
+    async fn markers(&self, conn: &Connection, prefix: &[u8]) -> redis::RedisResult<bool> {
         let mut lost = false;
         for key in marker_keys(conn, prefix).await? {
             let fresh = format!("{:016x}", random());
@@ -89,13 +207,7 @@ impl Epoch {
                 (None, None) => {}
             }
         }
-        if lost {
-            tracing::warn!(
-                "tollgate: Redis lost its rate-limit state (a restart without persistence, a flush or a failover); writing back the keys this instance saw refused"
-            );
-            self.resets.fetch_add(1, Ordering::AcqRel);
-        }
-        Ok(())
+        Ok(lost)
     }
 }
 

@@ -357,7 +357,7 @@ impl RedisStore {
     }
 
     /// The key cap of the local limiter used by limits whose policy is
-    /// [`FailurePolicy::Fallback`](crate::FailurePolicy) while Redis fails (default
+    /// [`FailurePolicy::Share`](crate::FailurePolicy) or `Fallback` while Redis fails (default
     /// [`DEFAULT_MAX_KEYS`](super::DEFAULT_MAX_KEYS)).
     ///
     /// # Panics
@@ -669,10 +669,11 @@ impl RedisBackend {
             Op::Penalize => "penalize",
             Op::Block(_) => "block",
             Op::Reset => "reset",
+            Op::Restore(_) => "restore",
             Op::Check => unreachable!("checks take the check path"),
         };
         let amount = |p: &Part| match op {
-            Op::Block(d) => u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+            Op::Block(d) | Op::Restore(d) => u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
             _ => u64::from(p.cost),
         };
         let mut statuses = Statuses::from_elem(Status::Unchecked, parts.len());
@@ -786,6 +787,11 @@ impl Backend for RedisBackend {
     fn resets(&self) -> u64 {
         self.probe_epoch();
         self.epoch.resets()
+    }
+
+    /// The instances that probed the same prefix within the last 5 s (see [`epoch`]).
+    fn instances(&self) -> u64 {
+        self.epoch.instances()
     }
 }
 

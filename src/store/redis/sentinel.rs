@@ -16,6 +16,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub(crate) struct SentinelConnection {
     client: tokio::sync::Mutex<SentinelClient>,
     current: Mutex<Option<MultiplexedConnection>>,
+    /// The address of the master `current` is connected to.
+    master: Mutex<Option<String>>,
 }
 
 impl SentinelConnection {
@@ -30,6 +32,7 @@ impl SentinelConnection {
         Ok(Self {
             client: tokio::sync::Mutex::new(client),
             current: Mutex::new(None),
+            master: Mutex::new(None),
         })
     }
 
@@ -52,14 +55,57 @@ impl SentinelConnection {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(CONNECT_TIMEOUT));
-        let conn = client.get_async_connection_with_config(&config).await?;
+        let master = tokio::time::timeout(CONNECT_TIMEOUT, client.async_get_client())
+            .await
+            .map_err(|_| timed_out("asking the sentinels for the master"))??;
+        let conn = master
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        *self.master.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(master.get_connection_info().addr().to_string());
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// Asks the sentinels which node is master (at most 1 s, and not while a connection
+    /// is being made): once they announce another than the one connected to, the
+    /// connection is dropped and the next call connects to the new master, rather than
+    /// keep writing to a demoted one until a call fails.
+    pub(crate) async fn follow(&self) {
+        let Some(known) = self
+            .master
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        else {
+            return;
+        };
+        let Ok(mut client) = self.client.try_lock() else {
+            return;
+        };
+        let asked = tokio::time::timeout(CONNECT_TIMEOUT, client.async_get_client()).await;
+        drop(client);
+        if let Ok(Ok(master)) = asked {
+            let now = master.get_connection_info().addr().to_string();
+            if now != known {
+                tracing::info!(
+                    from = %known,
+                    to = %now,
+                    "tollgate: the sentinels name another Redis master; following"
+                );
+                self.failed();
+            }
+        }
     }
 
     /// A call failed: the master may have changed (a demoted master answers `READONLY`, a
     /// dead one nothing). The next call asks the sentinels again.
     pub(crate) fn failed(&self) {
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.master.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
+}
+
+fn timed_out(what: &'static str) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Io, "timed out", what.to_owned()))
 }

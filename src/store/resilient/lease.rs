@@ -34,8 +34,14 @@ const MAX_LEASED_KEYS: usize = 100_000;
 const SHARDS: usize = 16;
 /// A lease holds about this much of the instance's traffic on the key.
 const REFILL_TARGET_NS: u64 = 100_000_000;
-/// The shortest time a rate is measured over.
-const MIN_ELAPSED_NS: u64 = 1_000_000;
+/// The shortest time a rate is measured over: a key's first request asks for a tenth of
+/// a lease's worth of its rate (one request per 10 ms), not a whole lease.
+const MIN_ELAPSED_NS: u64 = 10_000_000;
+/// How often the leases past their age are given back, and idle keys forgotten, for keys
+/// that get no request.
+const SWEEP_EVERY: Duration = Duration::from_millis(250);
+/// A key that holds nothing is forgotten after this long without a request.
+const IDLE_NS: u64 = 1_000_000_000;
 /// Near exhaustion, a lease holds this many times the instance's usual batch.
 const EXHAUSTED_BATCH: u64 = 4;
 /// Near exhaustion, the most an instance stretches its wait for a batch.
@@ -184,6 +190,23 @@ struct Slot {
     backoff: u64,
     /// The last request.
     used_at: u64,
+    /// Moves each time the slot starts afresh (another quota): a lease call started
+    /// before answers into a slot that is not the one it was taken for, and its tokens go
+    /// back instead of adding to what the new slot takes (never more than `L` held).
+    generation: u64,
+}
+
+impl Slot {
+    /// Lets go of the tokens held: what to give back, at the quota they were taken under
+    /// (a give-back at another quota would return another amount of time), unless they are
+    /// a fixed window's units whose give-back might land after their window.
+    fn release(&mut self, key: &Key, now: u64, timeout_ns: u64) -> GiveBack {
+        let tokens = std::mem::take(&mut self.tokens);
+        self.due = [Due::default(); 2];
+        let returnable = self.window_end == 0 || now.saturating_add(timeout_ns) < self.window_end;
+        let (quota, algorithm) = self.held_as?;
+        (tokens > 0 && returnable).then(|| (key.clone(), quota, algorithm, tokens))
+    }
 }
 
 /// What the lease of a key says about one item of a request.
@@ -209,6 +232,8 @@ pub(super) struct Decided {
 /// and answered at `answered_at`; `last`: no second call follows.
 pub(super) struct Answer {
     pub(super) asked: u64,
+    /// The generation of the slot the lease was taken for.
+    pub(super) generation: u64,
     pub(super) sent_at: u64,
     pub(super) answered_at: u64,
     pub(super) outcome: Option<Outcome>,
@@ -221,6 +246,8 @@ pub(super) struct Answer {
 pub(super) struct Take {
     pub(super) tokens: u64,
     pub(super) max_wait: Duration,
+    /// The slot's generation when the lease was started.
+    pub(super) generation: u64,
 }
 
 /// The leases of the keys that hash to one shard, and what the decisions made from them
@@ -260,6 +287,8 @@ pub(super) struct LeaseTable {
     /// The store's clock and call timeout, for giving back when the table is dropped.
     clock: SharedClock,
     timeout: Duration,
+    /// Whether the background sweep runs (started with the first lease call).
+    sweeping: std::sync::atomic::AtomicBool,
 }
 
 /// What an item needs from its lease.
@@ -291,6 +320,51 @@ impl LeaseTable {
             counters,
             clock,
             timeout,
+            sweeping: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Starts the background sweep once (on the current Tokio runtime): every
+    /// `SWEEP_EVERY`, tokens held past their lease's age go back and keys that hold
+    /// nothing and were not used for a second are forgotten, whether or not the key gets
+    /// requests. Stops when the table is dropped.
+    pub(super) fn sweep_in_background(self: &Arc<Self>) {
+        if self.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.sweeping.store(false, Ordering::Release);
+            return;
+        };
+        let table = Arc::downgrade(self);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                let Some(table) = table.upgrade() else {
+                    break;
+                };
+                let now = table.clock.now();
+                table.sweep_idle(now);
+            }
+        });
+    }
+
+    /// Gives back the tokens of leases past their age, and forgets keys that hold nothing
+    /// (see [`sweep_in_background`](Self::sweep_in_background)).
+    pub(super) fn sweep_idle(&self, now: u64) {
+        let timeout_ns = duration_ns(self.timeout);
+        let mut back = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for (key, slot) in shard.slots.iter_mut() {
+                if slot.tokens > 0 && now >= slot.expires {
+                    back.extend(slot.release(key, now, timeout_ns));
+                }
+            }
+            self.sweep(&mut shard.slots, now);
+        }
+        for (key, quota, algorithm, tokens) in back {
+            self.give_back(&key, quota, algorithm, tokens);
         }
     }
 
@@ -318,7 +392,16 @@ impl LeaseTable {
     /// (a lease past its age, or taken under another quota). `timeout_ns`: the longest a
     /// call may take (a fixed window's units go back only if the call surely lands in
     /// their window).
-    pub(super) fn decide(&self, key: &Key, ask: Ask, now: u64, timeout_ns: u64) -> Decided {
+    /// `offline`: the backend fails; tokens held are spent, no lease is started, and an
+    /// item without tokens goes to the backend, that is to its failure policy.
+    pub(super) fn decide(
+        &self,
+        key: &Key,
+        ask: Ask,
+        now: u64,
+        timeout_ns: u64,
+        offline: bool,
+    ) -> Decided {
         let mut shard = self.shard(key);
         let Shard { slots, counts } = &mut *shard;
         if !slots.contains_key(key) {
@@ -349,21 +432,16 @@ impl LeaseTable {
         let salt = super::quota_salt(&ask.quota);
         let mut give_back = None;
         if slot.salt != salt || (slot.tokens > 0 && now >= slot.expires) {
-            let returnable =
-                slot.window_end == 0 || now.saturating_add(timeout_ns) < slot.window_end;
-            if slot.tokens > 0 && returnable {
-                give_back = Some((key.clone(), ask.quota, ask.algorithm, slot.tokens));
-            }
+            give_back = slot.release(key, now, timeout_ns);
             if slot.salt != salt {
                 *slot = Slot {
                     salt,
                     held_as: Some((ask.quota, ask.algorithm)),
                     since: now,
+                    generation: slot.generation.wrapping_add(1),
                     ..Slot::default()
                 };
             }
-            slot.tokens = 0;
-            slot.due = [Due::default(); 2];
         }
         slot.used_at = now;
         slot.demand = slot.demand.saturating_add(u64::from(ask.cost));
@@ -378,8 +456,8 @@ impl LeaseTable {
             if slot.tokens - pending >= cost {
                 slot.tokens -= cost;
                 counts.local_allowed += 1;
-                if !slot.taking && slot.tokens < slot.low_water {
-                    take = Some(start(slot, &ask, now));
+                if !slot.taking && !offline && slot.tokens < slot.low_water {
+                    take = start(slot, &ask, now);
                 }
                 Local::Taken(allowed(&ask, slot, pending, now))
             } else {
@@ -393,10 +471,10 @@ impl LeaseTable {
                 Local::Refused(refused(&ask, first_due.saturating_sub(now).max(1)))
             }
         } else {
-            if !slot.taking {
-                take = Some(start(slot, &ask, now));
+            if !slot.taking && !offline {
+                take = start(slot, &ask, now);
             }
-            if slot.exhausted {
+            if slot.exhausted && !offline {
                 // Near exhaustion: wait for the lease rather than ask for each request.
                 counts.local_refused += 1;
                 Local::Refused(refused(&ask, ask.quota.t_ns()))
@@ -428,6 +506,7 @@ impl LeaseTable {
     pub(super) fn settle(&self, key: &Key, ask: Ask, call: Answer) -> (Option<u64>, GiveBack) {
         let Answer {
             asked,
+            generation,
             sent_at,
             answered_at,
             outcome: answer,
@@ -436,7 +515,11 @@ impl LeaseTable {
         Counters::add(&self.counters.lease_calls, 1);
         let mut shard = self.shard(key);
         let salt = super::quota_salt(&ask.quota);
-        let Some(slot) = shard.slots.get_mut(key).filter(|s| s.salt == salt) else {
+        let Some(slot) = shard
+            .slots
+            .get_mut(key)
+            .filter(|s| s.salt == salt && s.generation == generation)
+        else {
             let granted = answer.filter(Outcome::is_allowed).map(|_| asked);
             if let Some(g) = granted {
                 Counters::add(&self.counters.leased_tokens, g);
@@ -558,7 +641,7 @@ impl LeaseTable {
             s.tokens > 0
                 || s.taking
                 || s.refused_until > now
-                || now.saturating_sub(s.used_at) < 1_000_000_000
+                || now.saturating_sub(s.used_at) < IDLE_NS
         });
         self.keys.fetch_sub(before - shard.len(), Ordering::Relaxed);
     }
@@ -575,18 +658,10 @@ impl Drop for LeaseTable {
         // What the table decided stays in the store's counts.
         self.counters.absorb(self.decisions());
         for shard in self.shards.iter() {
-            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
             held += shard.slots.len();
-            for (key, slot) in shard.slots.iter() {
-                let returnable =
-                    slot.window_end == 0 || now.saturating_add(timeout_ns) < slot.window_end;
-                if let Some((quota, algorithm)) = slot.held_as
-                    && slot.tokens > 0
-                    && now < slot.expires
-                    && returnable
-                {
-                    back.push((key.clone(), quota, algorithm, slot.tokens));
-                }
+            for (key, slot) in shard.slots.iter_mut() {
+                back.extend(slot.release(key, now, timeout_ns));
             }
         }
         self.keys.fetch_sub(held, Ordering::Relaxed);
@@ -605,8 +680,8 @@ fn duration_ns(d: Duration) -> u64 {
 /// within the lease's age: instead of each instance waiting for a batch to be back (tokens
 /// waiting in the bucket meanwhile, and several instances racing for each refill), the
 /// instances queue in the bucket, and each spends its tokens as they come due.
-fn start(slot: &mut Slot, ask: &Ask, now: u64) -> Take {
-    let (want, min_batch) = want(slot, ask, now);
+fn start(slot: &mut Slot, ask: &Ask, now: u64) -> Option<Take> {
+    let (want, min_batch) = want(slot, ask, now)?;
     slot.taking = true;
     slot.min_batch = min_batch;
     slot.low_water = want / 4;
@@ -617,10 +692,11 @@ fn start(slot: &mut Slot, ask: &Ask, now: u64) -> Take {
     } else {
         Duration::ZERO
     };
-    Take {
+    Some(Take {
         tokens: want,
         max_wait,
-    }
+        generation: slot.generation,
+    })
 }
 
 /// Tokens reserved in one lease call: `batch` of them, due one per emission interval, the
@@ -659,14 +735,15 @@ fn pending(slot: &Slot, t: u64, now: u64) -> u64 {
 /// The lease to ask for, and the fewest tokens worth a call: about 100 ms of the
 /// instance's demand on the key, at least the request's cost, at most the lease's cap less
 /// what is held; when the shared bucket is likely to have less, what it likely has, but
-/// never under half of that (near exhaustion, fewer tokens are not worth a call).
-fn want(slot: &Slot, ask: &Ask, now: u64) -> (u64, u64) {
+/// never under half of that (near exhaustion, fewer tokens are not worth a call). `None`
+/// when the cap less what is held is less than the request's cost: taking it would hold
+/// more than `L`.
+fn want(slot: &Slot, ask: &Ask, now: u64) -> Option<(u64, u64)> {
     let cost = u64::from(ask.cost);
-    let cap = ask
-        .lease
-        .cap(&ask.quota)
-        .saturating_sub(slot.tokens)
-        .max(cost);
+    let cap = ask.lease.cap(&ask.quota).saturating_sub(slot.tokens);
+    if cap < cost {
+        return None;
+    }
     let elapsed = now.saturating_sub(slot.since).max(MIN_ELAPSED_NS);
     let rate = u128::from(slot.demand) * u128::from(REFILL_TARGET_NS) / u128::from(elapsed);
     let mut want = u64::try_from(rate).unwrap_or(u64::MAX);
@@ -689,7 +766,7 @@ fn want(slot: &Slot, ask: &Ask, now: u64) -> (u64, u64) {
             .min(ask.quota.burst_size());
         want = want.min(likely.max(min_batch));
     }
-    (want, min_batch)
+    Some((want, min_batch))
 }
 
 /// A request allowed from the lease: what is left is the lease and what the shared bucket
@@ -768,30 +845,50 @@ mod tests {
     #[test]
     fn a_lease_is_sized_by_the_instances_rate_within_its_cap() {
         let a = ask(Quota::per_second(1_000).burst(1_000), Lease::tokens(100));
-        // First request: nothing known but one request within the shortest measure.
+        // First request: nothing known but one request, counted over the shortest
+        // measure (10 ms): a tenth of a lease, not a whole one.
         let mut slot = Slot {
             demand: 1,
             ..Slot::default()
         };
-        assert_eq!(want(&slot, &a, 0), (100, 50));
+        assert_eq!(want(&slot, &a, 0), Some((10, 5)));
         // 10 requests in 10 ms: 100 per 100 ms.
         slot.demand = 10;
-        assert_eq!(want(&slot, &a, 10_000_000), (100, 50));
+        assert_eq!(want(&slot, &a, 10_000_000), Some((100, 50)));
         // 5 in 50 ms: 10 per 100 ms.
         slot.demand = 5;
-        assert_eq!(want(&slot, &a, 50_000_000), (10, 5));
+        assert_eq!(want(&slot, &a, 50_000_000), Some((10, 5)));
         // Never above the cap less what is held.
         slot.demand = 1_000;
         slot.tokens = 30;
-        assert_eq!(want(&slot, &a, 1_000_000), (70, 35));
+        assert_eq!(want(&slot, &a, 1_000_000), Some((70, 35)));
         // No more than the shared bucket is likely to have (60 left 1 ms ago: 61 now)...
         slot.tokens = 0;
         slot.shared_left = 60;
         slot.shared_at = 9_000_000;
-        assert_eq!(want(&slot, &a, 10_000_000), (61, 50));
+        assert_eq!(want(&slot, &a, 10_000_000), Some((61, 50)));
         // ...but never under half of what the rate asks for.
         slot.shared_left = 2;
-        assert_eq!(want(&slot, &a, 10_000_000), (50, 50));
+        assert_eq!(want(&slot, &a, 10_000_000), Some((50, 50)));
+    }
+
+    #[test]
+    fn with_cost_above_one_an_instance_never_holds_more_than_the_cap() {
+        // Cap 10; 7 held: a request of cost 4 would need 11 held, so no lease is taken
+        // (the request is checked in the backend as usual).
+        let a = Ask {
+            cost: 4,
+            ..ask(Quota::per_second(1_000).burst(80), Lease::tokens(10))
+        };
+        let slot = Slot {
+            demand: 1_000,
+            tokens: 7,
+            ..Slot::default()
+        };
+        assert_eq!(want(&slot, &a, 10_000_000), None);
+        // 6 held: 4 fit, and no more.
+        let slot = Slot { tokens: 6, ..slot };
+        assert_eq!(want(&slot, &a, 10_000_000), Some((4, 4)));
     }
 
     #[test]
@@ -802,11 +899,14 @@ mod tests {
             ..Slot::default()
         };
         // Not exhausted: only the tokens the bucket has now.
-        assert_eq!(start(&mut slot, &a, 10_000_000).max_wait, Duration::ZERO);
+        assert_eq!(
+            start(&mut slot, &a, 10_000_000).unwrap().max_wait,
+            Duration::ZERO
+        );
         // Exhausted: a reservation of up to the lease's age.
         slot.exhausted = true;
         assert_eq!(
-            start(&mut slot, &a, 10_000_000).max_wait,
+            start(&mut slot, &a, 10_000_000).unwrap().max_wait,
             Duration::from_secs(1)
         );
         // ...but never for a fixed window, whose reserved units would count in a later
@@ -816,7 +916,7 @@ mod tests {
             ..a
         };
         assert_eq!(
-            start(&mut slot, &window, 10_000_000).max_wait,
+            start(&mut slot, &window, 10_000_000).unwrap().max_wait,
             Duration::ZERO
         );
 

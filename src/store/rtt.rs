@@ -1,0 +1,87 @@
+//! How long a call to a backend may take, learned from the round trips observed: a
+//! smoothed round trip and its variation (as TCP sizes its retransmission timeout,
+//! RFC 6298), so a Redis 30 ms away is not taken for a failing one. The configured
+//! timeout is the floor; the learned one never goes past [`CEILING`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The longest a learned timeout gets, however slow the round trips were.
+const CEILING: Duration = Duration::from_secs(1);
+
+/// The round trips of one store's calls.
+#[derive(Debug, Default)]
+pub(crate) struct RoundTrips {
+    /// Smoothed round trip and its mean deviation, in nanoseconds (0: none seen yet).
+    srtt: AtomicU64,
+    rttvar: AtomicU64,
+}
+
+impl RoundTrips {
+    /// Counts one answer that came `rtt_ns` after its call was sent.
+    pub(crate) fn observe(&self, rtt_ns: u64) {
+        // Racing updates may lose a sample; the estimate stays one of the recent ones.
+        let srtt = self.srtt.load(Ordering::Relaxed);
+        if srtt == 0 {
+            self.srtt.store(rtt_ns.max(1), Ordering::Relaxed);
+            self.rttvar.store(rtt_ns / 2, Ordering::Relaxed);
+            return;
+        }
+        let var = self.rttvar.load(Ordering::Relaxed);
+        let deviation = srtt.abs_diff(rtt_ns);
+        self.rttvar
+            .store(var - var / 4 + deviation / 4, Ordering::Relaxed);
+        self.srtt
+            .store((srtt - srtt / 8 + rtt_ns / 8).max(1), Ordering::Relaxed);
+    }
+
+    /// How long the next call may take before the request follows its failure policy:
+    /// `floor` (the configured timeout), or the smoothed round trip plus four deviations
+    /// when that is longer, at most 1 s.
+    pub(crate) fn timeout(&self, floor: Duration) -> Duration {
+        let srtt = self.srtt.load(Ordering::Relaxed);
+        let var = self.rttvar.load(Ordering::Relaxed);
+        let learned = Duration::from_nanos(srtt.saturating_add(var.saturating_mul(4)));
+        floor.max(learned.min(CEILING))
+    }
+
+    /// The longest a call may take: `floor`, or 1 s when that is longer (a breaker's
+    /// probe, which measures a backend slower than the timeout).
+    pub(crate) fn longest(&self, floor: Duration) -> Duration {
+        floor.max(CEILING)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn the_timeout_follows_the_round_trips_above_the_configured_floor() {
+        let rtt = RoundTrips::default();
+        let floor = Duration::from_millis(50);
+        assert_eq!(rtt.timeout(floor), floor, "nothing seen: the floor");
+        for _ in 0..50 {
+            rtt.observe(MS);
+        }
+        assert_eq!(rtt.timeout(floor), floor, "fast round trips: the floor");
+        // A Redis 30 ms away each way.
+        for i in 0..50 {
+            rtt.observe(60 * MS + (i % 3) * MS);
+        }
+        let t = rtt.timeout(floor);
+        assert!(
+            t > Duration::from_millis(61) && t < Duration::from_millis(120),
+            "{t:?}"
+        );
+        // Never past the ceiling.
+        for _ in 0..50 {
+            rtt.observe(5_000 * MS);
+        }
+        assert_eq!(rtt.timeout(floor), CEILING);
+        assert_eq!(rtt.longest(floor), CEILING);
+        assert_eq!(rtt.longest(Duration::from_secs(2)), Duration::from_secs(2));
+    }
+}
