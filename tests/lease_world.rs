@@ -1,0 +1,736 @@
+//! Shared limits in a world that is not instant: a simulated backend whose calls take time
+//! each way, that can fail, go silent (a black hole), answer after the caller gave up
+//! (the operation applied on the server all the same), lose its state (a wipe) or come
+//! back from an older snapshot, while instances alternate quotas and costs. Time is
+//! tokio's paused clock, which the backend, the stores and the requests all read, so every
+//! run is the same and no test waits for real.
+//!
+//! The property tests check the bounds over all of these; the named tests pin each way the
+//! bound broke before (issue "Shared limits that hold under stress").
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate::clock::Clock;
+use tollgate::key::Key;
+use tollgate::store::{
+    Backend, Checked, Item, MemoryStore, MemoryTable, Op, Resilient, Statuses, Store, StoreError,
+};
+use tollgate::{Algorithm, FailurePolicy, Lease, LimitSpec, Limiter, Mode, Quota};
+
+/// Tokio's clock (paused in these tests), from 1,000 s on.
+#[derive(Clone)]
+struct TokioClock {
+    origin: tokio::time::Instant,
+}
+
+impl TokioClock {
+    fn new() -> Self {
+        Self {
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> u64 {
+        1_000_000_000_000 + u64::try_from(self.origin.elapsed().as_nanos()).unwrap()
+    }
+}
+
+/// A store's state: a memory store and its tables (held, so the buckets live).
+struct Buckets {
+    store: MemoryStore<TokioClock>,
+    tables: HashMap<String, MemoryTable>,
+}
+
+impl Buckets {
+    fn new(clock: &TokioClock) -> Self {
+        Self {
+            store: MemoryStore::with_clock(clock.clone()).unbounded(),
+            tables: HashMap::new(),
+        }
+    }
+
+    fn apply(&mut self, op: Op, calls: &[Call]) -> Statuses {
+        for c in calls {
+            if !self.tables.contains_key(&c.table) {
+                let t = self.store.table(&c.table);
+                self.tables.insert(c.table.clone(), t);
+            }
+        }
+        let items: Vec<Item<'_, MemoryTable>> = calls
+            .iter()
+            .map(|c| {
+                Item::new(&self.tables[&c.table], c.key.clone(), c.quota, c.cost)
+                    .mode(c.mode)
+                    .algorithm(c.algorithm)
+                    .max_wait(c.max_wait)
+            })
+            .collect();
+        let Checked::Ready(s) = self.store.apply(op, &items) else {
+            unreachable!("a memory store answers at once")
+        };
+        s
+    }
+}
+
+/// What one item of a call carries to the server.
+#[derive(Clone)]
+struct Call {
+    table: String,
+    key: Key,
+    quota: Quota,
+    cost: u32,
+    mode: Mode,
+    algorithm: Algorithm,
+    max_wait: Duration,
+}
+
+/// The world's conditions and the server's state.
+struct State {
+    live: Buckets,
+    /// A copy kept in step with `live` until frozen: the snapshot a restore brings back.
+    snapshot: Option<Buckets>,
+    frozen: bool,
+    /// Each way.
+    one_way: Duration,
+    failing: bool,
+    black_hole: bool,
+    /// When the server lost its state (wipes, restores); an instance notices each one
+    /// `NOTICED_AFTER` later (as Redis's probe does within its period).
+    losses: Vec<u64>,
+    instances: u64,
+    calls: u64,
+}
+
+const NOTICED_AFTER: u64 = 500_000_000;
+
+/// The shared backend of the instances.
+#[derive(Clone)]
+struct World {
+    clock: TokioClock,
+    state: Arc<Mutex<State>>,
+}
+
+impl World {
+    fn new(clock: &TokioClock, instances: u64) -> Self {
+        Self {
+            clock: clock.clone(),
+            state: Arc::new(Mutex::new(State {
+                live: Buckets::new(clock),
+                snapshot: Some(Buckets::new(clock)),
+                frozen: false,
+                one_way: Duration::from_micros(200),
+                failing: false,
+                black_hole: false,
+                losses: Vec::new(),
+                instances,
+                calls: 0,
+            })),
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        f(&mut self.state.lock().unwrap())
+    }
+
+    /// The server restarts empty.
+    fn wipe(&self) {
+        let now = self.clock.now();
+        self.with(|s| {
+            s.live = Buckets::new(&self.clock);
+            s.snapshot = None;
+            s.losses.push(now);
+        });
+    }
+
+    /// The snapshot is taken now (the copy stops following).
+    fn save(&self) {
+        self.with(|s| s.frozen = true);
+    }
+
+    /// The server restarts from the snapshot taken at `save`.
+    fn restore(&self) {
+        let now = self.clock.now();
+        self.with(|s| {
+            if let Some(snap) = s.snapshot.take() {
+                s.live = snap;
+            }
+            s.losses.push(now);
+        });
+    }
+
+    /// The tokens `key` of `table` has now (on `rt`'s clock), under `quota`.
+    fn remaining(&self, rt: &tokio::runtime::Runtime, table: &str, key: &str, quota: Quota) -> u64 {
+        rt.block_on(async { self.remaining_now(table, key, quota) })
+    }
+
+    fn remaining_now(&self, table: &str, key: &str, quota: Quota) -> u64 {
+        let call = Call {
+            table: table.into(),
+            key: Key::from_part(key),
+            quota,
+            cost: 0,
+            mode: Mode::Enforce,
+            algorithm: Algorithm::Gcra,
+            max_wait: Duration::ZERO,
+        };
+        self.with(|s| s.live.apply(Op::Check, &[call]))[0]
+            .outcome()
+            .unwrap()
+            .remaining()
+    }
+}
+
+impl Backend for World {
+    type Table = String;
+    type Future = Pin<Box<dyn Future<Output = Result<Statuses, StoreError>> + Send>>;
+
+    fn table(&self, name: &str) -> String {
+        name.to_owned()
+    }
+
+    fn apply(&self, op: Op, items: &[Item<'_, String>]) -> Self::Future {
+        let calls: Vec<Call> = items
+            .iter()
+            .map(|i| Call {
+                table: i.table.clone(),
+                key: i.key.clone(),
+                quota: i.quota,
+                cost: i.cost,
+                mode: i.mode,
+                algorithm: i.algorithm,
+                max_wait: i.max_wait,
+            })
+            .collect();
+        let world = self.clone();
+        Box::pin(async move {
+            let one_way = world.with(|s| {
+                s.calls += 1;
+                s.one_way
+            });
+            tokio::time::sleep(one_way).await;
+            let (failing, hole) = world.with(|s| (s.failing, s.black_hole));
+            if hole {
+                std::future::pending::<()>().await;
+            }
+            if failing {
+                return Err(StoreError::new("connection refused"));
+            }
+            let statuses = world.with(|s| {
+                if !s.frozen
+                    && let Some(snap) = &mut s.snapshot
+                {
+                    snap.apply(op, &calls);
+                }
+                s.live.apply(op, &calls)
+            });
+            // The answer takes its time back, whether or not the caller still waits.
+            tokio::time::sleep(one_way).await;
+            Ok(statuses)
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "the world"
+    }
+
+    fn resets(&self) -> u64 {
+        let now = self.clock.now();
+        self.with(|s| {
+            s.losses
+                .iter()
+                .filter(|&&at| at + NOTICED_AFTER <= now)
+                .count() as u64
+        })
+    }
+
+    fn instances(&self) -> u64 {
+        self.with(|s| s.instances)
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// One instance: a store over the world, and a limiter per spec (plans of one limit).
+struct Instance {
+    store: Resilient<World>,
+    plans: Vec<Limiter>,
+}
+
+fn fleet(world: &World, n: usize, specs: &[LimitSpec]) -> Vec<Instance> {
+    (0..n)
+        .map(|_| {
+            let store = Resilient::new(world.clone()).clock(world.clock.clone());
+            let plans = specs
+                .iter()
+                .map(|spec| {
+                    Limiter::builder(store.clone())
+                        .limit(spec.clone())
+                        .build()
+                        .unwrap()
+                })
+                .collect();
+            Instance { store, plans }
+        })
+        .collect()
+}
+
+/// Something that happens to the world at an instant of the run.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// Each way, from now on.
+    Latency(Duration),
+    Failing(bool),
+    BlackHole(bool),
+    Wipe,
+    Save,
+    Restore,
+}
+
+/// A request: which instance, which plan, its cost, and how long after the previous one.
+#[derive(Debug, Clone)]
+struct Request {
+    instance: usize,
+    plan: usize,
+    cost: u32,
+    after: Duration,
+}
+
+/// Plays `requests` (each spawned, so they overlap with calls on their way) and `faults`
+/// (at their instants from the start) on `fleet`; answers the tokens granted and the run's
+/// length. The run ends `tail` after the last request.
+fn play(
+    rt: &tokio::runtime::Runtime,
+    world: &World,
+    fleet: &[Instance],
+    requests: &[Request],
+    faults: &[(Duration, Fault)],
+    tail: Duration,
+) -> (u64, Duration) {
+    let granted = Arc::new(Mutex::new(0u64));
+    let start = rt.block_on(async { tokio::time::Instant::now() });
+    let mut faults: Vec<(Duration, Fault)> = faults.to_vec();
+    faults.sort_by_key(|f| f.0);
+    let mut faults = faults.into_iter().peekable();
+    let mut tasks = Vec::new();
+    let apply = |f: Fault| match f {
+        Fault::Latency(d) => world.with(|s| s.one_way = d),
+        Fault::Failing(on) => world.with(|s| s.failing = on),
+        Fault::BlackHole(on) => world.with(|s| s.black_hole = on),
+        Fault::Wipe => world.wipe(),
+        Fault::Save => world.save(),
+        Fault::Restore => world.restore(),
+    };
+    let d = rt.block_on(async {
+        for r in requests {
+            let at = start.elapsed() + r.after;
+            while let Some(&(t, _)) = faults.peek()
+                && t <= at
+            {
+                tokio::time::sleep_until(start + t).await;
+                apply(faults.next().unwrap().1);
+            }
+            tokio::time::sleep_until(start + at).await;
+            let i = &fleet[r.instance % fleet.len()];
+            let limiter = i.plans[r.plan % i.plans.len()].clone();
+            let granted = granted.clone();
+            let cost = r.cost;
+            tasks.push(tokio::spawn(async move {
+                if limiter.check("api", "k", cost).await.unwrap().allowed() {
+                    *granted.lock().unwrap() += u64::from(cost);
+                }
+            }));
+        }
+        for (t, f) in faults {
+            tokio::time::sleep_until(start + t).await;
+            apply(f);
+        }
+        let end = start.elapsed() + tail;
+        for t in tasks {
+            t.await.unwrap();
+        }
+        tokio::time::sleep_until(start + end).await;
+        start.elapsed()
+    });
+    let granted = *granted.lock().unwrap();
+    (granted, d)
+}
+
+/// `count` requests spread evenly over `seconds` across `n` instances, of `cost`.
+fn even(count: usize, seconds: u64, n: usize, cost: u32) -> Vec<Request> {
+    let gap = Duration::from_secs(seconds) / u32::try_from(count).unwrap();
+    (0..count)
+        .map(|i| Request {
+            instance: i % n,
+            plan: 0,
+            cost,
+            after: gap,
+        })
+        .collect()
+}
+
+/// The exact limiter's grants over `d`: `burst + d/T`.
+fn exact(quota: Quota, d: Duration) -> u64 {
+    quota.burst_size() + u64::try_from(d.as_nanos() / quota.emission_interval().as_nanos()).unwrap()
+}
+
+/// Item 1: a busy instance (or a far Redis) answers late, not never. Calls that take
+/// longer than the timeout (80 ms round trips against 50 ms) never open the breaker, the
+/// timeout grows to the round trips observed, and the grants stay inside the lease bound:
+/// before, each late call counted as a failure, the breaker opened, and every instance
+/// answered from a full local bucket.
+#[test]
+fn a_flooded_instance_whose_calls_answer_late_never_opens_the_breaker() {
+    let rt = runtime();
+    let clock = rt.block_on(async { TokioClock::new() });
+    let world = World::new(&clock, 4);
+    let quota = Quota::per_second(1_000).burst(100);
+    let spec = LimitSpec::new("api", quota).lease(Lease::auto());
+    let fleet = fleet(&world, 4, &[spec]);
+    let requests = even(40_000, 5, 4, 1); // 8x the limit
+    let faults = [(Duration::ZERO, Fault::Latency(Duration::from_millis(40)))];
+    let (granted, d) = play(&rt, &world, &fleet, &requests, &faults, Duration::ZERO);
+    let bound = exact(quota, d) + 4 * 12;
+    for i in &fleet {
+        assert!(!i.store.is_unavailable(), "the breaker opened");
+    }
+    eprintln!("late answers: {granted} granted over {d:?}, bound {bound}");
+    assert!(
+        granted <= bound + bound / 100,
+        "{granted} granted, bound {bound}"
+    );
+}
+
+/// Item 2: while the backend fails, each of N instances spends its share (1/N of the
+/// burst and the rate), not a whole copy of the limit: the N instances together grant
+/// about one limit over the outage, not N.
+#[test]
+fn an_outage_spends_a_share_not_a_copy() {
+    for (policy, lease) in [
+        (FailurePolicy::Share, Some(Lease::auto())),
+        (FailurePolicy::Share, None),
+    ] {
+        let rt = runtime();
+        let clock = rt.block_on(async { TokioClock::new() });
+        let world = World::new(&clock, 4);
+        let quota = Quota::per_second(1_000).burst(100);
+        let mut spec = LimitSpec::new("api", quota).on_store_failure(policy);
+        if let Some(l) = lease {
+            spec = spec.lease(l);
+        }
+        let fleet = fleet(&world, 4, &[spec]);
+        let requests = even(48_000, 6, 4, 1); // 8x the limit
+        let faults = [
+            (Duration::from_secs(1), Fault::Failing(true)),
+            (Duration::from_secs(4), Fault::Failing(false)),
+        ];
+        let (granted, d) = play(&rt, &world, &fleet, &requests, &faults, Duration::ZERO);
+        // The exact limiter, one burst for the outage, and the leases.
+        let bound = exact(quota, d) + quota.burst_size() + 4 * 12;
+        eprintln!("{policy:?}, lease {lease:?}: {granted} granted over {d:?}, bound {bound}");
+        assert!(granted <= bound, "{granted} granted, bound {bound}");
+    }
+}
+
+/// Item 3: a client alternating plans (two quotas of one limit, one key) never refills a
+/// leased bucket: tokens go back at the quota they were taken at. Before, they went back
+/// at the new quota, and a refund clamped to a full bucket: every request passed.
+#[test]
+fn alternating_plans_never_refill_a_leased_bucket() {
+    let rt = runtime();
+    let clock = rt.block_on(async { TokioClock::new() });
+    let world = World::new(&clock, 1);
+    let free = Quota::per_second(10);
+    let pro = Quota::per_second(100);
+    let specs = [
+        LimitSpec::new("api", pro).lease(Lease::auto()),
+        LimitSpec::new("api", free).lease(Lease::auto()),
+    ];
+    let fleet = fleet(&world, 1, &specs);
+    let requests: Vec<Request> = (0..9_000)
+        .map(|i| Request {
+            instance: 0,
+            plan: usize::from(i % 3 == 2), // pro, pro, free
+            cost: 1,
+            after: Duration::from_micros(333),
+        })
+        .collect();
+    let (granted, d) = play(&rt, &world, &fleet, &requests, &[], Duration::ZERO);
+    // The most generous plan, plus one lease of it.
+    let bound = exact(pro, d) + 12;
+    eprintln!("alternating plans: {granted} of 9000 granted over {d:?}, bound {bound}");
+    assert!(granted <= bound, "{granted} granted, bound {bound}");
+}
+
+/// Item 6: leased tokens of a key that gets no more requests go back after the lease's
+/// age, without a request to trigger it.
+#[test]
+fn idle_leases_go_back_after_max_age_without_a_request() {
+    let rt = runtime();
+    let clock = rt.block_on(async { TokioClock::new() });
+    let world = World::new(&clock, 1);
+    let quota = Quota::per_hour(100); // nothing refills during the test
+    let spec =
+        LimitSpec::new("api", quota).lease(Lease::tokens(20).max_age(Duration::from_secs(1)));
+    let fleet = fleet(&world, 1, &[spec]);
+    let requests = even(20, 1, 1, 1);
+    let (granted, _) = play(&rt, &world, &fleet, &requests, &[], Duration::from_secs(3));
+    let stats = fleet[0].store.lease_stats();
+    assert!(
+        stats.leased_tokens > stats.local_allowed,
+        "a lease was held: {stats:?}"
+    );
+    assert_eq!(
+        world.remaining(&rt, "api", "k", quota),
+        100 - granted,
+        "every unspent token is back: {stats:?}"
+    );
+}
+
+/// Item 9: a key refused before an outage longer than one interval is still written back
+/// after the backend comes back empty (before, a refusal was remembered only until the key
+/// could pass one request, and the bucket came back full).
+#[test]
+fn a_key_refused_before_a_long_outage_is_written_back() {
+    let rt = runtime();
+    let clock = rt.block_on(async { TokioClock::new() });
+    let world = World::new(&clock, 1);
+    let quota = Quota::per_minute(10).burst(5); // T = 6 s
+    let spec = LimitSpec::new("api", quota);
+    let fleet = fleet(&world, 1, &[spec]);
+    // Refused steadily for 2 s, then the backend is silent for 8 s (longer than one
+    // interval) and comes back empty at 11 s; one more request at 12 s.
+    let mut requests = even(50, 2, 1, 1);
+    requests.push(Request {
+        instance: 0,
+        plan: 0,
+        cost: 1,
+        after: Duration::from_secs(10),
+    });
+    let faults = [
+        (Duration::from_secs(3), Fault::BlackHole(true)),
+        (Duration::from_secs(11), Fault::Wipe),
+        (Duration::from_secs(11), Fault::BlackHole(false)),
+    ];
+    let (granted, d) = play(
+        &rt,
+        &world,
+        &fleet,
+        &requests,
+        &faults,
+        Duration::from_secs(1),
+    );
+    // The burst, and the one request due at 12 s.
+    assert_eq!(granted, 6, "the burst, then refusals");
+    // At most what refilled since the key was spent (2 tokens in 13 s; the request at
+    // 12 s may reach the empty bucket before the write-back, which then restores the
+    // state as it was), not a fresh burst (4 left).
+    let left = world.remaining(&rt, "api", "k", quota);
+    let refilled = d.as_secs() / 6;
+    assert!(
+        left <= refilled,
+        "{left} left after {d:?}: the bucket came back full"
+    );
+}
+
+/// Item 7: a restart from an older snapshot (the key was spent after the snapshot) is a
+/// loss: the spent key is written back.
+#[test]
+fn a_restart_from_an_older_snapshot_writes_back_what_was_spent_since() {
+    let rt = runtime();
+    let clock = rt.block_on(async { TokioClock::new() });
+    let world = World::new(&clock, 1);
+    let quota = Quota::per_hour(5);
+    let fleet = fleet(&world, 1, &[LimitSpec::new("api", quota)]);
+    let mut requests = even(10, 1, 1, 1);
+    // A request after the restart: the store notices the loss on its next call.
+    requests.push(Request {
+        instance: 0,
+        plan: 0,
+        cost: 1,
+        after: Duration::from_secs(2),
+    });
+    let faults = [
+        (Duration::ZERO, Fault::Save),
+        (Duration::from_secs(2), Fault::Restore),
+    ];
+    let (granted, _) = play(
+        &rt,
+        &world,
+        &fleet,
+        &requests,
+        &faults,
+        Duration::from_secs(1),
+    );
+    assert!(granted <= 6, "{granted} granted");
+    assert_eq!(
+        world.remaining(&rt, "api", "k", quota),
+        0,
+        "spent, as before the restart"
+    );
+}
+
+/// Item 11: two limiters (or layers) naming the same limit on one store share its leases:
+/// the instance holds at most one lease of the key, not one per limiter.
+#[test]
+fn two_limits_with_the_same_name_lease_one_key_once() {
+    let rt = runtime();
+    let clock = rt.block_on(async { TokioClock::new() });
+    let world = World::new(&clock, 1);
+    let quota = Quota::per_hour(1_000).burst(80); // a lease of at most 10
+    let spec = LimitSpec::new("api", quota).lease(Lease::tokens(10));
+    let fleet = fleet(&world, 1, &[spec.clone(), spec]);
+    let requests: Vec<Request> = (0..40)
+        .map(|i| Request {
+            instance: 0,
+            plan: i % 2,
+            cost: 1,
+            after: Duration::from_millis(1),
+        })
+        .collect();
+    let (granted, _) = play(&rt, &world, &fleet, &requests, &[], Duration::ZERO);
+    let taken = 80 - world.remaining(&rt, "api", "k", quota);
+    assert!(
+        taken <= granted + 10,
+        "{taken} taken from the bucket for {granted} granted: more than one lease held"
+    );
+}
+
+/// A random run: instances, plans, costs, arrivals and faults.
+#[derive(Debug, Clone)]
+struct Run {
+    n: usize,
+    leased: bool,
+    rate: u64,
+    burst: u64,
+    requests: Vec<Request>,
+    faults: Vec<(Duration, Fault)>,
+}
+
+fn runs() -> impl Strategy<Value = Run> {
+    (1usize..=4, any::<bool>(), 20u64..=400, 4u64..=80)
+        .prop_flat_map(|(n, leased, rate, burst)| {
+            let request = (0..n, 0..2usize, 1u32..=3, 0u64..3_000).prop_map(
+                |(instance, plan, cost, after_us)| Request {
+                    instance,
+                    plan,
+                    cost,
+                    after: Duration::from_micros(after_us),
+                },
+            );
+            let fault = (
+                0u64..3_000,
+                prop_oneof![
+                    (0u64..40).prop_map(|ms| Fault::Latency(Duration::from_millis(ms))),
+                    any::<bool>().prop_map(Fault::Failing),
+                    any::<bool>().prop_map(Fault::BlackHole),
+                    Just(Fault::Wipe),
+                    Just(Fault::Save),
+                    Just(Fault::Restore),
+                ],
+            )
+                .prop_map(|(ms, f)| (Duration::from_millis(ms), f));
+            (
+                Just((n, leased, rate, burst)),
+                prop::collection::vec(request, 1..400),
+                prop::collection::vec(fault, 0..5),
+            )
+        })
+        .prop_map(|((n, leased, rate, burst), requests, faults)| Run {
+            n,
+            leased,
+            rate,
+            burst,
+            requests,
+            faults,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Over any run — answers that take time and come late, failures, black holes,
+    /// wipes and older snapshots, two plans of one limit and costs up to 3 — the
+    /// instances grant at most: the exact limiter of the more generous plan over the run
+    /// and one burst for switching plans, plus `N·L` (leases), plus one burst for each loss of state and for each outage, plus
+    /// the rate over each outage (and the 2 s after it, while the breaker cools down and
+    /// late calls are given up) — where an outage is a time the backend fails, is silent,
+    /// or answers slower than the timeout. Each instance spends its share of the limit
+    /// (1/N), not a copy, while the backend cannot answer.
+    #[test]
+    fn shared_grants_stay_inside_the_bound_whatever_the_world_does(run in runs()) {
+        let rt = runtime();
+    let clock = rt.block_on(async { TokioClock::new() });
+        let world = World::new(&clock, run.n as u64);
+        let generous = Quota::per_second(run.rate * 2).burst(run.burst);
+        let plain = Quota::per_second(run.rate).burst(run.burst);
+        let lease = Lease::auto();
+        let specs: Vec<LimitSpec> = [generous, plain]
+            .iter()
+            .map(|&q| {
+                let s = LimitSpec::new("api", q);
+                if run.leased { s.lease(lease) } else { s }
+            })
+            .collect();
+        let fleet = fleet(&world, run.n, &specs);
+        let (granted, d) = play(&rt, &world, &fleet, &run.requests, &run.faults, Duration::ZERO);
+        // Time the backend could not answer in time, and the 2 s after each such spell.
+        let mut outage = Duration::ZERO;
+        let mut spells = 0u64;
+        let mut faults = run.faults.clone();
+        faults.sort_by_key(|f| f.0);
+        let (mut slow, mut failing, mut hole) = (false, false, false);
+        let mut since = Duration::ZERO;
+        let mut losses = 0u64;
+        for &(at, f) in faults.iter().chain(std::iter::once(&(d, Fault::Failing(false)))) {
+            let was = slow || failing || hole;
+            match f {
+                Fault::Latency(l) => slow = l * 2 >= Duration::from_millis(50),
+                Fault::Failing(on) => failing = on,
+                Fault::BlackHole(on) => hole = on,
+                Fault::Wipe | Fault::Restore => losses += 1,
+                Fault::Save => {}
+            }
+            let is = slow || failing || hole;
+            if !was && is {
+                since = at;
+                spells += 1;
+            }
+            if was && (!is || at >= d) {
+                outage += at.saturating_sub(since) + Duration::from_secs(2);
+            }
+        }
+        let cap = if run.leased { (run.burst / 8).max(1) } else { 0 };
+        let rate = (run.rate * 2) as u128;
+        let over_outage = u64::try_from(outage.as_nanos() * rate / 1_000_000_000).unwrap();
+        // Two plans on one bucket: GCRA measures the bucket's depth in time, and the
+        // plain plan's depth (burst x 2T) holds twice the generous plan's tokens, so a
+        // switch between them can give up to one more burst (without leases too).
+        let bound = exact(generous, d)
+            + run.burst
+            + run.n as u64 * cap
+            + (losses + spells) * run.burst
+            + over_outage
+            // A request's cost may exceed what is left of a share by up to 2 tokens.
+            + 2;
+        prop_assert!(granted <= bound,
+            "{} granted over {:?}, bound {} ({} lost, {} spells, {:?} out)",
+            granted, d, bound, losses, spells, outage);
+    }
+}
