@@ -937,7 +937,7 @@ fn the_check_tool_prints_the_limits_or_the_error() {
     )
     .unwrap();
     let run = |args: &[&Path]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules"))
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules-under-test"))
             .arg("check")
             .args(args)
             .output()
@@ -1009,7 +1009,7 @@ fn a_route_that_can_never_match_is_refused_with_its_line_and_field_not_accepted(
         "[[limits]]\nname = \"a\"\nquota = \"1/s\"\nroutes = [\"PSOT /a\"]\n",
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules-under-test"))
         .arg("check")
         .arg(&path)
         .output()
