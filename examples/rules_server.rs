@@ -40,9 +40,12 @@
 //!
 //! ```text
 //! for i in $(seq 12); do curl -s -o /dev/null -w '%{http_code} ' http://127.0.0.1:3000/; done; echo
-//! # 200 200 200 200 200 200 200 200 200 200 429 429
-//! curl -i -X POST -H 'x-user: alice' http://127.0.0.1:3000/login
-//! curl -i 'http://127.0.0.1:3000/api/search?pages=3'
+//! # 200 200 200 200 200 200 200 200 200 200 429 429: per-ip's burst of 10 (one more 200 if it refilled meanwhile: 5/s)
+//! sleep 2                                               # per-ip refills (5/s), so what follows meets its own limits
+//! for i in $(seq 6); do curl -s -o /dev/null -w '%{http_code} ' -X POST -H 'x-user: alice' http://127.0.0.1:3000/login; done; echo
+//! # 200 200 200 200 200 429: login's 5 a minute for alice from this address
+//! curl -i -X POST http://127.0.0.1:3000/login           # no x-user: 400 that names the header
+//! curl -i 'http://127.0.0.1:3000/api/search?pages=3'    # search costs 3 of its 100 this minute: "search";r=97
 //! curl -i http://127.0.0.1:3000/health                 # never limited
 //! # Edit examples/rules.toml (say, per-ip to "1/s"): reloaded at once.
 //! # Break it (quota = "1/fortnight"): the error is printed, the old rules keep serving.

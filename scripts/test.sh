@@ -12,6 +12,25 @@ export CARGO_INCREMENTAL=0
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# Every cargo command's stderr is shown as usual and read: a `warning:` line fails the run.
+# Cargo's own warnings (an output filename collision, an unused manifest key, ...) change
+# no exit status, and some of them are to become errors in later releases; compiler lints
+# are errors already (clippy's -D warnings), so this catches what nothing else does.
+export CARGO_TERM_COLOR=never
+cargo() {
+  local log status=0
+  log="$(mktemp)"
+  # stderr through tee (kept in $log), stdout untouched; pipefail gives cargo's status.
+  { command cargo "$@" 2>&1 1>&3 3>&- | tee "$log" >&2; } 3>&1 || status=$?
+  if [ "$status" -eq 0 ] && grep -q '^warning' "$log"; then
+    printf '\nerror: `cargo %s` printed warnings, which fail CI:\n' "$*" >&2
+    grep '^warning' "$log" >&2
+    status=1
+  fi
+  rm -f "$log"
+  return "$status"
+}
+
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
   step "installing redis-server and redis-tools (Debian packages)"
   sudo=""

@@ -18,6 +18,8 @@
 //!     .route_layer(limits);
 //!
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! // `PeerIp` needs each connection's address, which axum keeps only when served this
+//! // way: with plain `axum::serve(listener, app)` every request gets a 500 that says so.
 //! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
 //! # Ok(()) }
 //! ```

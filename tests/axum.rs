@@ -179,6 +179,81 @@ async fn or_inside_a_composite_key_keeps_tenants_apart() {
 }
 
 #[tokio::test]
+async fn a_401_for_a_missing_key_carries_the_configured_challenge_whatever_the_body() {
+    let layer = |on_rejection: bool| {
+        let (_, store) = store();
+        let builder = RateLimitLayer::builder(store).limit(
+            Limit::new("per-key", Quota::per_minute(2))
+                .key(|parts: &http::request::Parts| parts.extensions.get::<String>().cloned())
+                .on_missing_key(MissingKey::Unauthorized(r#"Bearer realm="api""#)),
+        );
+        let app = Router::new().route("/", get(|| async { "" }));
+        if on_rejection {
+            // A response of one's own: the layer adds the challenge to it too.
+            app.route_layer(
+                builder
+                    .on_rejection(|r: &Rejection<'_>| {
+                        Response::builder()
+                            .status(r.status())
+                            .body(Body::from(r.to_string()))
+                            .unwrap()
+                    })
+                    .build()
+                    .unwrap(),
+            )
+        } else {
+            app.route_layer(builder.build().unwrap())
+        }
+    };
+    for custom in [false, true] {
+        let r = send(&layer(custom), req("/", "192.0.2.1")).await;
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            header(r.headers(), "www-authenticate").unwrap(),
+            r#"Bearer realm="api""#,
+            "custom response: {custom}"
+        );
+        if !custom {
+            // A closure says nothing of what it reads: the body names the limit.
+            assert_eq!(
+                body_json(r).await["detail"],
+                "This endpoint counts requests by a key (rate limit \"per-key\") that the \
+                 request does not carry, such as a credential."
+            );
+        }
+    }
+    // Other statuses carry none.
+    let (_, store) = store();
+    let app = Router::new().route("/", get(|| async { "" })).route_layer(
+        RateLimitLayer::builder(store)
+            .limit(
+                Limit::new("tenant", Quota::per_minute(2))
+                    .key(Header::new("x-tenant"))
+                    .on_missing_key(MissingKey::Reject(StatusCode::BAD_REQUEST)),
+            )
+            .build()
+            .unwrap(),
+    );
+    let r = send(&app, req("/", "192.0.2.1")).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(header(r.headers(), "www-authenticate"), None);
+}
+
+#[test]
+fn a_challenge_that_is_no_header_value_is_a_config_error() {
+    let (_, store) = store();
+    let err = RateLimitLayer::builder(store)
+        .limit(
+            Limit::new("per-key", Quota::per_minute(2))
+                .key(Header::new("x-api-key"))
+                .on_missing_key(MissingKey::Unauthorized("Bearer\r\nX-Injected: 1")),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), r#"limits["per-key"].on_missing_key"#);
+}
+
+#[tokio::test]
 async fn missing_connect_info_is_a_loud_500_not_a_bypass() {
     let (_, store) = store();
     let app = quickstart(store);
@@ -188,6 +263,17 @@ async fn missing_connect_info_is_a_loud_500_not_a_bypass() {
     assert_eq!(
         header(r.headers(), "content-type").unwrap(),
         "application/problem+json"
+    );
+    // The body names what is missing and the fix, as axum's own `ConnectInfo` does.
+    let detail = body_json(r).await["detail"].clone();
+    let detail = detail.as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with("tollgate cannot apply limit \"per-ip\": no peer address"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("into_make_service_with_connect_info::<SocketAddr>()"),
+        "{detail}"
     );
 }
 
@@ -611,7 +697,14 @@ async fn missing_keys_share_a_bucket_by_default_or_are_rejected_or_skipped() {
         .route_layer(reject);
     let r = send(&app, req("/", "192.0.2.1")).await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    assert_eq!(body_json(r).await["status"], 401);
+    // RFC 9110: a 401 carries a challenge; none was configured, so the default one.
+    assert_eq!(header(r.headers(), "www-authenticate").unwrap(), "ApiKey");
+    let body = body_json(r).await;
+    assert_eq!(body["status"], 401);
+    assert_eq!(
+        body["detail"],
+        "This endpoint needs the `x-api-key` header (rate limit \"required\" counts requests by it)."
+    );
 
     let skip = RateLimitLayer::builder(store)
         .limit(

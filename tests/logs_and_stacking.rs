@@ -48,7 +48,7 @@ async fn a_shadow_flood_logs_one_line_per_interval_not_one_per_request() {
 }
 
 #[tokio::test]
-async fn a_misconfigured_limit_logs_once_a_minute_whatever_the_traffic() {
+async fn a_misconfigured_limit_logs_once_whatever_the_traffic_and_each_500_says_it() {
     let lines = Lines::default();
     let _guard = lines.capture();
     // PeerIp without connection info: every request is a 500 that names the fix.
@@ -56,7 +56,8 @@ async fn a_misconfigured_limit_logs_once_a_minute_whatever_the_traffic() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .route_layer(layer);
-    for _ in 0..5_000 {
+    let mut details = std::collections::HashSet::new();
+    for i in 0..5_000 {
         let r = send(
             &app,
             http::Request::get("/")
@@ -65,8 +66,21 @@ async fn a_misconfigured_limit_logs_once_a_minute_whatever_the_traffic() {
         )
         .await;
         assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        if i % 1_000 == 0 {
+            let body = support::body_json(r).await;
+            details.insert(body["detail"].as_str().unwrap().to_owned());
+        }
     }
-    assert_eq!(lines.matching("tollgate cannot apply this limit").len(), 1);
+    let logged = lines.matching("tollgate cannot apply limit");
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    // The log line and the body say the same: what is missing and the fix.
+    assert_eq!(details.len(), 1, "{details:?}");
+    let detail = details.into_iter().next().unwrap();
+    assert!(
+        detail.contains("into_make_service_with_connect_info"),
+        "{detail}"
+    );
+    assert!(logged[0].contains(&detail), "{} / {detail}", logged[0]);
 }
 
 #[tokio::test]

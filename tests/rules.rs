@@ -14,7 +14,7 @@ use axum::body::Body;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use http::{Request, StatusCode};
-use support::{Lines, count, header, send, sf_names, sf_param, statuses, with_peer};
+use support::{Lines, body_json, count, header, send, sf_names, sf_param, statuses, with_peer};
 use tollgate::clock::FakeClock;
 use tollgate::rules::{CostSpec, Document, Format, KeySpec, LeaseSpec, LimitRule, Rules};
 use tollgate::store::MemoryStore;
@@ -301,7 +301,23 @@ async fn keys_costs_modes_missing_keys_and_routes() {
     );
     assert_eq!(send(&app, login("bob")()).await.status(), StatusCode::OK);
     let no_user = req("POST", "/login", "192.0.2.1", &[]);
-    assert_eq!(send(&app, no_user).await.status(), StatusCode::UNAUTHORIZED);
+    let refused = send(&app, no_user).await;
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    // A 401 carries a challenge (the default, none being configured) and names the header.
+    assert_eq!(
+        refused.headers()["www-authenticate"],
+        "ApiKey",
+        "{:?}",
+        refused.headers()
+    );
+    let detail = body_json(refused).await["detail"].clone();
+    assert!(
+        detail
+            .as_str()
+            .unwrap()
+            .contains("needs the `x-user` header"),
+        "{detail}"
+    );
     // `/` has no limit at all.
     assert_eq!(
         count(
@@ -420,6 +436,31 @@ async fn plans_without_a_default_leave_other_plans_unlimited() {
 }
 
 #[tokio::test]
+async fn a_missing_key_challenge_is_the_401s_www_authenticate() {
+    let rules = from_text(
+        r#"
+        [[limits]]
+        name = "per-key"
+        key = ["header:x-tenant", "query:key"]
+        quota = "2/min"
+        on_missing_key = "reject"
+        missing_key_challenge = 'ApiKey realm="api", param="key"'
+        "#,
+    );
+    let refused = send(&router(&rules), get_from("192.0.2.1")).await;
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        refused.headers()["www-authenticate"],
+        r#"ApiKey realm="api", param="key""#
+    );
+    assert_eq!(
+        body_json(refused).await["detail"],
+        "This endpoint needs the `x-tenant` header and the `key` query parameter \
+         (rate limit \"per-key\" counts requests by it)."
+    );
+}
+
+#[tokio::test]
 async fn algorithms_and_phases() {
     for (algorithm, phase) in [
         ("fixed_window", Some("aligned")),
@@ -475,6 +516,9 @@ fn every_error_names_file_line_and_field() {
         (format!("{base}on_missing_key = \"drop\"\n"), 4, "limits[0].on_missing_key", "shared, skip, reject"),
         (format!("{base}on_missing_key = \"reject\"\nmissing_key_status = 503\n"), 5, "limits[0].missing_key_status", "4xx"),
         (format!("{base}missing_key_status = 401\n"), 4, "limits[0].missing_key_status", "reject"),
+        (format!("{base}missing_key_challenge = \"Bearer\"\n"), 4, "limits[0].missing_key_challenge", "reject"),
+        (format!("{base}on_missing_key = \"reject\"\nmissing_key_status = 403\nmissing_key_challenge = \"Bearer\"\n"), 6, "limits[0].missing_key_challenge", "401"),
+        (format!("{base}on_missing_key = \"reject\"\nmissing_key_challenge = \"\"\n"), 5, "limits[0].missing_key_challenge", "WWW-Authenticate"),
         (format!("{base}on_store_failure = \"retry\"\n"), 4, "limits[0].on_store_failure", "share, fallback, allow, deny"),
         (format!("{base}on_limit = \"queue\"\n"), 4, "limits[0].on_limit", "reject, delay"),
         (format!("{base}on_limit = \"delay\"\n"), 1, "limits[0].max_wait", "missing"),
@@ -937,7 +981,7 @@ fn the_check_tool_prints_the_limits_or_the_error() {
     )
     .unwrap();
     let run = |args: &[&Path]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules"))
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules-under-test"))
             .arg("check")
             .args(args)
             .output()
@@ -1009,7 +1053,7 @@ fn a_route_that_can_never_match_is_refused_with_its_line_and_field_not_accepted(
         "[[limits]]\nname = \"a\"\nquota = \"1/s\"\nroutes = [\"PSOT /a\"]\n",
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules-under-test"))
         .arg("check")
         .arg(&path)
         .output()

@@ -137,7 +137,7 @@ fn the_check_tool_refuses_a_file_nested_60k_deep_without_overflowing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rules.json");
     std::fs::write(&path, nested_json(60_000)).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules-under-test"))
         .arg("check")
         .arg(&path)
         .output()

@@ -1,8 +1,9 @@
 //! [`LogThrottle`]: at most one log line per interval for events that clients can repeat at
-//! will (shadow refusals, misconfigurations hit by every request).
+//! will (shadow refusals); [`LogOnce`]: one line ever, for misconfigurations that every
+//! request hits until the application is fixed.
 
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Lets one event through per interval and counts the others, so that the next line can
@@ -57,9 +58,39 @@ impl LogThrottle {
     }
 }
 
+/// Lets the first event through and no other: a misconfiguration says all there is to say
+/// in its first line, and the response of each request it hits says it again. One flag,
+/// held by what is misconfigured (a layer's limit, its lists): one line per layer, and per
+/// version of reloaded rules.
+#[derive(Debug, Default)]
+pub(crate) struct LogOnce(AtomicBool);
+
+impl LogOnce {
+    pub(crate) const fn new() -> Self {
+        Self(AtomicBool::new(false))
+    }
+
+    /// Whether this is the first event (a load, and a swap only until the first).
+    pub(crate) fn first(&self) -> bool {
+        !self.0.load(Ordering::Relaxed) && !self.0.swap(true, Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn once_means_once_across_threads() {
+        let once = LogOnce::new();
+        let firsts: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| (0..1_000).filter(|_| once.first()).count()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(firsts, 1);
+    }
 
     #[test]
     fn one_line_per_interval_with_the_count_of_the_others() {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::Response;
-use http::header::{CACHE_CONTROL, HeaderValue, RETRY_AFTER};
+use http::header::{CACHE_CONTROL, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::request::Parts;
 
 use crate::engine::Engine;
@@ -32,12 +32,27 @@ pub(crate) struct Shared<St: Store, R> {
 }
 
 impl<St: Store, R> Shared<St, R> {
-    /// The response to a request refused before the store was asked.
+    /// The response to a request refused before the store was asked, with the
+    /// `WWW-Authenticate` challenge of a 401 for a missing key if the response has none.
     pub(crate) fn early<B>(&self, rejection: &Rejection<'_>) -> Response<B>
     where
         R: OnRejection<B>,
     {
-        self.on_rejection.on_rejection(rejection)
+        let mut response = self.on_rejection.on_rejection(rejection);
+        if let Rejection::MissingKey {
+            challenge: Some(challenge),
+            ..
+        } = rejection
+            && response.status() == http::StatusCode::UNAUTHORIZED
+            // Checked when the layer was built; a response without it is still a 401.
+            && let Ok(value) = HeaderValue::from_str(challenge)
+        {
+            response
+                .headers_mut()
+                .entry(WWW_AUTHENTICATE)
+                .or_insert(value);
+        }
+        response
     }
 
     /// The response to a refused request, with the layer's rate-limit fields (IETF lists

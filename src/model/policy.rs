@@ -31,9 +31,55 @@ pub enum MissingKey {
     /// (e.g. a per-user limit on routes that also serve anonymous users, with another limit
     /// for those).
     Skip,
-    /// Such requests are refused with this status (a 4xx), e.g. 401 when an API key is
-    /// required.
+    /// Such requests are refused with this status (a 4xx): 400 when what is missing is not
+    /// a credential (a tenant header), 401 or 403 when it is.
+    ///
+    /// A 401 must carry a `WWW-Authenticate` challenge (RFC 9110 §15.5.2) saying how to
+    /// authenticate: `Reject(StatusCode::UNAUTHORIZED)` sends `WWW-Authenticate: ApiKey`,
+    /// which tells a client only that a credential is wanted. Give your API's
+    /// own with [`MissingKey::Unauthorized`]; or, where you would rather not name a scheme
+    /// (the credential is checked by a layer before this one, which answers its own 401s),
+    /// use 403.
     Reject(StatusCode),
+    /// Such requests are refused with `401 Unauthorized` and this `WWW-Authenticate`
+    /// challenge, e.g. `Bearer realm="api"` or `ApiKey header="x-api-key"`: how a client
+    /// gets in. It must be a valid header value (checked when the layer is built).
+    ///
+    /// ```
+    /// use tollgate::{key::Header, Limit, MissingKey, Quota};
+    ///
+    /// let per_key = Limit::new("per-key", Quota::per_second(5))
+    ///     .key(Header::new("x-api-key"))
+    ///     .on_missing_key(MissingKey::Unauthorized(r#"ApiKey header="x-api-key""#));
+    /// # let _ = per_key;
+    /// ```
+    Unauthorized(&'static str),
+}
+
+/// The `WWW-Authenticate` challenge of a 401 configured without one
+/// (`MissingKey::Reject(StatusCode::UNAUTHORIZED)`): a scheme and nothing else, since the
+/// layer knows no more of how your clients authenticate.
+pub(crate) const DEFAULT_CHALLENGE: &str = "ApiKey";
+
+impl MissingKey {
+    /// The status of a refusal under this policy, if it refuses.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            MissingKey::Reject(status) => Some(*status),
+            MissingKey::Unauthorized(_) => Some(StatusCode::UNAUTHORIZED),
+            MissingKey::SharedBucket | MissingKey::Skip => None,
+        }
+    }
+
+    /// The `WWW-Authenticate` challenge of a refusal under this policy: the one given, or
+    /// `ApiKey` for a plain 401; `None` for other statuses.
+    pub fn challenge(&self) -> Option<&'static str> {
+        match self {
+            MissingKey::Unauthorized(challenge) => Some(challenge),
+            MissingKey::Reject(StatusCode::UNAUTHORIZED) => Some(DEFAULT_CHALLENGE),
+            _ => None,
+        }
+    }
 }
 
 /// What a limit does when its store fails (Redis down, slow or unreachable).

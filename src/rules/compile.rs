@@ -372,7 +372,36 @@ fn algorithm(rule: &LimitRule) -> Result<Algorithm, ConfigError> {
 }
 
 fn missing_key(rule: &LimitRule) -> Result<MissingKey, ConfigError> {
+    let challenge = rule.missing_key_challenge.as_deref();
     match (rule.on_missing_key.as_deref(), rule.missing_key_status) {
+        (Some("reject"), status) if challenge.is_some() => {
+            if status.is_some_and(|s| s != 401) {
+                return Err(ConfigError::new(
+                    "missing_key_challenge",
+                    "a challenge is the `WWW-Authenticate` of a 401: leave out \
+                     `missing_key_status` or make it 401",
+                ));
+            }
+            let challenge = challenge.unwrap_or_default();
+            // Checked as the builder checks it, so that the error names this field.
+            if challenge.trim().is_empty() || http::HeaderValue::from_str(challenge).is_err() {
+                return Err(ConfigError::new(
+                    "missing_key_challenge",
+                    format!(
+                        "{challenge:?} is not a `WWW-Authenticate` value \
+                         (e.g. `Bearer realm=\"api\"`)"
+                    ),
+                ));
+            }
+            // One copy per distinct challenge over the process's life, as limit names.
+            let challenge = crate::base::intern::intern(challenge).ok_or_else(|| {
+                ConfigError::new(
+                    "missing_key_challenge",
+                    "too many distinct strings configured over this process's life",
+                )
+            })?;
+            Ok(MissingKey::Unauthorized(challenge))
+        }
         (Some("reject"), status) => {
             let code = status.unwrap_or(400);
             StatusCode::from_u16(code)
@@ -388,6 +417,10 @@ fn missing_key(rule: &LimitRule) -> Result<MissingKey, ConfigError> {
         }
         (_, Some(_)) => Err(ConfigError::new(
             "missing_key_status",
+            "only applies with `on_missing_key = \"reject\"`",
+        )),
+        _ if challenge.is_some() => Err(ConfigError::new(
+            "missing_key_challenge",
             "only applies with `on_missing_key = \"reject\"`",
         )),
         (None | Some("shared"), None) => Ok(MissingKey::SharedBucket),

@@ -99,8 +99,12 @@ pub struct LimitRule {
     pub mode: Option<String>,
     /// `on_missing_key`: `"shared"` (default), `"skip"` or `"reject"`.
     pub on_missing_key: Option<String>,
-    /// `missing_key_status`: the 4xx status of `on_missing_key = "reject"`; default 400.
+    /// `missing_key_status`: the 4xx status of `on_missing_key = "reject"`; default 400
+    /// (401 sends `WWW-Authenticate: ApiKey` unless `missing_key_challenge` gives one).
     pub missing_key_status: Option<u16>,
+    /// `missing_key_challenge`: with `on_missing_key = "reject"`, a 401 with this
+    /// `WWW-Authenticate` challenge, e.g. `Bearer realm="api"`.
+    pub missing_key_challenge: Option<String>,
     /// `on_store_failure`: `"share"` (default: this instance's share of the quota),
     /// `"fallback"` (the whole quota, per instance), `"allow"` or `"deny"`.
     pub on_store_failure: Option<String>,

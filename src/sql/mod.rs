@@ -1,7 +1,7 @@
 //! The SQL side. With feature `audit-sql` (SQLite only, nothing of the rules stack): the
-//! schema of the `RateLimitRule` and `RateLimitViolation` tables, its [`migrate`]ion and
-//! the audit sink [`SqlViolationSink`]. With `rules-sql` (which enables `audit-sql` and
-//! `rules`), the rules side too: [`fetch_rules`], which reads the rule rows,
+//! schema of the `RateLimitRule` and `RateLimitViolation` tables, its migration
+//! ([`migrate`]) and the audit sink [`SqlViolationSink`]. With `rules-sql` (which enables
+//! `audit-sql` and `rules`), the rules side too: [`fetch_rules`], which reads the rule rows,
 //! [`rules_document`], which maps them to a rules [`Document`](crate::rules::Document),
 //! and [`RulesBuilder::build_sql`](crate::rules::RulesBuilder::build_sql), which serves
 //! them and polls the table for changes ([`SqlPoller`]). PostgreSQL with

@@ -32,13 +32,14 @@ pub(crate) type RuleIdFn = Arc<dyn Fn(&Parts) -> Option<u64> + Send + Sync>;
 /// several routes, layers or app instances share one limit).
 ///
 /// ```
-/// use axum::http::StatusCode;
 /// use tollgate::{key::Header, Cost, Limit, MissingKey, Quota};
 ///
 /// let per_key = Limit::new("per-key", Quota::per_second(20).burst(100))
 ///     .key(Header::new("x-api-key"))
 ///     .cost(Cost::header("x-cost").default(1))
-///     .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
+///     // 401 with `WWW-Authenticate: ApiKey header="x-api-key"`, and a body that names
+///     // the header.
+///     .on_missing_key(MissingKey::Unauthorized(r#"ApiKey header="x-api-key""#));
 /// # let _ = per_key;
 /// ```
 #[derive(Clone)]
@@ -296,6 +297,18 @@ impl Limit {
             )
             .within(at()));
         }
+        if let MissingKey::Unauthorized(challenge) = self.missing
+            && (challenge.trim().is_empty() || http::HeaderValue::from_str(challenge).is_err())
+        {
+            return Err(ConfigError::new(
+                "on_missing_key",
+                format!(
+                    "the challenge {challenge:?} is not a `WWW-Authenticate` value \
+                     (e.g. `Bearer realm=\"api\"`)"
+                ),
+            )
+            .within(at()));
+        }
         Ok(())
     }
 }
@@ -401,5 +414,12 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+        for bad in ["", " ", "Bearer\nrealm=x"] {
+            let err = Limit::new("api", q)
+                .on_missing_key(MissingKey::Unauthorized(bad))
+                .validate()
+                .unwrap_err();
+            assert_eq!(err.field(), r#"limits["api"].on_missing_key"#, "{bad:?}");
+        }
     }
 }

@@ -3,12 +3,11 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::request::Parts;
 use ipnet::IpNet;
 
-use crate::base::throttle::LogThrottle;
+use crate::base::throttle::LogOnce;
 use crate::web::key::{ClientIp, KeyError};
 
 /// A predicate on the request head (see
@@ -52,7 +51,7 @@ pub(crate) struct Lists {
     pub(crate) deny: Vec<IpNet>,
     pub(crate) allow_if: Option<Predicate>,
     pub(crate) address: Address,
-    misconfigured_log: LogThrottle,
+    misconfigured_log: LogOnce,
 }
 
 impl Lists {
@@ -67,7 +66,7 @@ impl Lists {
             deny,
             allow_if,
             address,
-            misconfigured_log: LogThrottle::new(),
+            misconfigured_log: LogOnce::new(),
         }
     }
 
@@ -98,11 +97,13 @@ impl Lists {
         }
     }
 
+    /// Logs the lists' misconfiguration once: the line is the 500's `detail`, which every
+    /// request carries.
     pub(crate) fn log_misconfiguration(&self, reason: &str) {
-        if let Some(suppressed) = self.misconfigured_log.permit(Duration::from_secs(60)) {
+        if self.misconfigured_log.first() {
             tracing::error!(
-                suppressed,
-                "tollgate cannot apply its allow and deny lists: {reason}"
+                "tollgate cannot apply its allow and deny lists: {reason} (logged once; until \
+                 this is fixed, each request gets a 500 that says so)"
             );
         }
     }

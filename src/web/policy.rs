@@ -11,7 +11,7 @@ use http::header::HeaderValue;
 use http::request::Parts;
 use smallvec::SmallVec;
 
-use crate::base::throttle::LogThrottle;
+use crate::base::throttle::{LogOnce, LogThrottle};
 use crate::engine::delay::Delay;
 use crate::engine::{ChargeKeys, Engine, Plan, Planned};
 use crate::model::decision::{Decision, LimitDecision, Overall, Status};
@@ -24,7 +24,7 @@ use crate::web::hooks::Hooks;
 use crate::web::key::KeyError;
 use crate::web::limit::Limit;
 use crate::web::lists::{Listed, Lists};
-use crate::web::response::Rejection;
+use crate::web::response::{LISTS, Rejection};
 use crate::web::routes::RouteTable;
 
 /// How often a shadow limit's "would refuse" is logged (with the count since the last line).
@@ -70,8 +70,13 @@ pub(crate) struct PolicyLimit {
     pub(crate) ietf_prefix: Box<str>,
     /// The window its policy reports for its configured quota, in seconds.
     pub(crate) window_secs: u64,
-    /// Misconfigurations hit by requests: logged once a minute.
-    pub(crate) misconfigured_log: LogThrottle,
+    /// Misconfigurations hit by requests: logged once (each response names the fix).
+    pub(crate) misconfigured_log: LogOnce,
+    /// What a request must carry for the key ([`KeyExtractor::describe`]), for the
+    /// refusal of one without it.
+    ///
+    /// [`KeyExtractor::describe`]: crate::key::KeyExtractor::describe
+    pub(crate) needs: Option<Box<str>>,
     /// Shadow "would refuse"s: logged once per [`SHADOW_LOG_EVERY`], with a count.
     pub(crate) shadow_log: LogThrottle,
 }
@@ -81,7 +86,15 @@ impl PolicyLimit {
         Self {
             ietf_prefix: headers::limit_prefix(&limit.spec.name),
             window_secs: limit.spec.algorithm.window_secs(&limit.spec.quota),
-            misconfigured_log: LogThrottle::new(),
+            misconfigured_log: LogOnce::new(),
+            needs: match limit.missing {
+                MissingKey::Reject(_) | MissingKey::Unauthorized(_) => limit
+                    .key
+                    .describe()
+                    .filter(|needs| !needs.is_empty())
+                    .map(String::into_boxed_str),
+                _ => None,
+            },
             shadow_log: LogThrottle::new(),
             limit,
         }
@@ -175,7 +188,7 @@ impl Policy {
                 Err(reason) => {
                     lists.log_misconfiguration(reason);
                     return Err(Early::Refuse(Rejection::Misconfigured {
-                        limit: "(allow and deny lists)",
+                        limit: LISTS,
                         reason,
                     }));
                 }
@@ -197,10 +210,12 @@ impl Policy {
                 Err(KeyError::Missing) => match limit.missing {
                     MissingKey::SharedBucket => Key::missing(),
                     MissingKey::Skip => continue,
-                    MissingKey::Reject(status) => {
+                    MissingKey::Reject(_) | MissingKey::Unauthorized(_) => {
                         return Err(Early::Refuse(Rejection::MissingKey {
                             limit: &limit.spec.name,
-                            status,
+                            status: limit.missing.status().unwrap_or(StatusCode::BAD_REQUEST),
+                            needs: rules.needs.as_deref(),
+                            challenge: limit.missing.challenge(),
                         }));
                     }
                 },
@@ -504,12 +519,15 @@ impl Policy {
 }
 
 /// Logs a misconfiguration at most once a minute per limit.
+/// Logs a limit's misconfiguration once: the line is the 500's `detail`
+/// ([`Rejection::Misconfigured`]), which every request it hits carries.
 fn log_misconfiguration(rules: &PolicyLimit, reason: &str) {
-    if let Some(suppressed) = rules.misconfigured_log.permit(Duration::from_secs(60)) {
+    if rules.misconfigured_log.first() {
+        let name = &*rules.limit.spec.name;
         tracing::error!(
-            limit = &*rules.limit.spec.name,
-            suppressed,
-            "tollgate cannot apply this limit: {reason}"
+            limit = name,
+            "tollgate cannot apply limit {name:?}: {reason} (logged once; until this is \
+             fixed, each request under this limit gets a 500 that says so)"
         );
     }
 }

@@ -71,6 +71,14 @@ pub enum Rejection<'a> {
         limit: &'a str,
         /// The status configured for this case.
         status: StatusCode,
+        /// What the request lacks, in words for a client's developer (``the `x-api-key`
+        /// header``), when the limit's key extractor says
+        /// ([`KeyExtractor::describe`](crate::key::KeyExtractor::describe)).
+        needs: Option<&'a str>,
+        /// The `WWW-Authenticate` challenge of a 401 (see
+        /// [`MissingKey`](crate::MissingKey)); the layer adds the field to the response
+        /// unless it has one.
+        challenge: Option<&'a str>,
     },
     /// The client is on the layer's deny list
     /// ([`RateLimitBuilder::deny_cidrs`](crate::RateLimitBuilder::deny_cidrs)): 403,
@@ -80,7 +88,8 @@ pub enum Rejection<'a> {
         status: StatusCode,
     },
     /// The application is set up so that a limit cannot work, e.g. peer addresses without
-    /// connection info (500). The reason, naming the fix, is logged.
+    /// connection info (500). The reason, naming the fix, is the problem document's
+    /// `detail` and is logged (once per layer).
     Misconfigured {
         /// The limit.
         limit: &'a str,
@@ -151,6 +160,9 @@ impl Rejection<'_> {
         }
     }
 }
+
+/// The `limit` of a [`Rejection::Misconfigured`] that comes from the allow and deny lists.
+pub(crate) const LISTS: &str = "(allow and deny lists)";
 
 /// Turns a [`Rejection`] into a response.
 ///
@@ -303,18 +315,41 @@ impl DefaultOnRejection {
                 );
                 doc.strings("violated-policies", Rejection::failed_closed(decision));
             }
-            Rejection::MissingKey { limit, .. } => {
+            Rejection::MissingKey { limit, needs, .. } => {
                 doc.key("detail");
                 doc.open();
-                doc.text("The request lacks what limit ");
-                doc.quoted(limit);
-                doc.text(" is keyed by.");
+                match needs {
+                    Some(needs) => {
+                        doc.text("This endpoint needs ");
+                        push_json_escaped(&mut doc.0, needs);
+                        doc.text(" (rate limit ");
+                        doc.quoted(limit);
+                        doc.text(" counts requests by it).");
+                    }
+                    None => {
+                        doc.text("This endpoint counts requests by a key (rate limit ");
+                        doc.quoted(limit);
+                        doc.text(") that the request does not carry, such as a credential.");
+                    }
+                }
                 doc.close();
             }
             Rejection::Blocked { .. } => {
                 doc.string("detail", "This client is not allowed to use this service.");
             }
-            Rejection::Misconfigured { .. } => {}
+            Rejection::Misconfigured { limit, reason } => {
+                doc.key("detail");
+                doc.open();
+                if *limit == LISTS {
+                    doc.text("tollgate cannot apply its allow and deny lists: ");
+                } else {
+                    doc.text("tollgate cannot apply limit ");
+                    doc.quoted(limit);
+                    doc.text(": ");
+                }
+                push_json_escaped(&mut doc.0, reason);
+                doc.close();
+            }
         }
         doc.finish()
     }
@@ -488,8 +523,16 @@ impl fmt::Display for Rejection<'_> {
                 f.write_str(" exceeded")
             }
             Rejection::Unavailable { .. } => f.write_str("rate limit store unavailable"),
+            Rejection::MissingKey {
+                limit,
+                needs: Some(needs),
+                ..
+            } => write!(f, "no key for limit {limit:?}: the request lacks {needs}"),
             Rejection::MissingKey { limit, .. } => write!(f, "no key for limit {limit:?}"),
             Rejection::Blocked { .. } => f.write_str("client on the deny list"),
+            Rejection::Misconfigured { limit, reason } if *limit == LISTS => {
+                write!(f, "allow and deny lists: {reason}")
+            }
             Rejection::Misconfigured { limit, reason } => write!(f, "limit {limit:?}: {reason}"),
         }
     }
@@ -658,6 +701,50 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_key_names_what_the_client_must_send() {
+        let detail = |needs| {
+            let body = DefaultOnRejection::new().problem(&Rejection::MissingKey {
+                limit: "per-key",
+                status: StatusCode::UNAUTHORIZED,
+                needs,
+                challenge: Some("ApiKey"),
+            });
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            v["detail"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(
+            detail(Some("the `x-api-key` header")),
+            r#"This endpoint needs the `x-api-key` header (rate limit "per-key" counts requests by it)."#
+        );
+        assert_eq!(
+            detail(None),
+            r#"This endpoint counts requests by a key (rate limit "per-key") that the request does not carry, such as a credential."#
+        );
+    }
+
+    #[test]
+    fn a_misconfiguration_names_the_fix_in_the_body() {
+        let body = DefaultOnRejection::new().problem(&Rejection::Misconfigured {
+            limit: "per-ip",
+            reason: "no peer address on the request: serve the app \"so\"",
+        });
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v["detail"],
+            r#"tollgate cannot apply limit "per-ip": no peer address on the request: serve the app "so""#
+        );
+        let body = DefaultOnRejection::new().problem(&Rejection::Misconfigured {
+            limit: LISTS,
+            reason: "why",
+        });
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v["detail"],
+            "tollgate cannot apply its allow and deny lists: why"
+        );
+    }
+
+    #[test]
     fn every_rejection_is_valid_json_with_its_status() {
         let d = denied(
             "x",
@@ -674,6 +761,14 @@ mod tests {
             Rejection::MissingKey {
                 limit: "k\"ey",
                 status: StatusCode::UNAUTHORIZED,
+                needs: None,
+                challenge: None,
+            },
+            Rejection::MissingKey {
+                limit: "k",
+                status: StatusCode::BAD_REQUEST,
+                needs: Some("the `x-\"odd\"` header"),
+                challenge: None,
             },
             Rejection::Misconfigured {
                 limit: "k",

@@ -109,6 +109,10 @@ impl KeyExtractor for One {
     fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
         self.0.extract(parts, key)
     }
+
+    fn describe(&self) -> Option<String> {
+        self.0.describe()
+    }
 }
 
 /// A key part registered by code (`custom:<name>`).
@@ -117,6 +121,10 @@ struct Custom(Arc<dyn KeyExtractor>);
 impl KeyExtractor for Custom {
     fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
         self.0.extract(parts, key)
+    }
+
+    fn describe(&self) -> Option<String> {
+        self.0.describe()
     }
 }
 
@@ -127,5 +135,9 @@ pub(super) struct Composite(pub(super) Vec<Box<dyn KeyExtractor>>);
 impl KeyExtractor for Composite {
     fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError> {
         self.0.iter().try_for_each(|p| p.extract(parts, key))
+    }
+
+    fn describe(&self) -> Option<String> {
+        crate::web::key::describe_all(self.0.iter().map(|p| p.describe()))
     }
 }

@@ -142,8 +142,8 @@ macro_rules! prefix_methods {
 ///
 /// Reads axum's `ConnectInfo<SocketAddr>` (serve the router with
 /// `into_make_service_with_connect_info::<SocketAddr>()`) or a [`PeerAddr`] extension.
-/// Without either the app is misconfigured: the request gets a 500 and an error log that
-/// says how to fix it, never a silent pass.
+/// Without either the app is misconfigured: the request gets a 500 whose problem document
+/// says how to fix it (and an error log line saying the same, once), never a silent pass.
 ///
 /// Behind a reverse proxy every request has the proxy's address: use [`ClientIp`] there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +185,11 @@ impl KeyExtractor for PeerIp {
         let peer = peer_addr(parts).ok_or(KeyError::Misconfigured(NO_PEER))?;
         self.prefixes.push(peer.ip(), key);
         Ok(())
+    }
+
+    /// Nothing: a request always has a peer (or the app is misconfigured, a 500).
+    fn describe(&self) -> Option<String> {
+        Some(String::new())
     }
 }
 
@@ -419,6 +424,12 @@ impl KeyExtractor for ClientIp {
         let ip = self.client_ip(parts)?;
         self.prefixes.push(ip, key);
         Ok(())
+    }
+
+    /// Nothing a client sends: the address is missing only when our own proxies' chain
+    /// does not parse, which no client's developer can fix.
+    fn describe(&self) -> Option<String> {
+        Some(String::new())
     }
 }
 

@@ -82,8 +82,8 @@ pub enum KeyError {
     /// [`MissingKey`](crate::MissingKey) policy decides what happens.
     Missing,
     /// The application is set up so that this extractor can never work, e.g. [`PeerIp`]
-    /// on a server that does not provide connection info. The request gets a 500 and the
-    /// message, which names the fix, is logged.
+    /// on a server that does not provide connection info. The request gets a 500 whose
+    /// problem document gives the message, which names the fix; it is logged once.
     Misconfigured(&'static str),
 }
 
@@ -106,6 +106,18 @@ impl std::error::Error for KeyError {}
 pub trait KeyExtractor: Send + Sync + 'static {
     /// Writes the key of the request described by `parts` into `key`.
     fn extract(&self, parts: &Parts, key: &mut KeyBuilder) -> Result<(), KeyError>;
+
+    /// What a request must carry for this extractor to find a key, in words for the
+    /// developer of a client, such as ``the `x-api-key` header``: a request refused for
+    /// lacking it ([`MissingKey::Reject`](crate::MissingKey)) is told so in the problem
+    /// document. `None` (the default) when it is nothing a client sends as such (an
+    /// extension set by your authentication layer, a closure): the refusal then names the
+    /// limit only. An empty text: the request never lacks it ([`Global`], [`PeerIp`]), so
+    /// a composite key is described by its other parts. Asked once, when the layer is
+    /// built.
+    fn describe(&self) -> Option<String> {
+        None
+    }
 
     /// This extractor, or `other` when this one finds no key.
     ///
@@ -148,6 +160,10 @@ pub struct Global;
 impl KeyExtractor for Global {
     fn extract(&self, _: &Parts, _: &mut KeyBuilder) -> Result<(), KeyError> {
         Ok(())
+    }
+
+    fn describe(&self) -> Option<String> {
+        Some(String::new())
     }
 }
 
@@ -200,6 +216,10 @@ impl KeyExtractor for Header {
             _ => Err(KeyError::Missing),
         }
     }
+
+    fn describe(&self) -> Option<String> {
+        Some(format!("the `{}` header", self.name))
+    }
 }
 
 /// The value of a query parameter (percent-decoded). Absent or empty is
@@ -225,6 +245,10 @@ impl KeyExtractor for Query {
             }
             _ => Err(KeyError::Missing),
         }
+    }
+
+    fn describe(&self) -> Option<String> {
+        Some(format!("the `{}` query parameter", self.name))
     }
 }
 
@@ -328,6 +352,17 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
             other => other,
         }
     }
+
+    /// Both alternatives, when both are known: ``the `x-api-key` header or the `key` query
+    /// parameter``.
+    fn describe(&self) -> Option<String> {
+        let (first, second) = (self.first.describe()?, self.second.describe()?);
+        if first.is_empty() || second.is_empty() {
+            // One of them is always there.
+            return Some(String::new());
+        }
+        Some(format!("{first} or {second}"))
+    }
 }
 
 macro_rules! tuple_extractors {
@@ -340,9 +375,25 @@ macro_rules! tuple_extractors {
                 $($name.extract(parts, key)?;)+
                 Ok(())
             }
+
+            /// Every part, when each is known (`and` between them).
+            #[allow(non_snake_case)]
+            fn describe(&self) -> Option<String> {
+                let ($($name,)+) = self;
+                describe_all([$($name.describe(),)+])
+            }
         }
     };
 }
+/// The parts of a composite key that a request may lack, joined with `and`; `None` unless
+/// each part is known (a part that cannot be described may be the one missing: naming only
+/// the others would send the client's developer after what the request already has).
+pub(crate) fn describe_all(parts: impl IntoIterator<Item = Option<String>>) -> Option<String> {
+    let parts: Option<Vec<String>> = parts.into_iter().collect();
+    let parts: Vec<String> = parts?.into_iter().filter(|p| !p.is_empty()).collect();
+    Some(parts.join(" and "))
+}
+
 tuple_extractors!(A, B);
 tuple_extractors!(A, B, C);
 tuple_extractors!(A, B, C, D);
@@ -360,6 +411,39 @@ pub(crate) mod tests {
         let mut b = KeyBuilder::new();
         e.extract(p, &mut b)?;
         Ok(b.finish().to_string())
+    }
+
+    #[test]
+    fn descriptions_name_what_a_client_sends() {
+        let h = Header::new;
+        let d = |e: &dyn KeyExtractor| e.describe();
+        assert_eq!(d(&h("x-api-key")).unwrap(), "the `x-api-key` header");
+        assert_eq!(d(&Query::new("key")).unwrap(), "the `key` query parameter");
+        assert_eq!(
+            d(&h("x-a").or(Query::new("a"))).unwrap(),
+            "the `x-a` header or the `a` query parameter"
+        );
+        assert_eq!(
+            d(&(PeerIp::new(), h("x-user"), Global)).unwrap(),
+            "the `x-user` header"
+        );
+        assert_eq!(
+            d(&(h("x-a"), h("x-b"))).unwrap(),
+            "the `x-a` header and the `x-b` header"
+        );
+        // Nothing a client sends as such: not named, alone or in a composite key.
+        let closure = |_: &Parts| Some(1u8);
+        assert_eq!(d(&closure), None);
+        assert_eq!(d(&(h("x-a"), closure)), None);
+        assert_eq!(d(&Extension::<u8>::new()), None);
+        // Always there (or missing through no fault of the client).
+        assert_eq!(d(&PeerIp::new()).unwrap(), "");
+        let behind_proxies = ClientIp::x_forwarded_for(TrustedProxies::hops(1));
+        assert_eq!(
+            d(&(behind_proxies, h("x-user"))).unwrap(),
+            "the `x-user` header"
+        );
+        assert_eq!(d(&h("x-a").or(Global)).unwrap(), "");
     }
 
     #[test]
