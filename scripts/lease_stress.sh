@@ -192,7 +192,8 @@ start_servers() {
   for ((i = 1; i <= N; i++)); do
     p=$(free_port)
     log="$dir/run/server-$i.log"
-    RULES="$dir/rules-$lease.toml" PORT="$p" REDIS_URL="$url" "$server" >"$log" 2>&1 &
+    # NO_COLOR: plain log lines (tracing writes colours even to a file otherwise).
+    NO_COLOR=1 RULES="$dir/rules-$lease.toml" PORT="$p" REDIS_URL="$url" "$server" >"$log" 2>&1 &
     server_pids+=($!)
     ports_list+=("$p")
   done
