@@ -417,6 +417,9 @@ async fn the_breaker_opens_after_two_failures_and_a_successful_probe_closes_it()
     assert_eq!(s.backend.calls(), 5);
 }
 
+/// A call that times out answers from the failure policy; the timeouts count against the
+/// breaker once the backend has been silent for a second (a busy instance whose calls are
+/// answered late is not a failing backend: `tests/lease_world.rs`).
 #[tokio::test]
 async fn a_hanging_backend_times_out_and_opens_the_breaker() {
     let clock = FakeClock::at(Duration::from_secs(1_000));
@@ -430,6 +433,8 @@ async fn a_hanging_backend_times_out_and_opens_the_breaker() {
         .build()
         .unwrap();
     backend.set_hanging(true);
+    // Not heard from for a second.
+    clock.advance(Duration::from_secs(1));
     for calls in 1..=2 {
         let started = Instant::now();
         let d = check(&limiter, "alice").await;
@@ -445,6 +450,34 @@ async fn a_hanging_backend_times_out_and_opens_the_breaker() {
     let d = check(&limiter, "alice").await;
     assert_eq!(state(&d), ("fallback", true, Some(2), None));
     assert_eq!(backend.calls(), 2);
+}
+
+/// Timeouts within a second of the backend's last answer are a slow side, not a failing
+/// backend: the requests follow the policy, the breaker stays closed (issue: shared
+/// limits under stress, item 1).
+#[tokio::test]
+async fn timeouts_while_the_backend_answered_lately_never_open_the_breaker() {
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let backend = MapBackend::new(clock.clone());
+    let store = Resilient::new(backend.clone())
+        .clock(clock.clone())
+        .breaker(2, COOL_DOWN)
+        .timeout(Duration::from_millis(20));
+    let limiter = Limiter::builder(store.clone())
+        .limit(LimitSpec::new("api", Q))
+        .build()
+        .unwrap();
+    assert_eq!(state(&check(&limiter, "alice").await).0, "checked");
+    backend.set_hanging(true);
+    for _ in 0..5 {
+        clock.advance(Duration::from_millis(100));
+        assert_eq!(state(&check(&limiter, "alice").await).0, "fallback");
+    }
+    assert!(!store.is_unavailable(), "heard from 500 ms ago");
+    clock.advance(Duration::from_millis(500));
+    assert_eq!(state(&check(&limiter, "alice").await).0, "fallback");
+    assert_eq!(state(&check(&limiter, "alice").await).0, "fallback");
+    assert!(store.is_unavailable(), "silent for a second");
 }
 
 #[tokio::test]

@@ -253,6 +253,11 @@ impl Backend for World {
     fn instances(&self) -> u64 {
         self.with(|s| s.instances)
     }
+
+    /// What Redis's own probe measures: the round trip as it stands.
+    fn round_trip(&self) -> Option<Duration> {
+        Some(self.with(|s| s.one_way * 2))
+    }
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -334,15 +339,22 @@ fn play(
         Fault::Restore => world.restore(),
     };
     let d = rt.block_on(async {
+        // Each request's instant from the start: tokio's timer ticks in milliseconds, so
+        // requests less than a tick apart go together, at the rate the script says.
+        let mut at = Duration::ZERO;
         for r in requests {
-            let at = start.elapsed() + r.after;
+            at += r.after;
             while let Some(&(t, _)) = faults.peek()
                 && t <= at
             {
-                tokio::time::sleep_until(start + t).await;
+                if start + t > tokio::time::Instant::now() {
+                    tokio::time::sleep_until(start + t).await;
+                }
                 apply(faults.next().unwrap().1);
             }
-            tokio::time::sleep_until(start + at).await;
+            if start + at > tokio::time::Instant::now() {
+                tokio::time::sleep_until(start + at).await;
+            }
             let i = &fleet[r.instance % fleet.len()];
             let limiter = i.plans[r.plan % i.plans.len()].clone();
             let granted = granted.clone();
@@ -354,7 +366,9 @@ fn play(
             }));
         }
         for (t, f) in faults {
-            tokio::time::sleep_until(start + t).await;
+            if start + t > tokio::time::Instant::now() {
+                tokio::time::sleep_until(start + t).await;
+            }
             apply(f);
         }
         let end = start.elapsed() + tail;
@@ -393,29 +407,49 @@ fn exact(quota: Quota, d: Duration) -> u64 {
 /// answered from a full local bucket.
 #[test]
 fn a_flooded_instance_whose_calls_answer_late_never_opens_the_breaker() {
-    let rt = runtime();
-    let clock = rt.block_on(async { TokioClock::new() });
-    let world = World::new(&clock, 4);
-    let quota = Quota::per_second(1_000).burst(100);
-    let spec = LimitSpec::new("api", quota).lease(Lease::auto());
-    let fleet = fleet(&world, 4, &[spec]);
-    let requests = even(40_000, 5, 4, 1); // 8x the limit
-    let faults = [(Duration::ZERO, Fault::Latency(Duration::from_millis(40)))];
-    let (granted, d) = play(&rt, &world, &fleet, &requests, &faults, Duration::ZERO);
-    let bound = exact(quota, d) + 4 * 12;
-    for i in &fleet {
-        assert!(!i.store.is_unavailable(), "the breaker opened");
+    for lease in [Some(Lease::auto()), None] {
+        let rt = runtime();
+        let clock = rt.block_on(async { TokioClock::new() });
+        let world = World::new(&clock, 4);
+        let quota = Quota::per_second(1_000).burst(100);
+        let mut spec = LimitSpec::new("api", quota);
+        if let Some(l) = lease {
+            spec = spec.lease(l);
+        }
+        let fleet = fleet(&world, 4, &[spec]);
+        // Watch the breakers every millisecond of the run.
+        let opened = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stores: Vec<Resilient<World>> = fleet.iter().map(|i| i.store.clone()).collect();
+        let watch = opened.clone();
+        rt.spawn(async move {
+            loop {
+                if stores.iter().any(Resilient::is_unavailable) {
+                    watch.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        let requests = even(40_000, 5, 4, 1); // 8x the limit
+        let faults = [(Duration::ZERO, Fault::Latency(Duration::from_millis(40)))];
+        let (granted, d) = play(&rt, &world, &fleet, &requests, &faults, Duration::ZERO);
+        let cap = if lease.is_some() { 12 } else { 0 };
+        let bound = exact(quota, d) + 4 * cap;
+        eprintln!("late answers, lease {lease:?}: {granted} granted over {d:?}, bound {bound}");
+        assert!(
+            !opened.load(std::sync::atomic::Ordering::SeqCst),
+            "the breaker opened"
+        );
+        assert!(
+            granted <= bound + bound / 100,
+            "{granted} granted, bound {bound}"
+        );
     }
-    eprintln!("late answers: {granted} granted over {d:?}, bound {bound}");
-    assert!(
-        granted <= bound + bound / 100,
-        "{granted} granted, bound {bound}"
-    );
 }
 
 /// Item 2: while the backend fails, each of N instances spends its share (1/N of the
-/// burst and the rate), not a whole copy of the limit: the N instances together grant
-/// about one limit over the outage, not N.
+/// burst and the rate), not a whole copy of the limit, and once it answers again charges
+/// the shared bucket with what its shares lack: the N instances together grant one limit
+/// over the run, not N over the outage.
 #[test]
 fn an_outage_spends_a_share_not_a_copy() {
     for (policy, lease) in [
@@ -437,14 +471,22 @@ fn an_outage_spends_a_share_not_a_copy() {
             (Duration::from_secs(4), Fault::Failing(false)),
         ];
         let (granted, d) = play(&rt, &world, &fleet, &requests, &faults, Duration::ZERO);
-        // The exact limiter, one burst for the outage, and the leases.
-        let bound = exact(quota, d) + quota.burst_size() + 4 * 12;
+        // The exact limiter and the leases: the shares together are one bucket at the
+        // limit's rate, and what they lack when Redis answers again is charged to it, so
+        // the outage adds nothing but a rounding (1 %).
+        let bound = exact(quota, d) + 4 * 12;
         eprintln!("{policy:?}, lease {lease:?}: {granted} granted over {d:?}, bound {bound}");
-        assert!(granted <= bound, "{granted} granted, bound {bound}");
+        assert!(
+            granted <= bound + bound / 100,
+            "{granted} granted, bound {bound}"
+        );
+        // Not starved either: each instance kept serving its share.
+        assert!(granted * 100 >= exact(quota, d) * 95, "{granted} granted");
     }
 }
 
-/// Item 3: a client alternating plans (two quotas of one limit, one key) never refills a
+/// Item 3: a client alternating plans (two quotas of one limit, one key: 19 requests on
+/// `pro`, then one on `free`, in a loop) never refills a
 /// leased bucket: tokens go back at the quota they were taken at. Before, they went back
 /// at the new quota, and a refund clamped to a full bucket: every request passed.
 #[test]
@@ -462,7 +504,7 @@ fn alternating_plans_never_refill_a_leased_bucket() {
     let requests: Vec<Request> = (0..9_000)
         .map(|i| Request {
             instance: 0,
-            plan: usize::from(i % 3 == 2), // pro, pro, free
+            plan: usize::from(i % 20 == 19), // 19 pro, then free
             cost: 1,
             after: Duration::from_micros(333),
         })

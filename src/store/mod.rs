@@ -310,4 +310,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn instances(&self) -> u64 {
         1
     }
+
+    /// A round trip to the backend it measured on its own, lately (Redis: its probe,
+    /// once a second), if any: [`Resilient`] sizes its timeout from it too, so a backend
+    /// farther away than the configured timeout, whose every call would time out and so
+    /// measure nothing, is still reached. It must be cheap.
+    fn round_trip(&self) -> Option<Duration> {
+        None
+    }
 }

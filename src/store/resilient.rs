@@ -3,6 +3,7 @@
 //! and a local cache of denials.
 
 mod lease;
+mod owed;
 
 use std::fmt;
 use std::future::Future;
@@ -112,10 +113,9 @@ pub(super) struct Inner<B> {
     /// Keys the leases of every table hold, and what lease mode did.
     lease_keys: Arc<AtomicUsize>,
     lease_counters: Arc<Counters>,
-    /// The lease tables made so far, for [`lease_stats`](Resilient::lease_stats).
-    lease_tables: Arc<std::sync::Mutex<Vec<std::sync::Weak<LeaseTable>>>>,
     /// The lease table of each limit name: limits (or layers) with the same name share
-    /// one, so an instance holds at most `L` of a key however many tables name it.
+    /// one, so an instance holds at most `L` of a key however many tables name it (and
+    /// [`lease_stats`](Resilient::lease_stats) reads them).
     lease_by_name:
         Arc<std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<LeaseTable>>>>,
     /// The backend's reset count this store has answered, and the keys it would write
@@ -129,6 +129,9 @@ pub(super) struct Inner<B> {
     /// When a call was last answered (the store's clock): a timeout after it is a busy
     /// client, not a backend that does not answer.
     answered_at: Arc<std::sync::atomic::AtomicU64>,
+    /// What `Share` granted locally while the backend could not be reached, charged to
+    /// the shared buckets once it answers.
+    owed: Arc<owed::Owed>,
 }
 
 impl<B> Inner<B> {
@@ -194,13 +197,13 @@ impl<B: Backend> Resilient<B> {
                 metrics: crate::observe::probe::StoreMetrics::new(backend.name()),
                 lease_keys: Arc::default(),
                 lease_counters: Arc::default(),
-                lease_tables: Arc::default(),
                 lease_by_name: Arc::default(),
                 seen_resets: Arc::default(),
                 refused: Arc::default(),
                 writeback_dropped: crate::observe::probe::writeback_dropped(backend.name()),
                 rtt: Arc::default(),
-                answered_at: Arc::default(),
+                answered_at: Arc::new(std::sync::atomic::AtomicU64::new(clock.now())),
+                owed: Arc::default(),
                 backend,
                 clock,
             }),
@@ -229,6 +232,7 @@ impl<B: Backend> Resilient<B> {
     pub fn clock(self, clock: impl Clock) -> Self {
         let clock = SharedClock::new(clock);
         self.configure(|i| {
+            i.answered_at = Arc::new(std::sync::atomic::AtomicU64::new(clock.now()));
             i.clock = clock;
             i.fallback = i.fallback_store();
             i.deny_cache = i.deny_cache.is_some().then(|| i.deny_cache_store());
@@ -276,16 +280,18 @@ impl<B: Backend> Resilient<B> {
     /// What lease mode did so far (limits with a [`Lease`](crate::Lease)): checks decided
     /// here without a call, leases taken and tokens given back.
     pub fn lease_stats(&self) -> LeaseStats {
-        let mut tables = self
+        let tables = self
             .inner
-            .lease_tables
+            .lease_by_name
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        tables.retain(|t| t.strong_count() > 0);
         // Held until the counts are read: a table dropped meanwhile would be counted twice
         // (its decisions move into the store's counts when it goes).
-        let live: Vec<Arc<LeaseTable>> =
-            tables.iter().filter_map(std::sync::Weak::upgrade).collect();
+        let live: Vec<Arc<LeaseTable>> = tables
+            .values()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        drop(tables);
         let mut decided = lease::Decisions::default();
         for table in &live {
             decided.add(table.decisions());
@@ -319,6 +325,10 @@ struct Refused {
     algorithm: Algorithm,
     until: u64,
 }
+
+/// A backend silent this long (no call answered) is failing: timeouts count against the
+/// breaker from then on.
+const QUIET_NS: u64 = 1_000_000_000;
 
 /// Keys remembered for a write-back, at most.
 const REMEMBERED_REFUSALS: usize = 10_000;
@@ -661,7 +671,7 @@ impl<B: Backend> Resilient<B> {
             "tollgate: writing back the spent keys {} lost",
             inner.backend.name()
         );
-        let timeout = inner.rtt.timeout(inner.timeout);
+        let timeout = self.call_timeout();
         for (remote, key, quota, algorithm, until) in live {
             let left = Duration::from_nanos(until - now);
             // GCRA: the bucket as spent as it was (full again at `until`); a fixed window:
@@ -680,8 +690,10 @@ impl<B: Backend> Resilient<B> {
         }
     }
 
-    /// The statuses of a call the backend did not answer: each item's policy.
-    fn on_failure(&self, op: Op, parts: &[Part]) -> Statuses {
+    /// The statuses of a call the backend did not answer: each item's policy. `owe`: the
+    /// call surely changed nothing in the backend (it was not made, or failed with an
+    /// error), so what `Share` grants here is charged to the shared bucket later.
+    fn on_failure(&self, op: Op, parts: &[Part], owe: bool) -> Statuses {
         let mut statuses: Statuses = parts
             .iter()
             .map(|p| match p.policy {
@@ -732,7 +744,73 @@ impl<B: Backend> Resilient<B> {
                 other => other,
             };
         }
+        let passed = !statuses.iter().zip(parts).any(|(s, p)| refuses(s, p.mode));
+        if owe && op == Op::Check && passed {
+            for (&i, item) in fallback.iter().zip(&items) {
+                let p = &parts[i];
+                let counted = p.policy == FailurePolicy::Share
+                    && p.mode == Mode::Enforce
+                    && p.algorithm == Algorithm::Gcra
+                    && p.cost > 0;
+                let debt = || owed::Debt {
+                    remote: p.remote.clone(),
+                    key: p.key.clone(),
+                    quota: p.quota,
+                    local: p.fallback.clone(),
+                    share: item.quota,
+                };
+                if counted && !self.inner.owed.add(debt()) {
+                    self.inner.writeback_dropped.increment(1);
+                }
+            }
+        }
         statuses
+    }
+
+    /// The backend answers: what the shares of the keys `Share` granted while it could not
+    /// be reached still lack is charged to the shared buckets (`Op::Penalize`), in the
+    /// background (see `owed`).
+    fn repay(&self) {
+        let debts = self.inner.owed.take();
+        if debts.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        tracing::info!(
+            keys = debts.len(),
+            "tollgate: charging {} with what was granted on this instance's share while it failed",
+            self.inner.backend.name()
+        );
+        let timeout = self.call_timeout();
+        for d in debts {
+            // What the share lacks now: the tokens spent on it and not refilled yet.
+            let look = [Item::new(&d.local, d.key.clone(), d.share, 0)];
+            let Checked::Ready(s) = self.inner.fallback.apply(Op::Check, &look) else {
+                unreachable!("the memory store answers at once")
+            };
+            let left = s
+                .first()
+                .and_then(Status::outcome)
+                .map_or(0, Outcome::remaining);
+            let lacks = d.share.burst_size().saturating_sub(left);
+            if lacks == 0 {
+                continue;
+            }
+            let cost = u32::try_from(lacks).unwrap_or(u32::MAX);
+            let call = d.remote.remote.call(
+                Op::Penalize,
+                &d.key,
+                d.quota,
+                Algorithm::Gcra,
+                cost,
+                Duration::ZERO,
+            );
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(timeout, call).await;
+            });
+        }
     }
 
     /// A key this instance saw spent (in the write-back list) starts its share as spent as
@@ -760,20 +838,10 @@ impl<B: Backend> Resilient<B> {
         }
     }
 
-    async fn run(
-        self,
-        op: Op,
-        parts: SmallVec<[Part; 4]>,
-        call: B::Future,
-        probe: bool,
-    ) -> Statuses {
+    async fn run(self, op: Op, parts: SmallVec<[Part; 4]>, call: B::Future) -> Statuses {
         let inner = &*self.inner;
         let sent_at = inner.clock.now();
-        let timeout = if probe {
-            inner.rtt.longest(inner.timeout)
-        } else {
-            inner.rtt.timeout(inner.timeout)
-        };
+        let timeout = self.call_timeout();
         let (result, late) = match tokio::time::timeout(timeout, call).await {
             Ok(result) => {
                 if result.is_ok() {
@@ -824,14 +892,23 @@ impl<B: Backend> Resilient<B> {
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Whether some call was answered after `sent_at`: then a call sent at `sent_at` that
-    /// timed out was slow on this side (a busy instance, a queue of calls), not sent to a
-    /// backend that does not answer, and it does not count against the breaker.
-    fn answering_since(&self, sent_at: u64) -> bool {
-        self.inner
-            .answered_at
-            .load(std::sync::atomic::Ordering::Relaxed)
-            > sent_at
+    /// Whether the backend has been silent for `QUIET` (no call answered, nor since the
+    /// store was made): only then does a timeout count against the breaker. A timeout
+    /// while calls are answered is this side being slow (a busy instance, a queue of
+    /// calls), not a backend that does not answer; and a store that has not heard from its
+    /// backend yet gives it the time to answer a first call and its own probe (whose round
+    /// trip sizes the timeout) before it calls it failing.
+    fn silent(&self) -> bool {
+        let inner = &*self.inner;
+        let heard = inner.answered_at.load(std::sync::atomic::Ordering::Relaxed);
+        inner.clock.now().saturating_sub(heard) >= QUIET_NS
+    }
+
+    /// How long the next call may take: the configured timeout, or what the round trips
+    /// observed (and the backend's own, e.g. Redis's probe) say when that is longer.
+    fn call_timeout(&self) -> Duration {
+        let inner = &*self.inner;
+        inner.rtt.timeout(inner.timeout, inner.backend.round_trip())
     }
 
     /// The statuses of a call's answer (`late`: it timed out; the request follows its
@@ -850,6 +927,7 @@ impl<B: Backend> Resilient<B> {
         match result {
             Ok(statuses) if statuses.len() == parts.len() => {
                 inner.breaker.success(name);
+                self.repay();
                 match op {
                     Op::Check => {
                         for (p, s) in parts.iter().zip(&statuses) {
@@ -879,14 +957,15 @@ impl<B: Backend> Resilient<B> {
                 let error = format!("{} statuses for {} items", statuses.len(), parts.len());
                 tracing::debug!(%error, "tollgate: {name} answered wrongly");
                 inner.breaker.failure(inner.clock.now(), name, &error);
-                self.on_failure(op, parts)
+                self.on_failure(op, parts, false)
             }
             Err(error) => {
                 tracing::debug!(%error, "tollgate: {name} call failed");
-                if !late || !self.answering_since(sent_at) {
+                if !late || self.silent() {
                     inner.breaker.failure(inner.clock.now(), name, &error);
                 }
-                self.on_failure(op, parts)
+                // A call that timed out may have been applied: nothing is owed for it.
+                self.on_failure(op, parts, !late)
             }
         }
     }
@@ -1044,11 +1123,12 @@ impl<B: Backend> Resilient<B> {
                 );
                 // No request waits for this call: it may take twice a request's timeout
                 // (a late answer is still an answer, timed from the send).
-                let timeout = inner.rtt.timeout(inner.timeout).saturating_mul(2);
+                let timeout = this.call_timeout().saturating_mul(2);
                 let answer = match tokio::time::timeout(timeout, call).await {
                     Ok(Ok(s)) if s.len() == 1 => {
                         this.answered(sent_at);
                         inner.breaker.success(name);
+                        this.repay();
                         s[0].outcome().copied()
                     }
                     Ok(Ok(_)) => {
@@ -1064,7 +1144,7 @@ impl<B: Backend> Resilient<B> {
                         None
                     }
                     Err(_) => {
-                        if !this.answering_since(sent_at) {
+                        if this.silent() {
                             inner
                                 .breaker
                                 .failure(inner.clock.now(), name, &"no answer in time");
@@ -1098,8 +1178,8 @@ impl<B: Backend> Resilient<B> {
 
     /// Gives unspent leased tokens back to the backend, in the background.
     fn give_back(&self, leases: &Arc<LeaseTable>, give_back: GiveBack) {
-        if let Some((key, quota, algorithm, tokens)) = give_back {
-            leases.give_back(&key, quota, algorithm, tokens);
+        if let Some((key, quota, algorithm, tokens, not_after)) = give_back {
+            leases.give_back(&key, quota, algorithm, tokens, not_after);
         }
     }
 }
@@ -1130,9 +1210,6 @@ impl<B: Backend> Resilient<B> {
             inner.timeout,
         ));
         by_name.insert(name.to_owned(), Arc::downgrade(&leases));
-        let mut tables = inner.lease_tables.lock().unwrap_or_else(|e| e.into_inner());
-        tables.retain(|t| t.strong_count() > 0);
-        tables.push(Arc::downgrade(&leases));
         leases
     }
 }
@@ -1192,19 +1269,15 @@ impl<B: Backend> Store for Resilient<B> {
                 remote: item.table.leases.clone(),
             })
             .collect();
-        // A call while the breaker is open is its probe: it may take up to the longest
-        // timeout, so that a backend slower than the timeout (far away, or busy) is
-        // measured and the timeout learns its round trips, instead of failing forever.
-        let probe = self.inner.breaker.is_open();
         if self.inner.breaker.permit(self.inner.clock.now()) == Permit::Skip {
-            return Checked::Ready(self.on_failure(op, &parts));
+            return Checked::Ready(self.on_failure(op, &parts, true));
         }
         let backend_items: SmallVec<[Item<'_, B::Table>; 4]> = items
             .iter()
             .map(|item| item.on(&item.table.inner).lease(None))
             .collect();
         let call = self.inner.backend.apply(op, &backend_items);
-        Checked::Pending(Box::pin(self.clone().run(op, parts, call, probe)))
+        Checked::Pending(Box::pin(self.clone().run(op, parts, call)))
     }
 }
 

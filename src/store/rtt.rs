@@ -37,18 +37,15 @@ impl RoundTrips {
 
     /// How long the next call may take before the request follows its failure policy:
     /// `floor` (the configured timeout), or the smoothed round trip plus four deviations
-    /// when that is longer, at most 1 s.
-    pub(crate) fn timeout(&self, floor: Duration) -> Duration {
+    /// when that is longer, or three times `hint` (a round trip the backend measured on
+    /// its own, e.g. Redis's probe: calls that all time out measure nothing), at most 1 s
+    /// above the floor.
+    pub(crate) fn timeout(&self, floor: Duration, hint: Option<Duration>) -> Duration {
         let srtt = self.srtt.load(Ordering::Relaxed);
         let var = self.rttvar.load(Ordering::Relaxed);
         let learned = Duration::from_nanos(srtt.saturating_add(var.saturating_mul(4)));
-        floor.max(learned.min(CEILING))
-    }
-
-    /// The longest a call may take: `floor`, or 1 s when that is longer (a breaker's
-    /// probe, which measures a backend slower than the timeout).
-    pub(crate) fn longest(&self, floor: Duration) -> Duration {
-        floor.max(CEILING)
+        let hinted = hint.unwrap_or_default().saturating_mul(3);
+        floor.max(learned.max(hinted).min(CEILING))
     }
 }
 
@@ -62,16 +59,20 @@ mod tests {
     fn the_timeout_follows_the_round_trips_above_the_configured_floor() {
         let rtt = RoundTrips::default();
         let floor = Duration::from_millis(50);
-        assert_eq!(rtt.timeout(floor), floor, "nothing seen: the floor");
+        assert_eq!(rtt.timeout(floor, None), floor, "nothing seen: the floor");
         for _ in 0..50 {
             rtt.observe(MS);
         }
-        assert_eq!(rtt.timeout(floor), floor, "fast round trips: the floor");
+        assert_eq!(
+            rtt.timeout(floor, None),
+            floor,
+            "fast round trips: the floor"
+        );
         // A Redis 30 ms away each way.
         for i in 0..50 {
             rtt.observe(60 * MS + (i % 3) * MS);
         }
-        let t = rtt.timeout(floor);
+        let t = rtt.timeout(floor, None);
         assert!(
             t > Duration::from_millis(61) && t < Duration::from_millis(120),
             "{t:?}"
@@ -80,8 +81,13 @@ mod tests {
         for _ in 0..50 {
             rtt.observe(5_000 * MS);
         }
-        assert_eq!(rtt.timeout(floor), CEILING);
-        assert_eq!(rtt.longest(floor), CEILING);
-        assert_eq!(rtt.longest(Duration::from_secs(2)), Duration::from_secs(2));
+        assert_eq!(rtt.timeout(floor, None), CEILING);
+        // A round trip the backend measured itself (every call timed out): three of them.
+        let fresh = RoundTrips::default();
+        assert_eq!(
+            fresh.timeout(floor, Some(Duration::from_millis(60))),
+            Duration::from_millis(180)
+        );
+        assert_eq!(fresh.timeout(floor, Some(Duration::from_millis(5))), floor);
     }
 }

@@ -70,6 +70,8 @@ pub(super) struct Epoch {
     /// counted).
     id: String,
     instances: AtomicU64,
+    /// The heartbeat's last round trip in nanoseconds (0: none yet).
+    round_trip_ns: AtomicU64,
 }
 
 impl Default for Epoch {
@@ -82,6 +84,7 @@ impl Default for Epoch {
             server: Mutex::default(),
             id: format!("{:016x}", random()),
             instances: AtomicU64::new(1),
+            round_trip_ns: AtomicU64::new(0),
         }
     }
 }
@@ -90,6 +93,14 @@ impl Epoch {
     /// Resets seen so far.
     pub(super) fn resets(&self) -> u64 {
         self.resets.load(Ordering::Acquire)
+    }
+
+    /// The heartbeat's last round trip, if one was measured.
+    pub(super) fn round_trip(&self) -> Option<Duration> {
+        match self.round_trip_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
     }
 
     /// The live instances counted last (at least 1).
@@ -119,7 +130,11 @@ impl Epoch {
         }
         let mut lost = self.markers(conn, prefix).await?;
         if !conn.is_cluster() {
-            lost |= self.server(conn).await?;
+            // `INFO` renamed or disabled: only the marker is read.
+            match self.server(conn).await {
+                Ok(changed) => lost |= changed,
+                Err(error) => tracing::debug!(%error, "tollgate: reading Redis INFO failed"),
+            }
         }
         if lost {
             tracing::warn!(
@@ -140,7 +155,10 @@ impl Epoch {
             .arg(key)
             .arg(&self.id)
             .arg(u64::try_from(LIVE_FOR.as_millis()).unwrap_or(5_000));
+        let sent = Instant::now();
         let live: u64 = conn.query(&eval).await?;
+        let rtt = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.round_trip_ns.store(rtt.max(1), Ordering::Relaxed);
         self.instances.store(live.max(1), Ordering::Relaxed);
         Ok(())
     }

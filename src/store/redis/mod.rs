@@ -793,6 +793,11 @@ impl Backend for RedisBackend {
     fn instances(&self) -> u64 {
         self.epoch.instances()
     }
+
+    /// The probe's last round trip (its heartbeat script, once a second).
+    fn round_trip(&self) -> Option<std::time::Duration> {
+        self.epoch.round_trip()
+    }
 }
 
 /// `url` with the password of its user part (between `:` and `@` after the scheme) replaced

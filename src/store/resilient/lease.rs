@@ -205,7 +205,7 @@ impl Slot {
         self.due = [Due::default(); 2];
         let returnable = self.window_end == 0 || now.saturating_add(timeout_ns) < self.window_end;
         let (quota, algorithm) = self.held_as?;
-        (tokens > 0 && returnable).then(|| (key.clone(), quota, algorithm, tokens))
+        (tokens > 0 && returnable).then(|| (key.clone(), quota, algorithm, tokens, self.window_end))
     }
 }
 
@@ -300,8 +300,10 @@ pub(super) struct Ask {
     pub(super) cost: u32,
 }
 
-/// Tokens to give back: `(key, quota, algorithm, tokens)`.
-pub(super) type GiveBack = Option<(Key, Quota, Algorithm, u64)>;
+/// Tokens to give back: `(key, quota, algorithm, tokens, not_after)`; `not_after` (0:
+/// none) is the end of the fixed window the units count in, past which they must not
+/// land.
+pub(super) type GiveBack = Option<(Key, Quota, Algorithm, u64, u64)>;
 
 impl LeaseTable {
     pub(super) fn new(
@@ -363,8 +365,8 @@ impl LeaseTable {
             }
             self.sweep(&mut shard.slots, now);
         }
-        for (key, quota, algorithm, tokens) in back {
-            self.give_back(&key, quota, algorithm, tokens);
+        for (key, quota, algorithm, tokens, not_after) in back {
+            self.give_back(&key, quota, algorithm, tokens, not_after);
         }
     }
 
@@ -520,13 +522,20 @@ impl LeaseTable {
             .get_mut(key)
             .filter(|s| s.salt == salt && s.generation == generation)
         else {
-            let granted = answer.filter(Outcome::is_allowed).map(|_| asked);
-            if let Some(g) = granted {
-                Counters::add(&self.counters.leased_tokens, g);
+            let granted = answer.filter(Outcome::is_allowed);
+            if granted.is_some() {
+                Counters::add(&self.counters.leased_tokens, asked);
             }
             return (
                 None,
-                granted.map(|g| (key.clone(), ask.quota, ask.algorithm, g)),
+                granted.map(|o| {
+                    let not_after = if ask.algorithm.is_window() {
+                        sent_at.saturating_add(duration_ns(o.reset_after()))
+                    } else {
+                        0
+                    };
+                    (key.clone(), ask.quota, ask.algorithm, asked, not_after)
+                }),
             );
         };
         let Some(o) = answer else {
@@ -616,20 +625,38 @@ impl LeaseTable {
 
     /// Gives `tokens` of `key` back to the backend, in the background (never beyond a
     /// full bucket: a refund). Without a Tokio runtime they return as the bucket refills.
-    pub(super) fn give_back(&self, key: &Key, quota: Quota, algorithm: Algorithm, tokens: u64) {
+    /// `not_after` (0: none): a fixed window's end; its units are sent back only while the
+    /// call's timeout ends before it, counted when the call is sent (not when it was
+    /// decided), and the call is not awaited past it.
+    pub(super) fn give_back(
+        &self,
+        key: &Key,
+        quota: Quota,
+        algorithm: Algorithm,
+        tokens: u64,
+        not_after: u64,
+    ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        Counters::add(&self.counters.return_calls, 1);
-        Counters::add(&self.counters.returned_tokens, tokens);
         let cost = u32::try_from(tokens).unwrap_or(u32::MAX);
         let call = self
             .remote
             .call(Op::Refund, key, quota, algorithm, cost, Duration::ZERO);
-        let timeout = self.timeout;
+        let (timeout, clock, counters) = (self.timeout, self.clock.clone(), self.counters.clone());
         runtime.spawn(async move {
+            let mut wait = timeout;
+            if not_after != 0 {
+                let now = clock.now();
+                if now.saturating_add(duration_ns(timeout)) >= not_after {
+                    return; // the window may end before the units land: they stay spent
+                }
+                wait = wait.min(Duration::from_nanos(not_after - now));
+            }
+            Counters::add(&counters.return_calls, 1);
+            Counters::add(&counters.returned_tokens, tokens);
             // A refund that fails leaves the tokens to come back as the bucket refills.
-            let _ = tokio::time::timeout(timeout, call).await;
+            let _ = tokio::time::timeout(wait, call).await;
         });
     }
 
@@ -665,8 +692,8 @@ impl Drop for LeaseTable {
             }
         }
         self.keys.fetch_sub(held, Ordering::Relaxed);
-        for (key, quota, algorithm, tokens) in back {
-            self.give_back(&key, quota, algorithm, tokens);
+        for (key, quota, algorithm, tokens, not_after) in back {
+            self.give_back(&key, quota, algorithm, tokens, not_after);
         }
     }
 }
