@@ -50,14 +50,15 @@ async fn keys(server: &RedisServer, pattern: &str) -> usize {
     keys.len()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sentinel_store_follows_a_failover_under_load() {
-    let mut master = RedisServer::start();
+/// A master, its replica in sync, three sentinels that know both, and a store through the
+/// sentinels with a limiter whose keys stay in Redis for a day (so what the store wrote can
+/// be counted on each node).
+async fn topology() -> (RedisServer, RedisServer, Vec<RedisServer>, Limiter) {
+    let master = RedisServer::start();
     let replica = RedisServer::start_replica(&master);
     let sentinels: Vec<RedisServer> = (0..3)
         .map(|_| RedisServer::start_sentinel(&master))
         .collect();
-    // The replica in sync, and known to the sentinels.
     eventually(Duration::from_secs(20), "the replica syncs", || async {
         let mut c = replica.connection().await;
         let info: String = redis::cmd("INFO")
@@ -83,16 +84,13 @@ async fn a_sentinel_store_follows_a_failover_under_load() {
         },
     )
     .await;
-
     let urls: Vec<String> = sentinels.iter().map(RedisServer::url).collect();
     let store = RedisStore::sentinel(&urls, "mymaster")
         .unwrap()
         .prefix("s:")
         .timeout(Duration::from_millis(500))
         .breaker(2, Duration::from_millis(200));
-    let limiter = Limiter::builder(store.clone())
-        // A slow refill: each key's bucket stays in Redis (for a day), so that what the
-        // store wrote can be counted on each node.
+    let limiter = Limiter::builder(store)
         .limit(LimitSpec::new("api", Quota::per_day(1_000)))
         .build()
         .unwrap();
@@ -106,6 +104,12 @@ async fn a_sentinel_store_follows_a_failover_under_load() {
         },
     )
     .await;
+    (master, replica, sentinels, limiter)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_store_follows_a_failover_under_load() {
+    let (mut master, replica, sentinels, limiter) = topology().await;
 
     // Load: requests on fresh keys until told to stop; every one must get a decision.
     let stop = Arc::new(AtomicBool::new(false));
@@ -153,4 +157,48 @@ async fn a_sentinel_store_follows_a_failover_under_load() {
         decided.load(Ordering::Relaxed)
     );
     assert!(limiter.check("api", "after", 1).await.unwrap().allowed());
+}
+
+/// A failover the sentinels announce while the old master still runs (`SENTINEL
+/// FAILOVER`): the store leaves the demoted master once the sentinels name the new one,
+/// within about its probe's second, rather than keep writing to it until a call fails
+/// (issue: shared limits under stress, item 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_store_follows_an_announced_failover_within_its_probe() {
+    let (master, replica, sentinels, limiter) = topology().await;
+    let mut c = sentinels[0].connection().await;
+    let _: () = redis::cmd("SENTINEL")
+        .arg("failover")
+        .arg("mymaster")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "the sentinels name the replica",
+        || async { master_port(&sentinels[0]).await == Some(replica.port()) },
+    )
+    .await;
+    let announced = Instant::now();
+    let before = keys(&replica, "s:api:*").await;
+    let mut n = 0u64;
+    eventually(
+        Duration::from_secs(5),
+        "the store writes to the new master",
+        || {
+            n += 1;
+            let (limiter, replica) = (limiter.clone(), &replica);
+            async move {
+                let key = format!("after{n}");
+                limiter.check("api", key.as_str(), 1).await.unwrap();
+                keys(replica, "s:api:*").await > before
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "writing to the new master {:.2} s after the sentinels named it",
+        announced.elapsed().as_secs_f64()
+    );
+    drop(master);
 }
