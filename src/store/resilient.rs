@@ -1286,6 +1286,74 @@ mod tests {
     use super::*;
     use crate::model::decision::Verdict;
 
+    /// A backend that is down: only its tables matter here.
+    #[derive(Clone)]
+    struct Down;
+
+    impl Backend for Down {
+        type Table = ();
+        type Future = std::future::Ready<Result<Statuses, StoreError>>;
+        fn table(&self, _: &str) {}
+        fn apply(&self, _: Op, _: &[Item<'_, ()>]) -> Self::Future {
+            std::future::ready(Err(StoreError::new("down")))
+        }
+    }
+
+    fn spent(table: &Arc<LeaseTable>, key: &str, until: u64) -> Refused {
+        Refused {
+            remote: table.clone(),
+            key: Key::from_part(key),
+            quota: Quota::per_second(10),
+            algorithm: Algorithm::Gcra,
+            until,
+        }
+    }
+
+    /// Issue "shared limits under stress", item 8: one entry per key, the most spent
+    /// state seen, kept through a write-back (a second loss restores it again) until it
+    /// has passed.
+    #[test]
+    fn the_write_back_list_keeps_one_entry_per_key_the_most_spent_until_it_passes() {
+        let store = Resilient::new(Down);
+        let (api, other) = (store.lease_table("api"), store.lease_table("other"));
+        let mut list = WriteBack::default();
+        for until in [100, 50, 300, 200] {
+            assert!(list.remember(spent(&api, "a", until), 0));
+        }
+        assert!(
+            list.remember(spent(&other, "a", 10), 0),
+            "another limit's key"
+        );
+        assert_eq!(list.keys.len(), 2);
+        assert_eq!(list.until(&api, &Key::from_part("a")), Some(300));
+        assert_eq!(list.live(20).len(), 1, "the other limit's entry has passed");
+        assert_eq!(
+            list.live(20).len(),
+            1,
+            "a write-back does not empty the list"
+        );
+        assert!(list.live(300).is_empty());
+        assert_eq!(list.until(&api, &Key::from_part("a")), None);
+    }
+
+    /// The list is bounded: a new key finds no room while every entry is live; entries
+    /// that have passed make room, looked for at most once a second.
+    #[test]
+    fn a_full_write_back_list_refuses_new_keys_and_makes_room_from_passed_entries() {
+        let store = Resilient::new(Down);
+        let api = store.lease_table("api");
+        let mut list = WriteBack::default();
+        for i in 0..REMEMBERED_REFUSALS {
+            assert!(list.remember(spent(&api, &i.to_string(), 5_000_000_000), 0));
+        }
+        assert!(!list.remember(spent(&api, "new", 9_000_000_000), 1));
+        // A known key still moves forward when the list is full.
+        assert!(list.remember(spent(&api, "7", 6_000_000_000), 1));
+        // Passed, and more than a second since the last look: room again.
+        assert!(list.remember(spent(&api, "new", 9_000_000_000), 5_500_000_000));
+        assert_eq!(list.keys.len(), 2);
+    }
+
     #[test]
     fn cached_denials_report_the_remembered_wait() {
         let q = Quota::per_second(10); // T = 100 ms, burst 10

@@ -66,10 +66,12 @@ pub(super) struct Epoch {
     resets: AtomicU64,
     /// What the server said last.
     server: Mutex<Server>,
-    /// This store's name in the live set, and the live instances counted last (1 until
-    /// counted).
+    /// This store's name in the live set, and the most live instances counted within the
+    /// last `LIVE_FOR` (1 until counted), with when that most was last seen (ms since
+    /// `started`).
     id: String,
     instances: AtomicU64,
+    instances_at_ms: AtomicU64,
     /// The heartbeat's last round trip in nanoseconds (0: none yet).
     round_trip_ns: AtomicU64,
 }
@@ -84,6 +86,7 @@ impl Default for Epoch {
             server: Mutex::default(),
             id: format!("{:016x}", random()),
             instances: AtomicU64::new(1),
+            instances_at_ms: AtomicU64::new(0),
             round_trip_ns: AtomicU64::new(0),
         }
     }
@@ -103,7 +106,9 @@ impl Epoch {
         }
     }
 
-    /// The live instances counted last (at least 1).
+    /// The most live instances counted within the last 5 s (at least 1): a count never
+    /// drops at once, so a Redis that comes back empty (whose live set refills as each
+    /// instance probes it) does not hand the first instances to probe a whole quota each.
     pub(super) fn instances(&self) -> u64 {
         self.instances.load(Ordering::Relaxed).max(1)
     }
@@ -159,8 +164,20 @@ impl Epoch {
         let live: u64 = conn.query(&eval).await?;
         let rtt = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.round_trip_ns.store(rtt.max(1), Ordering::Relaxed);
-        self.instances.store(live.max(1), Ordering::Relaxed);
+        self.count_instances(live.max(1));
         Ok(())
+    }
+
+    /// Keeps the most instances counted within `LIVE_FOR`.
+    fn count_instances(&self, live: u64) {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let most = self.instances.load(Ordering::Relaxed);
+        let at = self.instances_at_ms.load(Ordering::Relaxed);
+        let window = u64::try_from(LIVE_FOR.as_millis()).unwrap_or(5_000);
+        if live >= most || now.saturating_sub(at) > window {
+            self.instances.store(live, Ordering::Relaxed);
+            self.instances_at_ms.store(now, Ordering::Relaxed);
+        }
     }
 
     /// Reads `INFO`: whether the server restarted or changed (`run_id`), or evicted keys,
@@ -318,5 +335,19 @@ mod tests {
         assert!(has_hash_tag(b"{rl}:"));
         assert!(!has_hash_tag(b"{}:"));
         assert!(!has_hash_tag(b"tollgate:"));
+    }
+
+    #[test]
+    fn the_instance_count_never_drops_at_once() {
+        let e = Epoch::default();
+        assert_eq!(e.instances(), 1);
+        e.count_instances(4);
+        assert_eq!(e.instances(), 4);
+        // Redis came back empty: the live set refills one probe at a time.
+        e.count_instances(1);
+        e.count_instances(2);
+        assert_eq!(e.instances(), 4);
+        e.count_instances(6);
+        assert_eq!(e.instances(), 6);
     }
 }
