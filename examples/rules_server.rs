@@ -28,6 +28,9 @@
 //! REDIS_URL=redis://127.0.0.1:6379 PORT=3001 cargo run -p tollgate --example rules_server --features rules,redis &
 //! ```
 //!
+//! `LEASE_STATS=1` prints what lease mode decided once a second (`scripts/lease_stress.sh`
+//! runs several such servers under floods and Redis faults).
+//!
 //! Under Redis Sentinel (feature `redis-sentinel`), `REDIS_SENTINELS` lists the sentinels and
 //! `REDIS_MASTER` names the master (default `mymaster`); failovers are followed:
 //!
@@ -83,6 +86,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             // Starts whether Redis is up or not (the failure policy answers meanwhile).
             let store = tollgate::store::RedisStore::open(&url)?.prefix("tollgate-rules:");
             println!("limits shared through {url}");
+            if std::env::var_os("LEASE_STATS").is_some() {
+                // What lease mode decided, once a second (scripts/lease_stress.sh reads it).
+                let store = store.clone();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        let s = store.lease_stats();
+                        println!(
+                            "lease stats: local_allowed={} local_refused={} remote={} lease_calls={}",
+                            s.local_allowed, s.local_refused, s.remote, s.lease_calls
+                        );
+                    }
+                });
+            }
             serve(store).await
         }
         #[cfg(not(feature = "redis"))]

@@ -193,7 +193,8 @@ start_servers() {
     p=$(free_port)
     log="$dir/run/server-$i.log"
     # NO_COLOR: plain log lines (tracing writes colours even to a file otherwise).
-    NO_COLOR=1 RULES="$dir/rules-$lease.toml" PORT="$p" REDIS_URL="$url" "$server" >"$log" 2>&1 &
+    # LEASE_STATS: the server prints what lease mode decided, once a second.
+    NO_COLOR=1 LEASE_STATS=1 RULES="$dir/rules-$lease.toml" PORT="$p" REDIS_URL="$url" "$server" >"$log" 2>&1 &
     server_pids+=($!)
     ports_list+=("$p")
   done
@@ -335,7 +336,7 @@ run_scenario() {
   esac
   wait "$load_pid" || { echo "http_load failed" >&2; exit 1; }
   load_pid=""
-  local calls script_calls breaker writebacks
+  local calls script_calls breaker writebacks local_share
   # Before a kill and after the restart, summed.
   read -r calls script_calls < <(echo "$(redis_calls) $calls_before" | awk '{ print $1 + $3, $2 + $4 }')
   echo "    Redis commands$([ "$calls_before" != "0 0" ] && echo ' since the restart'): $(redis_breakdown)" >&2
@@ -347,16 +348,21 @@ run_scenario() {
   fi
   breaker=$(cat "$dir"/run/server-*.log | grep -c 'is failing' || true)
   writebacks=$(cat "$dir"/run/server-*.log | grep -c 'writing back' || true)
+  # Leased checks decided without a call (allowed or refused here), from each server's last
+  # `lease stats:` line (printed once a second; the last second is not in it): a share.
+  local_share=$(for f in "$dir"/run/server-*.log; do grep 'lease stats:' "$f" | tail -n 1; done |
+    awk -F'[= ]' '{ for (i = 1; i <= NF; i++) { if ($i == "local_allowed" || $i == "local_refused") l += $(i + 1); if ($i == "remote") r += $(i + 1) } }
+      END { if (l + r > 0) printf "%.4f", l / (l + r); else print -1 }')
   if [ -n "$LOGS" ]; then
     mkdir -p "$LOGS/$scenario"
     cp "$dir"/run/*.log "$LOGS/$scenario/"
   fi
 
   python3 - "$dir/run/load.json" "$scenario" "$fault" "$lease" "$kind" "$N" "$LIMIT" "$BURST" "$L" \
-    "$outage" "$calls" "$script_calls" "$breaker" "$writebacks" >>"$dir/results" <<'PY'
+    "$outage" "$calls" "$script_calls" "$breaker" "$writebacks" "$local_share" >>"$dir/results" <<'PY'
 import json, sys
 path, scenario, fault, lease, kind = sys.argv[1:6]
-n, limit, burst, cap, outage, calls, scripts, breaker, writebacks = map(float, sys.argv[6:15])
+n, limit, burst, cap, outage, calls, scripts, breaker, writebacks, local = map(float, sys.argv[6:16])
 r = json.load(open(path))
 d = r["span_s"]
 exact = burst + limit * d
@@ -374,7 +380,7 @@ r.update(
     ratio=r["granted"] / bound, redis_calls=int(calls), script_calls=int(scripts),
     calls_per_1k=1000 * calls / decisions if decisions else 0.0,
     scripts_per_1k=1000 * scripts / decisions if decisions else 0.0,
-    breaker=int(breaker), writebacks=int(writebacks),
+    breaker=int(breaker), writebacks=int(writebacks), local_share=local,
 )
 print(json.dumps(r))
 PY
@@ -388,6 +394,8 @@ print(f"    bound {r['bound']} (ratio {r['ratio']:.3f}), target {r['target']}; R
       f"({r['calls_per_1k']:.2f} per 1,000 decisions), {r['script_calls']} of them script calls "
       f"({r['scripts_per_1k']:.2f} per 1,000); slowest {r['slowest_ms']:.0f} ms (sent at "
       f"{r['slowest_at_s']:.2f} s); 'is failing' {r['breaker']}x, 'writing back' {r['writebacks']}x")
+if r["local_share"] >= 0:
+    print(f"    leased checks decided without a call: {100 * r['local_share']:.1f} %")
 print(f"    grants per second: {' '.join(map(str, r['granted_per_s']))}")
 PY
 }
@@ -404,10 +412,11 @@ python3 - "$dir/results" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print()
-print("| scenario | decisions | grants | bound | ratio | Redis cmds/1k | script calls/1k | 5xx | slowest | breaker opened |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+print("| scenario | decisions | grants | bound | ratio | Redis cmds/1k | script calls/1k | leased, no call | 5xx | slowest | breaker opened |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in rows:
     opened = f"yes ({r['breaker']})" if r["breaker"] else "no"
+    local = f"{100 * r['local_share']:.1f} %" if r.get("local_share", -1) >= 0 else "—"
     print(f"| {r['scenario']} | {r['answered']:,} | {r['granted']:,} | {r['bound']:,} | {r['ratio']:.2f} "
-          f"| {r['calls_per_1k']:.2f} | {r['scripts_per_1k']:.2f} | {r['server_error']:,} | {r['slowest_ms']:,.0f} ms | {opened} |")
+          f"| {r['calls_per_1k']:.2f} | {r['scripts_per_1k']:.2f} | {local} | {r['server_error']:,} | {r['slowest_ms']:,.0f} ms | {opened} |")
 PY
