@@ -789,7 +789,7 @@ impl Backend for RedisBackend {
         self.epoch.resets()
     }
 
-    /// The instances that probed the same prefix within the last 5 s (see [`epoch`]).
+    /// The instances that probed the same prefix within the last 5 s (`{prefix}__instances`).
     fn instances(&self) -> u64 {
         self.epoch.instances()
     }
