@@ -776,3 +776,179 @@ proptest! {
             granted, d, bound, losses, spells, outage);
     }
 }
+
+/// Item 5, the case that broke: instance A lets its lease go (a plan switch) 5 ms before
+/// the window ends, while the network is slow, so the give-back lands 25 ms into the next
+/// window, after instance B spent the window's limit there; instance C, asking after it
+/// landed, would be granted what came back. A fixed window's units are never given back.
+#[test]
+fn a_fixed_windows_give_back_never_lands_in_the_next_window() {
+    let rt = runtime();
+    let clock = rt.block_on(async { TokioClock::new() });
+    let world = World::new(&clock, 3);
+    let window = Duration::from_millis(100);
+    let specs: Vec<LimitSpec> = [10, 9]
+        .iter()
+        .map(|&l| {
+            LimitSpec::new("api", Quota::new(l, window).unwrap())
+                .algorithm(Algorithm::fixed_window())
+                .lease(Lease::tokens(5))
+        })
+        .collect();
+    let fleet = fleet(&world, 3, &specs);
+    // Align the run on a window: the clock counts from 1,000 s, windows from 0.
+    let offset = rt.block_on(async {
+        let ns = u64::try_from(window.as_nanos()).unwrap();
+        Duration::from_nanos(ns - clock.now() % ns)
+    });
+    let at = |ms: f64| offset + Duration::from_secs_f64(ms / 1_000.0);
+    let mut script = vec![(at(90.0), 0, 0), (at(95.0), 0, 1)];
+    script.extend((0..40).map(|i| (at(100.5 + f64::from(i) * 0.5), 1, 0)));
+    script.extend((0..40).map(|i| (at(130.0 + f64::from(i) * 0.5), 2, 0)));
+    let faults = [
+        (at(94.0), Fault::Latency(Duration::from_millis(30))),
+        (at(96.0), Fault::Latency(Duration::from_micros(200))),
+    ];
+    let mut last = Duration::ZERO;
+    let requests: Vec<Request> = script
+        .iter()
+        .map(|&(t, instance, plan)| {
+            let r = Request {
+                instance,
+                plan,
+                cost: 1,
+                after: t - last,
+            };
+            last = t;
+            r
+        })
+        .collect();
+    let grants = Arc::new(Mutex::new(Vec::new()));
+    let start = rt.block_on(async { tokio::time::Instant::now() });
+    rt.block_on(async {
+        let mut at = Duration::ZERO;
+        let mut faults = faults.iter().peekable();
+        let mut tasks = Vec::new();
+        for r in &requests {
+            at += r.after;
+            while let Some(&&(t, f)) = faults.peek()
+                && t <= at
+            {
+                tokio::time::sleep_until(start + t).await;
+                if let Fault::Latency(d) = f {
+                    world.with(|s| s.one_way = d);
+                }
+                faults.next();
+            }
+            tokio::time::sleep_until(start + at).await;
+            let limiter = fleet[r.instance].plans[r.plan].clone();
+            let (grants, clock) = (grants.clone(), clock.clone());
+            tasks.push(tokio::spawn(async move {
+                if limiter.check("api", "k", 1).await.unwrap().allowed() {
+                    grants.lock().unwrap().push(clock.now());
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let window_ns = u64::try_from(window.as_nanos()).unwrap();
+    let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
+    for at in grants.lock().unwrap().iter() {
+        *per_window.entry(at / window_ns).or_default() += 1;
+    }
+    eprintln!("grants per window: {per_window:?}");
+    for (w, granted) in per_window {
+        assert!(granted <= 10, "window {w}: {granted} granted, limit 10");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Item 5: a fixed window's leased units count in the window they were taken in, and
+    /// never in the next one, whatever the latency does and however often the lease is
+    /// let go (plan switches, an age shorter than the window): no window grants more than
+    /// the more generous plan's limit. Before, a give-back decided before the window's end
+    /// could land after it, in the next window.
+    #[test]
+    fn a_fixed_window_never_grants_more_than_its_limit_whatever_the_latency(
+        n in 1usize..=3,
+        limit in 4u64..=40,
+        lease in 1u32..=8,
+        requests in prop::collection::vec(
+            (0..3usize, 0..2usize, 0u64..2_000).prop_map(|(instance, plan, after_us)| Request {
+                instance,
+                plan,
+                cost: 1,
+                after: Duration::from_micros(after_us),
+            }),
+            1..300,
+        ),
+        spikes in prop::collection::vec((0u64..600, 0u64..60), 0..6),
+    ) {
+        let rt = runtime();
+        let clock = rt.block_on(async { TokioClock::new() });
+        let world = World::new(&clock, n as u64);
+        let window = Duration::from_millis(100);
+        let specs: Vec<LimitSpec> = [limit, limit / 2 + 1]
+            .iter()
+            .map(|&l| {
+                LimitSpec::new("api", Quota::new(l, window).unwrap())
+                    .algorithm(Algorithm::fixed_window())
+                    .lease(Lease::tokens(lease.min(l as u32)).max_age(Duration::from_millis(20)))
+            })
+            .collect();
+        let fleet = fleet(&world, n, &specs);
+        let faults: Vec<(Duration, Fault)> = spikes
+            .iter()
+            .map(|&(at, ms)| (Duration::from_millis(at), Fault::Latency(Duration::from_millis(ms))))
+            .collect();
+        // Grant instants, on the world's clock.
+        let grants = Arc::new(Mutex::new(Vec::new()));
+        let start = rt.block_on(async { tokio::time::Instant::now() });
+        rt.block_on(async {
+            let mut at = Duration::ZERO;
+            let mut faults = faults.into_iter().peekable();
+            let mut tasks = Vec::new();
+            for r in &requests {
+                at += r.after;
+                while let Some(&(t, f)) = faults.peek() && t <= at {
+                    if let Fault::Latency(d) = f {
+                        world.with(|s| s.one_way = d);
+                    }
+                    faults.next();
+                }
+                if start + at > tokio::time::Instant::now() {
+                    tokio::time::sleep_until(start + at).await;
+                }
+                let i = &fleet[r.instance % fleet.len()];
+                let limiter = i.plans[r.plan % i.plans.len()].clone();
+                let (grants, clock) = (grants.clone(), clock.clone());
+                tasks.push(tokio::spawn(async move {
+                    if limiter.check("api", "k", 1).await.unwrap().allowed() {
+                        grants.lock().unwrap().push(clock.now());
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            // Whatever is still on its way lands.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        });
+        let window_ns = u64::try_from(window.as_nanos()).unwrap();
+        let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
+        for at in grants.lock().unwrap().iter() {
+            *per_window.entry(at / window_ns).or_default() += 1;
+        }
+        for (w, granted) in per_window {
+            prop_assert!(granted <= limit, "window {}: {} granted, limit {}", w, granted, limit);
+        }
+    }
+}

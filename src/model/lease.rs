@@ -34,7 +34,9 @@ pub(crate) const DEFAULT_LEASE_AGE: Duration = Duration::from_secs(1);
 /// - **Spending**: a request whose leased limits all have their tokens here is decided
 ///   without a call; with other limits beside, only those are asked, all or nothing.
 /// - **Giving back**: tokens not spent after [`max_age`](Self::max_age) go back to the
-///   shared bucket (never beyond a full bucket), as do those of a layer that is dropped.
+///   shared bucket (never beyond a full bucket), as do those of a layer that is dropped,
+///   at the quota they were taken at. A fixed window's units never go back: a give-back
+///   counts in whatever window it lands in, so they expire with their window instead.
 ///
 /// # The bound
 ///

@@ -26,7 +26,7 @@ use crate::model::decision::{Outcome, Status};
 use crate::model::key::Key;
 use crate::model::policy::{FailurePolicy, Mode};
 pub use lease::LeaseStats;
-use lease::{Answer, Ask, Backed, Counters, GiveBack, LeaseTable, Local, Take};
+use lease::{Answer, Ask, Asking, Backed, Counters, GiveBack, LeaseTable, Local, Take};
 
 /// Keys the deny cache remembers at most.
 const DENY_CACHE_MAX_KEYS: usize = 100_000;
@@ -838,7 +838,10 @@ impl<B: Backend> Resilient<B> {
         }
     }
 
-    async fn run(self, op: Op, parts: SmallVec<[Part; 4]>, call: B::Future) -> Statuses {
+    async fn run<F>(self, op: Op, parts: SmallVec<[Part; 4]>, call: F) -> Statuses
+    where
+        F: Future<Output = Result<Statuses, StoreError>>,
+    {
         let inner = &*self.inner;
         let sent_at = inner.clock.now();
         let timeout = self.call_timeout();
@@ -989,7 +992,6 @@ impl<B: Backend> Resilient<B> {
         // shared bucket); once they are gone, every item follows its policy.
         let offline = inner.breaker.is_open();
         let now = inner.clock.now();
-        let timeout_ns = self.timeout_ns();
         let mut locals: SmallVec<[Option<Local>; 4]> = SmallVec::new();
         let (mut remote, mut refused) = (false, false);
         for item in items {
@@ -1007,13 +1009,18 @@ impl<B: Backend> Resilient<B> {
                 cost: item.cost,
             };
             let leases = &item.table.leases;
-            let decided = leases.decide(&item.key, ask, now, timeout_ns, offline);
+            let asking = if offline {
+                Asking::Offline
+            } else {
+                Asking::Online
+            };
+            let decided = leases.decide(&item.key, ask, now, asking);
             self.give_back(leases, decided.give_back);
             if let Some(take) = decided.take {
                 self.take_lease(leases, &item.key, ask, take);
             }
             match decided.local {
-                Local::Remote => remote = true,
+                Local::Remote | Local::Wait => remote = true,
                 Local::Refused(_) => refused = true,
                 Local::Taken(_) => {}
             }
@@ -1043,7 +1050,28 @@ impl<B: Backend> Resilient<B> {
                 .collect();
             return Some(Checked::Ready(statuses));
         }
+        if let ([item], [Some(Local::Wait)]) = (items, &locals[..]) {
+            // One leased limit whose lease is on its way: wait for it rather than call.
+            let ask = Ask {
+                quota: item.quota,
+                algorithm: item.algorithm,
+                lease: item.lease.unwrap_or_default(),
+                cost: item.cost,
+            };
+            let part = self.part(item);
+            return Some(Checked::Pending(Box::pin(
+                self.clone().wait_for_lease(part, ask),
+            )));
+        }
         if remote {
+            if locals.iter().any(|l| matches!(l, Some(Local::Wait))) {
+                // Several items: no waiting, the request is asked as a whole.
+                for (item, local) in items.iter().zip(&locals) {
+                    if matches!(local, Some(Local::Wait)) {
+                        item.table.leases.count_remote(&item.key);
+                    }
+                }
+            }
             return None;
         }
         let mut statuses: Statuses = locals
@@ -1167,6 +1195,8 @@ impl<B: Backend> Resilient<B> {
                     last: attempt == 1,
                 };
                 let (again, give_back) = leases.settle(&key, ask, settled);
+                // Requests waiting for this lease decide again.
+                leases.notify.notify_waiters();
                 this.give_back(&leases, give_back);
                 match again {
                     Some(n) => asked = n,
@@ -1178,8 +1208,8 @@ impl<B: Backend> Resilient<B> {
 
     /// Gives unspent leased tokens back to the backend, in the background.
     fn give_back(&self, leases: &Arc<LeaseTable>, give_back: GiveBack) {
-        if let Some((key, quota, algorithm, tokens, not_after)) = give_back {
-            leases.give_back(&key, quota, algorithm, tokens, not_after);
+        if let Some((key, quota, algorithm, tokens)) = give_back {
+            leases.give_back(&key, quota, algorithm, tokens);
         }
     }
 }
@@ -1211,6 +1241,84 @@ impl<B: Backend> Resilient<B> {
         ));
         by_name.insert(name.to_owned(), Arc::downgrade(&leases));
         leases
+    }
+}
+
+impl<B: Backend> Resilient<B> {
+    /// What an item needs once the backend answers, owned.
+    fn part(&self, item: &Item<'_, ResilientTable<B::Table>>) -> Part {
+        Part {
+            key: item.key.clone(),
+            quota: item.quota,
+            cost: item.cost,
+            mode: item.mode,
+            policy: item.on_failure,
+            algorithm: item.algorithm,
+            max_wait: item.max_wait,
+            fallback: item.table.fallback.clone(),
+            deny: item.table.deny.clone(),
+            remote: item.table.leases.clone(),
+        }
+    }
+
+    /// A request of one leased limit whose lease is on its way: waits until a lease call
+    /// of the table is settled (at most a call's timeout, the time its own call would
+    /// have taken), then decides again; asks the backend if the lease did not bring it a
+    /// token.
+    async fn wait_for_lease(self, part: Part, ask: Ask) -> Statuses {
+        let leases = part.remote.clone();
+        leases
+            .waiting
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let deadline = tokio::time::Instant::now() + self.call_timeout();
+        let decided = loop {
+            let notified = leases.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let asking = if self.inner.breaker.is_open() {
+                Asking::Offline
+            } else {
+                Asking::Waited
+            };
+            let decided = leases.decide(&part.key, ask, self.inner.clock.now(), asking);
+            self.give_back(&leases, decided.give_back);
+            if let Some(take) = decided.take {
+                self.take_lease(&leases, &part.key, ask, take);
+            }
+            match decided.local {
+                Local::Wait if tokio::time::Instant::now() < deadline => {
+                    let _ = tokio::time::timeout_at(deadline, notified).await;
+                }
+                local => break local,
+            }
+        };
+        leases
+            .waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        match decided {
+            l @ (Local::Taken(_) | Local::Refused(_)) => {
+                std::iter::once(lease::status(&l)).collect()
+            }
+            Local::Wait | Local::Remote => {
+                if matches!(decided, Local::Wait) {
+                    leases.count_remote(&part.key);
+                }
+                if self.inner.breaker.permit(self.inner.clock.now()) == Permit::Skip {
+                    return self.on_failure(Op::Check, &[part], true);
+                }
+                let call = leases.remote.call(
+                    Op::Check,
+                    &part.key,
+                    part.quota,
+                    part.algorithm,
+                    part.cost,
+                    part.max_wait,
+                );
+                let mut parts = SmallVec::new();
+                parts.push(part);
+                self.run(Op::Check, parts, call).await
+            }
+        }
     }
 }
 
@@ -1254,21 +1362,7 @@ impl<B: Backend> Store for Resilient<B> {
         } else {
             self.update_deny_cache(op, items);
         }
-        let parts: SmallVec<[Part; 4]> = items
-            .iter()
-            .map(|item| Part {
-                key: item.key.clone(),
-                quota: item.quota,
-                cost: item.cost,
-                mode: item.mode,
-                policy: item.on_failure,
-                algorithm: item.algorithm,
-                max_wait: item.max_wait,
-                fallback: item.table.fallback.clone(),
-                deny: item.table.deny.clone(),
-                remote: item.table.leases.clone(),
-            })
-            .collect();
+        let parts: SmallVec<[Part; 4]> = items.iter().map(|item| self.part(item)).collect();
         if self.inner.breaker.permit(self.inner.clock.now()) == Permit::Skip {
             return Checked::Ready(self.on_failure(op, &parts, true));
         }

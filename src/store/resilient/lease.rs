@@ -46,6 +46,8 @@ const IDLE_NS: u64 = 1_000_000_000;
 const EXHAUSTED_BATCH: u64 = 4;
 /// Near exhaustion, the most an instance stretches its wait for a batch.
 const MAX_BACKOFF: u64 = 8;
+/// Requests of one table waiting for a lease on its way, at most.
+const MAX_WAITING: usize = 1_000;
 
 /// A call to the backend about one key, made without borrowing the request's table.
 pub(super) type RemoteCall = Pin<Box<dyn Future<Output = Result<Statuses, StoreError>> + Send>>;
@@ -198,15 +200,28 @@ struct Slot {
 
 impl Slot {
     /// Lets go of the tokens held: what to give back, at the quota they were taken under
-    /// (a give-back at another quota would return another amount of time), unless they are
-    /// a fixed window's units whose give-back might land after their window.
-    fn release(&mut self, key: &Key, now: u64, timeout_ns: u64) -> GiveBack {
+    /// (a give-back at another quota would return another amount of time). A fixed
+    /// window's units are never given back: the backend would count a give-back in
+    /// whatever window it lands in, and one that lands after its window ends would give
+    /// the next window units it never counted. They expire with their window instead (at
+    /// most `L` per instance unused in that window).
+    fn release(&mut self, key: &Key) -> GiveBack {
         let tokens = std::mem::take(&mut self.tokens);
         self.due = [Due::default(); 2];
-        let returnable = self.window_end == 0 || now.saturating_add(timeout_ns) < self.window_end;
         let (quota, algorithm) = self.held_as?;
-        (tokens > 0 && returnable).then(|| (key.clone(), quota, algorithm, tokens, self.window_end))
+        (tokens > 0 && !algorithm.is_window()).then(|| (key.clone(), quota, algorithm, tokens))
     }
+}
+
+/// How a request asks its lease (see [`LeaseTable::decide`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Asking {
+    /// As it comes.
+    Online,
+    /// After waiting for a lease on its way.
+    Waited,
+    /// While the backend fails.
+    Offline,
 }
 
 /// What the lease of a key says about one item of a request.
@@ -218,6 +233,9 @@ pub(super) enum Local {
     Refused(Outcome),
     /// Ask the backend.
     Remote,
+    /// A lease call for the key is on its way: wait for it (see
+    /// [`LeaseTable::notify`]), then decide again.
+    Wait,
 }
 
 /// What [`LeaseTable::decide`] answers: the item's decision, a lease to take in the
@@ -289,6 +307,11 @@ pub(super) struct LeaseTable {
     timeout: Duration,
     /// Whether the background sweep runs (started with the first lease call).
     sweeping: std::sync::atomic::AtomicBool,
+    /// Woken when a lease call of the table is settled: requests waiting for a lease on
+    /// its way ([`Local::Wait`]) decide again. `waiting` counts them (at most
+    /// `MAX_WAITING`; more ask the backend, as without a lease on its way).
+    pub(super) notify: tokio::sync::Notify,
+    pub(super) waiting: AtomicUsize,
 }
 
 /// What an item needs from its lease.
@@ -300,10 +323,9 @@ pub(super) struct Ask {
     pub(super) cost: u32,
 }
 
-/// Tokens to give back: `(key, quota, algorithm, tokens, not_after)`; `not_after` (0:
-/// none) is the end of the fixed window the units count in, past which they must not
-/// land.
-pub(super) type GiveBack = Option<(Key, Quota, Algorithm, u64, u64)>;
+/// Tokens to give back: `(key, quota, algorithm, tokens)` (GCRA only, see
+/// [`Slot::release`]).
+pub(super) type GiveBack = Option<(Key, Quota, Algorithm, u64)>;
 
 impl LeaseTable {
     pub(super) fn new(
@@ -323,6 +345,8 @@ impl LeaseTable {
             clock,
             timeout,
             sweeping: std::sync::atomic::AtomicBool::new(false),
+            notify: tokio::sync::Notify::new(),
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -354,19 +378,18 @@ impl LeaseTable {
     /// Gives back the tokens of leases past their age, and forgets keys that hold nothing
     /// (see [`sweep_in_background`](Self::sweep_in_background)).
     pub(super) fn sweep_idle(&self, now: u64) {
-        let timeout_ns = duration_ns(self.timeout);
         let mut back = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
             for (key, slot) in shard.slots.iter_mut() {
                 if slot.tokens > 0 && now >= slot.expires {
-                    back.extend(slot.release(key, now, timeout_ns));
+                    back.extend(slot.release(key));
                 }
             }
             self.sweep(&mut shard.slots, now);
         }
-        for (key, quota, algorithm, tokens, not_after) in back {
-            self.give_back(&key, quota, algorithm, tokens, not_after);
+        for (key, quota, algorithm, tokens) in back {
+            self.give_back(&key, quota, algorithm, tokens);
         }
     }
 
@@ -391,19 +414,16 @@ impl LeaseTable {
     }
 
     /// Decides an item from the lease of `key` at `now`; also answers tokens to give back
-    /// (a lease past its age, or taken under another quota). `timeout_ns`: the longest a
-    /// call may take (a fixed window's units go back only if the call surely lands in
-    /// their window).
-    /// `offline`: the backend fails; tokens held are spent, no lease is started, and an
-    /// item without tokens goes to the backend, that is to its failure policy.
-    pub(super) fn decide(
-        &self,
-        key: &Key,
-        ask: Ask,
-        now: u64,
-        timeout_ns: u64,
-        offline: bool,
-    ) -> Decided {
+    /// (a lease past its age, or taken under another quota).
+    ///
+    /// `mode`: [`Asking::Online`] as a request first asks; [`Asking::Waited`] once it waited
+    /// for a lease on its way (no lease is started then: a lease that failed sends the
+    /// request to the backend rather than start another and wait again); [`Asking::Offline`]
+    /// while the backend fails (tokens held are spent, no lease is started, and an item
+    /// without tokens goes to the backend, that is to its failure policy).
+    pub(super) fn decide(&self, key: &Key, ask: Ask, now: u64, mode: Asking) -> Decided {
+        let offline = mode == Asking::Offline;
+        let may_take = mode == Asking::Online;
         let mut shard = self.shard(key);
         let Shard { slots, counts } = &mut *shard;
         if !slots.contains_key(key) {
@@ -434,7 +454,7 @@ impl LeaseTable {
         let salt = super::quota_salt(&ask.quota);
         let mut give_back = None;
         if slot.salt != salt || (slot.tokens > 0 && now >= slot.expires) {
-            give_back = slot.release(key, now, timeout_ns);
+            give_back = slot.release(key);
             if slot.salt != salt {
                 *slot = Slot {
                     salt,
@@ -458,7 +478,7 @@ impl LeaseTable {
             if slot.tokens - pending >= cost {
                 slot.tokens -= cost;
                 counts.local_allowed += 1;
-                if !slot.taking && !offline && slot.tokens < slot.low_water {
+                if !slot.taking && may_take && slot.tokens < slot.low_water {
                     take = start(slot, &ask, now);
                 }
                 Local::Taken(allowed(&ask, slot, pending, now))
@@ -473,13 +493,18 @@ impl LeaseTable {
                 Local::Refused(refused(&ask, first_due.saturating_sub(now).max(1)))
             }
         } else {
-            if !slot.taking && !offline {
+            if !slot.taking && may_take {
                 take = start(slot, &ask, now);
             }
             if slot.exhausted && !offline {
                 // Near exhaustion: wait for the lease rather than ask for each request.
                 counts.local_refused += 1;
                 Local::Refused(refused(&ask, ask.quota.t_ns()))
+            } else if slot.taking && !offline && self.waiting.load(Ordering::Relaxed) < MAX_WAITING
+            {
+                // A lease is on its way: its answer comes no later than this request's
+                // own would (counted when the request is decided).
+                Local::Wait
             } else {
                 counts.remote += 1;
                 Local::Remote
@@ -490,6 +515,11 @@ impl LeaseTable {
             take,
             give_back,
         }
+    }
+
+    /// Counts a check that waited for a lease in vain and goes to the backend.
+    pub(super) fn count_remote(&self, key: &Key) {
+        self.shard(key).counts.remote += 1;
     }
 
     /// Gives back tokens taken by [`decide`](Self::decide) for a request that did not
@@ -526,16 +556,12 @@ impl LeaseTable {
             if granted.is_some() {
                 Counters::add(&self.counters.leased_tokens, asked);
             }
+            // A GCRA lease goes back; a fixed window's units stay spent (see `release`).
             return (
                 None,
-                granted.map(|o| {
-                    let not_after = if ask.algorithm.is_window() {
-                        sent_at.saturating_add(duration_ns(o.reset_after()))
-                    } else {
-                        0
-                    };
-                    (key.clone(), ask.quota, ask.algorithm, asked, not_after)
-                }),
+                granted
+                    .filter(|_| !ask.algorithm.is_window())
+                    .map(|_| (key.clone(), ask.quota, ask.algorithm, asked)),
             );
         };
         let Some(o) = answer else {
@@ -625,38 +651,20 @@ impl LeaseTable {
 
     /// Gives `tokens` of `key` back to the backend, in the background (never beyond a
     /// full bucket: a refund). Without a Tokio runtime they return as the bucket refills.
-    /// `not_after` (0: none): a fixed window's end; its units are sent back only while the
-    /// call's timeout ends before it, counted when the call is sent (not when it was
-    /// decided), and the call is not awaited past it.
-    pub(super) fn give_back(
-        &self,
-        key: &Key,
-        quota: Quota,
-        algorithm: Algorithm,
-        tokens: u64,
-        not_after: u64,
-    ) {
+    pub(super) fn give_back(&self, key: &Key, quota: Quota, algorithm: Algorithm, tokens: u64) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        Counters::add(&self.counters.return_calls, 1);
+        Counters::add(&self.counters.returned_tokens, tokens);
         let cost = u32::try_from(tokens).unwrap_or(u32::MAX);
         let call = self
             .remote
             .call(Op::Refund, key, quota, algorithm, cost, Duration::ZERO);
-        let (timeout, clock, counters) = (self.timeout, self.clock.clone(), self.counters.clone());
+        let timeout = self.timeout;
         runtime.spawn(async move {
-            let mut wait = timeout;
-            if not_after != 0 {
-                let now = clock.now();
-                if now.saturating_add(duration_ns(timeout)) >= not_after {
-                    return; // the window may end before the units land: they stay spent
-                }
-                wait = wait.min(Duration::from_nanos(not_after - now));
-            }
-            Counters::add(&counters.return_calls, 1);
-            Counters::add(&counters.returned_tokens, tokens);
             // A refund that fails leaves the tokens to come back as the bucket refills.
-            let _ = tokio::time::timeout(wait, call).await;
+            let _ = tokio::time::timeout(timeout, call).await;
         });
     }
 
@@ -678,8 +686,6 @@ impl LeaseTable {
 /// it): unspent tokens go back.
 impl Drop for LeaseTable {
     fn drop(&mut self) {
-        let now = self.clock.now();
-        let timeout_ns = duration_ns(self.timeout);
         let mut held = 0;
         let mut back = Vec::new();
         // What the table decided stays in the store's counts.
@@ -688,12 +694,12 @@ impl Drop for LeaseTable {
             let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
             held += shard.slots.len();
             for (key, slot) in shard.slots.iter_mut() {
-                back.extend(slot.release(key, now, timeout_ns));
+                back.extend(slot.release(key));
             }
         }
         self.keys.fetch_sub(held, Ordering::Relaxed);
-        for (key, quota, algorithm, tokens, not_after) in back {
-            self.give_back(&key, quota, algorithm, tokens, not_after);
+        for (key, quota, algorithm, tokens) in back {
+            self.give_back(&key, quota, algorithm, tokens);
         }
     }
 }
@@ -852,7 +858,7 @@ fn refused(ask: &Ask, wait_ns: u64) -> Outcome {
 pub(super) fn status(local: &Local) -> Status {
     match local {
         Local::Taken(o) | Local::Refused(o) => Status::Checked(*o),
-        Local::Remote => Status::Unchecked,
+        Local::Remote | Local::Wait => Status::Unchecked,
     }
 }
 
