@@ -17,7 +17,9 @@ pub(crate) const DEFAULT_LEASE_AGE: Duration = Duration::from_secs(1);
 /// such as `RedisStore`) leases; in a memory store every decision is local already.
 ///
 /// - **Taking**: when a key has no leased tokens left, the request is checked in the store
-///   as usual, and a lease is taken in the background: as many tokens as this instance
+///   as usual (or, when a lease for the key is already on its way and the request has no
+///   other limit, waits for it: no longer than its own call would take), and a lease is
+///   taken in the background: as many tokens as this instance
 ///   spends on the key in about 100 ms, at most [`tokens`](Self::tokens) (with
 ///   [`auto`](Self::auto): an eighth of the burst), and no more than the shared bucket
 ///   can give.
