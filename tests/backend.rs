@@ -417,11 +417,9 @@ async fn the_breaker_opens_after_two_failures_and_a_successful_probe_closes_it()
     assert_eq!(s.backend.calls(), 5);
 }
 
-/// A call that times out answers from the failure policy; the timeouts count against the
-/// breaker once the backend has been silent for a second (a busy instance whose calls are
-/// answered late is not a failing backend: `tests/lease_world.rs`).
-#[tokio::test]
-async fn a_hanging_backend_times_out_and_opens_the_breaker() {
+/// A store whose breaker opens after two failures, with a 20 ms timeout, and a limiter on
+/// it.
+fn breaking_after_two_timeouts() -> (FakeClock, MapBackend, Resilient<MapBackend>, Limiter) {
     let clock = FakeClock::at(Duration::from_secs(1_000));
     let backend = MapBackend::new(clock.clone());
     let store = Resilient::new(backend.clone())
@@ -432,6 +430,15 @@ async fn a_hanging_backend_times_out_and_opens_the_breaker() {
         .limit(LimitSpec::new("api", Q))
         .build()
         .unwrap();
+    (clock, backend, store, limiter)
+}
+
+/// A call that times out answers from the failure policy; the timeouts count against the
+/// breaker once the backend has been silent for a second (a busy instance whose calls are
+/// answered late is not a failing backend: `tests/lease_world.rs`).
+#[tokio::test]
+async fn a_hanging_backend_times_out_and_opens_the_breaker() {
+    let (clock, backend, store, limiter) = breaking_after_two_timeouts();
     backend.set_hanging(true);
     // Not heard from for a second.
     clock.advance(Duration::from_secs(1));
@@ -457,16 +464,7 @@ async fn a_hanging_backend_times_out_and_opens_the_breaker() {
 /// limits under stress, item 1).
 #[tokio::test]
 async fn timeouts_while_the_backend_answered_lately_never_open_the_breaker() {
-    let clock = FakeClock::at(Duration::from_secs(1_000));
-    let backend = MapBackend::new(clock.clone());
-    let store = Resilient::new(backend.clone())
-        .clock(clock.clone())
-        .breaker(2, COOL_DOWN)
-        .timeout(Duration::from_millis(20));
-    let limiter = Limiter::builder(store.clone())
-        .limit(LimitSpec::new("api", Q))
-        .build()
-        .unwrap();
+    let (clock, backend, store, limiter) = breaking_after_two_timeouts();
     assert_eq!(state(&check(&limiter, "alice").await).0, "checked");
     backend.set_hanging(true);
     for _ in 0..5 {

@@ -324,7 +324,20 @@ fn play(
     faults: &[(Duration, Fault)],
     tail: Duration,
 ) -> (u64, Duration) {
-    let granted = Arc::new(Mutex::new(0u64));
+    let (grants, d) = play_grants(rt, world, fleet, requests, faults, tail);
+    (grants.iter().map(|&(_, cost)| u64::from(cost)).sum(), d)
+}
+
+/// [`play`], answering each grant: its instant on the world's clock, and its cost.
+fn play_grants(
+    rt: &tokio::runtime::Runtime,
+    world: &World,
+    fleet: &[Instance],
+    requests: &[Request],
+    faults: &[(Duration, Fault)],
+    tail: Duration,
+) -> (Vec<(u64, u32)>, Duration) {
+    let granted = Arc::new(Mutex::new(Vec::new()));
     let start = rt.block_on(async { tokio::time::Instant::now() });
     let mut faults: Vec<(Duration, Fault)> = faults.to_vec();
     faults.sort_by_key(|f| f.0);
@@ -357,11 +370,11 @@ fn play(
             }
             let i = &fleet[r.instance % fleet.len()];
             let limiter = i.plans[r.plan % i.plans.len()].clone();
-            let granted = granted.clone();
+            let (granted, clock) = (granted.clone(), world.clock.clone());
             let cost = r.cost;
             tasks.push(tokio::spawn(async move {
                 if limiter.check("api", "k", cost).await.unwrap().allowed() {
-                    *granted.lock().unwrap() += u64::from(cost);
+                    granted.lock().unwrap().push((clock.now(), cost));
                 }
             }));
         }
@@ -378,8 +391,8 @@ fn play(
         tokio::time::sleep_until(start + end).await;
         start.elapsed()
     });
-    let granted = *granted.lock().unwrap();
-    (granted, d)
+    let grants = std::mem::take(&mut *granted.lock().unwrap());
+    (grants, d)
 }
 
 /// `count` requests spread evenly over `seconds` across `n` instances, of `cost`.
@@ -823,39 +836,10 @@ fn a_fixed_windows_give_back_never_lands_in_the_next_window() {
             r
         })
         .collect();
-    let grants = Arc::new(Mutex::new(Vec::new()));
-    let start = rt.block_on(async { tokio::time::Instant::now() });
-    rt.block_on(async {
-        let mut at = Duration::ZERO;
-        let mut faults = faults.iter().peekable();
-        let mut tasks = Vec::new();
-        for r in &requests {
-            at += r.after;
-            while let Some(&&(t, f)) = faults.peek()
-                && t <= at
-            {
-                tokio::time::sleep_until(start + t).await;
-                if let Fault::Latency(d) = f {
-                    world.with(|s| s.one_way = d);
-                }
-                faults.next();
-            }
-            tokio::time::sleep_until(start + at).await;
-            let limiter = fleet[r.instance].plans[r.plan].clone();
-            let (grants, clock) = (grants.clone(), clock.clone());
-            tasks.push(tokio::spawn(async move {
-                if limiter.check("api", "k", 1).await.unwrap().allowed() {
-                    grants.lock().unwrap().push(clock.now());
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-    });
+    let (grants, _) = play_grants(&rt, &world, &fleet, &requests, &faults, Duration::ZERO);
     let window_ns = u64::try_from(window.as_nanos()).unwrap();
     let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
-    for at in grants.lock().unwrap().iter() {
+    for (at, _) in grants {
         *per_window.entry(at / window_ns).or_default() += 1;
     }
     eprintln!("grants per window: {per_window:?}");
