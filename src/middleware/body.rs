@@ -28,6 +28,14 @@ pub(crate) enum Ending {
 /// the body at its end or by its drop; a guard dropped without it (the service failed, the
 /// response future was dropped) gives back what it holds in its own `Drop`.
 pub(crate) trait AfterBody: Send + Sync + 'static {
+    /// The response's head, once, when the service answers (before its body streams).
+    fn head(
+        &mut self,
+        _status: http::StatusCode,
+        _headers: &HeaderMap,
+        _extensions: &http::Extensions,
+    ) {
+    }
     /// The response's trailers, as they pass.
     fn trailers(&mut self, trailers: &HeaderMap);
     /// The body ended (or was dropped).

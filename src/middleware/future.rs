@@ -246,7 +246,10 @@ where
                         charge.settle(response.status(), response.headers());
                     }
                     std::mem::take(fields).apply(response.headers_mut());
-                    let after = after.take();
+                    let mut after = after.take();
+                    if let Some(after) = after.as_mut() {
+                        after.head(response.status(), response.headers(), response.extensions());
+                    }
                     return Poll::Ready(Ok(
                         response.map(|body| ResponseBody::with_after(body, after))
                     ));
