@@ -117,6 +117,26 @@ local function decide(k0, a0, n)
         end
       end
       afters[i] = after
+    elseif string.sub(kind, 1, 1) == 'c' then
+      -- an in-flight limit (window.lua): t is the deadline, burst the limit; its sorted
+      -- set is read here, not by the MGET
+      local retry_us, member = held_kind(kind)
+      local total = held_total(KEYS[k0 + i], now)
+      local before = math.max(burst - total, 0)
+      local left = before
+      local retry = 0
+      if cost > burst then
+        verdict = 2
+      elseif cost == 0 or total + cost <= burst then
+        if cost > 0 then
+          writes[i] = true
+          left = burst - total - cost
+        end
+      else
+        verdict = 1
+        retry = math.max(retry_us, 1)
+      end
+      wins[i] = { 'c', retry, left, 0, 0, member, t, 0, before }
     else
       local code, phase = kind, 0
       if #kind > 1 then
@@ -233,6 +253,8 @@ local function decide(k0, a0, n)
       if written and not refused then
         if w[1] == 'l' then
           fresh[KEYS[k0 + i]] = log_write(KEYS[k0 + i], w[6], w[7], w[8], now)
+        elseif w[1] == 'c' then
+          held_add(KEYS[k0 + i], w[6], now + w[7], now, false)
         else
           -- expires when worthless: the window's end (fixed; or the end of the last
           -- window a reservation's debt reaches), or the next window's end (sliding)
@@ -253,6 +275,8 @@ local function decide(k0, a0, n)
         -- nothing is consumed: report the key as it stands
         if w[1] == 'l' then
           reply[r + 3], reply[r + 4], reply[r + 5] = w[9], w[10], w[11]
+        elseif w[1] == 'c' then
+          reply[r + 3], reply[r + 4], reply[r + 5] = w[9], 0, 0
         else
           reply[r + 3], reply[r + 4], reply[r + 5] = w[3] - w[9], w[4], w[5]
         end

@@ -199,3 +199,44 @@ local function win_write(code, key, index, a, b, reset)
   redis.call('SET', key, value, 'PX', math.floor((reset + 999) / 1000) + 1)
   return value
 end
+
+--[[
+In-flight limits (kind "c:<retry>:<members>", len = the deadline D in µs, limit = n): a
+sorted set per key, one member per admitted request, "<instance>:<seq>:<units>", scored by
+the instant (µs) its units stop counting. A check removes the members past their deadline
+and admits if the units of the others plus its own fit, adding its member with the score
+now + D; a refund removes the members it names; "hold" (a renewal) moves the members it
+names to now + D if they are still there ("+" before the list: adds them back, after a
+state loss). An instance that dies stops renewing: its members expire within D; a release
+lost with a failed call, or a grant whose answer never came, expires the same way.
+]]
+
+-- The kind's retry (µs) and member list.
+local function held_kind(kind)
+  local _, _, retry, members = string.find(kind, '^c:(%d+):(.*)$')
+  return tonumber(retry) or 0, members or ''
+end
+
+-- Drops the members past their deadline; the units of the others.
+local function held_total(key, now)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local total = 0
+  for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    local _, _, units = string.find(m, ':(%d+)$')
+    total = total + (tonumber(units) or 1)
+  end
+  return total
+end
+
+-- Adds (or moves) `member` to the deadline `at`; the key lives until its last deadline.
+local function held_add(key, member, at, now, xx)
+  if xx then
+    redis.call('ZADD', key, 'XX', at, member)
+  else
+    redis.call('ZADD', key, at, member)
+  end
+  local ms = idiv(at - now + 999, 1000) + 1
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
+end

@@ -42,7 +42,7 @@ pub(crate) use crate::model::decision::Status;
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis::{RedisBackend, RedisStore, RedisTable};
+pub use redis::{IN_FLIGHT_DEADLINE, RedisBackend, RedisStore, RedisTable};
 pub use resilient::{LeaseStats, Resilient, ResilientTable};
 
 use crate::algo::algorithm::Algorithm;
