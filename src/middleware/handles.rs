@@ -78,6 +78,10 @@ impl<H: Handle> Handle for Proxy<H> {
     fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
         self.0.top_refused(limit, n)
     }
+
+    fn can_settle(&self, limit: &str) -> Result<(), LimiterError> {
+        self.0.can_settle(limit)
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +102,10 @@ mod tests {
 
         fn top_refused(&self, _: &str, _: usize) -> Result<Vec<RefusedKey>, LimiterError> {
             Ok(Vec::new())
+        }
+
+        fn can_settle(&self, _: &str) -> Result<(), LimiterError> {
+            Ok(())
         }
     }
 

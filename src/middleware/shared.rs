@@ -219,4 +219,8 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
             .ok_or_else(|| LimiterError::unknown(limit, self.engine.names()))?;
         Ok(self.policy.hooks.top_refused(index, n))
     }
+
+    fn can_settle(&self, limit: &str) -> Result<(), LimiterError> {
+        self.engine.can_settle(limit)
+    }
 }

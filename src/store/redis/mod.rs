@@ -1,6 +1,7 @@
 //! [`RedisStore`]: bucket state in Redis.
 
 mod batch;
+mod settle;
 mod command;
 mod epoch;
 mod keys;
@@ -419,6 +420,8 @@ struct Part {
     phase_us: u64,
     /// How long a reservation may wait, µs (0: a check).
     max_wait_us: u64,
+    /// A settle sent with the checks instead of a check (see `settle.rs`).
+    settle: Option<settle::Settle>,
 }
 
 impl Part {
@@ -462,7 +465,9 @@ impl Part {
         let (t, burst) = self.shape();
         cmd.arg(t).arg(burst).arg(self.cost);
         let enforce = u8::from(self.mode == Mode::Enforce);
-        if self.max_wait_us == 0 {
+        if let Some(settle) = self.settle {
+            cmd.arg(settle.arg().as_slice());
+        } else if self.max_wait_us == 0 {
             cmd.arg(enforce);
         } else {
             // A reservation: `<enforce>:<max_wait>`, the wait capped where Lua's doubles
@@ -670,7 +675,9 @@ impl RedisBackend {
             Op::Block(_) => "block",
             Op::Reset => "reset",
             Op::Restore(_) => "restore",
-            Op::Check => unreachable!("checks take the check path"),
+            Op::Check | Op::Debit { .. } | Op::Credit => {
+                unreachable!("checks and settles take the check path")
+            }
         };
         let amount = |p: &Part| match op {
             Op::Block(d) | Op::Restore(d) => u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
@@ -768,11 +775,14 @@ impl Backend for RedisBackend {
                     item.quota.period_ns() / 1_000,
                 ),
                 max_wait_us: u64::try_from(item.max_wait.as_micros()).unwrap_or(u64::MAX),
+                settle: settle::Settle::of(op, item.algorithm),
             })
+            .map(settle::Settle::look_at_windows(op))
             .collect();
         let backend = self.clone();
         match op {
             Op::Check => Box::pin(backend.check(parts)),
+            Op::Debit { .. } | Op::Credit => Box::pin(backend.settle(op, parts)),
             other => Box::pin(backend.update(other, parts)),
         }
     }
