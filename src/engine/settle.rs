@@ -67,7 +67,9 @@ mod tests {
         assert_eq!(settle_op(5, 1, 9), Some((Op::Credit, 4)));
     }
 
-    fn remaining(checked: Checked<<MemoryStore as Store>::Future>) -> u64 {
+    type Fake = MemoryStore<crate::clock::FakeClock>;
+
+    fn remaining(checked: Checked<<Fake as Store>::Future>) -> u64 {
         let Checked::Ready(s) = checked else {
             unreachable!("memory answers at once")
         };
@@ -80,7 +82,11 @@ mod tests {
     #[test]
     fn an_engine_settles_into_debt_up_to_its_cap() {
         let q = crate::Quota::per_hour(10).burst(10);
-        let mut engine = Engine::new(MemoryStore::new(), WaitCounts::default(), 1);
+        let mut engine = Engine::new(
+            MemoryStore::with_clock(crate::clock::FakeClock::new()),
+            WaitCounts::default(),
+            1,
+        );
         let i = engine
             .bind(LimitSpec::new("tokens", q).max_debt(4))
             .unwrap();

@@ -134,6 +134,14 @@ pub struct LimitRule {
     /// `lease_max_age`: how long leased tokens may wait to be spent (default `"1s"`);
     /// only with `lease`.
     pub lease_max_age: Option<String>,
+    /// `settle`: `"header:<name>"` or `"trailer:<name>"`, where the actual cost of a
+    /// request is found when its response ends; `cost` is then the estimate
+    /// ([`Limit::settle`](crate::Limit::settle)); absent or invalid in a response, the
+    /// estimate stands. GCRA without `lease` only.
+    pub settle: Option<String>,
+    /// `max_debt`: with `settle`, how far below empty a key's bucket may go, in tokens
+    /// (default: the burst).
+    pub max_debt: Option<u64>,
 }
 
 /// A limit's `lease`: `"auto"`, or the most tokens one instance holds.
