@@ -11,6 +11,7 @@ use http::request::Parts;
 
 use crate::engine::Engine;
 use crate::limiter::{Applied, Calls, Handle, Limiter, LimiterError};
+use crate::middleware::body::AfterBody;
 use crate::middleware::guard::{ChargeGuard, DelayGuard, PendingCharge};
 use crate::middleware::handles::Handles;
 use crate::observe::offenders::RefusedKey;
@@ -110,6 +111,8 @@ pub(crate) struct Passed<St: Store> {
     pub(crate) charge: PendingCharge<St>,
     /// (Boxed: delay mode is rare, and `Passed` is moved on every request.)
     pub(crate) delay: Option<(Duration, Box<DelayGuard<St>>)>,
+    /// What the request holds until its response body ends (in-flight slots).
+    pub(crate) after: Option<Box<dyn AfterBody>>,
 }
 
 /// What follows the store's answer: the request passes, or the refusal.
@@ -151,6 +154,7 @@ where
                 fields,
                 charge,
                 delay,
+                after: None,
             })
         }
         Next::Refuse {
