@@ -14,6 +14,7 @@ use crate::limiter::{Applied, Calls, Handle, Limiter, LimiterError};
 use crate::middleware::body::AfterBody;
 use crate::middleware::guard::{ChargeGuard, DelayGuard, PendingCharge};
 use crate::middleware::handles::Handles;
+use crate::middleware::settle::SettleGuard;
 use crate::observe::offenders::RefusedKey;
 use crate::store::{Op, Statuses, Store};
 use crate::web::headers::{self, Fields};
@@ -129,6 +130,11 @@ where
 {
     let shared = &version.shared;
     let policy = &shared.policy;
+    // Settled costs: the limits whose estimate was taken (read before `finish` takes the
+    // statuses).
+    let settle = prepared.settle_keys.as_deref().and_then(|keys| {
+        SettleGuard::new(&shared.engine, policy, &prepared.plan, keys, &statuses)
+    });
     match policy.finish(&shared.engine, &prepared, statuses, parts, keys) {
         Next::Proceed {
             fields,
@@ -154,7 +160,7 @@ where
                 fields,
                 charge,
                 delay,
-                after: None,
+                after: settle,
             })
         }
         Next::Refuse {

@@ -150,6 +150,7 @@ pub(crate) fn compile<St: Store>(
                     .any(|l| l.spec.mode == Mode::Shadow),
                 charged: members.iter().map(limit).any(|l| l.charge.is_conditional()),
                 delayed: members.iter().any(|&i| engine.bounds[i].waiters.is_some()),
+                settled: members.iter().map(limit).any(|l| l.settle.is_some()),
                 limits: members,
             })
         })

@@ -4,8 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use http::response::Parts;
-use http::{HeaderMap, HeaderName};
+use http::{Extensions, HeaderMap, HeaderName, StatusCode};
 
 use crate::base::error::ConfigError;
 
@@ -30,7 +29,7 @@ use crate::base::error::ConfigError;
 /// let from_header: Settle = "header:x-usage-tokens".parse()?;
 /// let from_trailer = Settle::trailer("x-usage-tokens");
 /// let from_handler = Settle::extension(); // response.extensions_mut().insert(ActualCost(812))
-/// let by_status = Settle::from_fn(|head| head.status.is_server_error().then_some(0));
+/// let by_status = Settle::from_fn(|status, _headers, _extensions| status.is_server_error().then_some(0));
 /// # let _ = (from_header, from_trailer, from_handler, by_status, ActualCost(1));
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
@@ -45,7 +44,7 @@ pub struct Settle {
 pub struct ActualCost(pub u32);
 
 /// An actual cost computed by the application from the response's head.
-type SettleFn = Arc<dyn Fn(&Parts) -> Option<u32> + Send + Sync>;
+type SettleFn = Arc<dyn Fn(StatusCode, &HeaderMap, &Extensions) -> Option<u32> + Send + Sync>;
 
 #[derive(Clone)]
 enum Source {
@@ -87,10 +86,11 @@ impl Settle {
         }
     }
 
-    /// Whatever `f` returns for the response's head; `None` leaves the estimate.
+    /// Whatever `f` returns for the response's head (status, headers, extensions);
+    /// `None` leaves the estimate.
     pub fn from_fn<F>(f: F) -> Self
     where
-        F: Fn(&Parts) -> Option<u32> + Send + Sync + 'static,
+        F: Fn(StatusCode, &HeaderMap, &Extensions) -> Option<u32> + Send + Sync + 'static,
     {
         Self {
             source: Source::Fn(Arc::new(f)),
@@ -105,13 +105,18 @@ impl Settle {
     /// The actual cost the response's head gives, if any. For a trailer, the header of
     /// its name: what a response without a body (gRPC Trailers-Only) carries; the
     /// trailers, if they come, take precedence ([`from_trailers`](Self::from_trailers)).
-    pub fn from_head(&self, head: &Parts) -> Option<u32> {
+    pub fn from_head(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+    ) -> Option<u32> {
         match &self.source {
             Source::Header(name) | Source::Trailer(name) => {
-                head.headers.get(name).and_then(|v| parse(v.as_bytes()))
+                headers.get(name).and_then(|v| parse(v.as_bytes()))
             }
-            Source::Extension => head.extensions.get::<ActualCost>().map(|c| c.0),
-            Source::Fn(f) => f(head),
+            Source::Extension => extensions.get::<ActualCost>().map(|c| c.0),
+            Source::Fn(f) => f(status, headers, extensions),
         }
     }
 
@@ -180,7 +185,15 @@ mod tests {
     use super::*;
     use http::{HeaderValue, Response};
 
-    fn head(header: Option<&[u8]>, actual: Option<u32>) -> Parts {
+    struct Head(http::response::Parts);
+
+    impl Settle {
+        fn at(&self, head: &Head) -> Option<u32> {
+            self.from_head(head.0.status, &head.0.headers, &head.0.extensions)
+        }
+    }
+
+    fn head(header: Option<&[u8]>, actual: Option<u32>) -> Head {
         let mut res = Response::builder().status(200).body(()).unwrap();
         if let Some(h) = header {
             res.headers_mut()
@@ -189,18 +202,18 @@ mod tests {
         if let Some(a) = actual {
             res.extensions_mut().insert(ActualCost(a));
         }
-        res.into_parts().0
+        Head(res.into_parts().0)
     }
 
     #[test]
     fn each_source_reads_its_place_and_bad_values_leave_the_estimate() {
         let header: Settle = "header:x-usage".parse().unwrap();
-        assert_eq!(header.from_head(&head(Some(b" 812 "), None)), Some(812));
-        assert_eq!(header.from_head(&head(Some(b"0"), None)), Some(0));
+        assert_eq!(header.at(&head(Some(b" 812 "), None)), Some(812));
+        assert_eq!(header.at(&head(Some(b"0"), None)), Some(0));
         for bad in [&b""[..], b"-1", b"1.5", b"4294967296", b"\xff", b"+3"] {
-            assert_eq!(header.from_head(&head(Some(bad), None)), None, "{bad:?}");
+            assert_eq!(header.at(&head(Some(bad), None)), None, "{bad:?}");
         }
-        assert_eq!(header.from_head(&head(None, Some(3))), None);
+        assert_eq!(header.at(&head(None, Some(3))), None);
         assert!(!header.reads_trailers());
         let mut trailers = HeaderMap::new();
         trailers.insert("x-usage", HeaderValue::from_static("40"));
@@ -211,11 +224,11 @@ mod tests {
         assert_eq!(trailer.from_trailers(&trailers), Some(40));
         assert_eq!(trailer.from_trailers(&HeaderMap::new()), None);
         // Trailers-Only: the trailer's name in the head.
-        assert_eq!(trailer.from_head(&head(Some(b"7"), None)), Some(7));
+        assert_eq!(trailer.at(&head(Some(b"7"), None)), Some(7));
 
-        assert_eq!(Settle::extension().from_head(&head(None, Some(9))), Some(9));
-        let f = Settle::from_fn(|h| h.status.is_success().then_some(2));
-        assert_eq!(f.from_head(&head(None, None)), Some(2));
+        assert_eq!(Settle::extension().at(&head(None, Some(9))), Some(9));
+        let f = Settle::from_fn(|status, _, _| status.is_success().then_some(2));
+        assert_eq!(f.at(&head(None, None)), Some(2));
     }
 
     #[test]
