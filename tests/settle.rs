@@ -337,3 +337,88 @@ async fn memory_is_flat_after_100_000_dropped_bodies() {
     // Each dropped body left its estimate: 101,000 tokens.
     assert_eq!(remaining(&limiter).await, 1_000_000 - 101_000);
 }
+
+/// Through the `Limiter` handle on a real Redis, with the caller's fake clock: the same
+/// buckets as the memory store step by step, and settles sent with concurrent checks
+/// (batched in one `gcra.lua` call) counted exactly.
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+    use support::redis::RedisServer;
+    use tollgate::store::RedisStore;
+
+    async fn redis_limiter(server: &RedisServer, clock: FakeClock, spec: LimitSpec) -> Limiter {
+        let store = RedisStore::new(server.client().get_connection_manager().await.unwrap())
+            .timeout(Duration::from_secs(2))
+            .deny_cache(false)
+            .caller_time(clock);
+        Limiter::builder(store).limit(spec).build().unwrap()
+    }
+
+    fn epoch_clock() -> FakeClock {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        FakeClock::at(Duration::from_secs(now.as_secs()))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_settles_as_memory_does() {
+        let _one = lock();
+        let server = RedisServer::start();
+        let clock = epoch_clock();
+        let redis = redis_limiter(&server, clock.clone(), tokens()).await;
+        let memory = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+            .limit(tokens())
+            .build()
+            .unwrap();
+        // (wait ms, estimate, actual, settled?)
+        let mut x = 7u64;
+        for step in 0..300 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let (wait, estimate, actual, settled) =
+                ((x >> 8) % 30, 1 + (x >> 16) % 30, (x >> 24) % 120, (x >> 40) % 4 != 0);
+            clock.advance(Duration::from_millis(wait));
+            let r = redis.admit("tokens", "k", estimate as u32).await.unwrap();
+            let m = memory.admit("tokens", "k", estimate as u32).await.unwrap();
+            assert_eq!(r.is_allowed(), m.is_allowed(), "step {step}");
+            if settled {
+                r.settle(actual as u32).await.unwrap();
+                m.settle(actual as u32).await.unwrap();
+            }
+            let look = |l: LimitDecision| l.outcome().unwrap().reset_after();
+            let (rl, ml) = (
+                redis.peek("tokens", "k").await.unwrap(),
+                memory.peek("tokens", "k").await.unwrap(),
+            );
+            assert_eq!(look(rl), look(ml), "step {step}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_settles_ride_with_the_checks_and_count_exactly() {
+        let _one = lock();
+        let server = RedisServer::start();
+        let clock = epoch_clock();
+        let spec = LimitSpec::new("tokens", Quota::per_hour(100_000).burst(100_000));
+        let limiter = redis_limiter(&server, clock, spec).await;
+        let tasks: Vec<_> = (0..256u32)
+            .map(|i| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move {
+                    let e = limiter.admit("tokens", "k", 10).await.unwrap();
+                    assert!(e.is_allowed());
+                    e.settle(i % 25).await.unwrap();
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let used: u64 = (0..256u64).map(|i| i % 25).sum();
+        let left = limiter.peek("tokens", "k").await.unwrap().remaining();
+        assert_eq!(left, Some(100_000 - used), "each estimate counted once, then settled");
+    }
+
+    use tollgate::LimitDecision;
+}
