@@ -19,8 +19,8 @@ use axum::body::Body;
 use axum::routing::get;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
-use http_body_util::{BodyExt, StreamBody};
 use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
 use proptest::prelude::*;
 use support::{send, with_peer};
 use tollgate::clock::FakeClock;
@@ -164,7 +164,10 @@ async fn a_refused_estimate_settles_nothing_and_windows_and_leases_cannot_settle
     let _one = lock();
     let limiter = Limiter::builder(MemoryStore::new())
         .limit(LimitSpec::new("tokens", Quota::per_hour(10).burst(10)))
-        .limit(LimitSpec::new("win", Quota::per_hour(10)).algorithm(tollgate::Algorithm::fixed_window()))
+        .limit(
+            LimitSpec::new("win", Quota::per_hour(10))
+                .algorithm(tollgate::Algorithm::fixed_window()),
+        )
         .build()
         .unwrap();
     let big = limiter.admit("tokens", "k", 8).await.unwrap();
@@ -172,13 +175,22 @@ async fn a_refused_estimate_settles_nothing_and_windows_and_leases_cannot_settle
     let refused = limiter.admit("tokens", "k", 5).await.unwrap();
     assert!(!refused.is_allowed());
     assert!(refused.settle(0).await.unwrap().is_none(), "took nothing");
-    assert_eq!(limiter.peek("tokens", "k").await.unwrap().remaining(), Some(2));
+    assert_eq!(
+        limiter.peek("tokens", "k").await.unwrap().remaining(),
+        Some(2)
+    );
     // Exact: nothing to do.
     let exact = limiter.admit("tokens", "j", 3).await.unwrap();
     assert!(exact.settle(3).await.unwrap().is_none());
-    assert_eq!(limiter.peek("tokens", "j").await.unwrap().remaining(), Some(7));
+    assert_eq!(
+        limiter.peek("tokens", "j").await.unwrap().remaining(),
+        Some(7)
+    );
     let err = limiter.admit("win", "k", 1).await.unwrap_err();
-    assert!(matches!(err, tollgate::LimiterError::CannotSettle { .. }), "{err}");
+    assert!(
+        matches!(err, tollgate::LimiterError::CannotSettle { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("GCRA"), "{err}");
     drop(big);
 }
@@ -187,7 +199,10 @@ async fn a_refused_estimate_settles_nothing_and_windows_and_leases_cannot_settle
 async fn memory_is_flat_after_100_000_estimates_dropped_unsettled() {
     let _one = lock();
     let limiter = Limiter::builder(MemoryStore::new())
-        .limit(LimitSpec::new("tokens", Quota::per_second(1_000_000).burst(1_000_000)))
+        .limit(LimitSpec::new(
+            "tokens",
+            Quota::per_second(1_000_000).burst(1_000_000),
+        ))
         .build()
         .unwrap();
     // Warm up (the key's entry, the runtime's buffers).
@@ -200,7 +215,10 @@ async fn memory_is_flat_after_100_000_estimates_dropped_unsettled() {
         drop(e);
     }
     let grown = LIVE_BYTES.load(Ordering::Relaxed) - before;
-    assert!(grown < 4_096, "{grown} bytes more after 100,000 dropped estimates");
+    assert!(
+        grown < 4_096,
+        "{grown} bytes more after 100,000 dropped estimates"
+    );
 }
 
 /// The handler streams three chunks and reports its usage in a trailer.
@@ -218,7 +236,9 @@ async fn streamed(headers: HeaderMap) -> Response<Body> {
         Ok(Frame::data(Bytes::from("c"))),
         Ok(Frame::trailers(trailers)),
     ];
-    Response::new(Body::new(StreamBody::new(futures_util::stream::iter(frames))))
+    Response::new(Body::new(StreamBody::new(futures_util::stream::iter(
+        frames,
+    ))))
 }
 
 /// The handler answers with its usage in the response's extensions.
@@ -261,7 +281,8 @@ async fn remaining(limiter: &Limiter) -> u64 {
 }
 
 #[tokio::test]
-async fn a_streamed_body_settles_at_its_end_from_its_trailer_and_a_dropped_one_keeps_its_estimate() {
+async fn a_streamed_body_settles_at_its_end_from_its_trailer_and_a_dropped_one_keeps_its_estimate()
+{
     let _one = lock();
     let clock = FakeClock::at(Duration::from_secs(1_000));
     let limit = Limit::new("tokens", Quota::per_hour(100).burst(100))
@@ -274,7 +295,11 @@ async fn a_streamed_body_settles_at_its_end_from_its_trailer_and_a_dropped_one_k
     // Used 4 of an estimate of 20: until the body ends, the estimate is held.
     let res = send(&router, request("/stream", 20, Some(4))).await;
     assert!(res.status().is_success());
-    assert_eq!(remaining(&limiter).await, 80, "the estimate, while it streams");
+    assert_eq!(
+        remaining(&limiter).await,
+        80,
+        "the estimate, while it streams"
+    );
     let body = res.into_body().collect().await.unwrap();
     assert_eq!(body.trailers().unwrap()["x-usage-tokens"], "4");
     assert_eq!(remaining(&limiter).await, 96, "settled at 4");
@@ -293,7 +318,10 @@ async fn a_streamed_body_settles_at_its_end_from_its_trailer_and_a_dropped_one_k
     let look = limiter.peek("tokens", "alice").await.unwrap();
     assert_eq!(look.remaining(), Some(0));
     // 30 tokens owed, then one more: 31 × 36 s.
-    assert_eq!(look.outcome().unwrap().next_after(), Some(Duration::from_secs(31 * 36)));
+    assert_eq!(
+        look.outcome().unwrap().next_after(),
+        Some(Duration::from_secs(31 * 36))
+    );
     let res = send(&router, request("/stream", 1, Some(1))).await;
     assert_eq!(res.status(), http::StatusCode::TOO_MANY_REQUESTS);
 
@@ -333,7 +361,10 @@ async fn memory_is_flat_after_100_000_dropped_bodies() {
         drop_one().await;
     }
     let grown = LIVE_BYTES.load(Ordering::Relaxed) - before;
-    assert!(grown < 16_384, "{grown} bytes more after 100,000 dropped bodies");
+    assert!(
+        grown < 16_384,
+        "{grown} bytes more after 100,000 dropped bodies"
+    );
     // Each dropped body left its estimate: 101,000 tokens.
     assert_eq!(remaining(&limiter).await, 1_000_000 - 101_000);
 }
@@ -375,9 +406,15 @@ mod redis {
         // (wait ms, estimate, actual, settled?)
         let mut x = 7u64;
         for step in 0..300 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let (wait, estimate, actual, settled) =
-                ((x >> 8) % 30, 1 + (x >> 16) % 30, (x >> 24) % 120, (x >> 40) % 4 != 0);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let (wait, estimate, actual, settled) = (
+                (x >> 8) % 30,
+                1 + (x >> 16) % 30,
+                (x >> 24) % 120,
+                (x >> 40) % 4 != 0,
+            );
             clock.advance(Duration::from_millis(wait));
             let r = redis.admit("tokens", "k", estimate as u32).await.unwrap();
             let m = memory.admit("tokens", "k", estimate as u32).await.unwrap();
@@ -417,7 +454,11 @@ mod redis {
         }
         let used: u64 = (0..256u64).map(|i| i % 25).sum();
         let left = limiter.peek("tokens", "k").await.unwrap().remaining();
-        assert_eq!(left, Some(100_000 - used), "each estimate counted once, then settled");
+        assert_eq!(
+            left,
+            Some(100_000 - used),
+            "each estimate counted once, then settled"
+        );
     }
 
     use tollgate::LimitDecision;

@@ -443,7 +443,13 @@ mod tests {
         assert_eq!(debit(P, empty + 9_999, now, 1, 5), empty + 9_999);
         // A TAT in the past is a full bucket.
         assert_eq!(debit(P, 5, now, 1, 5), now + 100);
-        let _ = debit(Params::new(u64::MAX, u64::MAX), u64::MAX, u64::MAX, u64::MAX, u64::MAX);
+        let _ = debit(
+            Params::new(u64::MAX, u64::MAX),
+            u64::MAX,
+            u64::MAX,
+            u64::MAX,
+            u64::MAX,
+        );
     }
 
     #[test]

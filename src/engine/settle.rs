@@ -94,16 +94,25 @@ mod tests {
         let admit = engine.item(i, key.clone(), q, 6);
         assert_eq!(remaining(engine.store.check(&[admit])), 4);
         // Used 3: 3 back.
-        assert_eq!(remaining(engine.settle(i, key.clone(), q, 6, 3).unwrap()), 7);
+        assert_eq!(
+            remaining(engine.settle(i, key.clone(), q, 6, 3).unwrap()),
+            7
+        );
         // Used 30 on an estimate of 6: 24 more, but only 7 + 4 of debt are taken.
-        assert_eq!(remaining(engine.settle(i, key.clone(), q, 6, 30).unwrap()), 0);
+        assert_eq!(
+            remaining(engine.settle(i, key.clone(), q, 6, 30).unwrap()),
+            0
+        );
         let look = engine.item(i, key.clone(), q, 0);
         let Checked::Ready(s) = engine.store.check(&[look]) else {
             unreachable!()
         };
         let o = s[0].outcome().unwrap();
         // 4 tokens of debt + 1 for the next request: 5 of 6 minutes each.
-        assert_eq!(o.next_after(), Some(std::time::Duration::from_secs(5 * 360)));
+        assert_eq!(
+            o.next_after(),
+            Some(std::time::Duration::from_secs(5 * 360))
+        );
         assert!(engine.settle(i, key, q, 6, 6).is_none());
     }
 }

@@ -1,13 +1,13 @@
 //! [`RedisStore`]: bucket state in Redis.
 
 mod batch;
-mod settle;
 mod command;
 mod epoch;
 mod keys;
 mod reply;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
+mod settle;
 
 use std::fmt;
 use std::future::Future;

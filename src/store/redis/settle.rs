@@ -94,7 +94,10 @@ mod tests {
         assert_eq!(Settle::Credit.arg().as_slice(), b"c");
         let debit = Op::Debit { max_debt: 3 };
         assert_eq!(Settle::of(debit, Algorithm::Gcra), Some(Settle::Debit(0)));
-        assert_eq!(Settle::of(Op::Credit, Algorithm::Gcra), Some(Settle::Credit));
+        assert_eq!(
+            Settle::of(Op::Credit, Algorithm::Gcra),
+            Some(Settle::Credit)
+        );
         assert_eq!(Settle::of(debit, Algorithm::fixed_window()), None);
         assert_eq!(Settle::of(Op::Check, Algorithm::Gcra), None);
         let part = |algorithm| Part {
