@@ -38,7 +38,7 @@ struct Pending {
 impl<St: Store> SettleGuard<St> {
     /// A guard for the settled limits (`keys`: plan indices and keys) whose estimate the
     /// store took (`statuses`, before the policy reads them), if any.
-    pub(crate) fn new(
+    pub(crate) fn for_request(
         engine: &Arc<Engine<St>>,
         policy: &Policy,
         plan: &Plan,

@@ -132,10 +132,9 @@ where
     let policy = &shared.policy;
     // Settled costs: the limits whose estimate was taken (read before `finish` takes the
     // statuses).
-    let settle = prepared
-        .settle_keys
-        .as_deref()
-        .and_then(|keys| SettleGuard::new(&shared.engine, policy, &prepared.plan, keys, &statuses));
+    let settle = prepared.settle_keys.as_deref().and_then(|keys| {
+        SettleGuard::for_request(&shared.engine, policy, &prepared.plan, keys, &statuses)
+    });
     match policy.finish(&shared.engine, &prepared, statuses, parts, keys) {
         Next::Proceed {
             fields,

@@ -424,6 +424,12 @@ impl fmt::Display for Document {
                 let waiters = rule.max_waiters.unwrap_or(100);
                 write!(f, ", delay up to {wait} ({waiters} waiters)")?;
             }
+            if let Some(settle) = &rule.settle {
+                write!(f, ", settled from {settle}")?;
+                if let Some(debt) = rule.max_debt {
+                    write!(f, " (debt up to {debt})")?;
+                }
+            }
             match &rule.routes {
                 Some(routes) => writeln!(f, ", routes: {}", routes.join(", "))?,
                 None => writeln!(f, ", every request")?,
