@@ -155,6 +155,7 @@ pub use algo::quota::Quota;
 pub use base::error::ConfigError;
 pub use engine::DEFAULT_MAX_LIMITS;
 pub use limiter::estimate::Estimate;
+pub use limiter::permit::Permit;
 pub use limiter::reservation::Reservation;
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
 pub use middleware::builder::RateLimitBuilder;

@@ -2,6 +2,7 @@
 //! buckets the middleware fills, from handlers, background jobs or other stacks.
 
 pub(crate) mod estimate;
+pub(crate) mod permit;
 pub(crate) mod reservation;
 
 use std::fmt;
@@ -17,6 +18,7 @@ use crate::algo::quota::Quota;
 use crate::base::error::ConfigError;
 use crate::engine::delay::WaitCounts;
 use crate::engine::{Engine, unique_names};
+use crate::limiter::permit::Permit;
 use crate::limiter::reservation::Reservation;
 use crate::model::decision::{Decision, LimitDecision};
 use crate::model::key::{IntoKey, Key};
@@ -119,9 +121,15 @@ pub(crate) trait Handle: Send + Sync + 'static {
     fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError>;
     /// Whether `limit` can settle costs ([`Limiter::admit`]).
     fn can_settle(&self, limit: &str) -> Result<(), LimiterError>;
+    /// How the limit called `limit` counts, if there is one.
+    fn algorithm(&self, limit: &str) -> Option<Algorithm>;
 }
 
 impl<St: Store> Handle for Engine<St> {
+    fn algorithm(&self, limit: &str) -> Option<Algorithm> {
+        self.find(limit).map(|i| self.bounds[i].spec.algorithm)
+    }
+
     fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
         let reserve = op == Op::Check && !max_wait.is_zero();
         let mut op = op;
@@ -135,7 +143,7 @@ impl<St: Store> Handle for Engine<St> {
             let limit = &bound.spec;
             if matches!(
                 limit.algorithm,
-                Algorithm::SlidingWindow | Algorithm::SlidingLog
+                Algorithm::SlidingWindow | Algorithm::SlidingLog | Algorithm::InFlight { .. }
             ) {
                 let operation = match op {
                     Op::Penalize => Some("penalize"),
@@ -315,6 +323,34 @@ impl Limiter {
         cost: u32,
     ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
         self.one(Op::Check, limit, key.into_key(), cost)
+    }
+
+    /// Takes a unit of the in-flight limit `limit` for `key` if one is free
+    /// ([`LimitSpec::in_flight`]): the [`Permit`] holds it until it is dropped. Work that is
+    /// not an HTTP request (a job, a stream, a call to another service) shares the limit
+    /// with the requests the middleware admits. [`check`](Self::check) on an in-flight
+    /// limit takes a unit too, which [`refund`](Self::refund) gives back.
+    pub fn acquire(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+    ) -> impl Future<Output = Result<Permit, LimiterError>> + Send + 'static {
+        let key = key.into_key();
+        let limiter = self.clone();
+        let unsupported = match self.inner.algorithm(limit) {
+            Some(a) if !a.is_in_flight() => Some(LimiterError::Unsupported {
+                limit: limit.to_owned(),
+                operation: "acquire",
+            }),
+            _ => None,
+        };
+        let checked = self.one(Op::Check, limit, key.clone(), 1);
+        async move {
+            if let Some(e) = unsupported {
+                return Err(e);
+            }
+            Ok(Permit::new(limiter, checked.await?, key))
+        }
     }
 
     /// The bucket's state, without consuming and without creating the key: the tokens

@@ -60,14 +60,18 @@ pin_project! {
     /// # });
     /// ```
     pub struct ResponseBody<B> {
+        // `None` once dropped: the inner body goes first, then the guard is told, so
+        // whatever the body held (a stream's work) is over when its slot frees.
         #[pin]
-        inner: B,
+        inner: Option<B>,
         after: Option<Box<dyn AfterBody>>,
     }
 
     impl<B> PinnedDrop for ResponseBody<B> {
         fn drop(this: Pin<&mut Self>) {
-            if let Some(mut after) = this.project().after.take() {
+            let mut this = this.project();
+            if let Some(mut after) = this.after.take() {
+                this.inner.set(None);
                 after.ended(Ending::Dropped);
             }
         }
@@ -77,12 +81,18 @@ pin_project! {
 impl<B> ResponseBody<B> {
     /// `inner`, with nothing to give back at its end.
     pub fn new(inner: B) -> Self {
-        Self { inner, after: None }
+        Self {
+            inner: Some(inner),
+            after: None,
+        }
     }
 
     /// `inner`, with `after` told of its end.
     pub(crate) fn with_after(inner: B, after: Option<Box<dyn AfterBody>>) -> Self {
-        Self { inner, after }
+        Self {
+            inner: Some(inner),
+            after,
+        }
     }
 }
 
@@ -100,8 +110,11 @@ impl<B: Body> Body for ResponseBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let mut this = self.project();
-        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        let this = self.project();
+        let Some(mut inner) = this.inner.as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = ready!(inner.as_mut().poll_frame(cx));
         let Some(after) = this.after.as_mut() else {
             return Poll::Ready(frame);
         };
@@ -115,7 +128,7 @@ impl<B: Body> Body for ResponseBody<B> {
                 None
             }
         };
-        let ending = ending.or_else(|| this.inner.is_end_stream().then_some(Ending::Complete));
+        let ending = ending.or_else(|| inner.is_end_stream().then_some(Ending::Complete));
         if let Some(ending) = ending
             && let Some(mut after) = this.after.take()
         {
@@ -125,11 +138,13 @@ impl<B: Body> Body for ResponseBody<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(B::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), B::size_hint)
     }
 }
 

@@ -82,6 +82,10 @@ impl<H: Handle> Handle for Proxy<H> {
     fn can_settle(&self, limit: &str) -> Result<(), LimiterError> {
         self.0.can_settle(limit)
     }
+
+    fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
+        self.0.algorithm(limit)
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +102,10 @@ mod tests {
 
         fn names(&self) -> Vec<&'static str> {
             vec!["per-key"]
+        }
+
+        fn algorithm(&self, _: &str) -> Option<crate::algo::algorithm::Algorithm> {
+            None
         }
 
         fn top_refused(&self, _: &str, _: usize) -> Result<Vec<RefusedKey>, LimiterError> {

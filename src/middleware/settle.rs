@@ -101,3 +101,35 @@ impl<St: Store> AfterBody for SettleGuard<St> {
         }
     }
 }
+
+/// Two after-body guards as one (a request with in-flight units and settled costs):
+/// each is told the head, the trailers and the end.
+struct Both(Box<dyn AfterBody>, Box<dyn AfterBody>);
+
+impl AfterBody for Both {
+    fn head(&mut self, status: StatusCode, headers: &HeaderMap, extensions: &Extensions) {
+        self.0.head(status, headers, extensions);
+        self.1.head(status, headers, extensions);
+    }
+
+    fn trailers(&mut self, trailers: &HeaderMap) {
+        self.0.trailers(trailers);
+        self.1.trailers(trailers);
+    }
+
+    fn ended(&mut self, ending: Ending) {
+        self.0.ended(ending);
+        self.1.ended(ending);
+    }
+}
+
+/// `a` and `b`, whichever exist, as one guard.
+pub(crate) fn chain(
+    a: Option<Box<dyn AfterBody>>,
+    b: Option<Box<dyn AfterBody>>,
+) -> Option<Box<dyn AfterBody>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(Box::new(Both(a, b))),
+        (a, b) => a.or(b),
+    }
+}

@@ -12,7 +12,7 @@ use http::request::Parts;
 use crate::engine::Engine;
 use crate::limiter::{Applied, Calls, Handle, Limiter, LimiterError};
 use crate::middleware::body::AfterBody;
-use crate::middleware::guard::{ChargeGuard, DelayGuard, PendingCharge};
+use crate::middleware::guard::{ChargeGuard, DelayGuard, HeldGuard, PendingCharge};
 use crate::middleware::handles::Handles;
 use crate::middleware::settle::SettleGuard;
 use crate::observe::offenders::RefusedKey;
@@ -139,10 +139,17 @@ where
         Next::Proceed {
             fields,
             charged,
+            held,
             delay,
         } => {
             insert_limiter(version, parts);
             let engine = &shared.engine;
+            let after = HeldGuard::boxed(
+                engine,
+                &prepared.plan,
+                prepared.charge_keys.as_deref(),
+                &held,
+            );
             let delay = delay.map(|d| {
                 (
                     d.wait,
@@ -160,7 +167,7 @@ where
                 fields,
                 charge,
                 delay,
-                after: settle,
+                after: crate::middleware::settle::chain(after, settle),
             })
         }
         Next::Refuse {
@@ -232,5 +239,9 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
 
     fn can_settle(&self, limit: &str) -> Result<(), LimiterError> {
         self.engine.can_settle(limit)
+    }
+
+    fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
+        self.engine.algorithm(limit)
     }
 }

@@ -142,6 +142,12 @@ pub struct LimitRule {
     /// `max_debt`: with `settle`, how far below empty a key's bucket may go, in tokens
     /// (default: the burst).
     pub max_debt: Option<u64>,
+    /// `in_flight`: instead of `quota`, the most requests of a key in flight at once
+    /// (1 to 1,000,000): [`Limit::in_flight`](crate::Limit::in_flight).
+    pub in_flight: Option<u64>,
+    /// `retry_after`: with `in_flight`, the `Retry-After` of its refusals, as a duration
+    /// (default `"1s"`).
+    pub retry_after: Option<String>,
 }
 
 /// A limit's `lease`: `"auto"`, or the most tokens one instance holds.

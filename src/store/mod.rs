@@ -275,6 +275,25 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn check(&self, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future> {
         self.apply(Op::Check, items)
     }
+
+    /// Whether the store keeps limits of `algorithm`; `Err` says why not, and a layer or
+    /// limiter with such a limit is not built. By default every algorithm but
+    /// [`Algorithm::InFlight`], whose units only a request's end gives back: a store that
+    /// keeps them says so.
+    fn supports(&self, algorithm: &Algorithm) -> Result<(), &'static str> {
+        not_in_flight(algorithm)
+    }
+}
+
+/// [`Store::supports`] and [`Backend::supports`] by default: everything but in-flight
+/// limits.
+fn not_in_flight(algorithm: &Algorithm) -> Result<(), &'static str> {
+    match algorithm {
+        Algorithm::InFlight { .. } => Err(
+            "this store does not keep in-flight limits: use a MemoryStore for them (one instance's requests)",
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// A store that can fail, such as a network service; [`Resilient`] makes it a [`Store`].
@@ -328,5 +347,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// measure nothing, is still reached. It must be cheap.
     fn round_trip(&self) -> Option<Duration> {
         None
+    }
+
+    /// Whether the backend keeps limits of `algorithm` (see [`Store::supports`]).
+    fn supports(&self, algorithm: &Algorithm) -> Result<(), &'static str> {
+        not_in_flight(algorithm)
     }
 }
