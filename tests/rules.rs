@@ -117,9 +117,11 @@ fn the_example_file_reads_every_field() {
     let names: Vec<&str> = doc.limits.iter().map(|l| l.name.as_str()).collect();
     assert_eq!(
         names,
-        ["per-ip", "login", "search", "per-key", "smooth", "global"]
+        [
+            "per-ip", "login", "search", "per-key", "smooth", "global", "tokens"
+        ]
     );
-    let [per_ip, login, search, per_key, smooth, global] = &doc.limits[..] else {
+    let [per_ip, login, search, per_key, smooth, global, tokens] = &doc.limits[..] else {
         unreachable!()
     };
     assert_eq!(per_ip.key, Some(KeySpec::one("client_ip")));
@@ -154,6 +156,8 @@ fn the_example_file_reads_every_field() {
     assert_eq!(smooth.max_reserved, Some(20));
     assert_eq!(global.lease, Some(LeaseSpec::Auto));
     assert_eq!(global.lease_max_age.as_deref(), Some("1s"));
+    assert_eq!(tokens.settle.as_deref(), Some("header:x-usage-tokens"));
+    assert_eq!(tokens.max_debt, Some(20_000));
     // The printed form names every limit.
     let printed = doc.to_string();
     for name in names {

@@ -169,6 +169,7 @@ mod tests {
             phase_us: 0,
             max_wait_us: 0,
             held: None,
+            settle: None,
         };
         let parts = [part(2, Mode::Enforce), part(1, Mode::Shadow)];
         let now = 1_700_000_000_000_000i64;
