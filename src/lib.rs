@@ -158,6 +158,7 @@ pub use limiter::{Limiter, LimiterBuilder, LimiterError};
 pub use middleware::builder::RateLimitBuilder;
 pub use middleware::layer::RateLimitLayer;
 pub use model::decision::{Decision, LimitDecision, Outcome, Overall, Status, Verdict};
+pub use model::ban::Ban;
 pub use model::lease::Lease;
 pub use model::policy::{FailurePolicy, MissingKey, Mode, OnLimit};
 pub use model::spec::LimitSpec;

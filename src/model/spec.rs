@@ -42,6 +42,8 @@ pub struct LimitSpec {
     pub(crate) rule_id: Option<u64>,
     /// Lease mode (a remote store only): tokens taken in batches and spent locally.
     pub(crate) lease: Option<Lease>,
+    /// Bans that escalate (`model/ban.rs`).
+    pub(crate) ban: Option<crate::model::ban::Ban>,
 }
 
 impl LimitSpec {
@@ -58,6 +60,7 @@ impl LimitSpec {
             max_reserved: None,
             rule_id: None,
             lease: None,
+            ban: None,
         }
     }
 
@@ -100,6 +103,12 @@ impl LimitSpec {
     /// Spends the limit from leases: see [`Limit::lease`](crate::Limit::lease).
     pub fn lease(mut self, lease: Lease) -> Self {
         self.lease = Some(lease);
+        self
+    }
+
+    /// Bans the keys it keeps refusing: see [`Limit::ban`](crate::Limit::ban).
+    pub fn ban(mut self, ban: crate::model::ban::Ban) -> Self {
+        self.ban = Some(ban);
         self
     }
 
@@ -152,6 +161,9 @@ impl LimitSpec {
             lease
                 .validate(self.algorithm, &self.quota)
                 .map_err(|e| e.within(at()))?;
+        }
+        if let Some(ban) = &self.ban {
+            ban.validate().map_err(|e| e.within(at()))?;
         }
         self.validate_reservations().map_err(|e| e.within(at()))
     }
@@ -223,6 +235,7 @@ impl LimitSpec {
             .field("on_limit", &self.on_limit)
             .field("max_reserved", &self.max_reserved)
             .field("rule_id", &self.rule_id)
+            .field("ban", &self.ban)
     }
 }
 

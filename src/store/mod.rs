@@ -25,6 +25,7 @@
 //!
 //! [`FailurePolicy`]: crate::FailurePolicy
 
+pub(crate) mod ban;
 mod breaker;
 mod memory;
 #[cfg(feature = "redis")]
@@ -44,6 +45,7 @@ pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisBackend, RedisStore, RedisTable};
 pub use resilient::{LeaseStats, Resilient, ResilientTable};
+pub use ban::{BanCall, BanFuture, BanReply};
 
 use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::Quota;
@@ -264,6 +266,20 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn check(&self, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future> {
         self.apply(Op::Check, items)
     }
+
+    /// Bans shared through the store (see [`BanCall`]): `None` (the default) when the
+    /// store keeps none, and each layer's own ban table decides.
+    fn ban(&self, table: &Self::Table, key: &Key, call: BanCall) -> Option<BanFuture> {
+        let _ = (table, key, call);
+        None
+    }
+
+    /// The clock bans are timed on (the store's own, so that a
+    /// [`FakeClock`](crate::clock::FakeClock) moves both); default a
+    /// [`CpuClock`](crate::clock::CpuClock).
+    fn ban_clock(&self) -> crate::base::clock::SharedClock {
+        crate::base::clock::SharedClock::default()
+    }
 }
 
 /// A store that can fail, such as a network service; [`Resilient`] makes it a [`Store`].
@@ -316,6 +332,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// farther away than the configured timeout, whose every call would time out and so
     /// measure nothing, is still reached. It must be cheap.
     fn round_trip(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Bans shared through the backend: see [`Store::ban`]. `None` (the default): none.
+    fn ban(&self, table: &Self::Table, key: &Key, call: BanCall) -> Option<BanFuture> {
+        let _ = (table, key, call);
         None
     }
 }
