@@ -153,7 +153,10 @@ impl Ban {
             }
         }
         if self.for_ < Duration::from_millis(1) {
-            return err("for", "must be at least 1 ms (Redis keeps bans in whole ms)");
+            return err(
+                "for",
+                "must be at least 1 ms (Redis keeps bans in whole ms)",
+            );
         }
         Ok(())
     }

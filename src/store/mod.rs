@@ -40,12 +40,12 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 pub(crate) use crate::model::decision::Status;
+pub use ban::{BanCall, BanFuture, BanReply};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisBackend, RedisStore, RedisTable};
 pub use resilient::{LeaseStats, Resilient, ResilientTable};
-pub use ban::{BanCall, BanFuture, BanReply};
 
 use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::Quota;
