@@ -157,6 +157,7 @@ pub use limiter::reservation::Reservation;
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
 pub use middleware::builder::RateLimitBuilder;
 pub use middleware::layer::RateLimitLayer;
+pub use engine::ban::{BannedKey, DEFAULT_MAX_BAN_KEYS, RECHECK as BAN_RECHECK};
 pub use model::ban::Ban;
 pub use model::decision::{Decision, LimitDecision, Outcome, Overall, Status, Verdict};
 pub use model::lease::Lease;

@@ -78,6 +78,19 @@ impl<H: Handle> Handle for Proxy<H> {
     fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
         self.0.top_refused(limit, n)
     }
+
+    fn bans(&self, limit: &str) -> Result<Vec<crate::engine::ban::BannedKey>, LimiterError> {
+        self.0.bans(limit)
+    }
+
+    fn set_ban(
+        &self,
+        limit: &str,
+        key: crate::model::key::Key,
+        length: Option<Duration>,
+    ) -> Result<(), LimiterError> {
+        self.0.set_ban(limit, key, length)
+    }
 }
 
 #[cfg(test)]

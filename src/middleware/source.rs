@@ -86,4 +86,17 @@ impl<St: Store, R: Send + Sync + 'static> Handle for LiveHandle<St, R> {
     fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
         self.0.current().shared.top_refused(limit, n)
     }
+
+    fn bans(&self, limit: &str) -> Result<Vec<crate::engine::ban::BannedKey>, LimiterError> {
+        self.0.current().shared.bans(limit)
+    }
+
+    fn set_ban(
+        &self,
+        limit: &str,
+        key: crate::model::key::Key,
+        length: Option<Duration>,
+    ) -> Result<(), LimiterError> {
+        self.0.current().shared.set_ban(limit, key, length)
+    }
 }
