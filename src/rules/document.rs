@@ -134,7 +134,41 @@ pub struct LimitRule {
     /// `lease_max_age`: how long leased tokens may wait to be spent (default `"1s"`);
     /// only with `lease`.
     pub lease_max_age: Option<String>,
+    /// `ban`: bans that escalate ([`Limit::ban`](crate::Limit::ban)), an inline table
+    /// `{ after, within, for, escalate, max, forget }`.
+    pub ban: Option<BanRule>,
+    /// `ban_status`: the status of a banned key's requests, 403 (default) or 429; only
+    /// with `ban`.
+    pub ban_status: Option<u16>,
 }
+
+/// A limit's `ban = { after = 3, within = "1m", for = "10m", escalate = 2, max = "1d",
+/// forget = "1d" }`: see [`Ban`](crate::Ban).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BanRule {
+    /// `after`: the refusals within `within` that ban the key (required, at least 1).
+    pub after: u32,
+    /// `within`: a duration (default `"1m"`).
+    pub within: Option<String>,
+    /// `for`: the first ban's length (required).
+    #[serde(rename = "for")]
+    pub for_: Option<String>,
+    /// `escalate`: each repeat's factor, at least 1 (default 1).
+    pub escalate: Option<Factor>,
+    /// `max`: the longest ban (default: `for`).
+    pub max: Option<String>,
+    /// `forget`: how long after a ban's end a new one is still a repeat (default `"1d"`).
+    pub forget: Option<String>,
+}
+
+/// A number (integer or not) as written in a rules file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct Factor(pub f64);
+
+// Compared for "did the document change": a NaN cannot be written in TOML or JSON.
+impl Eq for Factor {}
 
 /// A limit's `lease`: `"auto"`, or the most tokens one instance holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
