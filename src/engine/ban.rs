@@ -412,6 +412,14 @@ impl<St: Store> Engine<St> {
             learn(&table, &key, call, reply);
             let op = match (call, reply) {
                 (BanCall::Lift, _) => Some(Op::Reset),
+                // Lifted elsewhere: a give-back of nothing clears what this instance's
+                // store remembers of the blocked bucket (its deny cache).
+                (
+                    BanCall::Remaining,
+                    BanReply {
+                        remaining: None, ..
+                    },
+                ) => Some(Op::Refund),
                 (
                     BanCall::Offend(_) | BanCall::Set(_),
                     BanReply {
@@ -564,5 +572,78 @@ mod tests {
         t.lift(&k);
         assert!(t.banned(&k, 2 * S).is_none());
         assert!(t.list(2 * S).is_empty());
+    }
+
+    /// The semantics written the plain way, one key: what each refusal does.
+    struct Model {
+        count: u32,
+        since: u64,
+        until: u64,
+        level: Option<u32>,
+    }
+
+    impl Model {
+        fn offend(&mut self, ban: &Ban, now: u64) -> Option<(Duration, u32)> {
+            if now < self.until {
+                return None;
+            }
+            if self.count == 0 || now - self.since >= nanos(ban.within) {
+                self.count = 0;
+                self.since = now;
+            }
+            self.count += 1;
+            if self.count < ban.after {
+                return None;
+            }
+            let level = match self.level {
+                Some(l) if now < self.until + nanos(ban.forget) => l + 1,
+                _ => 0,
+            };
+            let length = ban.length(level);
+            self.count = 0;
+            self.level = Some(level);
+            self.until = now + nanos(length);
+            Some((length, level))
+        }
+    }
+
+    proptest::proptest! {
+        /// Any refusals at any times: bans begin exactly when the model says, last
+        /// `min(for × escalate^repeats, max)`, refusals during a ban never count, and the
+        /// count starts afresh after each ban.
+        #[test]
+        fn escalation_matches_the_model(
+            after in 1u32..5,
+            within_s in 1u64..30,
+            for_s in 1u64..20,
+            escalate in 1u32..4,
+            max_factor in 1u64..10,
+            forget_s in 0u64..60,
+            gaps in proptest::collection::vec(0u64..20_000, 1..300),
+        ) {
+            let ban = Ban::after(after)
+                .within(Duration::from_secs(within_s))
+                .for_(Duration::from_secs(for_s))
+                .escalate(f64::from(escalate))
+                .max(Duration::from_secs(for_s * max_factor))
+                .forget(Duration::from_secs(forget_s));
+            let (t, _) = table(ban, 1_000);
+            let k = Key::from_part("k");
+            let mut model = Model { count: 0, since: 0, until: 0, level: None };
+            let mut now = S;
+            for gap in gaps {
+                now += gap * 1_000_000; // up to 20 s between refusals
+                let banned_before = t.banned(&k, now).map(|(d, _)| d);
+                let expected = model.offend(&ban, now);
+                let got = t.offend(&k, now).map(|b| (b.length, b.level));
+                proptest::prop_assert_eq!(got, expected);
+                if let Some((length, level)) = got {
+                    proptest::prop_assert!(banned_before.is_none());
+                    proptest::prop_assert!(length <= ban.max && length >= ban.for_);
+                    proptest::prop_assert_eq!(length, ban.length(level));
+                    proptest::prop_assert_eq!(t.banned(&k, now).unwrap().0, length);
+                }
+            }
+        }
     }
 }
