@@ -252,6 +252,13 @@ impl DefaultOnRejection {
     /// from earlier refusals of that limit with the same wait in seconds ([`BODIES`]);
     /// otherwise written on the stack and copied once.
     fn write_problem(&self, rejection: &Rejection<'_>) -> Bytes {
+        // A banned key's body names its limit only: rendered once per thread and limit.
+        // (Only the crate makes a `Banned`, always with an interned name.)
+        if let Rejection::Banned { limit, status, .. } = rejection {
+            let key = MemoKey::interned(2, limit, status.as_u16().into());
+            return memoized(&BODIES, key, || Some(self.render_problem(rejection)))
+                .unwrap_or_default();
+        }
         if let Rejection::Limited {
             decision,
             retry_after,
