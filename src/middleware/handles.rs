@@ -91,6 +91,10 @@ impl<H: Handle> Handle for Proxy<H> {
     ) -> Result<(), LimiterError> {
         self.0.set_ban(limit, key, length)
     }
+
+    fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
+        self.0.algorithm(limit)
+    }
 }
 
 #[cfg(test)]
@@ -107,6 +111,10 @@ mod tests {
 
         fn names(&self) -> Vec<&'static str> {
             vec!["per-key"]
+        }
+
+        fn algorithm(&self, _: &str) -> Option<crate::algo::algorithm::Algorithm> {
+            None
         }
 
         fn top_refused(&self, _: &str, _: usize) -> Result<Vec<RefusedKey>, LimiterError> {

@@ -11,7 +11,8 @@ use http::request::Parts;
 
 use crate::engine::Engine;
 use crate::limiter::{Applied, Calls, Handle, Limiter, LimiterError};
-use crate::middleware::guard::{ChargeGuard, DelayGuard, PendingCharge};
+use crate::middleware::body::AfterBody;
+use crate::middleware::guard::{ChargeGuard, DelayGuard, HeldGuard, PendingCharge};
 use crate::middleware::handles::Handles;
 use crate::observe::offenders::RefusedKey;
 use crate::store::{Op, Statuses, Store};
@@ -120,6 +121,8 @@ pub(crate) struct Passed<St: Store> {
     pub(crate) charge: PendingCharge<St>,
     /// (Boxed: delay mode is rare, and `Passed` is moved on every request.)
     pub(crate) delay: Option<(Duration, Box<DelayGuard<St>>)>,
+    /// What the request holds until its response body ends (in-flight slots).
+    pub(crate) after: Option<Box<dyn AfterBody>>,
 }
 
 /// What follows the store's answer: the request passes, or the refusal.
@@ -140,10 +143,17 @@ where
         Next::Proceed {
             fields,
             charged,
+            held,
             delay,
         } => {
             insert_limiter(version, parts);
             let engine = &shared.engine;
+            let after = HeldGuard::boxed(
+                engine,
+                &prepared.plan,
+                prepared.charge_keys.as_deref(),
+                &held,
+            );
             let delay = delay.map(|d| {
                 (
                     d.wait,
@@ -161,6 +171,7 @@ where
                 fields,
                 charge,
                 delay,
+                after,
             })
         }
         Next::Refuse {
@@ -250,5 +261,9 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
         length: Option<Duration>,
     ) -> Result<(), LimiterError> {
         self.engine.handle_set_ban(limit, key, length)
+    }
+
+    fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
+        self.engine.algorithm(limit)
     }
 }

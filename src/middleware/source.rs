@@ -99,4 +99,8 @@ impl<St: Store, R: Send + Sync + 'static> Handle for LiveHandle<St, R> {
     ) -> Result<(), LimiterError> {
         self.0.current().shared.set_ban(limit, key, length)
     }
+
+    fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
+        self.0.current().shared.algorithm(limit)
+    }
 }

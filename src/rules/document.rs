@@ -140,6 +140,12 @@ pub struct LimitRule {
     /// `ban_status`: the status of a banned key's requests, 403 (default) or 429; only
     /// with `ban`.
     pub ban_status: Option<u16>,
+    /// `in_flight`: instead of `quota`, the most requests of a key in flight at once
+    /// (1 to 1,000,000): [`Limit::in_flight`](crate::Limit::in_flight).
+    pub in_flight: Option<u64>,
+    /// `retry_after`: with `in_flight`, the `Retry-After` of its refusals, as a duration
+    /// (default `"1s"`).
+    pub retry_after: Option<String>,
 }
 
 /// A limit's `ban = { after = 3, within = "1m", for = "10m", escalate = 2, max = "1d",

@@ -280,6 +280,25 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn ban_clock(&self) -> crate::base::clock::SharedClock {
         crate::base::clock::SharedClock::default()
     }
+
+    /// Whether the store keeps limits of `algorithm`; `Err` says why not, and a layer or
+    /// limiter with such a limit is not built. By default every algorithm but
+    /// [`Algorithm::InFlight`], whose units only a request's end gives back: a store that
+    /// keeps them says so.
+    fn supports(&self, algorithm: &Algorithm) -> Result<(), &'static str> {
+        not_in_flight(algorithm)
+    }
+}
+
+/// [`Store::supports`] and [`Backend::supports`] by default: everything but in-flight
+/// limits.
+fn not_in_flight(algorithm: &Algorithm) -> Result<(), &'static str> {
+    match algorithm {
+        Algorithm::InFlight { .. } => Err(
+            "this store does not keep in-flight limits: use a MemoryStore for them (one instance's requests)",
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// A store that can fail, such as a network service; [`Resilient`] makes it a [`Store`].
@@ -339,5 +358,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn ban(&self, table: &Self::Table, key: &Key, call: BanCall) -> Option<BanFuture> {
         let _ = (table, key, call);
         None
+    }
+
+    /// Whether the backend keeps limits of `algorithm` (see [`Store::supports`]).
+    fn supports(&self, algorithm: &Algorithm) -> Result<(), &'static str> {
+        not_in_flight(algorithm)
     }
 }

@@ -1333,6 +1333,10 @@ impl<B: Backend> Store for Resilient<B> {
     type Table = ResilientTable<B::Table>;
     type Future = Pin<Box<dyn Future<Output = Statuses> + Send>>;
 
+    fn supports(&self, algorithm: &crate::algo::algorithm::Algorithm) -> Result<(), &'static str> {
+        self.inner.backend.supports(algorithm)
+    }
+
     fn table(&self, name: &str) -> Self::Table {
         let inner = &*self.inner;
         ResilientTable {

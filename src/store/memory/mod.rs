@@ -20,6 +20,7 @@ use crate::web::key::Key;
 
 mod all;
 mod bucket;
+mod inflight;
 mod markers;
 mod sweep;
 mod table;
@@ -360,6 +361,11 @@ impl<C: Clock> Store for MemoryStore<C> {
     /// once no engine uses a name, its table and buckets are dropped.
     fn ban_clock(&self) -> crate::base::clock::SharedClock {
         crate::base::clock::SharedClock::new(self.inner.clock.clone())
+    }
+
+    /// Every algorithm, in-flight limits too.
+    fn supports(&self, _: &crate::algo::algorithm::Algorithm) -> Result<(), &'static str> {
+        Ok(())
     }
 
     fn table(&self, name: &str) -> MemoryTable {
