@@ -53,7 +53,9 @@ fn login_limit() -> Limit {
 }
 
 fn app(store: impl Store) -> Result<Router, tollgate::ConfigError> {
-    let layer = RateLimitLayer::builder(store).limit(login_limit()).build()?;
+    let layer = RateLimitLayer::builder(store)
+        .limit(login_limit())
+        .build()?;
     let limiter = layer.limiter();
     Ok(Router::new()
         .route("/login", post(|| async { "welcome\n" }).route_layer(layer))
@@ -104,7 +106,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(_) => return Err("REDIS_URL needs the `redis` feature".into()),
         Err(_) => app(MemoryStore::new())?,
     };
-    let port: u16 = std::env::var("PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(3000);
+    let port: u16 = std::env::var("PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(3000);
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("listening on http://127.0.0.1:{port}");
     axum::serve(

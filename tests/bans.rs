@@ -59,7 +59,10 @@ async fn status(app: &Router, peer: &str) -> StatusCode {
 #[tokio::test]
 async fn refusals_ban_escalate_and_banned_requests_never_count() {
     let clock = FakeClock::at(Duration::from_secs(1_000));
-    let (app, limiter) = app(MemoryStore::with_clock(clock.clone()), StatusCode::FORBIDDEN);
+    let (app, limiter) = app(
+        MemoryStore::with_clock(clock.clone()),
+        StatusCode::FORBIDDEN,
+    );
     let ip = "192.0.2.1";
     assert_eq!(status(&app, ip).await, StatusCode::OK);
     assert_eq!(status(&app, ip).await, StatusCode::OK);
@@ -70,9 +73,15 @@ async fn refusals_ban_escalate_and_banned_requests_never_count() {
     let banned = send(&app, login(ip)).await;
     assert_eq!(banned.status(), StatusCode::FORBIDDEN);
     assert_eq!(header(banned.headers(), "retry-after").unwrap(), "10");
-    assert_eq!(header(banned.headers(), "cache-control").unwrap(), "no-store");
+    assert_eq!(
+        header(banned.headers(), "cache-control").unwrap(),
+        "no-store"
+    );
     let body = body_json(banned).await;
-    assert!(body["detail"].as_str().unwrap().contains("\"login\""), "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("\"login\""),
+        "{body}"
+    );
     // Another client is not banned (its bucket is its own).
     assert_eq!(status(&app, "192.0.2.2").await, StatusCode::OK);
     // Banned requests never count: a flood does not lengthen the ban.
@@ -101,20 +110,29 @@ async fn refusals_ban_escalate_and_banned_requests_never_count() {
         assert!(refusals <= 3);
     }
     let bans = limiter.bans("login").unwrap();
-    assert_eq!((bans[0].remaining, bans[0].level), (Duration::from_secs(20), 1));
+    assert_eq!(
+        (bans[0].remaining, bans[0].level),
+        (Duration::from_secs(20), 1)
+    );
     // Then 30 s (capped, not 40).
     clock.advance(Duration::from_secs(20));
     while limiter.bans("login").unwrap().is_empty() {
         status(&app, ip).await;
     }
-    assert_eq!(limiter.bans("login").unwrap()[0].remaining, Duration::from_secs(30));
+    assert_eq!(
+        limiter.bans("login").unwrap()[0].remaining,
+        Duration::from_secs(30)
+    );
     // Forgotten 100 s after the ban's end: 10 s again.
     clock.advance(Duration::from_secs(30 + 101));
     while limiter.bans("login").unwrap().is_empty() {
         status(&app, ip).await;
     }
     let bans = limiter.bans("login").unwrap();
-    assert_eq!((bans[0].remaining, bans[0].level), (Duration::from_secs(10), 0));
+    assert_eq!(
+        (bans[0].remaining, bans[0].level),
+        (Duration::from_secs(10), 0)
+    );
 }
 
 #[tokio::test]
@@ -159,7 +177,10 @@ fn settings_errors_name_the_field() {
             .to_owned()
     };
     let l = || Limit::new("login", Quota::per_minute(5));
-    assert_eq!(build(l().ban(Ban::after(0))), r#"limits["login"].ban.after"#);
+    assert_eq!(
+        build(l().ban(Ban::after(0))),
+        r#"limits["login"].ban.after"#
+    );
     assert_eq!(
         build(l().ban(Ban::after(3).escalate(0.9))),
         r#"limits["login"].ban.escalate"#
@@ -191,7 +212,12 @@ impl Store for Counting {
         self.0.apply(op, items)
     }
 
-    fn ban(&self, table: &MemoryTable, key: &tollgate::key::Key, call: BanCall) -> Option<BanFuture> {
+    fn ban(
+        &self,
+        table: &MemoryTable,
+        key: &tollgate::key::Key,
+        call: BanCall,
+    ) -> Option<BanFuture> {
         self.1.fetch_add(1, Ordering::Relaxed);
         self.0.ban(table, key, call)
     }
@@ -220,7 +246,12 @@ async fn a_banned_request_makes_no_store_call_and_the_ban_is_logged_once() {
         assert_eq!(status(&app, "203.0.113.9").await, StatusCode::FORBIDDEN);
     }
     assert_eq!(calls.load(Ordering::Relaxed), before);
-    assert_eq!(lines.matching("key banned").len(), 1, "{:?}", lines.matching("ban"));
+    assert_eq!(
+        lines.matching("key banned").len(),
+        1,
+        "{:?}",
+        lines.matching("ban")
+    );
     assert!(lines.matching("key banned")[0].contains("203.0.113.9"));
 }
 

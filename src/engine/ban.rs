@@ -149,7 +149,11 @@ impl BanTable {
         if now >= self.latest_end.load(Ordering::Relaxed) {
             return None;
         }
-        let map = self.shard(key).map.read().unwrap_or_else(|e| e.into_inner());
+        let map = self
+            .shard(key)
+            .map
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
         let entry = map.get(key)?;
         if entry.until <= now {
             return None;
@@ -212,8 +216,7 @@ impl BanTable {
                 if e.count < ban.after {
                     return None;
                 }
-                let repeat =
-                    e.banned_before && now < e.until.saturating_add(nanos(ban.forget));
+                let repeat = e.banned_before && now < e.until.saturating_add(nanos(ban.forget));
                 let level = if repeat { e.level.saturating_add(1) } else { 0 };
                 let length = ban.length(level);
                 e.count = 0;
@@ -249,13 +252,21 @@ impl BanTable {
 
     /// Forgets `key`: its ban, count and level.
     pub(crate) fn lift(&self, key: &Key) {
-        let mut map = self.shard(key).map.write().unwrap_or_else(|e| e.into_inner());
+        let mut map = self
+            .shard(key)
+            .map
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
         map.remove(key);
     }
 
     /// Ends `key`'s cached ban (the shared store says it has none), keeping its level.
     fn unban(&self, key: &Key, now: u64) {
-        let mut map = self.shard(key).map.write().unwrap_or_else(|e| e.into_inner());
+        let mut map = self
+            .shard(key)
+            .map
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
         if let Some(e) = map.get_mut(key)
             && e.until > now
         {
@@ -268,15 +279,17 @@ impl BanTable {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             let map = shard.map.read().unwrap_or_else(|e| e.into_inner());
-            out.extend(map.iter().filter(|(_, e)| e.until > now).map(|(k, e)| {
-                BannedKey {
-                    key: k.clone(),
-                    remaining: Duration::from_nanos(e.until - now),
-                    level: e.level,
-                }
-            }));
+            out.extend(
+                map.iter()
+                    .filter(|(_, e)| e.until > now)
+                    .map(|(k, e)| BannedKey {
+                        key: k.clone(),
+                        remaining: Duration::from_nanos(e.until - now),
+                        level: e.level,
+                    }),
+            );
         }
-        out.sort_by(|a, b| b.remaining.cmp(&a.remaining));
+        out.sort_by_key(|b| std::cmp::Reverse(b.remaining));
         out
     }
 
@@ -359,14 +372,7 @@ impl<St: Store> Engine<St> {
         match length {
             Some(length) => {
                 table.set(&key, now, length, None);
-                table.began(
-                    &key,
-                    Began {
-                        length,
-                        level: 0,
-                    },
-                    true,
-                );
+                table.began(&key, Began { length, level: 0 }, true);
                 self.ask(index, key, BanCall::Set(length));
             }
             None => {
@@ -516,7 +522,10 @@ mod tests {
         // Counting started afresh: three more refusals, a repeat: 20 s.
         assert_eq!(t.offend(&k, 14 * S), None);
         assert_eq!(t.offend(&k, 15 * S), None);
-        assert_eq!(t.offend(&k, 16 * S).unwrap().length, Duration::from_secs(20));
+        assert_eq!(
+            t.offend(&k, 16 * S).unwrap().length,
+            Duration::from_secs(20)
+        );
         // Then 35 (capped, not 40).
         for i in 0..3 {
             t.offend(&k, 40 * S + i);

@@ -15,6 +15,7 @@ use smallvec::SmallVec;
 use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::Quota;
 use crate::base::error::ConfigError;
+use crate::engine::ban::BannedKey;
 use crate::engine::delay::WaitCounts;
 use crate::engine::{Engine, unique_names};
 use crate::limiter::permit::Permit;
@@ -23,7 +24,6 @@ use crate::model::decision::{Decision, LimitDecision};
 use crate::model::key::{IntoKey, Key};
 use crate::model::policy::Mode;
 use crate::model::spec::LimitSpec;
-use crate::engine::ban::BannedKey;
 use crate::observe::offenders::RefusedKey;
 use crate::store::{Checked, Item, Op, Statuses, Store};
 
@@ -570,7 +570,12 @@ impl Limiter {
     /// assert!(limiter.bans("login")?.is_empty());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn ban(&self, limit: &str, key: impl IntoKey, length: Duration) -> Result<(), LimiterError> {
+    pub fn ban(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        length: Duration,
+    ) -> Result<(), LimiterError> {
         self.inner.set_ban(limit, key.into_key(), Some(length))
     }
 
