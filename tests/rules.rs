@@ -136,6 +136,18 @@ fn the_example_file_reads_every_field() {
         Some(KeySpec(vec!["client_ip".into(), "header:x-user".into()]))
     );
     assert_eq!(login.missing_key_status, Some(400));
+    let ban = login.ban.as_ref().unwrap();
+    assert_eq!((ban.after, ban.for_.as_deref()), (3, Some("10m")));
+    assert_eq!(ban.escalate, Some(tollgate::rules::Factor(2.0)));
+    assert_eq!(
+        (
+            ban.within.as_deref(),
+            ban.max.as_deref(),
+            ban.forget.as_deref()
+        ),
+        (Some("1m"), Some("1d"), Some("1d"))
+    );
+    assert_eq!(login.ban_status, Some(403));
     assert_eq!(
         login.routes.as_deref(),
         Some(&["POST /login".to_owned()][..])

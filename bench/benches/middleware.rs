@@ -23,6 +23,9 @@
 //! - `allowed`: a quota that never runs out (every response must be 200);
 //! - `denied`: a bucket of one token, spent before measuring, that refills once a day
 //!   (every response must be 429). `bare` has no such path.
+//! - `banned`: tollgate only, `refused` (the `denied` case again) beside `banned` (the
+//!   same limit with a [`Ban`](tollgate::Ban) after one refusal, for a day: every
+//!   response must be 403, refused before the store is asked).
 //!
 //! Every response's status is checked during the measurement; a wrong one fails the run.
 //!
@@ -37,7 +40,9 @@ use axum::Router;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use http::StatusCode;
 use tokio::runtime::Runtime;
-use tollgate::Quota;
+use tollgate::key::PeerIp;
+use tollgate::store::MemoryStore;
+use tollgate::{Ban, Limit, Quota, RateLimitLayer};
 use tollgate_bench::routers::{bare, request, tollgate, tower_governor};
 use tower::ServiceExt;
 
@@ -154,6 +159,39 @@ fn middleware(c: &mut Criterion) {
         }
         bench(&mut group, &rt, name, app, StatusCode::TOO_MANY_REQUESTS);
     }
+    group.finish();
+
+    // A refusal beside a banned key's request, in the same run.
+    let ban = Ban::after(1).for_(Duration::from_secs(86_400));
+    let banning = bare().route_layer(
+        RateLimitLayer::builder(MemoryStore::new())
+            .limit(
+                Limit::new("per-ip", Quota::per_day(1))
+                    .key(PeerIp::new())
+                    .ban(ban),
+            )
+            .build()
+            .unwrap(),
+    );
+    let mut group = c.benchmark_group("middleware/banned");
+    group.throughput(Throughput::Elements(1));
+    // The floor under both: a layer that does nothing.
+    let floor = bare().route_layer(tower::layer::util::Identity::new());
+    bench(&mut group, &rt, "noop_layer", floor, StatusCode::OK);
+    let refused = tollgate(Quota::per_day(1));
+    probe(&rt, "tollgate", &refused, StatusCode::OK);
+    probe(&rt, "tollgate", &refused, StatusCode::TOO_MANY_REQUESTS);
+    bench(
+        &mut group,
+        &rt,
+        "refused",
+        refused,
+        StatusCode::TOO_MANY_REQUESTS,
+    );
+    probe(&rt, "tollgate", &banning, StatusCode::OK);
+    probe(&rt, "tollgate", &banning, StatusCode::TOO_MANY_REQUESTS);
+    probe(&rt, "banned", &banning, StatusCode::FORBIDDEN);
+    bench(&mut group, &rt, "banned", banning, StatusCode::FORBIDDEN);
     group.finish();
 }
 

@@ -59,8 +59,38 @@ impl Recorder {
                 rule_id: self.rule_id(bound, parts),
                 shadow,
                 at: SystemTime::now(),
+                banned: false,
             },
             key: key.cloned(),
+            redact: self.redact,
+        });
+    }
+
+    /// Records that limit `bound` refused the request because its key was banned, for
+    /// `remaining` more.
+    pub(crate) fn record_banned(
+        &self,
+        bound: usize,
+        limit: &'static str,
+        key: &Key,
+        parts: &Parts,
+        remaining: std::time::Duration,
+    ) {
+        self.log.record(|| Queued {
+            violation: Violation {
+                limit,
+                key: String::new(),
+                client: self.address.client_ip(parts).ok(),
+                route: bounded_route(crate::web::routes::logged_route(parts)),
+                tokens_left: 0,
+                retry_after: Some(remaining),
+                cost: 0,
+                rule_id: self.rule_id(bound, parts),
+                shadow: false,
+                at: SystemTime::now(),
+                banned: true,
+            },
+            key: Some(key.clone()),
             redact: self.redact,
         });
     }

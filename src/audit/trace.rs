@@ -63,6 +63,7 @@ impl AuditSink for TracingSink {
                 cost = v.cost,
                 rule_id = v.rule_id,
                 shadow = v.shadow,
+                banned = v.banned,
                 at = at.as_str(),
                 "rate limit violation"
             );

@@ -43,6 +43,10 @@ pub struct Violation {
     pub shadow: bool,
     /// When the request was refused (wall clock).
     pub at: SystemTime,
+    /// The key was banned ([`Ban`](crate::Ban)): the request was refused before the
+    /// store was asked, and [`retry_after`](Self::retry_after) is the time the ban had
+    /// left. (The SQL sink has no column for it: such rows read as refusals.)
+    pub banned: bool,
 }
 
 impl Violation {

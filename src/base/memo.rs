@@ -38,6 +38,17 @@ impl MemoKey {
         }
     }
 
+    /// A key of a name that lives as long as the process without its type saying so (a
+    /// limit name interned by `base/intern.rs`, never freed): its address is its identity.
+    pub(crate) fn interned(kind: u8, name: &str, n: u64) -> Self {
+        Self {
+            kind,
+            name: name.as_ptr() as usize,
+            len: name.len(),
+            n,
+        }
+    }
+
     /// A key of a number alone.
     pub(crate) fn number(kind: u8, n: u64) -> Self {
         Self {

@@ -4,6 +4,7 @@
 //! ([`delay::Waiters`]). It knows nothing of HTTP: the HTTP policy (`web/policy.rs`) and
 //! the [`Limiter`](crate::Limiter) handle both drive it.
 
+pub(crate) mod ban;
 pub(crate) mod delay;
 pub(crate) mod settle;
 
@@ -32,6 +33,8 @@ pub(crate) struct Bound<St: Store> {
     pub(crate) table: St::Table,
     /// Delay mode: the requests that wait.
     pub(crate) waiters: Option<Waiters>,
+    /// Bans that escalate (`ban.rs`).
+    pub(crate) bans: Option<ban::Banning<St::Table>>,
 }
 
 /// The limits of a layer or a limiter, bound to their store.
@@ -111,8 +114,18 @@ impl<St: Store> Engine<St> {
                 ),
             ));
         };
+        let bans = spec.ban.map(|b| ban::Banning {
+            table: std::sync::Arc::new(ban::BanTable::new(
+                name,
+                b,
+                self.store.ban_clock(),
+                ban::DEFAULT_MAX_BAN_KEYS,
+            )),
+            bucket: std::sync::Arc::new(self.store.table(&spec.name)),
+        });
         self.bounds.push(Bound {
             name,
+            bans,
             table: self.store.table(&spec.name),
             waiters: Waiters::new(spec.on_limit, &spec.name, &self.waits),
             spec,

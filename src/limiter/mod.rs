@@ -16,6 +16,7 @@ use smallvec::SmallVec;
 use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::Quota;
 use crate::base::error::ConfigError;
+use crate::engine::ban::BannedKey;
 use crate::engine::delay::WaitCounts;
 use crate::engine::{Engine, unique_names};
 use crate::limiter::permit::Permit;
@@ -54,6 +55,12 @@ pub enum LimiterError {
         /// Why.
         reason: &'static str,
     },
+    /// The limit has no [`Ban`](crate::Ban): it bans nothing, so no ban can be set or
+    /// lifted.
+    NoBan {
+        /// The limit's name.
+        limit: String,
+    },
 }
 
 impl fmt::Display for LimiterError {
@@ -80,6 +87,9 @@ impl fmt::Display for LimiterError {
             ),
             LimiterError::CannotSettle { limit, reason } => {
                 write!(f, "the limit {limit:?} cannot settle costs: {reason}")
+            }
+            LimiterError::NoBan { limit } => {
+                write!(f, "the limit {limit:?} has no ban (see `Limit::ban`)")
             }
         }
     }
@@ -123,6 +133,48 @@ pub(crate) trait Handle: Send + Sync + 'static {
     fn can_settle(&self, limit: &str) -> Result<(), LimiterError>;
     /// How the limit called `limit` counts, if there is one.
     fn algorithm(&self, limit: &str) -> Option<Algorithm>;
+    /// The keys a banning limit has banned.
+    fn bans(&self, limit: &str) -> Result<Vec<BannedKey>, LimiterError> {
+        Err(LimiterError::NoBan {
+            limit: limit.to_owned(),
+        })
+    }
+    /// Bans `key` for `length` by hand; `None` lifts its ban.
+    fn set_ban(&self, limit: &str, key: Key, length: Option<Duration>) -> Result<(), LimiterError> {
+        let _ = (key, length);
+        Err(LimiterError::NoBan {
+            limit: limit.to_owned(),
+        })
+    }
+}
+
+impl<St: Store> Engine<St> {
+    /// The index of banning limit `limit`.
+    fn banning(&self, limit: &str) -> Result<usize, LimiterError> {
+        let index = self
+            .find(limit)
+            .ok_or_else(|| LimiterError::unknown(limit, self.names()))?;
+        match self.ban_table(index) {
+            Some(_) => Ok(index),
+            None => Err(LimiterError::NoBan {
+                limit: limit.to_owned(),
+            }),
+        }
+    }
+
+    pub(crate) fn handle_bans(&self, limit: &str) -> Result<Vec<BannedKey>, LimiterError> {
+        Ok(self.bans_of(self.banning(limit)?))
+    }
+
+    pub(crate) fn handle_set_ban(
+        &self,
+        limit: &str,
+        key: Key,
+        length: Option<Duration>,
+    ) -> Result<(), LimiterError> {
+        self.set_ban(self.banning(limit)?, key, length);
+        Ok(())
+    }
 }
 
 impl<St: Store> Handle for Engine<St> {
@@ -208,6 +260,14 @@ impl<St: Store> Handle for Engine<St> {
                 limit: limit.to_owned(),
                 reason,
             })
+    }
+
+    fn bans(&self, limit: &str) -> Result<Vec<BannedKey>, LimiterError> {
+        self.handle_bans(limit)
+    }
+
+    fn set_ban(&self, limit: &str, key: Key, length: Option<Duration>) -> Result<(), LimiterError> {
+        self.handle_set_ban(limit, key, length)
     }
 }
 
@@ -519,6 +579,49 @@ impl Limiter {
     /// most each entry's `error`; keys are hashed if the layer redacts them.
     pub fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
         self.inner.top_refused(limit, n)
+    }
+
+    /// The keys `limit` has banned (see [`Ban`](crate::Ban)), longest remaining first, as
+    /// this instance knows them: on a shared store (Redis), the bans this instance began,
+    /// set or learned from its own requests.
+    pub fn bans(&self, limit: &str) -> Result<Vec<BannedKey>, LimiterError> {
+        self.inner.bans(limit)
+    }
+
+    /// Bans `key` in `limit` for `length` from now, by hand (logged like a ban the limit
+    /// begins; the key's repeat level is kept). On a shared store the ban is written there
+    /// in the background (and blocks the key's bucket for its length, so that every
+    /// instance learns it at the key's next request). An error if `limit` is unknown or
+    /// has no [`Ban`](crate::Ban).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{store::MemoryStore, Ban, LimitSpec, Limiter, Quota};
+    ///
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .limit(LimitSpec::new("login", Quota::per_minute(5)).ban(Ban::after(3)))
+    ///     .build()?;
+    /// limiter.ban("login", "mallory", Duration::from_secs(3600))?;
+    /// assert_eq!(limiter.bans("login")?[0].level, 0);
+    /// limiter.lift_ban("login", "mallory")?;
+    /// assert!(limiter.bans("login")?.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ban(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        length: Duration,
+    ) -> Result<(), LimiterError> {
+        self.inner.set_ban(limit, key.into_key(), Some(length))
+    }
+
+    /// Lifts `key`'s ban in `limit` and forgets its refusals and repeat level (on a shared
+    /// store, there too, and the key's bucket is reset: full). Other instances that cached
+    /// the ban drop it within [`BAN_RECHECK`](crate::BAN_RECHECK) of their next request of
+    /// that key. An error if `limit` is unknown or has no [`Ban`](crate::Ban).
+    pub fn lift_ban(&self, limit: &str, key: impl IntoKey) -> Result<(), LimiterError> {
+        self.inner.set_ban(limit, key.into_key(), None)
     }
 }
 

@@ -83,6 +83,19 @@ impl<H: Handle> Handle for Proxy<H> {
         self.0.can_settle(limit)
     }
 
+    fn bans(&self, limit: &str) -> Result<Vec<crate::engine::ban::BannedKey>, LimiterError> {
+        self.0.bans(limit)
+    }
+
+    fn set_ban(
+        &self,
+        limit: &str,
+        key: crate::model::key::Key,
+        length: Option<Duration>,
+    ) -> Result<(), LimiterError> {
+        self.0.set_ban(limit, key, length)
+    }
+
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
         self.0.algorithm(limit)
     }

@@ -54,6 +54,16 @@ impl<St: Store, R> Shared<St, R> {
                 .entry(WWW_AUTHENTICATE)
                 .or_insert(value);
         }
+        // A banned key: how long the ban has left.
+        if let Some(wait) = rejection.retry_after() {
+            let headers = response.headers_mut();
+            headers.entry(RETRY_AFTER).or_insert_with(|| {
+                headers::retry_after(wait, self.policy.options.retry_format, SystemTime::now)
+            });
+            headers
+                .entry(CACHE_CONTROL)
+                .or_insert_with(|| HeaderValue::from_static("no-store"));
+        }
         response
     }
 
@@ -177,6 +187,15 @@ where
             fields,
         } => {
             if !unavailable {
+                // Bans count the refusals of their limits (never a banned request's:
+                // those are refused before the store).
+                for (i, (l, p)) in decision.limits().zip(&prepared.plan).enumerate() {
+                    if l.denies()
+                        && let Some(key) = keys.key(i)
+                    {
+                        shared.engine.offended(p.bound, key);
+                    }
+                }
                 policy.hooks.refused(
                     prepared.plan.iter().map(|p| p.bound),
                     &decision,
@@ -239,6 +258,19 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
 
     fn can_settle(&self, limit: &str) -> Result<(), LimiterError> {
         self.engine.can_settle(limit)
+    }
+
+    fn bans(&self, limit: &str) -> Result<Vec<crate::engine::ban::BannedKey>, LimiterError> {
+        self.engine.handle_bans(limit)
+    }
+
+    fn set_ban(
+        &self,
+        limit: &str,
+        key: crate::model::key::Key,
+        length: Option<Duration>,
+    ) -> Result<(), LimiterError> {
+        self.engine.handle_set_ban(limit, key, length)
     }
 
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {

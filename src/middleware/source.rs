@@ -91,6 +91,19 @@ impl<St: Store, R: Send + Sync + 'static> Handle for LiveHandle<St, R> {
         self.0.current().shared.can_settle(limit)
     }
 
+    fn bans(&self, limit: &str) -> Result<Vec<crate::engine::ban::BannedKey>, LimiterError> {
+        self.0.current().shared.bans(limit)
+    }
+
+    fn set_ban(
+        &self,
+        limit: &str,
+        key: crate::model::key::Key,
+        length: Option<Duration>,
+    ) -> Result<(), LimiterError> {
+        self.0.current().shared.set_ban(limit, key, length)
+    }
+
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
         self.0.current().shared.algorithm(limit)
     }

@@ -46,6 +46,8 @@ pub struct LimitSpec {
     pub(crate) lease: Option<Lease>,
     /// Settled costs: the most tokens a settle may leave a key owing (default: the burst).
     pub(crate) max_debt: Option<u64>,
+    /// Bans that escalate (`model/ban.rs`).
+    pub(crate) ban: Option<crate::model::ban::Ban>,
 }
 
 impl LimitSpec {
@@ -63,6 +65,7 @@ impl LimitSpec {
             rule_id: None,
             lease: None,
             max_debt: None,
+            ban: None,
         }
     }
 
@@ -127,6 +130,12 @@ impl LimitSpec {
         self
     }
 
+    /// Bans the keys it keeps refusing: see [`Limit::ban`](crate::Limit::ban).
+    pub fn ban(mut self, ban: crate::model::ban::Ban) -> Self {
+        self.ban = Some(ban);
+        self
+    }
+
     /// The id of the rule this limit comes from: see
     /// [`Limit::rule_id`](crate::Limit::rule_id).
     pub fn rule_id(mut self, id: u64) -> Self {
@@ -183,6 +192,9 @@ impl LimitSpec {
             lease
                 .validate(self.algorithm, &self.quota)
                 .map_err(|e| e.within(at()))?;
+        }
+        if let Some(ban) = &self.ban {
+            ban.validate().map_err(|e| e.within(at()))?;
         }
         self.validate_reservations().map_err(|e| e.within(at()))?;
         if self.max_debt.is_some() {
@@ -266,6 +278,7 @@ impl LimitSpec {
             .field("max_reserved", &self.max_reserved)
             .field("rule_id", &self.rule_id)
             .field("max_debt", &self.max_debt)
+            .field("ban", &self.ban)
     }
 }
 

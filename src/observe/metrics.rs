@@ -20,6 +20,8 @@
 //! | `tollgate_keys` | gauge | `limit` | keys the memory store tracks for the limit (updated on insertion and by the sweeper, never per request) |
 //! | `tollgate_delayed_total` | counter | `limit` | requests of a limit in delay mode ([`Limit::delay`](crate::Limit::delay)) that waited for their tokens instead of being refused (also counted `allowed` above) |
 //! | `tollgate_delay_seconds` | histogram | `limit` | the wait of each such request (the time it was to spend in the queue) |
+//! | `tollgate_bans_total` | counter | `limit` | bans that began, by a limit's [`Ban`](crate::Ban) or by hand (one per ban, in the instance that began it) |
+//! | `tollgate_banned_total` | counter | `limit` | requests refused because their key was banned, before any store call (not in `tollgate_requests_total`) |
 //!
 //! `store` is the backend's name in lower case (`redis`). Requests refused before any
 //! limit is checked (allow and deny lists, missing keys, misconfiguration) and checks made
@@ -70,6 +72,11 @@ pub const DELAYED_TOTAL: &str = "tollgate_delayed_total";
 /// `tollgate_delay_seconds{limit}`.
 pub const DELAY_SECONDS: &str = "tollgate_delay_seconds";
 
+/// `tollgate_bans_total{limit}`.
+pub const BANS_TOTAL: &str = "tollgate_bans_total";
+/// `tollgate_banned_total{limit}`.
+pub const BANNED_TOTAL: &str = "tollgate_banned_total";
+
 /// The values of `result` in `tollgate_requests_total`.
 pub const RESULTS: [&str; 7] = [
     "allowed",
@@ -119,6 +126,11 @@ fn describe() {
             DELAY_SECONDS,
             Unit::Seconds,
             "How long each delayed request was to wait for its tokens"
+        );
+        ::metrics::describe_counter!(BANS_TOTAL, "Bans that began, per limit");
+        ::metrics::describe_counter!(
+            BANNED_TOTAL,
+            "Requests refused because their key was banned"
         );
     });
 }
@@ -264,5 +276,31 @@ impl DelayMetrics {
     pub(crate) fn record(&self, wait: std::time::Duration) {
         self.delayed.increment(1);
         self.wait.record(wait.as_secs_f64());
+    }
+}
+
+/// A banning limit's `tollgate_bans_total` and `tollgate_banned_total`.
+pub(crate) struct BanMetrics {
+    bans: Counter,
+    banned: Counter,
+}
+
+impl BanMetrics {
+    pub(crate) fn new(limit: &str) -> Self {
+        describe();
+        Self {
+            bans: ::metrics::counter!(BANS_TOTAL, "limit" => limit.to_owned()),
+            banned: ::metrics::counter!(BANNED_TOTAL, "limit" => limit.to_owned()),
+        }
+    }
+
+    /// A ban began.
+    pub(crate) fn began(&self) {
+        self.bans.increment(1);
+    }
+
+    /// A banned request was refused.
+    pub(crate) fn refused(&self) {
+        self.banned.increment(1);
     }
 }

@@ -5,7 +5,8 @@
 
 #[cfg(feature = "metrics")]
 pub(crate) use crate::observe::metrics::{
-    DelayMetrics, ErrorKind, LimitMetrics, StoreMetrics, deny_cache_hits, keys, writeback_dropped,
+    BanMetrics, DelayMetrics, ErrorKind, LimitMetrics, StoreMetrics, deny_cache_hits, keys,
+    writeback_dropped,
 };
 #[cfg(feature = "metrics")]
 pub(crate) use ::metrics::{Counter, Gauge};
@@ -46,6 +47,23 @@ mod off {
 
         #[inline(always)]
         pub(crate) fn record(&self, _wait: Duration) {}
+    }
+
+    /// A banning limit's bans.
+    #[derive(Debug)]
+    pub(crate) struct BanMetrics;
+
+    impl BanMetrics {
+        #[inline(always)]
+        pub(crate) fn new(_limit: &str) -> Self {
+            Self
+        }
+
+        #[inline(always)]
+        pub(crate) fn began(&self) {}
+
+        #[inline(always)]
+        pub(crate) fn refused(&self) {}
     }
 
     /// Why a store call failed.

@@ -298,6 +298,7 @@ fn limit(
     }
     limit = on_limit(rule, limit)?;
     limit = settle::settle(rule, limit)?;
+    limit = ban(rule, limit)?;
     let key: Box<dyn KeyExtractor> = match &rule.key {
         None => Box::new(Global),
         Some(spec) if spec.0.is_empty() => {
@@ -594,4 +595,52 @@ fn lease(rule: &LimitRule, limit: Limit) -> Result<Limit, ConfigError> {
         lease = lease.max_age(age);
     }
     Ok(limit.lease(lease))
+}
+
+/// `ban` and `ban_status` (the builder checks the values: `ban.after` at least 1,
+/// `escalate` at least 1, `max` at least `for`).
+fn ban(rule: &LimitRule, limit: Limit) -> Result<Limit, ConfigError> {
+    let Some(spec) = &rule.ban else {
+        if rule.ban_status.is_some() {
+            return Err(ConfigError::new(
+                "ban_status",
+                "only a limit with a `ban` has banned requests",
+            ));
+        }
+        return Ok(limit);
+    };
+    let duration = |field: &'static str, text: &str| {
+        parse_period(text).map_err(|e| {
+            ConfigError::new(
+                format!("ban.{field}"),
+                format!("expected a duration such as `10m`: {}", e.reason()),
+            )
+        })
+    };
+    let Some(for_) = &spec.for_ else {
+        return Err(ConfigError::new(
+            "ban.for",
+            "missing: the first ban's length, e.g. `for = \"10m\"`",
+        ));
+    };
+    let mut ban = crate::model::ban::Ban::after(spec.after).for_(duration("for", for_)?);
+    if let Some(within) = &spec.within {
+        ban = ban.within(duration("within", within)?);
+    }
+    if let Some(factor) = spec.escalate {
+        ban = ban.escalate(factor.0);
+    }
+    if let Some(max) = &spec.max {
+        ban = ban.max(duration("max", max)?);
+    }
+    if let Some(forget) = &spec.forget {
+        ban = ban.forget(duration("forget", forget)?);
+    }
+    let limit = limit.ban(ban);
+    Ok(match rule.ban_status {
+        None => limit,
+        Some(403) => limit.ban_status(http::StatusCode::FORBIDDEN),
+        Some(429) => limit.ban_status(http::StatusCode::TOO_MANY_REQUESTS),
+        Some(other) => return Err(unknown("ban_status", &other.to_string(), "403, 429")),
+    })
 }

@@ -142,6 +142,12 @@ pub struct LimitRule {
     /// `max_debt`: with `settle`, how far below empty a key's bucket may go, in tokens
     /// (default: the burst).
     pub max_debt: Option<u64>,
+    /// `ban`: bans that escalate ([`Limit::ban`](crate::Limit::ban)), an inline table
+    /// `{ after, within, for, escalate, max, forget }`.
+    pub ban: Option<BanRule>,
+    /// `ban_status`: the status of a banned key's requests, 403 (default) or 429; only
+    /// with `ban`.
+    pub ban_status: Option<u16>,
     /// `in_flight`: instead of `quota`, the most requests of a key in flight at once
     /// (1 to 1,000,000): [`Limit::in_flight`](crate::Limit::in_flight).
     pub in_flight: Option<u64>,
@@ -149,6 +155,34 @@ pub struct LimitRule {
     /// (default `"1s"`).
     pub retry_after: Option<String>,
 }
+
+/// A limit's `ban = { after = 3, within = "1m", for = "10m", escalate = 2, max = "1d",
+/// forget = "1d" }`: see [`Ban`](crate::Ban).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BanRule {
+    /// `after`: the refusals within `within` that ban the key (required, at least 1).
+    pub after: u32,
+    /// `within`: a duration (default `"1m"`).
+    pub within: Option<String>,
+    /// `for`: the first ban's length (required).
+    #[serde(rename = "for")]
+    pub for_: Option<String>,
+    /// `escalate`: each repeat's factor, at least 1 (default 1).
+    pub escalate: Option<Factor>,
+    /// `max`: the longest ban (default: `for`).
+    pub max: Option<String>,
+    /// `forget`: how long after a ban's end a new one is still a repeat (default `"1d"`).
+    pub forget: Option<String>,
+}
+
+/// A number (integer or not) as written in a rules file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct Factor(pub f64);
+
+// Compared for "did the document change": a NaN cannot be written in TOML or JSON.
+impl Eq for Factor {}
 
 /// A limit's `lease`: `"auto"`, or the most tokens one instance holds.
 #[derive(Debug, Clone, PartialEq, Eq)]

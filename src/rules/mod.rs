@@ -87,7 +87,9 @@ mod watch;
 
 #[cfg(feature = "rules-sql")]
 pub(crate) use compile::CustomKeys;
-pub use document::{CostSpec, Document, KeySpec, LeaseSpec, LimitRule, Plans, Settings};
+pub use document::{
+    BanRule, CostSpec, Document, Factor, KeySpec, LeaseSpec, LimitRule, Plans, Settings,
+};
 pub use format::Format;
 pub use reload::{ReloadStatus, Rules, RulesBuilder};
 #[cfg(feature = "rules-sql")]

@@ -25,6 +25,7 @@
 //!
 //! [`FailurePolicy`]: crate::FailurePolicy
 
+pub(crate) mod ban;
 mod breaker;
 mod memory;
 #[cfg(feature = "redis")]
@@ -39,6 +40,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 pub(crate) use crate::model::decision::Status;
+pub use ban::{BanCall, BanFuture, BanReply};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -276,6 +278,20 @@ pub trait Store: Clone + Send + Sync + 'static {
         self.apply(Op::Check, items)
     }
 
+    /// Bans shared through the store (see [`BanCall`]): `None` (the default) when the
+    /// store keeps none, and each layer's own ban table decides.
+    fn ban(&self, table: &Self::Table, key: &Key, call: BanCall) -> Option<BanFuture> {
+        let _ = (table, key, call);
+        None
+    }
+
+    /// The clock bans are timed on (the store's own, so that a
+    /// [`FakeClock`](crate::clock::FakeClock) moves both); default a
+    /// [`CpuClock`](crate::clock::CpuClock).
+    fn ban_clock(&self) -> crate::base::clock::SharedClock {
+        crate::base::clock::SharedClock::default()
+    }
+
     /// Whether the store keeps limits of `algorithm`; `Err` says why not, and a layer or
     /// limiter with such a limit is not built. By default every algorithm but
     /// [`Algorithm::InFlight`], whose units only a request's end gives back: a store that
@@ -346,6 +362,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// farther away than the configured timeout, whose every call would time out and so
     /// measure nothing, is still reached. It must be cheap.
     fn round_trip(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Bans shared through the backend: see [`Store::ban`]. `None` (the default): none.
+    fn ban(&self, table: &Self::Table, key: &Key, call: BanCall) -> Option<BanFuture> {
+        let _ = (table, key, call);
         None
     }
 

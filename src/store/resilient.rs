@@ -1456,6 +1456,24 @@ impl<B: Backend> Store for Resilient<B> {
         }
     }
 
+    /// The backend's shared bans (not while the breaker is open: the engine's own table
+    /// decides meanwhile).
+    fn ban(
+        &self,
+        table: &Self::Table,
+        key: &Key,
+        call: crate::store::BanCall,
+    ) -> Option<crate::store::BanFuture> {
+        if self.is_unavailable() {
+            return None;
+        }
+        self.inner.backend.ban(&table.inner, key, call)
+    }
+
+    fn ban_clock(&self) -> SharedClock {
+        self.inner.clock.clone()
+    }
+
     fn apply(&self, op: Op, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future> {
         if items.is_empty() {
             return Checked::Ready(Statuses::new());

@@ -184,7 +184,9 @@ pub(crate) fn compile<St: Store>(
         ));
     }
     let names: Vec<&'static str> = engine.bounds.iter().map(|b| b.name).collect();
-    let hooks = Hooks::new(s.hooks, &names, audit);
+    let mut hooks = Hooks::new(s.hooks, &names, audit);
+    // A banning limit counts its refusals by key.
+    hooks.wants_keys |= engine.bounds.iter().any(|b| b.bans.is_some());
     let policy = Policy {
         limits,
         groups,

@@ -269,6 +269,22 @@ impl Hooks {
         );
     }
 
+    /// A request refused because its key was banned by limit `bound`: the audit log (the
+    /// ban itself is logged once, when it begins, by the engine).
+    #[inline]
+    pub(crate) fn banned(
+        &self,
+        bound: usize,
+        limit: &'static str,
+        key: &Key,
+        parts: &Parts,
+        remaining: Duration,
+    ) {
+        if let Some(audit) = &self.audit {
+            audit.record_banned(bound, limit, key, parts, remaining);
+        }
+    }
+
     /// A shadow limit would have refused the request (plan index `i`): the audit log.
     #[inline]
     pub(crate) fn shadow_refused(

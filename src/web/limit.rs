@@ -56,6 +56,8 @@ pub struct Limit {
     pub(crate) rule_id_by: Option<RuleIdFn>,
     /// Settled costs: where the actual cost is found when the response ends.
     pub(crate) settle: Option<Settle>,
+    /// The status of a banned key's requests (403 or 429).
+    pub(crate) ban_status: http::StatusCode,
 }
 
 impl Limit {
@@ -70,6 +72,7 @@ impl Limit {
             charge: Charge::always(),
             rule_id_by: None,
             settle: None,
+            ban_status: http::StatusCode::FORBIDDEN,
         }
     }
 
@@ -155,6 +158,37 @@ impl Limit {
     /// take is a [`ConfigError`](crate::ConfigError) at build time.
     pub fn lease(mut self, lease: crate::model::lease::Lease) -> Self {
         self.spec = self.spec.lease(lease);
+        self
+    }
+
+    /// Bans the keys this limit keeps refusing (see [`Ban`](crate::Ban)): `after`
+    /// refusals within `within` ban the key for `for`, longer for each repeat. A banned
+    /// key's requests are refused before the store is asked, with the ban's remaining time
+    /// as `Retry-After` (403 unless [`ban_status`](Self::ban_status) says 429), and never
+    /// count. On a shared store (Redis) the bans are shared by every instance. The
+    /// [`Limiter`](crate::Limiter) lists, sets and lifts them
+    /// ([`bans`](crate::Limiter::bans), [`ban`](crate::Limiter::ban),
+    /// [`lift_ban`](crate::Limiter::lift_ban)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{key::PeerIp, Ban, Limit, Quota};
+    ///
+    /// let login = Limit::new("login", Quota::per_minute(5))
+    ///     .key(PeerIp::new())
+    ///     .ban(Ban::after(3).within(Duration::from_secs(60)).for_(Duration::from_secs(600)))
+    ///     .ban_status(http::StatusCode::TOO_MANY_REQUESTS);
+    /// # let _ = login;
+    /// ```
+    pub fn ban(mut self, ban: crate::model::ban::Ban) -> Self {
+        self.spec = self.spec.ban(ban);
+        self
+    }
+
+    /// The status of a banned key's requests: 403 Forbidden (the default) or 429 Too Many
+    /// Requests; any other is a [`ConfigError`](crate::ConfigError) at build time.
+    pub fn ban_status(mut self, status: http::StatusCode) -> Self {
+        self.ban_status = status;
         self
     }
 
@@ -338,6 +372,13 @@ impl Limit {
             self.spec
                 .settle_refusal()
                 .map_err(|reason| ConfigError::new("settle", reason).within(at()))?;
+        }
+        if !matches!(self.ban_status.as_u16(), 403 | 429) {
+            return Err(ConfigError::new(
+                "ban_status",
+                format!("must be 403 or 429, not {}", self.ban_status.as_u16()),
+            )
+            .within(at()));
         }
         if self.spec.algorithm.is_in_flight() && self.charge.is_conditional() {
             return Err(ConfigError::new(

@@ -238,6 +238,16 @@ impl Policy {
                     }));
                 }
             };
+            // A banned key is refused here, before the store (`engine/ban.rs`).
+            if let Some(retry_after) = engine.banned(index, &key) {
+                let name = engine.bounds[index].name;
+                self.hooks.banned(index, name, &key, parts, retry_after);
+                return Err(Early::Refuse(Rejection::Banned {
+                    limit: name,
+                    status: limit.ban_status,
+                    retry_after,
+                }));
+            }
             let quota = limit.quota_for(parts);
             let cost = limit.cost.resolve(parts);
             let key_hash = if self.options.jitter > 0.0 {

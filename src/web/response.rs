@@ -87,6 +87,17 @@ pub enum Rejection<'a> {
         /// The status (403).
         status: StatusCode,
     },
+    /// The request's key is banned by a limit's [`Ban`](crate::Ban): refused before the
+    /// store is asked (403 or 429, see [`Limit::ban_status`](crate::Limit::ban_status)),
+    /// with the ban's remaining time as `Retry-After`.
+    Banned {
+        /// The limit.
+        limit: &'a str,
+        /// The status (403 or 429).
+        status: StatusCode,
+        /// The time the ban has left.
+        retry_after: Duration,
+    },
     /// The application is set up so that a limit cannot work, e.g. peer addresses without
     /// connection info (500). The reason, naming the fix, is the problem document's
     /// `detail` and is logged (once per layer).
@@ -136,7 +147,9 @@ impl Rejection<'_> {
         match self {
             Rejection::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Rejection::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Rejection::MissingKey { status, .. } | Rejection::Blocked { status } => *status,
+            Rejection::MissingKey { status, .. }
+            | Rejection::Blocked { status }
+            | Rejection::Banned { status, .. } => *status,
             Rejection::Misconfigured { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -145,7 +158,9 @@ impl Rejection<'_> {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Rejection::Limited { retry_after, .. } => *retry_after,
-            Rejection::Unavailable { retry_after, .. } => Some(*retry_after),
+            Rejection::Unavailable { retry_after, .. } | Rejection::Banned { retry_after, .. } => {
+                Some(*retry_after)
+            }
             _ => None,
         }
     }
@@ -237,6 +252,13 @@ impl DefaultOnRejection {
     /// from earlier refusals of that limit with the same wait in seconds ([`BODIES`]);
     /// otherwise written on the stack and copied once.
     fn write_problem(&self, rejection: &Rejection<'_>) -> Bytes {
+        // A banned key's body names its limit only: rendered once per thread and limit.
+        // (Only the crate makes a `Banned`, always with an interned name.)
+        if let Rejection::Banned { limit, status, .. } = rejection {
+            let key = MemoKey::interned(2, limit, status.as_u16().into());
+            return memoized(&BODIES, key, || Some(self.render_problem(rejection)))
+                .unwrap_or_default();
+        }
         if let Rejection::Limited {
             decision,
             retry_after,
@@ -336,6 +358,14 @@ impl DefaultOnRejection {
             }
             Rejection::Blocked { .. } => {
                 doc.string("detail", "This client is not allowed to use this service.");
+            }
+            Rejection::Banned { limit, .. } => {
+                doc.key("detail");
+                doc.open();
+                doc.text("This client is banned for a while by rate limit ");
+                doc.quoted(limit);
+                doc.text(" after repeated refusals.");
+                doc.close();
             }
             Rejection::Misconfigured { limit, reason } => {
                 doc.key("detail");
@@ -530,6 +560,7 @@ impl fmt::Display for Rejection<'_> {
             } => write!(f, "no key for limit {limit:?}: the request lacks {needs}"),
             Rejection::MissingKey { limit, .. } => write!(f, "no key for limit {limit:?}"),
             Rejection::Blocked { .. } => f.write_str("client on the deny list"),
+            Rejection::Banned { limit, .. } => write!(f, "key banned by limit {limit:?}"),
             Rejection::Misconfigured { limit, reason } if *limit == LISTS => {
                 write!(f, "allow and deny lists: {reason}")
             }

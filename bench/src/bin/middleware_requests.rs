@@ -15,6 +15,9 @@
 //! - `tower_governor`: its layer with headers, never running out;
 //! - `tollgate_denied`, `tower_governor_denied`: one token a day, spent by a first request
 //!   before the others (every other response is a 429);
+//! - `tollgate_banned`: the `tollgate_denied` limit with a `Ban` after one refusal, for a
+//!   day: a first request passes, a second is refused and bans, every other is a 403
+//!   refused before the store (compare with `tollgate_denied`);
 //! - `tollgate_denied_constant`: the same refusals answered by a constant 429 (empty body,
 //!   no rate-limit fields): what a denial costs besides its problem body and fields.
 //!
@@ -80,6 +83,19 @@ fn router(config: &str) -> Option<(Router, StatusCode)> {
                 .expect("a valid layer");
             (bare().route_layer(layer), refused)
         }
+        "tollgate_banned" => (
+            bare().route_layer(
+                RateLimitLayer::builder(MemoryStore::new())
+                    .limit(
+                        Limit::new("per-ip", Quota::per_day(1))
+                            .key(PeerIp::new())
+                            .ban(tollgate::Ban::after(1).for_(Duration::from_secs(86_400))),
+                    )
+                    .build()
+                    .unwrap(),
+            ),
+            StatusCode::FORBIDDEN,
+        ),
         "tower_governor_denied" => (tower_governor(Duration::from_secs(86_400), 1), refused),
         _ => return None,
     })
@@ -98,13 +114,18 @@ fn main() -> ExitCode {
         .build()
         .expect("a runtime");
     // The denied configs' one token goes first.
-    if expected == StatusCode::TOO_MANY_REQUESTS {
+    if expected != StatusCode::OK {
         let first = rt.block_on(app.clone().oneshot(request())).unwrap();
         assert_eq!(
             first.status(),
             StatusCode::OK,
             "{config}: the first request"
         );
+    }
+    // The banned config's first refusal bans.
+    if expected == StatusCode::FORBIDDEN {
+        let second = rt.block_on(app.clone().oneshot(request())).unwrap();
+        assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS, "{config}");
     }
     let mut batch = Vec::with_capacity(1024);
     let mut left = requests;

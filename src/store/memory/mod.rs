@@ -359,6 +359,10 @@ impl<C: Clock> Store for MemoryStore<C> {
     /// The table of `name`: the one the engines using it hold (a reload that keeps a
     /// limit's name keeps its buckets), or a new one. The store itself does not keep it:
     /// once no engine uses a name, its table and buckets are dropped.
+    fn ban_clock(&self) -> crate::base::clock::SharedClock {
+        crate::base::clock::SharedClock::new(self.inner.clock.clone())
+    }
+
     /// Every algorithm, in-flight limits too.
     fn supports(&self, _: &crate::algo::algorithm::Algorithm) -> Result<(), &'static str> {
         Ok(())

@@ -20,6 +20,9 @@ pub(super) static OPS: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+pub(super) static BAN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/ban.lua")));
+
 /// Integers per GCRA limit in a `gcra.lua` reply (after the leading `now`).
 pub(super) const REPLY_WIDTH: usize = 3;
 /// Integers per window limit in a `gcra.lua` reply.

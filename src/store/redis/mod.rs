@@ -1,5 +1,6 @@
 //! [`RedisStore`]: bucket state in Redis.
 
+mod ban;
 mod batch;
 mod command;
 mod epoch;
@@ -33,6 +34,7 @@ use crate::algo::window;
 use crate::base::clock::{Clock, SharedClock};
 use crate::base::error::ConfigError;
 use crate::model::decision::{Outcome, Status};
+use crate::model::key::Key;
 use crate::model::policy::Mode;
 
 /// Bucket state in Redis: limits shared by every instance (feature `redis`).
@@ -428,6 +430,19 @@ impl Store for RedisStore {
 
     fn supports(&self, algorithm: &Algorithm) -> Result<(), &'static str> {
         self.0.supports(algorithm)
+    }
+
+    fn ban(
+        &self,
+        table: &Self::Table,
+        key: &Key,
+        call: crate::store::BanCall,
+    ) -> Option<crate::store::BanFuture> {
+        self.0.ban(table, key, call)
+    }
+
+    fn ban_clock(&self) -> crate::base::clock::SharedClock {
+        self.0.ban_clock()
     }
 }
 
@@ -951,6 +966,16 @@ impl Backend for RedisBackend {
     /// The probe's last round trip (its heartbeat script, once a second).
     fn round_trip(&self) -> Option<std::time::Duration> {
         self.epoch.round_trip()
+    }
+
+    /// `lua/ban.lua` on the key's three ban keys (`ban.rs`).
+    fn ban(
+        &self,
+        table: &RedisTable,
+        key: &Key,
+        call: crate::store::BanCall,
+    ) -> Option<crate::store::BanFuture> {
+        Some(self.ban_call(table, key, call))
     }
 }
 
