@@ -133,6 +133,8 @@ pub mod store;
 mod web;
 
 pub use algo::{gcra, window};
+#[cfg(feature = "calendar")]
+pub use algo::calendar;
 pub use base::clock;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]

@@ -49,7 +49,12 @@ pub struct Quota {
     t_ns: u64,
     /// Emission interval in microseconds, rounded up (the Redis store's unit).
     t_us: u64,
+    /// Per calendar month ([`Quota::per_month`]): the period is then 31 days, nominally.
+    month: bool,
 }
+
+/// The nominal period of [`Quota::per_month`]: the longest month, 31 days.
+const MONTH: Duration = Duration::from_secs(31 * 86_400);
 
 /// Why a quota is invalid, without allocating: usable from `const fn`.
 type Invalid = (&'static str, &'static str);
@@ -117,6 +122,7 @@ const fn build(rate: u64, period: Duration, burst: u64) -> Result<Quota, Invalid
         burst,
         t_ns,
         t_us,
+        month: false,
     })
 }
 
@@ -172,6 +178,37 @@ impl Quota {
         unwrap_const(build(rate, Duration::from_secs(86_400), rate))
     }
 
+    /// `rate` per 7 days (a fixed length for every algorithm; a calendar limit counts per
+    /// ISO week, Monday to Sunday, with it).
+    ///
+    /// # Panics
+    ///
+    /// If `rate` is 0 or above one per microsecond.
+    #[track_caller]
+    pub const fn per_week(rate: u64) -> Self {
+        unwrap_const(build(rate, Duration::from_secs(7 * 86_400), rate))
+    }
+
+    /// `rate` per calendar month: only for an
+    /// [`Algorithm::Calendar`](crate::Algorithm::Calendar) limit (a month has no fixed
+    /// length; any other algorithm refuses it with a [`ConfigError`] naming `quota`). Its
+    /// [`period`](Quota::period) reads as the longest month, 31 days.
+    ///
+    /// # Panics
+    ///
+    /// If `rate` is 0 or above one per microsecond.
+    #[track_caller]
+    pub const fn per_month(rate: u64) -> Self {
+        let mut q = unwrap_const(build(rate, MONTH, rate));
+        q.month = true;
+        q
+    }
+
+    /// `true` for a quota per calendar month ([`Quota::per_month`], `"…/month"`).
+    pub const fn is_per_month(&self) -> bool {
+        self.month
+    }
+
     /// `rate` tokens per `period`, burst `rate`; a [`ConfigError`] naming `rate` or
     /// `period` if they are zero, finer than one token per microsecond, or longer than
     /// 100 years.
@@ -196,12 +233,19 @@ impl Quota {
     /// to refill. [`Quota::try_burst`] returns a [`ConfigError`] instead.
     #[track_caller]
     pub const fn burst(self, burst: u64) -> Self {
-        unwrap_const(build(self.rate, self.period(), burst))
+        let mut q = unwrap_const(build(self.rate, self.period(), burst));
+        q.month = self.month;
+        q
     }
 
     /// The same rate with a bucket of `burst` tokens, or a [`ConfigError`] naming `burst`.
     pub fn try_burst(self, burst: u64) -> Result<Self, ConfigError> {
-        build(self.rate, self.period(), burst).map_err(|(f, r)| ConfigError::new(f, r))
+        build(self.rate, self.period(), burst)
+            .map(|q| Quota {
+                month: self.month,
+                ..q
+            })
+            .map_err(|(f, r)| ConfigError::new(f, r))
     }
 
     /// Tokens granted per [`period`](Quota::period).
@@ -248,7 +292,10 @@ impl Quota {
         }
         let burst = (self.burst / n).max(1);
         let shared = if window {
-            build((self.rate / n).max(1), self.period(), burst)
+            build((self.rate / n).max(1), self.period(), burst).map(|q| Quota {
+                month: self.month,
+                ..q
+            })
         } else {
             match self.period_ns.checked_mul(n) {
                 Some(p) => build(self.rate, Duration::from_nanos(p), burst),
@@ -280,16 +327,22 @@ impl Quota {
 
 impl fmt::Debug for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Quota")
-            .field("rate", &self.rate)
-            .field("period", &self.period())
-            .field("burst", &self.burst)
-            .finish()
+        let mut d = f.debug_struct("Quota");
+        d.field("rate", &self.rate);
+        if self.month {
+            d.field("period", &"month");
+        } else {
+            d.field("period", &self.period());
+        }
+        d.field("burst", &self.burst).finish()
     }
 }
 
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.month {
+            return write!(f, "{}/month; burst={}", self.rate, self.burst);
+        }
         write!(f, "{}/{:?}; burst={}", self.rate, self.period(), self.burst)
     }
 }
@@ -297,9 +350,10 @@ impl fmt::Display for Quota {
 /// Parses `"<rate>/<period>[; burst=<n>]"`, the form used in configuration files.
 ///
 /// The period is a unit (`ns`, `us` or `µs`, `ms`, `s`, `sec`, `second`, `m`, `min`,
-/// `minute`, `h`, `hour`, `d`, `day`, plurals allowed) optionally preceded by a positive
+/// `minute`, `h`, `hour`, `d`, `day`, `w`, `week` (7 days), plurals allowed) optionally preceded by a positive
 /// decimal number: `"100/min"`, `"5/30s"`, `"2/1.5h"`, `"10/s; burst=20"`. Numbers are ASCII
-/// digits. Whitespace around the parts is ignored. Errors name the part that is wrong
+/// digits. `"…/month"` is a quota per calendar month ([`Quota::per_month`]), for
+/// calendar limits only. Whitespace around the parts is ignored. Errors name the part that is wrong
 /// (`rate`, `period` or `burst`) and quote it as written. The [`Display`](fmt::Display)
 /// form parses back to the same quota.
 impl FromStr for Quota {
@@ -333,8 +387,13 @@ impl FromStr for Quota {
             )
         })?;
         let rate = parse_u64(rate, "rate")?;
-        let period = parse_period(period.trim())?;
-        let quota = Quota::new(rate, period)?;
+        let quota = match period.trim() {
+            "month" | "months" | "1month" => Quota::new(rate, MONTH).map(|q| Quota {
+                month: true,
+                ..q
+            })?,
+            period => Quota::new(rate, parse_period(period)?)?,
+        };
         match burst {
             Some(b) => quota.try_burst(b),
             None => Ok(quota),
@@ -376,6 +435,12 @@ pub(crate) fn parse_period(s: &str) -> Result<Duration, ConfigError> {
         "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000_000,
         "h" | "hour" | "hours" => 3_600_000_000_000,
         "d" | "day" | "days" => 86_400_000_000_000,
+        "w" | "week" | "weeks" => 604_800_000_000_000,
+        "month" | "months" | "mo" => {
+            return Err(err(format!(
+                "`{s}`: a quota counts one calendar month at a time (`/month`), not a multiple"
+            )));
+        }
         _ if unit.contains(char::is_numeric) => {
             return Err(err(format!(
                 "`{unit}` is not a unit; write numbers in ASCII digits"

@@ -85,7 +85,7 @@ pub struct LimitRule {
     /// `quota`: `"<rate>/<period>[; burst=<n>]"`; required unless `plans` is given.
     pub quota: Option<String>,
     /// `algorithm`: `"gcra"` (default), `"fixed_window"`, `"sliding_window"`,
-    /// `"sliding_log"`.
+    /// `"sliding_log"`, `"calendar"` (windows that reset at calendar boundaries).
     pub algorithm: Option<String>,
     /// `phase` of a fixed window: `"aligned"` (default), `"random"`, or an offset such as
     /// `"2h"`.
@@ -134,6 +134,9 @@ pub struct LimitRule {
     /// `lease_max_age`: how long leased tokens may wait to be spent (default `"1s"`);
     /// only with `lease`.
     pub lease_max_age: Option<String>,
+    /// `time_zone`: with `algorithm = "calendar"`, the IANA zone whose local hours, days,
+    /// weeks and months the windows follow (`"Europe/Berlin"`); default `"UTC"`.
+    pub time_zone: Option<String>,
 }
 
 /// A limit's `lease`: `"auto"`, or the most tokens one instance holds.

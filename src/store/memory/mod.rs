@@ -19,6 +19,7 @@ use crate::model::decision::{Outcome, Status};
 use crate::web::key::Key;
 
 mod all;
+mod calendar;
 mod bucket;
 mod markers;
 mod sweep;
