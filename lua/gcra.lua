@@ -198,11 +198,11 @@ local function decide(k0, a0, n)
           if cur > limit then
             debt_px = until_end + (idiv(cur + limit - 1, limit) - 1) * len
           end
-          local pxat = nil
+          local cal_end = nil
           if code == 'c' then
-            pxat = idiv(phase + len + 999, 1000)
+            cal_end = phase + len
           end
-          wins[i] = { code, retry, cur, until_end, cur - before, index, cur, 0, cur - before, len, debt_px, pxat }
+          wins[i] = { code, retry, cur, until_end, cur - before, index, cur, 0, cur - before, len, debt_px, cal_end }
         else
           wins[i] = { code, retry, cur, prev, e, index, cur, prev, cur - before, len }
         end
@@ -246,7 +246,7 @@ local function decide(k0, a0, n)
           elseif w[11] then
             px = w[11]
           end
-          fresh[KEYS[k0 + i]] = win_write(w[1], KEYS[k0 + i], w[6], w[7], w[8], px, w[12])
+          fresh[KEYS[k0 + i]] = win_write(w[1], KEYS[k0 + i], w[6], w[7], w[8], px, w[12], now)
         end
       end
       local r = nreply

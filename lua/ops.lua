@@ -147,11 +147,11 @@ local function window_op(reply, key, len, limit, amount, kind)
     rem, rst, nxt = sliding_report(limit, len, cur, prev, e)
   end
   if changed then
-    local pxat = nil
+    local cal_end = nil
     if code == 'c' then
-      pxat = idiv(phase + len + 999, 1000)
+      cal_end = phase + len
     end
-    win_write(code, key, index, cur, prev, rst, pxat)
+    win_write(code, key, index, cur, prev, rst, cal_end, now)
   end
   reply[#reply + 1] = rem
   reply[#reply + 1] = rst

@@ -6,8 +6,7 @@ A window limit's arguments: len (W, µs), limit (L), and a kind string
 "<code>:<phase>:<at>", or "<code>" alone when both are 0: code f (fixed window), s (sliding
 window), l (sliding log) or c (a calendar window: len is this window's length, phase its
 start in µs since the epoch, absolute; `now` is held inside it, and the key, which names
-the window, expires at its end with PEXPIREAT, so a late write cannot land in the next
-window); phase the fixed window's phase in µs (< W); at the instant of
+the window, expires at its end, so a late write cannot land in the next window); phase the fixed window's phase in µs (< W); at the instant of
 the check being undone (ops.lua's "undo"), else 0. Every product stays below 2^53 (L × W < 2^52 is checked when the limit is
 built), so doubles hold every value exactly; divisions go through `idiv`.
 
@@ -196,9 +195,12 @@ end
 
 -- Writes a fixed or sliding window's state, expiring when it is worthless (`reset`);
 -- returns what the key now holds (false if deleted).
--- A calendar window's key (`pxat`: its end in ms) expires at the window's end.
-local function win_write(code, key, index, a, b, reset, pxat)
-  if a == 0 and b == 0 then
+-- A calendar window's key (`cal_end`: its end in µs) expires at the window's end on the
+-- script's clock (`now`): PX = end - now, the instant PEXPIREAT would name with Redis
+-- `TIME`, and the caller's end with caller time. A write at or after the end writes
+-- nothing: it cannot outlive its window.
+local function win_write(code, key, index, a, b, reset, cal_end, now)
+  if (a == 0 and b == 0) or (cal_end and cal_end <= now) then
     redis.call('DEL', key)
     return false
   end
@@ -208,9 +210,8 @@ local function win_write(code, key, index, a, b, reset, pxat)
   else
     value = string.format('%d:%d:%d', index, a, b)
   end
-  if pxat then
-    redis.call('SET', key, value)
-    redis.call('PEXPIREAT', key, pxat)
+  if cal_end then
+    redis.call('SET', key, value, 'PX', idiv(cal_end - now + 999, 1000))
     return value
   end
   -- (a millisecond more or less of life changes nothing: the state is worthless then)

@@ -423,3 +423,220 @@ impl fmt::Display for Zone {
         f.write_str(self.0.name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jiff::civil::date;
+
+    const ZONES: [&str; 8] = [
+        "Europe/Berlin",
+        "America/New_York",
+        "Australia/Sydney",
+        "America/Sao_Paulo",
+        "Asia/Kolkata",
+        "Pacific/Chatham",
+        "Australia/Lord_Howe",
+        "UTC",
+    ];
+    const PERIODS: [Period; 4] = [Period::Hour, Period::Day, Period::Week, Period::Month];
+
+    fn zone(name: &str) -> Zone {
+        Zone::get(name).unwrap()
+    }
+
+    /// µs since the epoch of a local civil time in `zone` (the earlier of a fold).
+    fn at(zone: Zone, y: i16, m: i8, d: i8, h: i8, min: i8) -> u64 {
+        let ts = zone
+            .0
+            .tz
+            .to_ambiguous_timestamp(date(y, m, d).at(h, min, 0, 0))
+            .compatible()
+            .unwrap();
+        ts.as_microsecond() as u64
+    }
+
+    fn local(zone: Zone, us: u64) -> DateTime {
+        zone.0
+            .tz
+            .to_datetime(Timestamp::from_microsecond(us as i64).unwrap())
+    }
+
+    const H: u64 = 3_600;
+
+    #[test]
+    fn a_daylight_saving_day_is_one_day_of_23_or_25_hours() {
+        for (name, spring, autumn) in [
+            ("Europe/Berlin", (2026, 3, 29), (2026, 10, 25)),
+            ("America/New_York", (2026, 3, 8), (2026, 11, 1)),
+            ("Australia/Sydney", (2026, 10, 4), (2026, 4, 5)),
+            ("America/Sao_Paulo", (2018, 11, 4), (2019, 2, 16)),
+            ("Pacific/Chatham", (2026, 9, 27), (2026, 4, 5)),
+        ] {
+            let z = zone(name);
+            let day = |(y, m, d): (i16, i8, i8)| Period::Day.window(z, at(z, y, m, d, 12, 0));
+            assert_eq!(day(spring).len_secs(), 23 * H, "{name} spring");
+            assert_eq!(day(autumn).len_secs(), 25 * H, "{name} autumn");
+        }
+        // Lord Howe moves its clocks by 30 minutes.
+        let z = zone("Australia/Lord_Howe");
+        let day = Period::Day.window(z, at(z, 2026, 10, 4, 12, 0));
+        assert_eq!(day.len_secs(), 23 * H + 1_800);
+    }
+
+    #[test]
+    fn a_day_whose_midnight_is_skipped_starts_where_the_gap_ends() {
+        // São Paulo, 2018-11-04: 00:00 became 01:00.
+        let z = zone("America/Sao_Paulo");
+        let w = Period::Day.window(z, at(z, 2018, 11, 4, 12, 0));
+        assert_eq!(local(z, w.start_us), date(2018, 11, 4).at(1, 0, 0, 0));
+        assert_eq!(w.label(Period::Day, z), "2018-11-04");
+        // The day before ends there.
+        let before = Period::Day.window(z, w.start_us - 1);
+        assert_eq!(before.end_us, w.start_us);
+        assert_eq!(before.len_secs(), 24 * H);
+    }
+
+    #[test]
+    fn weeks_start_on_monday_and_months_on_the_first() {
+        let z = zone("Europe/Berlin");
+        // Thursday 2026-11-26.
+        let w = Period::Week.window(z, at(z, 2026, 11, 26, 15, 0));
+        assert_eq!(local(z, w.start_us), date(2026, 11, 23).at(0, 0, 0, 0));
+        assert_eq!(local(z, w.end_us), date(2026, 11, 30).at(0, 0, 0, 0));
+        assert_eq!(w.label(Period::Week, z), "2026-W48");
+        // The ISO week of 2027-01-01 (a Friday) is 2026's 53rd.
+        let w = Period::Week.window(z, at(z, 2027, 1, 1, 0, 0));
+        assert_eq!(w.label(Period::Week, z), "2026-W53");
+        let m = Period::Month.window(z, at(z, 2026, 11, 26, 15, 0));
+        assert_eq!(m.label(Period::Month, z), "2026-11");
+        assert_eq!(m.len_secs(), 30 * 86_400);
+        assert_eq!(m.id(), 1_793_487_600); // 2026-10-31T23:00:00Z
+        let h = Period::Hour.window(z, at(z, 2026, 11, 26, 15, 42));
+        assert_eq!(h.label(Period::Hour, z), "2026-11-26T15:00+01:00");
+        assert_eq!(h.len_secs(), H);
+    }
+
+    #[test]
+    fn every_month_length() {
+        for name in ZONES {
+            let z = zone(name);
+            for y in 2023..=2029i16 {
+                for m in 1..=12i8 {
+                    let w = Period::Month.window(z, at(z, y, m, 15, 12, 0));
+                    let days = i64::from(date(y, m, 1).days_in_month());
+                    let secs = w.len_secs() as i64;
+                    // Within the hour (or less) a daylight-saving change gives or takes.
+                    assert!((secs - days * 86_400).abs() <= 3_600, "{name} {y}-{m}");
+                    assert_eq!(w.label(Period::Month, z), format!("{y:04}-{m:02}"));
+                    assert_eq!(local(z, w.start_us).date(), date(y, m, 1), "{name}");
+                }
+            }
+            let feb = |y| Period::Month.window(z, at(z, y, 2, 10, 0, 0));
+            assert_eq!(feb(2028).len_secs().div_ceil(86_400), 29, "{name} leap");
+            assert_eq!(feb(2027).len_secs().div_ceil(86_400), 28, "{name}");
+        }
+    }
+
+    #[test]
+    fn half_hour_offset_changes_cut_the_hour() {
+        // Lord Howe, 2026-04-05: 02:00 (+11) became 01:30 (+10:30).
+        let z = zone("Australia/Lord_Howe");
+        let change = at(z, 2026, 4, 5, 1, 0) + 3_600_000_000; // 02:00 +11
+        let before = Period::Hour.window(z, change - 1);
+        let after = Period::Hour.window(z, change);
+        assert_eq!(before.end_us, change);
+        assert_eq!(after.start_us, change);
+        assert_eq!(after.len_secs(), 1_800); // 01:30 to 02:00 at +10:30
+        assert_eq!(Period::Hour.window(z, after.end_us).len_secs(), H);
+        // Kolkata's hours start at half past UTC hours.
+        let k = zone("Asia/Kolkata");
+        let h = Period::Hour.window(k, 1_800_000_000 * 1_000_000);
+        assert_eq!(h.start_us / 1_000_000 % 3_600, 1_800);
+    }
+
+    #[test]
+    fn zones_are_resolved_once_and_errors_name_the_field() {
+        let a = zone("Europe/Berlin");
+        let b = zone("europe/berlin");
+        assert_eq!(a, b);
+        assert_eq!(b.name(), "Europe/Berlin");
+        assert_eq!(zone("UTC"), Zone::UTC);
+        for bad in ["", "Nowhere/City", "Europe/Berlin\n", &"x".repeat(100)] {
+            assert_eq!(Zone::get(bad).unwrap_err().field(), "time_zone", "{bad:?}");
+        }
+        let (z, p) = from_tag(tag(a, Period::Week));
+        assert_eq!((z, p), (a, Period::Week));
+    }
+
+    #[test]
+    fn instants_beyond_the_rules_fall_back_to_nominal_windows() {
+        let far = u64::MAX / 2;
+        for p in PERIODS {
+            let w = p.window(Zone::UTC, far);
+            assert!(w.start_us <= far && far < w.end_us, "{p:?}");
+            assert_eq!(w.len_secs(), p.nominal_secs());
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(400))]
+
+        /// For any instant from 1970 to 2100, in each zone and unit: the window holds it;
+        /// the windows before and after touch it; its start is the unit's first local
+        /// instant; the next window is the next calendar unit (one window per unit, never
+        /// two resets in one day); a day is 23 to 25 hours.
+        #[test]
+        fn windows_tile_the_calendar(
+            secs in 0u64..4_102_444_800,
+            frac in 0u64..1_000_000,
+            z in 0usize..ZONES.len(),
+            p in 0usize..PERIODS.len(),
+        ) {
+            let (zone, period) = (zone(ZONES[z]), PERIODS[p]);
+            let t = secs * 1_000_000 + frac;
+            let w = period.window(zone, t);
+            proptest::prop_assert!(w.start_us <= t && t < w.end_us, "{w:?} {t}");
+            proptest::prop_assert_eq!(period.window(zone, w.start_us), w);
+            proptest::prop_assert_eq!(period.window(zone, w.end_us - 1), w);
+            let next = period.window(zone, w.end_us);
+            proptest::prop_assert_eq!(next.start_us, w.end_us);
+            let prev = period.window(zone, w.start_us - 1);
+            proptest::prop_assert_eq!(prev.end_us, w.start_us);
+            let first = local(zone, w.start_us);
+            let (len, d) = (w.len_secs(), first.date());
+            match period {
+                Period::Hour => {
+                    proptest::prop_assert!(len <= H && len >= 15 * 60, "{len}");
+                    let changed = zone.0.tz.to_offset(Timestamp::from_microsecond(w.start_us as i64 - 1).unwrap())
+                        != zone.0.tz.to_offset(Timestamp::from_microsecond(w.start_us as i64).unwrap());
+                    proptest::prop_assert!(first.minute() == 0 && first.second() == 0 || changed, "{first}");
+                }
+                Period::Day => {
+                    proptest::prop_assert!((23 * H..=25 * H).contains(&len), "{len} {first}");
+                    proptest::prop_assert_eq!(local(zone, t).date(), d);
+                    proptest::prop_assert_eq!(local(zone, next.start_us).date(), d.tomorrow().unwrap());
+                }
+                Period::Week => {
+                    proptest::prop_assert_eq!(d.weekday(), jiff::civil::Weekday::Monday);
+                    proptest::prop_assert!((7 * 24 * H - H..=7 * 24 * H + H).contains(&len));
+                    proptest::prop_assert_eq!(local(zone, next.start_us).date(), d.checked_add(7.days()).unwrap());
+                }
+                Period::Month => {
+                    proptest::prop_assert_eq!(d.day(), 1);
+                    let lt = local(zone, t).date();
+                    proptest::prop_assert_eq!((lt.year(), lt.month()), (d.year(), d.month()));
+                    let days = u64::from(d.days_in_month() as u8);
+                    proptest::prop_assert!(len.abs_diff(days * 86_400) <= H, "{len}");
+                    proptest::prop_assert_eq!(local(zone, next.start_us).date(), d.checked_add(1.month()).unwrap());
+                }
+            }
+            if period != Period::Hour {
+                // Midnight, or the end of a gap that skipped it.
+                let midnight = first.time() == Time::midnight();
+                let gap = local(zone, w.start_us - 1).date() < d;
+                proptest::prop_assert!(midnight || gap, "{first}");
+            }
+        }
+    }
+}

@@ -169,6 +169,7 @@ mod tests {
             algorithm: Algorithm::Gcra,
             phase_us: 0,
             max_wait_us: 0,
+            span: None,
         };
         let parts = [part(2, Mode::Enforce), part(1, Mode::Shadow)];
         let now = 1_700_000_000_000_000i64;
