@@ -132,9 +132,9 @@ pub mod sql;
 pub mod store;
 mod web;
 
-pub use algo::{gcra, window};
 #[cfg(feature = "calendar")]
 pub use algo::calendar;
+pub use algo::{gcra, window};
 pub use base::clock;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]

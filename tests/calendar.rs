@@ -69,14 +69,21 @@ fn state(d: &LimitDecision) -> (bool, Option<u64>, Option<Duration>, Option<Dura
 
 /// A 23-hour day: the quota comes back at the next local midnight, 22.5 h after 00:30,
 /// not a microsecond earlier; the next day is 24 hours.
-async fn a_day_resets_at_local_midnight_on_a_23_hour_day(l: &Limiter, clock: &FakeClock, key: &str) {
+async fn a_day_resets_at_local_midnight_on_a_23_hour_day(
+    l: &Limiter,
+    clock: &FakeClock,
+    key: &str,
+) {
     let to_midnight = Duration::from_secs(81_000);
     for left in (0..3).rev() {
         let d = ok(l.check("daily", key, 1)).await;
         assert_eq!(state(&d), (true, Some(left), None, Some(to_midnight)));
     }
     let d = ok(l.check("daily", key, 1)).await;
-    assert_eq!(state(&d), (false, Some(0), Some(to_midnight), Some(to_midnight)));
+    assert_eq!(
+        state(&d),
+        (false, Some(0), Some(to_midnight), Some(to_midnight))
+    );
     clock.advance(to_midnight - US);
     assert_eq!(ok(l.check("daily", key, 1)).await.retry_after(), Some(US));
     clock.advance(US);
@@ -119,11 +126,26 @@ async fn operations_on_a_calendar_window(l: &Limiter, clock: &FakeClock, key: &s
     assert_eq!(ok(l.reset("daily", key)).await.remaining(), Some(3));
     let unsupported = l.block("daily", key, 10 * S).await.unwrap_err();
     assert!(
-        matches!(unsupported, LimiterError::Unsupported { operation: "block", .. }),
+        matches!(
+            unsupported,
+            LimiterError::Unsupported {
+                operation: "block",
+                ..
+            }
+        ),
         "{unsupported}"
     );
     let r = l.reserve("daily", key, 1, 10 * S).await.unwrap_err();
-    assert!(matches!(r, LimiterError::Unsupported { operation: "reserve", .. }), "{r}");
+    assert!(
+        matches!(
+            r,
+            LimiterError::Unsupported {
+                operation: "reserve",
+                ..
+            }
+        ),
+        "{r}"
+    );
 }
 
 /// Kolkata (+05:30) hours start at half past the UTC hour.
@@ -345,10 +367,9 @@ fn calendar_misconfigurations_are_config_errors() {
     let (field, e) = build(Limit::new("m", Quota::per_month(5))).unwrap_err();
     assert_eq!(field, r#"limits["m"].quota"#, "{e}");
     assert!(e.contains("calendar"), "{e}");
-    let (field, e) = build(
-        Limit::new("m", Quota::per_month(5)).algorithm(Algorithm::fixed_window()),
-    )
-    .unwrap_err();
+    let (field, e) =
+        build(Limit::new("m", Quota::per_month(5)).algorithm(Algorithm::fixed_window()))
+            .unwrap_err();
     assert_eq!(field, r#"limits["m"].quota"#, "{e}");
     // A calendar limit counts per h, d, week or month.
     let (field, e) = build(Limit::new("c", Quota::per_minute(5)).algorithm(berlin)).unwrap_err();
@@ -382,9 +403,9 @@ fn calendar_misconfigurations_are_config_errors() {
     }
     // A week is 7 days for the other algorithms.
     assert_eq!(build(Limit::new("g", Quota::per_week(7))), Ok(()));
+    assert_eq!("5/2month".parse::<Quota>().unwrap_err().field(), "period");
     assert_eq!(
-        "5/2month".parse::<Quota>().unwrap_err().field(),
-        "period"
+        Zone::get("Europe/Nowhere").unwrap_err().field(),
+        "time_zone"
     );
-    assert_eq!(Zone::get("Europe/Nowhere").unwrap_err().field(), "time_zone");
 }

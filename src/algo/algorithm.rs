@@ -345,7 +345,11 @@ pub(crate) fn calendar_max_us(tag: u16) -> u64 {
 /// `unix_us`; `None` for any other limit.
 #[inline]
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn calendar_span(algorithm: Algorithm, quota: &Quota, unix_us: u64) -> Option<(u64, u64)> {
+pub(crate) fn calendar_span(
+    algorithm: Algorithm,
+    quota: &Quota,
+    unix_us: u64,
+) -> Option<(u64, u64)> {
     #[cfg(feature = "calendar")]
     if let Algorithm::Calendar { zone } = algorithm {
         let w = crate::algo::calendar::period_of(quota)?.window(zone, unix_us);

@@ -121,7 +121,6 @@ pub(crate) fn period_of(quota: &crate::algo::quota::Quota) -> Option<Period> {
     }
 }
 
-
 impl Period {
     /// The unit's nominal length in seconds: 3,600, 86,400, 604,800, and for a month the
     /// longest, 31 days (2,678,400). What `RateLimit-Policy`'s `w` says of a calendar limit.

@@ -388,10 +388,9 @@ impl FromStr for Quota {
         })?;
         let rate = parse_u64(rate, "rate")?;
         let quota = match period.trim() {
-            "month" | "months" | "1month" => Quota::new(rate, MONTH).map(|q| Quota {
-                month: true,
-                ..q
-            })?,
+            "month" | "months" | "1month" => {
+                Quota::new(rate, MONTH).map(|q| Quota { month: true, ..q })?
+            }
             period => Quota::new(rate, parse_period(period)?)?,
         };
         match burst {

@@ -19,8 +19,8 @@ use crate::model::decision::{Outcome, Status};
 use crate::web::key::Key;
 
 mod all;
-mod calendar;
 mod bucket;
+mod calendar;
 mod markers;
 mod sweep;
 mod table;

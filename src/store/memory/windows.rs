@@ -16,9 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use super::{MemoryStore, MemoryTable, SHARD_SHIFT, SHARDS, Slot, Table};
-use crate::algo::algorithm::{
-    Algorithm, calendar_max_us, calendar_tag, calendar_window, phase_us,
-};
+use crate::algo::algorithm::{Algorithm, calendar_max_us, calendar_tag, calendar_window, phase_us};
 use crate::algo::window::{self, Geometry, Report};
 use crate::base::clock::Clock;
 use crate::model::decision::{Outcome, Status};
