@@ -409,3 +409,32 @@ fn calendar_misconfigurations_are_config_errors() {
         "time_zone"
     );
 }
+
+/// The memory store forgets a calendar key after its window (here 22.5 h after the
+/// checks), by the time the longest window of its unit could have ended (a day: 25 h from
+/// its start) plus the idle grace, and not before the window ends.
+#[test]
+fn the_memory_store_sweeps_calendar_state_after_its_window() {
+    use tollgate::key::Key;
+    use tollgate::store::{Checked, Item};
+    let clock = FakeClock::at(BERLIN_DST_DAY);
+    let store = MemoryStore::with_clock(clock.clone()).idle_grace(S);
+    let table = store.table("swept");
+    let berlin = Algorithm::calendar(zone("Europe/Berlin"));
+    for k in 0..10 {
+        let item = Item::new(&table, Key::from_part(k), Quota::per_day(5), 1).algorithm(berlin);
+        let Checked::Ready(s) = store.check(&[item]) else {
+            unreachable!()
+        };
+        assert!(s[0].outcome().unwrap().is_allowed());
+    }
+    assert_eq!(store.len(), 10);
+    clock.advance(Duration::from_secs(81_000));
+    assert_eq!(store.sweep(), 0, "at the window's end");
+    // The window started at 23:00 UTC, half an hour before the checks: 25 h from there.
+    clock.set(BERLIN_DST_DAY + 25 * H - H / 2);
+    assert_eq!(store.sweep(), 0);
+    clock.advance(S);
+    assert_eq!(store.sweep(), 10);
+    assert_eq!(store.len(), 0);
+}

@@ -606,7 +606,7 @@ mod tests {
             let (len, d) = (w.len_secs(), first.date());
             match period {
                 Period::Hour => {
-                    proptest::prop_assert!(len <= H && len >= 15 * 60, "{len}");
+                    proptest::prop_assert!((15 * 60..=H).contains(&len), "{len}");
                     let changed = zone.0.tz.to_offset(Timestamp::from_microsecond(w.start_us as i64 - 1).unwrap())
                         != zone.0.tz.to_offset(Timestamp::from_microsecond(w.start_us as i64).unwrap());
                     proptest::prop_assert!(first.minute() == 0 && first.second() == 0 || changed, "{first}");

@@ -190,7 +190,7 @@ impl Quota {
     }
 
     /// `rate` per calendar month: only for an
-    /// [`Algorithm::Calendar`](crate::Algorithm::Calendar) limit (a month has no fixed
+    /// `Algorithm::Calendar` limit (feature `calendar`; a month has no fixed
     /// length; any other algorithm refuses it with a [`ConfigError`] naming `quota`). Its
     /// [`period`](Quota::period) reads as the longest month, 31 days.
     ///
