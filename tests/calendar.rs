@@ -296,6 +296,58 @@ mod redis_server {
         assert_eq!(next, "0:1");
     }
 
+    /// With Redis `TIME` (no caller time) the window comes from the system clock: the key
+    /// names the current UTC month and lives until its end.
+    #[tokio::test]
+    async fn with_redis_time_the_key_lives_until_the_month_ends() {
+        use tollgate::calendar::Period;
+        use tollgate::store::RedisStore;
+        let conn = super::redis_harness::server()
+            .client()
+            .get_connection_manager()
+            .await
+            .unwrap();
+        let store = RedisStore::new(conn).prefix("caltime:");
+        let l = Limiter::builder(store)
+            .limit(
+                tollgate::LimitSpec::new("m", Quota::per_month(3))
+                    .algorithm(Algorithm::calendar(Zone::UTC)),
+            )
+            .build()
+            .unwrap();
+        let now_us = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_micros() as u64
+        };
+        let mut conn = super::redis_harness::server().connection().await;
+        loop {
+            let before = Period::Month.window(Zone::UTC, now_us());
+            let d = ok(l.check("m", "k", 1)).await;
+            let after = now_us();
+            if Period::Month.window(Zone::UTC, after) != before {
+                continue; // the month turned during the check: again, in the new one
+            }
+            assert!(d.allowed());
+            let key = format!("caltime:m:k:{}", before.id());
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let left = ((before.end_us - after) / 1_000) as i64;
+            // Redis's clock and ours agree within a few seconds on one machine.
+            assert!(
+                (left - 5_000..=left + 5_000).contains(&ttl),
+                "{ttl} vs {left}"
+            );
+            let reset = d.outcome().unwrap().reset_after().as_micros() as i64;
+            assert!((reset - (before.end_us - after) as i64).abs() < 5_000_000);
+            break;
+        }
+    }
+
     /// Two stores sharing Redis share the window; the memory store decides alike.
     #[tokio::test]
     async fn two_instances_share_a_window_and_match_memory() {

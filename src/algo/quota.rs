@@ -699,6 +699,32 @@ mod tests {
         );
     }
     #[test]
+    fn weeks_are_seven_days_and_months_are_calendar_months() {
+        let w: Quota = "7/week".parse().unwrap();
+        assert_eq!(w, Quota::per_week(7));
+        assert_eq!(w.period(), Duration::from_secs(7 * 86_400));
+        assert!(!w.is_per_month());
+        assert_eq!("14/2w".parse::<Quota>().unwrap().period(), 2 * w.period());
+        let m: Quota = "10000/month".parse().unwrap();
+        assert_eq!(m, Quota::per_month(10_000));
+        assert!(m.is_per_month());
+        assert_eq!(m.period(), Duration::from_secs(31 * 86_400));
+        // 31 days written out is not a calendar month.
+        assert!(!"10000/31d".parse::<Quota>().unwrap().is_per_month());
+        assert_ne!("10000/31d".parse::<Quota>().unwrap(), m);
+        assert_eq!(m.to_string(), "10000/month; burst=10000");
+        assert_eq!(m.to_string().parse::<Quota>().unwrap(), m);
+        assert!(format!("{m:?}").contains("\"month\""));
+        // A burst and a share keep the month.
+        assert!(m.burst(5).is_per_month() && m.try_burst(5).unwrap().is_per_month());
+        assert!(m.share(4, true).is_per_month());
+        assert_eq!(m.share(4, true).rate(), 2_500);
+        for bad in ["1/2month", "1/0.5month", "1/mo"] {
+            assert_eq!(bad.parse::<Quota>().unwrap_err().field(), "period", "{bad}");
+        }
+    }
+
+    #[test]
     fn a_share_is_an_nth_of_the_burst_and_the_rate() {
         let q = Quota::per_second(1_000).burst(100);
         let s = q.share(4, false);
