@@ -42,16 +42,19 @@ const MAX_BURST: u64 = 999_999_999_999_999;
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     rate: u64,
-    /// The period in nanoseconds (at most 100 years: fits).
+    /// The period in nanoseconds (at most 100 years: fits in 62 bits), and in the top bit
+    /// [`MONTH_FLAG`]: no field of its own, so that a quota stays five words.
     period_ns: u64,
     burst: u64,
     /// Emission interval in nanoseconds, rounded up.
     t_ns: u64,
     /// Emission interval in microseconds, rounded up (the Redis store's unit).
     t_us: u64,
-    /// Per calendar month ([`Quota::per_month`]): the period is then 31 days, nominally.
-    month: bool,
 }
+
+/// The top bit of `period_ns`: per calendar month ([`Quota::per_month`]; the period is then
+/// 31 days, nominally).
+const MONTH_FLAG: u64 = 1 << 63;
 
 /// The nominal period of [`Quota::per_month`]: the longest month, 31 days.
 const MONTH: Duration = Duration::from_secs(31 * 86_400);
@@ -122,7 +125,6 @@ const fn build(rate: u64, period: Duration, burst: u64) -> Result<Quota, Invalid
         burst,
         t_ns,
         t_us,
-        month: false,
     })
 }
 
@@ -199,14 +201,18 @@ impl Quota {
     /// If `rate` is 0 or above one per microsecond.
     #[track_caller]
     pub const fn per_month(rate: u64) -> Self {
-        let mut q = unwrap_const(build(rate, MONTH, rate));
-        q.month = true;
-        q
+        unwrap_const(build(rate, MONTH, rate)).with_month(true)
     }
 
     /// `true` for a quota per calendar month ([`Quota::per_month`], `"…/month"`).
     pub const fn is_per_month(&self) -> bool {
-        self.month
+        self.period_ns & MONTH_FLAG != 0
+    }
+
+    /// This quota, per calendar month or not.
+    const fn with_month(mut self, month: bool) -> Self {
+        self.period_ns = self.period_ns & !MONTH_FLAG | if month { MONTH_FLAG } else { 0 };
+        self
     }
 
     /// `rate` tokens per `period`, burst `rate`; a [`ConfigError`] naming `rate` or
@@ -233,18 +239,13 @@ impl Quota {
     /// to refill. [`Quota::try_burst`] returns a [`ConfigError`] instead.
     #[track_caller]
     pub const fn burst(self, burst: u64) -> Self {
-        let mut q = unwrap_const(build(self.rate, self.period(), burst));
-        q.month = self.month;
-        q
+        unwrap_const(build(self.rate, self.period(), burst)).with_month(self.is_per_month())
     }
 
     /// The same rate with a bucket of `burst` tokens, or a [`ConfigError`] naming `burst`.
     pub fn try_burst(self, burst: u64) -> Result<Self, ConfigError> {
         build(self.rate, self.period(), burst)
-            .map(|q| Quota {
-                month: self.month,
-                ..q
-            })
+            .map(|q| q.with_month(self.is_per_month()))
             .map_err(|(f, r)| ConfigError::new(f, r))
     }
 
@@ -255,7 +256,7 @@ impl Quota {
 
     /// The period over which [`rate`](Quota::rate) tokens are granted.
     pub const fn period(&self) -> Duration {
-        Duration::from_nanos(self.period_ns)
+        Duration::from_nanos(self.period_ns & !MONTH_FLAG)
     }
 
     /// The bucket capacity: how many tokens a full bucket holds.
@@ -292,12 +293,10 @@ impl Quota {
         }
         let burst = (self.burst / n).max(1);
         let shared = if window {
-            build((self.rate / n).max(1), self.period(), burst).map(|q| Quota {
-                month: self.month,
-                ..q
-            })
+            build((self.rate / n).max(1), self.period(), burst)
+                .map(|q| q.with_month(self.is_per_month()))
         } else {
-            match self.period_ns.checked_mul(n) {
+            match self.period_ns().checked_mul(n) {
                 Some(p) => build(self.rate, Duration::from_nanos(p), burst),
                 None => return *self,
             }
@@ -307,7 +306,7 @@ impl Quota {
 
     /// The period in nanoseconds.
     pub(crate) const fn period_ns(&self) -> u64 {
-        self.period_ns
+        self.period_ns & !MONTH_FLAG
     }
 
     pub(crate) const fn t_ns(&self) -> u64 {
@@ -329,7 +328,7 @@ impl fmt::Debug for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("Quota");
         d.field("rate", &self.rate);
-        if self.month {
+        if self.is_per_month() {
             d.field("period", &"month");
         } else {
             d.field("period", &self.period());
@@ -340,7 +339,7 @@ impl fmt::Debug for Quota {
 
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.month {
+        if self.is_per_month() {
             return write!(f, "{}/month; burst={}", self.rate, self.burst);
         }
         write!(f, "{}/{:?}; burst={}", self.rate, self.period(), self.burst)
@@ -388,9 +387,7 @@ impl FromStr for Quota {
         })?;
         let rate = parse_u64(rate, "rate")?;
         let quota = match period.trim() {
-            "month" | "months" | "1month" => {
-                Quota::new(rate, MONTH).map(|q| Quota { month: true, ..q })?
-            }
+            "month" | "months" | "1month" => Quota::new(rate, MONTH).map(|q| q.with_month(true))?,
             period => Quota::new(rate, parse_period(period)?)?,
         };
         match burst {
