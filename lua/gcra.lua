@@ -117,6 +117,26 @@ local function decide(k0, a0, n)
         end
       end
       afters[i] = after
+    elseif string.sub(kind, 1, 1) == 'c' then
+      -- an in-flight limit (window.lua): t is the deadline, burst the limit; its sorted
+      -- set is read here, not by the MGET
+      local retry_us, member = held_kind(kind)
+      local total = held_total(KEYS[k0 + i], now)
+      local before = math.max(burst - total, 0)
+      local left = before
+      local retry = 0
+      if cost > burst then
+        verdict = 2
+      elseif cost == 0 or total + cost <= burst then
+        if cost > 0 then
+          writes[i] = true
+          left = burst - total - cost
+        end
+      else
+        verdict = 1
+        retry = math.max(retry_us, 1)
+      end
+      wins[i] = { 'c', retry, left, 0, 0, member, t, 0, before }
     else
       local code, phase = kind, 0
       if #kind > 1 then
@@ -149,7 +169,7 @@ local function decide(k0, a0, n)
         local rem, rst, nxt = log_report(limit, len, ts, used, now)
         wins[i] = { code, retry, rem, rst, nxt, ts, ns, len, urem, urst, unxt }
       else
-        local fixed = code == 'f' or code == 'c'
+        local fixed = code == 'f' or code == 'k'
         if not fixed then
           phase = 0
         end
@@ -199,7 +219,7 @@ local function decide(k0, a0, n)
             debt_px = until_end + (idiv(cur + limit - 1, limit) - 1) * len
           end
           local cal_end = nil
-          if code == 'c' then
+          if code == 'k' then
             cal_end = phase + len
           end
           wins[i] = { code, retry, cur, until_end, cur - before, index, cur, 0, cur - before, len, debt_px, cal_end }
@@ -237,6 +257,8 @@ local function decide(k0, a0, n)
       if written and not refused then
         if w[1] == 'l' then
           fresh[KEYS[k0 + i]] = log_write(KEYS[k0 + i], w[6], w[7], w[8], now)
+        elseif w[1] == 'c' then
+          held_add(KEYS[k0 + i], w[6], now + w[7], now, false)
         else
           -- expires when worthless: the window's end (fixed; or the end of the last
           -- window a reservation's debt reaches), or the next window's end (sliding)
@@ -257,6 +279,8 @@ local function decide(k0, a0, n)
         -- nothing is consumed: report the key as it stands
         if w[1] == 'l' then
           reply[r + 3], reply[r + 4], reply[r + 5] = w[9], w[10], w[11]
+        elseif w[1] == 'c' then
+          reply[r + 3], reply[r + 4], reply[r + 5] = w[9], 0, 0
         else
           reply[r + 3], reply[r + 4], reply[r + 5] = w[3] - w[9], w[4], w[5]
         end

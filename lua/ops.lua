@@ -6,7 +6,8 @@ KEYS[i]  a bucket: its value is the TAT in microseconds since the Unix epoch; an
 
 ARGV[1]  now, in microseconds since the Unix epoch, or "" to use Redis TIME
 ARGV[2]  the operation: "refund", "penalize", "block", "restore", "reset" or "undo" (windows only:
-         give back a consumption made at the kind's `at`, for Redis Cluster)
+         give back a consumption made at the kind's `at`, for Redis Cluster), or "hold"
+         (in-flight limits only: this instance holds `amount` units, until now + D)
 Then four arguments per key (ARGV[4i-1] ... ARGV[4i+2]):
   t        emission interval in microseconds (>= 1); a window limit: the window (µs)
   burst    bucket capacity in tokens (>= 1); a window limit: its limit
@@ -55,6 +56,34 @@ local MAX_USED = 4294967295
 
 -- One operation on a window limit's key; appends its report to `reply`.
 local function window_op(reply, key, len, limit, amount, kind)
+  if string.sub(kind, 1, 1) == 'c' then
+    -- an in-flight limit: refund/undo remove the members named, hold moves them to
+    -- now + D (adds them back after "+"), reset deletes every member
+    local _, members = held_kind(kind)
+    if op == 'reset' then
+      redis.call('DEL', key)
+    elseif op == 'refund' or op == 'undo' or op == 'hold' then
+      local add = string.sub(members, 1, 1) == '+'
+      if add then
+        members = string.sub(members, 2)
+      end
+      for m in string.gmatch(members, '[^,]+') do
+        if op == 'hold' then
+          held_add(key, m, now + len, now, not add)
+        else
+          redis.call('ZREM', key, m)
+        end
+      end
+    end
+    local total = 0
+    if op ~= 'reset' then
+      total = held_total(key, now)
+    end
+    reply[#reply + 1] = math.max(limit - total, 0)
+    reply[#reply + 1] = 0
+    reply[#reply + 1] = 0
+    return
+  end
   local code, phase, at = win_kind(kind)
   if op == 'reset' then
     redis.call('DEL', key)
@@ -92,7 +121,7 @@ local function window_op(reply, key, len, limit, amount, kind)
     reply[#reply + 1] = nxt
     return
   end
-  local fixed = code == 'f' or code == 'c'
+  local fixed = code == 'f' or code == 'k'
   if not fixed then
     phase = 0
   end
@@ -102,7 +131,7 @@ local function window_op(reply, key, len, limit, amount, kind)
     index, e, until_end = later, 0, len
   end
   local changed = false
-  if code == 'c' then
+  if code == 'k' then
     -- a calendar window carries no debt: at most its whole limit is used
     if (op == 'refund' or op == 'undo') and value then
       cur = math.max(cur - amount, 0)
@@ -148,7 +177,7 @@ local function window_op(reply, key, len, limit, amount, kind)
   end
   if changed then
     local cal_end = nil
-    if code == 'c' then
+    if code == 'k' then
       cal_end = phase + len
     end
     win_write(code, key, index, cur, prev, rst, cal_end, now)

@@ -4,7 +4,7 @@ integer microseconds. Prepended to gcra.lua and ops.lua (one script text each).
 
 A window limit's arguments: len (W, µs), limit (L), and a kind string
 "<code>:<phase>:<at>", or "<code>" alone when both are 0: code f (fixed window), s (sliding
-window), l (sliding log) or c (a calendar window: len is this window's length, phase its
+window), l (sliding log) or k (a calendar window: len is this window's length, phase its
 start in µs since the epoch, absolute; `now` is held inside it, and the key, which names
 the window, expires at its end, so a late write cannot land in the next window); phase the fixed window's phase in µs (< W); at the instant of
 the check being undone (ops.lua's "undo"), else 0. Every product stays below 2^53 (L × W < 2^52 is checked when the limit is
@@ -39,7 +39,7 @@ end
 -- A calendar window's `now`: held inside [start, start + len) (the caller worked out the
 -- window from its own clock; Redis `TIME` may differ by a hair).
 local function cal_now(code, phase, len, now)
-  if code == 'c' then
+  if code == 'k' then
     return math.min(math.max(now, phase), phase + len - 1)
   end
   return now
@@ -174,7 +174,7 @@ local function win_read(code, value, limit, index)
     return 0, 0
   end
   -- one pattern match: fewer calls into C than finding and cutting each field
-  if code ~= 's' then
+  if code == 'f' or code == 'k' then
     local i, used = string.match(value, '^(%d+):(%d+)')
     i = tonumber(i)
     if i > index then
@@ -205,7 +205,7 @@ local function win_write(code, key, index, a, b, reset, cal_end, now)
     return false
   end
   local value
-  if code ~= 's' then
+  if code == 'f' or code == 'k' then
     value = string.format('%d:%d', index, a)
   else
     value = string.format('%d:%d:%d', index, a, b)
@@ -217,4 +217,45 @@ local function win_write(code, key, index, a, b, reset, cal_end, now)
   -- (a millisecond more or less of life changes nothing: the state is worthless then)
   redis.call('SET', key, value, 'PX', math.floor((reset + 999) / 1000) + 1)
   return value
+end
+
+--[[
+In-flight limits (kind "c:<retry>:<members>", len = the deadline D in µs, limit = n): a
+sorted set per key, one member per admitted request, "<instance>:<seq>:<units>", scored by
+the instant (µs) its units stop counting. A check removes the members past their deadline
+and admits if the units of the others plus its own fit, adding its member with the score
+now + D; a refund removes the members it names; "hold" (a renewal) moves the members it
+names to now + D if they are still there ("+" before the list: adds them back, after a
+state loss). An instance that dies stops renewing: its members expire within D; a release
+lost with a failed call, or a grant whose answer never came, expires the same way.
+]]
+
+-- The kind's retry (µs) and member list.
+local function held_kind(kind)
+  local _, _, retry, members = string.find(kind, '^c:(%d+):(.*)$')
+  return tonumber(retry) or 0, members or ''
+end
+
+-- Drops the members past their deadline; the units of the others.
+local function held_total(key, now)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local total = 0
+  for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    local _, _, units = string.find(m, ':(%d+)$')
+    total = total + (tonumber(units) or 1)
+  end
+  return total
+end
+
+-- Adds (or moves) `member` to the deadline `at`; the key lives until its last deadline.
+local function held_add(key, member, at, now, xx)
+  if xx then
+    redis.call('ZADD', key, 'XX', at, member)
+  else
+    redis.call('ZADD', key, at, member)
+  end
+  local ms = idiv(at - now + 999, 1000) + 1
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
 end

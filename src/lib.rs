@@ -147,6 +147,7 @@ pub use web::{headers, key, response};
 /// The tower service a [`RateLimitLayer`] makes, and its response future: named in type
 /// signatures, rarely written.
 pub mod service {
+    pub use crate::middleware::body::ResponseBody;
     pub use crate::middleware::future::ResponseFuture;
     pub use crate::middleware::service::RateLimit;
 }
@@ -155,6 +156,7 @@ pub use algo::algorithm::{Algorithm, Phase};
 pub use algo::quota::Quota;
 pub use base::error::ConfigError;
 pub use engine::DEFAULT_MAX_LIMITS;
+pub use limiter::permit::Permit;
 pub use limiter::reservation::Reservation;
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
 pub use middleware::builder::RateLimitBuilder;

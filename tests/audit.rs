@@ -184,7 +184,7 @@ fn flood_service(
     audit: Option<AuditLog>,
 ) -> impl Service<
     Request<()>,
-    Response = Response<http_body_util::Full<Bytes>>,
+    Response = Response<tollgate::service::ResponseBody<http_body_util::Full<Bytes>>>,
     Error = Infallible,
     Future = impl Send,
 > + Clone {
@@ -208,7 +208,11 @@ fn flood_request(peer: SocketAddr) -> Request<()> {
 /// Sends `n` requests from one client; returns the refusals and the largest queue seen.
 async fn flood<S>(svc: &mut S, n: usize, audit: Option<&AuditLog>) -> (u64, u64)
 where
-    S: Service<Request<()>, Response = Response<http_body_util::Full<Bytes>>, Error = Infallible>,
+    S: Service<
+            Request<()>,
+            Response = Response<tollgate::service::ResponseBody<http_body_util::Full<Bytes>>>,
+            Error = Infallible,
+        >,
 {
     let peer: SocketAddr = "192.0.2.9:4000".parse().unwrap();
     let (mut refused, mut largest) = (0, 0);

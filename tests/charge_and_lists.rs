@@ -195,7 +195,7 @@ async fn a_dropped_response_future_gives_the_charged_cost_back() {
     );
 }
 
-type Reply = Result<Response<Full<Bytes>>, io::Error>;
+type Reply = Result<Response<tollgate::service::ResponseBody<Full<Bytes>>>, io::Error>;
 
 #[tokio::test]
 async fn an_inner_service_error_gives_the_charged_cost_back() {

@@ -92,6 +92,17 @@ pub enum Algorithm {
         /// The zone whose local calendar the windows follow.
         zone: crate::algo::calendar::Zone,
     },
+    /// At most `L` (the quota's rate) requests of a key in flight at once: a unit is taken
+    /// when a request is admitted and given back ([`Op::Refund`](crate::store::Op)) when it
+    /// ends — for the middleware, when its response body ends, fails or is dropped. Time
+    /// gives nothing back. A refusal tells the client to retry after `retry_after`. Made
+    /// by [`Limit::in_flight`](crate::Limit::in_flight) and
+    /// [`LimitSpec::in_flight`](crate::LimitSpec::in_flight); the memory store keeps it.
+    InFlight {
+        /// The `Retry-After` of a refusal (a slot frees when a request ends, which no
+        /// clock predicts).
+        retry_after: Duration,
+    },
 }
 
 /// Where the windows of a [`Algorithm::FixedWindow`] start.
@@ -157,16 +168,33 @@ impl Algorithm {
         matches!(self, Algorithm::FixedWindow { .. }) || self.is_calendar()
     }
 
-    /// `true` for the window algorithms.
+    /// `true` for the window algorithms (and in-flight limits, which the stores keep
+    /// beside them).
     pub const fn is_window(&self) -> bool {
         !matches!(self, Algorithm::Gcra)
     }
 
+    /// An in-flight limit ([`Algorithm::InFlight`]) whose refusals say to retry after one
+    /// second.
+    pub const fn in_flight() -> Self {
+        Algorithm::InFlight {
+            retry_after: Duration::from_secs(1),
+        }
+    }
+
+    /// `true` for [`Algorithm::InFlight`].
+    pub const fn is_in_flight(&self) -> bool {
+        matches!(self, Algorithm::InFlight { .. })
+    }
+
     /// The window advertised as `w` in the headers: for GCRA the refill time, for the
     /// window algorithms the window; in whole seconds, rounded up, at least 1.
+    /// 0 for an in-flight limit, which has no window (its policy says
+    /// `qu="concurrent-requests"` instead).
     pub(crate) const fn window_secs(&self, quota: &Quota) -> u64 {
         match self {
             Algorithm::Gcra => quota.window_secs(),
+            Algorithm::InFlight { .. } => 0,
             // A calendar window's nominal length (a month: 31 days), the quota's period.
             _ => {
                 let secs = quota.period_ns().div_ceil(1_000_000_000);
@@ -212,6 +240,7 @@ impl Algorithm {
             }
             Algorithm::SlidingWindow => SLIDING_WINDOW_MAX_LIMIT,
             Algorithm::SlidingLog => SLIDING_LOG_MAX_LIMIT,
+            Algorithm::InFlight { .. } => IN_FLIGHT_MAX,
         };
         if quota.burst_size() != quota.rate() {
             return Err((
@@ -251,6 +280,9 @@ impl Algorithm {
         Ok(())
     }
 }
+
+/// The most requests an in-flight limit lets be in flight per key.
+pub(crate) const IN_FLIGHT_MAX: u64 = 1_000_000;
 
 /// A stable hash of a limit's name, computed once per table: the seed of its keys'
 /// random phases.

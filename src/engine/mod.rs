@@ -78,6 +78,16 @@ impl<St: Store> Engine<St> {
     /// bytes of distinct names already).
     pub(crate) fn bind(&mut self, spec: LimitSpec) -> Result<usize, ConfigError> {
         spec.validate()?;
+        if let Err(reason) = self.store.supports(&spec.algorithm) {
+            let field = if spec.algorithm.is_in_flight() {
+                "in_flight"
+            } else {
+                "algorithm"
+            };
+            return Err(
+                ConfigError::new(field, reason).within(format!("limits[{:?}]", &*spec.name))
+            );
+        }
         if let Some(&first) = self.by_name.get(&*spec.name) {
             let other = self.bounds[first].spec.algorithm;
             if other != spec.algorithm {

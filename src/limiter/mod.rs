@@ -1,6 +1,7 @@
 //! [`Limiter`]: the engine from code — peek, check, refund, penalize, block and reset the
 //! buckets the middleware fills, from handlers, background jobs or other stacks.
 
+pub(crate) mod permit;
 pub(crate) mod reservation;
 
 use std::fmt;
@@ -16,6 +17,7 @@ use crate::algo::quota::Quota;
 use crate::base::error::ConfigError;
 use crate::engine::delay::WaitCounts;
 use crate::engine::{Engine, unique_names};
+use crate::limiter::permit::Permit;
 use crate::limiter::reservation::Reservation;
 use crate::model::decision::{Decision, LimitDecision};
 use crate::model::key::{IntoKey, Key};
@@ -106,9 +108,15 @@ pub(crate) trait Handle: Send + Sync + 'static {
     fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError>;
     fn names(&self) -> Vec<&'static str>;
     fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError>;
+    /// How the limit called `limit` counts, if there is one.
+    fn algorithm(&self, limit: &str) -> Option<Algorithm>;
 }
 
 impl<St: Store> Handle for Engine<St> {
+    fn algorithm(&self, limit: &str) -> Option<Algorithm> {
+        self.find(limit).map(|i| self.bounds[i].spec.algorithm)
+    }
+
     fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
         let reserve = op == Op::Check && !max_wait.is_zero();
         let mut items: SmallVec<[Item<'_, St::Table>; 4]> = SmallVec::new();
@@ -137,7 +145,7 @@ impl<St: Store> Handle for Engine<St> {
             }
             if matches!(
                 limit.algorithm,
-                Algorithm::SlidingWindow | Algorithm::SlidingLog
+                Algorithm::SlidingWindow | Algorithm::SlidingLog | Algorithm::InFlight { .. }
             ) {
                 let operation = match op {
                     Op::Penalize => Some("penalize"),
@@ -295,6 +303,34 @@ impl Limiter {
         cost: u32,
     ) -> impl Future<Output = Result<LimitDecision, LimiterError>> + Send + 'static {
         self.one(Op::Check, limit, key.into_key(), cost)
+    }
+
+    /// Takes a unit of the in-flight limit `limit` for `key` if one is free
+    /// ([`LimitSpec::in_flight`]): the [`Permit`] holds it until it is dropped. Work that is
+    /// not an HTTP request (a job, a stream, a call to another service) shares the limit
+    /// with the requests the middleware admits. [`check`](Self::check) on an in-flight
+    /// limit takes a unit too, which [`refund`](Self::refund) gives back.
+    pub fn acquire(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+    ) -> impl Future<Output = Result<Permit, LimiterError>> + Send + 'static {
+        let key = key.into_key();
+        let limiter = self.clone();
+        let unsupported = match self.inner.algorithm(limit) {
+            Some(a) if !a.is_in_flight() => Some(LimiterError::Unsupported {
+                limit: limit.to_owned(),
+                operation: "acquire",
+            }),
+            _ => None,
+        };
+        let checked = self.one(Op::Check, limit, key.clone(), 1);
+        async move {
+            if let Some(e) = unsupported {
+                return Err(e);
+            }
+            Ok(Permit::new(limiter, checked.await?, key))
+        }
     }
 
     /// The bucket's state, without consuming and without creating the key: the tokens

@@ -11,6 +11,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::middleware::body::{AfterBody, ResponseBody};
 use crate::middleware::guard::{DelayGuard, PendingCharge};
 use crate::middleware::shared::{Passed, Version, proceed};
 use crate::store::Store;
@@ -68,6 +69,7 @@ pin_project! {
         charge: PendingCharge<St>,
         // Gives the tokens back if the request goes away before its instant.
         guard: Option<DelayGuard<St>>,
+        after: Option<Box<dyn AfterBody>>,
     }
 }
 
@@ -90,6 +92,8 @@ pin_project! {
             fields: Fields,
             // The costs to give back if the response does not count (or never comes).
             charge: PendingCharge<St>,
+            // Held until the response body ends.
+            after: Option<Box<dyn AfterBody>>,
         },
         Done {
             response: Option<S::Response>,
@@ -110,12 +114,18 @@ where
         }
     }
 
-    pub(crate) fn calling(future: S::Future, fields: Fields, charge: PendingCharge<St>) -> Self {
+    pub(crate) fn calling(
+        future: S::Future,
+        fields: Fields,
+        charge: PendingCharge<St>,
+        after: Option<Box<dyn AfterBody>>,
+    ) -> Self {
         Self {
             state: State::Calling {
                 future,
                 fields,
                 charge,
+                after,
             },
         }
     }
@@ -128,7 +138,7 @@ where
     {
         let Some((wait, guard)) = passed.delay else {
             let future = service.call(Request::from_parts(parts, body));
-            return Self::calling(future, passed.fields, passed.charge);
+            return Self::calling(future, passed.fields, passed.charge, passed.after);
         };
         // Sleep without holding the readied service (whatever its readiness holds, a
         // concurrency permit, goes back now): a clone is made ready after the wait.
@@ -143,6 +153,7 @@ where
                     fields: passed.fields,
                     charge: passed.charge,
                     guard: Some(*guard),
+                    after: passed.after,
                 }),
             },
         }
@@ -178,7 +189,7 @@ where
     St: Store,
     R: OnRejection<ResBody> + Send + Sync + 'static,
 {
-    type Output = Result<Response<ResBody>, S::Error>;
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -200,7 +211,7 @@ where
                         }
                         Err(response) => {
                             state.set(State::Done { response: None });
-                            return Poll::Ready(Ok(response));
+                            return Poll::Ready(Ok(response.map(ResponseBody::new)));
                         }
                     }
                 }
@@ -215,16 +226,19 @@ where
                     let (parts, body) = d.request.take().expect("called once");
                     let future = d.service.call(Request::from_parts(parts, body));
                     let (fields, charge) = (std::mem::take(d.fields), d.charge.take());
+                    let after = d.after.take();
                     state.set(State::Calling {
                         future,
                         fields,
                         charge,
+                        after,
                     });
                 }
                 StateProj::Calling {
                     future,
                     fields,
                     charge,
+                    after,
                 } => {
                     // An error drops the charge guard, which gives the costs back.
                     let mut response = ready!(future.poll(cx))?;
@@ -232,12 +246,19 @@ where
                         charge.settle(response.status(), response.headers());
                     }
                     std::mem::take(fields).apply(response.headers_mut());
-                    return Poll::Ready(Ok(response));
+                    let mut after = after.take();
+                    if let Some(after) = after.as_mut() {
+                        after.head(response.status(), response.headers(), response.extensions());
+                    }
+                    return Poll::Ready(Ok(
+                        response.map(|body| ResponseBody::with_after(body, after))
+                    ));
                 }
                 StateProj::Done { response } => {
                     return Poll::Ready(Ok(response
                         .take()
-                        .expect("ResponseFuture polled after completion")));
+                        .expect("ResponseFuture polled after completion")
+                        .map(ResponseBody::new)));
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! The guards a passing request carries to its response: [`ChargeGuard`] gives back the
 //! cost of limits that charge by outcome when the response does not count, and
-//! [`DelayGuard`] holds a waiting request's places and tokens. Each gives back at most
+//! [`DelayGuard`] holds a waiting request's places and tokens; [`HeldGuard`] holds an
+//! in-flight limit's units until the response body ends. Each gives back at most
 //! once, on its event or on drop (the client went away). Runtime state of the request
 //! path, kept apart from the configuration they act on (`Charge`, delay mode's `Waiters`).
 
@@ -11,6 +12,7 @@ use smallvec::SmallVec;
 
 use crate::engine::delay::Delay;
 use crate::engine::{ChargeKeys, Engine, Plan};
+use crate::middleware::body::{AfterBody, Ending};
 use crate::store::Store;
 use crate::web::charge::Charge;
 use crate::web::policy::Policy;
@@ -114,5 +116,59 @@ impl<St: Store> Drop for DelayGuard<St> {
     fn drop(&mut self) {
         self.engine
             .release(&self.plan, &self.places, &self.reserved);
+    }
+}
+
+/// The units a passing request took from in-flight limits, given back once: when its
+/// response body ends, fails or is dropped, or when the guard is dropped without a body
+/// (the service failed, the response future was dropped).
+pub(crate) struct HeldGuard<St: Store> {
+    engine: Arc<Engine<St>>,
+    plan: Plan,
+    held: ChargeKeys,
+}
+
+impl<St: Store> HeldGuard<St> {
+    /// A guard for the `held` limits (plan indices) of a request, if any.
+    pub(crate) fn boxed(
+        engine: &Arc<Engine<St>>,
+        plan: &Plan,
+        keys: Option<&ChargeKeys>,
+        held: &[usize],
+    ) -> Option<Box<dyn AfterBody>> {
+        if held.is_empty() {
+            return None;
+        }
+        let held: ChargeKeys = keys?
+            .iter()
+            .filter(|(i, _)| held.contains(i))
+            .cloned()
+            .collect();
+        Some(Box::new(Self {
+            engine: engine.clone(),
+            plan: plan.clone(),
+            held,
+        }))
+    }
+
+    fn release(&mut self) {
+        if !self.held.is_empty() {
+            let held = std::mem::take(&mut self.held);
+            self.engine.refund(&self.plan, &held);
+        }
+    }
+}
+
+impl<St: Store> AfterBody for HeldGuard<St> {
+    fn trailers(&mut self, _: &HeaderMap) {}
+
+    fn ended(&mut self, _: Ending) {
+        self.release();
+    }
+}
+
+impl<St: Store> Drop for HeldGuard<St> {
+    fn drop(&mut self) {
+        self.release();
     }
 }

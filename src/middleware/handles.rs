@@ -78,6 +78,10 @@ impl<H: Handle> Handle for Proxy<H> {
     fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
         self.0.top_refused(limit, n)
     }
+
+    fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
+        self.0.algorithm(limit)
+    }
 }
 
 #[cfg(test)]
@@ -94,6 +98,10 @@ mod tests {
 
         fn names(&self) -> Vec<&'static str> {
             vec!["per-key"]
+        }
+
+        fn algorithm(&self, _: &str) -> Option<crate::algo::algorithm::Algorithm> {
+            None
         }
 
         fn top_refused(&self, _: &str, _: usize) -> Result<Vec<RefusedKey>, LimiterError> {

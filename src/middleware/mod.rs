@@ -2,6 +2,7 @@
 //! the request guards, and gRPC refusals. Nothing in the crate imports this layer but
 //! the configuration front-ends (rules), through its public builder.
 
+pub(crate) mod body;
 pub(crate) mod builder;
 pub(crate) mod future;
 #[cfg(feature = "grpc")]

@@ -9,6 +9,7 @@ use http::{Request, Response};
 use smallvec::SmallVec;
 use tower_service::Service;
 
+use crate::middleware::body::ResponseBody;
 use crate::middleware::future::ResponseFuture;
 use crate::middleware::shared::{Version, insert_limiter, proceed};
 use crate::middleware::source::Source;
@@ -67,7 +68,7 @@ where
     St: Store,
     R: OnRejection<ResBody> + Send + Sync + 'static,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, St, R, ReqBody>;
 
@@ -104,7 +105,7 @@ where
             drop(items);
             insert_limiter(version, &mut parts);
             let future = inner.call(Request::from_parts(parts, body));
-            return ResponseFuture::calling(future, Fields::default(), None);
+            return ResponseFuture::calling(future, Fields::default(), None, None);
         }
         Err(Early::Refuse(rejection)) => {
             return ResponseFuture::done(shared.early(&rejection));
@@ -117,7 +118,7 @@ where
             match next {
                 Ok(passed) if passed.delay.is_none() => {
                     let future = inner.call(Request::from_parts(parts, body));
-                    ResponseFuture::calling(future, passed.fields, passed.charge)
+                    ResponseFuture::calling(future, passed.fields, passed.charge, passed.after)
                 }
                 // Delay mode: the readied service is let go (whatever its readiness holds,
                 // a concurrency permit, goes back); the waiting request gets a clone, made

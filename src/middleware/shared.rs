@@ -11,7 +11,8 @@ use http::request::Parts;
 
 use crate::engine::Engine;
 use crate::limiter::{Applied, Calls, Handle, Limiter, LimiterError};
-use crate::middleware::guard::{ChargeGuard, DelayGuard, PendingCharge};
+use crate::middleware::body::AfterBody;
+use crate::middleware::guard::{ChargeGuard, DelayGuard, HeldGuard, PendingCharge};
 use crate::middleware::handles::Handles;
 use crate::observe::offenders::RefusedKey;
 use crate::store::{Op, Statuses, Store};
@@ -110,6 +111,8 @@ pub(crate) struct Passed<St: Store> {
     pub(crate) charge: PendingCharge<St>,
     /// (Boxed: delay mode is rare, and `Passed` is moved on every request.)
     pub(crate) delay: Option<(Duration, Box<DelayGuard<St>>)>,
+    /// What the request holds until its response body ends (in-flight slots).
+    pub(crate) after: Option<Box<dyn AfterBody>>,
 }
 
 /// What follows the store's answer: the request passes, or the refusal.
@@ -130,10 +133,17 @@ where
         Next::Proceed {
             fields,
             charged,
+            held,
             delay,
         } => {
             insert_limiter(version, parts);
             let engine = &shared.engine;
+            let after = HeldGuard::boxed(
+                engine,
+                &prepared.plan,
+                prepared.charge_keys.as_deref(),
+                &held,
+            );
             let delay = delay.map(|d| {
                 (
                     d.wait,
@@ -151,6 +161,7 @@ where
                 fields,
                 charge,
                 delay,
+                after,
             })
         }
         Next::Refuse {
@@ -218,5 +229,9 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
             .find(limit)
             .ok_or_else(|| LimiterError::unknown(limit, self.engine.names()))?;
         Ok(self.policy.hooks.top_refused(index, n))
+    }
+
+    fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
+        self.engine.algorithm(limit)
     }
 }

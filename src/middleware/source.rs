@@ -86,4 +86,8 @@ impl<St: Store, R: Send + Sync + 'static> Handle for LiveHandle<St, R> {
     fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError> {
         self.0.current().shared.top_refused(limit, n)
     }
+
+    fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
+        self.0.current().shared.algorithm(limit)
+    }
 }

@@ -61,6 +61,17 @@ impl LimitSpec {
         }
     }
 
+    /// At most `n` in flight at once per key ([`Algorithm::InFlight`]): each
+    /// [`Limiter::acquire`](crate::Limiter::acquire) takes a unit until its guard is dropped.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0 or above 1,000,000.
+    #[track_caller]
+    pub fn in_flight(name: impl AsRef<str>, n: u64) -> Self {
+        Self::new(name, Quota::per_second(n)).algorithm(Algorithm::in_flight())
+    }
+
     /// How the limit counts: see [`Limit::algorithm`](crate::Limit::algorithm).
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
@@ -148,6 +159,13 @@ impl LimitSpec {
         self.algorithm
             .validate(&self.quota)
             .map_err(|(field, reason)| ConfigError::new(field, reason).within(at()))?;
+        if self.algorithm.is_in_flight() && self.lease.is_some() {
+            return Err(ConfigError::new(
+                "lease",
+                "an in-flight limit's units come back when requests end, not with time: they cannot be leased",
+            )
+            .within(at()));
+        }
         if let Some(lease) = &self.lease {
             lease
                 .validate(self.algorithm, &self.quota)
@@ -182,6 +200,12 @@ impl LimitSpec {
             max_waiters,
         } = self.on_limit
         {
+            if self.algorithm.is_in_flight() {
+                return Err(ConfigError::new(
+                    "on_limit",
+                    "delay mode waits for an instant; an in-flight limit's units come back when requests end, at no instant it can know: use reject mode (its refusals carry `retry_after`)",
+                ));
+            }
             if sliding {
                 return Err(ConfigError::new(
                     "on_limit",

@@ -7,6 +7,7 @@ mod plans;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::StatusCode;
 
@@ -14,7 +15,7 @@ pub(crate) use self::keys::CustomKeys;
 use self::keys::{Composite, One, Source, key_part, source, unknown};
 use self::plans::{Gated, parse_quota, plans_table};
 use crate::algo::algorithm::Algorithm;
-use crate::algo::quota::parse_period;
+use crate::algo::quota::{Quota, parse_period};
 use crate::base::error::ConfigError;
 use crate::middleware::builder::RateLimitBuilder;
 use crate::model::lease::Lease;
@@ -217,33 +218,50 @@ fn limit(
     client: Option<&ClientIp>,
     keys: &CustomKeys,
 ) -> Result<Limit, ConfigError> {
-    let algorithm = algorithm(rule)?;
-    let (quota, plans) = match (&rule.quota, &rule.plans) {
-        (Some(_), Some(_)) => {
+    let (algorithm, in_flight) = match in_flight(rule)? {
+        Some((algorithm, quota)) => (algorithm, Some(quota)),
+        None => (algorithm(rule)?, None),
+    };
+    let (quota, plans) = match (&rule.quota, &rule.plans, in_flight) {
+        (None, None, Some(quota)) => (quota, None),
+        (_, _, Some(_)) => {
+            let field = if rule.quota.is_some() {
+                "quota"
+            } else {
+                "plans"
+            };
             return Err(ConfigError::new(
-                "quota",
-                "with `[limits.plans]` each plan has its quota: leave `quota` out (the \
-                 default plan's quota is used for requests without a plan)",
+                field,
+                "an `in_flight` limit counts requests in flight, not per time: leave `quota` and `[limits.plans]` out",
             ));
         }
-        (None, None) => {
-            return Err(ConfigError::new(
-                "quota",
-                "missing: e.g. `quota = \"10/s; burst=20\"` (or a `[limits.plans]` table)",
-            ));
-        }
-        (Some(q), None) => (parse_quota(q, "quota")?, None),
-        (None, Some(plans)) => {
-            if algorithm.is_window() {
+        (q, p, None) => match (q, p) {
+            (Some(_), Some(_)) => {
                 return Err(ConfigError::new(
-                    "plans",
-                    "plans choose a quota per request, which only `algorithm = \"gcra\"` \
-                     can do (a window's length is part of its state)",
+                    "quota",
+                    "with `[limits.plans]` each plan has its quota: leave `quota` out (the \
+                 default plan's quota is used for requests without a plan)",
                 ));
             }
-            let (default, table) = plans_table(plans)?;
-            (default, Some(table))
-        }
+            (None, None) => {
+                return Err(ConfigError::new(
+                    "quota",
+                    "missing: e.g. `quota = \"10/s; burst=20\"` (or a `[limits.plans]` table)",
+                ));
+            }
+            (Some(q), None) => (parse_quota(q, "quota")?, None),
+            (None, Some(plans)) => {
+                if algorithm.is_window() {
+                    return Err(ConfigError::new(
+                        "plans",
+                        "plans choose a quota per request, which only `algorithm = \"gcra\"` \
+                     can do (a window's length is part of its state)",
+                    ));
+                }
+                let (default, table) = plans_table(plans)?;
+                (default, Some(table))
+            }
+        },
     };
     let missing = missing_key(rule)?;
     if plans.as_ref().is_some_and(|p| p.gate) && missing != MissingKey::Skip {
@@ -472,6 +490,46 @@ fn cost(rule: &LimitRule) -> Result<Cost, ConfigError> {
             },
         },
     }
+}
+
+/// `in_flight` and its `retry_after`: the algorithm and the quota of an in-flight limit,
+/// or `None` for a limit over time.
+fn in_flight(rule: &LimitRule) -> Result<Option<(Algorithm, Quota)>, ConfigError> {
+    let Some(n) = rule.in_flight else {
+        if rule.retry_after.is_some() {
+            return Err(ConfigError::new(
+                "retry_after",
+                "only with `in_flight` (a limit over time tells clients when to retry itself)",
+            ));
+        }
+        return Ok(None);
+    };
+    if rule.algorithm.is_some() {
+        return Err(ConfigError::new(
+            "algorithm",
+            "an `in_flight` limit counts requests in flight: leave `algorithm` out",
+        ));
+    }
+    if !(1..=crate::algo::algorithm::IN_FLIGHT_MAX).contains(&n) {
+        return Err(ConfigError::new(
+            "in_flight",
+            format!(
+                "must be 1 to {} (requests of one key in flight at once), not {n}",
+                crate::algo::algorithm::IN_FLIGHT_MAX
+            ),
+        ));
+    }
+    let retry_after = match &rule.retry_after {
+        None => Duration::from_secs(1),
+        Some(d) => parse_period(d).map_err(|e| {
+            ConfigError::new(
+                "retry_after",
+                format!("expected a duration such as `1s`: {}", e.reason()),
+            )
+        })?,
+    };
+    let quota = Quota::new(n, Duration::from_secs(1)).map_err(|e| e.with_field("in_flight"))?;
+    Ok(Some((Algorithm::InFlight { retry_after }, quota)))
 }
 
 /// `on_limit`, `max_wait`, `max_waiters` and `max_reserved` (the builder checks the rest:

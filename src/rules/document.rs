@@ -134,6 +134,12 @@ pub struct LimitRule {
     /// `lease_max_age`: how long leased tokens may wait to be spent (default `"1s"`);
     /// only with `lease`.
     pub lease_max_age: Option<String>,
+    /// `in_flight`: instead of `quota`, the most requests of a key in flight at once
+    /// (1 to 1,000,000): [`Limit::in_flight`](crate::Limit::in_flight).
+    pub in_flight: Option<u64>,
+    /// `retry_after`: with `in_flight`, the `Retry-After` of its refusals, as a duration
+    /// (default `"1s"`).
+    pub retry_after: Option<String>,
     /// `time_zone`: with `algorithm = "calendar"`, the IANA zone whose local hours, days,
     /// weeks and months the windows follow (`"Europe/Berlin"`); default `"UTC"`.
     pub time_zone: Option<String>,

@@ -42,7 +42,7 @@ pub(crate) use crate::model::decision::Status;
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis::{RedisBackend, RedisStore, RedisTable};
+pub use redis::{IN_FLIGHT_DEADLINE, RedisBackend, RedisStore, RedisTable};
 pub use resilient::{LeaseStats, Resilient, ResilientTable};
 
 use crate::algo::algorithm::Algorithm;
@@ -264,6 +264,25 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn check(&self, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future> {
         self.apply(Op::Check, items)
     }
+
+    /// Whether the store keeps limits of `algorithm`; `Err` says why not, and a layer or
+    /// limiter with such a limit is not built. By default every algorithm but
+    /// [`Algorithm::InFlight`], whose units only a request's end gives back: a store that
+    /// keeps them says so.
+    fn supports(&self, algorithm: &Algorithm) -> Result<(), &'static str> {
+        not_in_flight(algorithm)
+    }
+}
+
+/// [`Store::supports`] and [`Backend::supports`] by default: everything but in-flight
+/// limits.
+fn not_in_flight(algorithm: &Algorithm) -> Result<(), &'static str> {
+    match algorithm {
+        Algorithm::InFlight { .. } => Err(
+            "this store does not keep in-flight limits: use a MemoryStore for them (one instance's requests)",
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// A store that can fail, such as a network service; [`Resilient`] makes it a [`Store`].
@@ -317,5 +336,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// measure nothing, is still reached. It must be cheap.
     fn round_trip(&self) -> Option<Duration> {
         None
+    }
+
+    /// Whether the backend keeps limits of `algorithm` (see [`Store::supports`]).
+    fn supports(&self, algorithm: &Algorithm) -> Result<(), &'static str> {
+        not_in_flight(algorithm)
     }
 }

@@ -2,6 +2,7 @@
 //! per call, a circuit breaker, each limit's failure policy with a local fallback limiter,
 //! and a local cache of denials.
 
+mod held;
 mod lease;
 mod owed;
 
@@ -132,6 +133,8 @@ pub(super) struct Inner<B> {
     /// What `Share` granted locally while the backend could not be reached, charged to
     /// the shared buckets once it answers.
     owed: Arc<owed::Owed>,
+    /// In-flight units the backend granted this instance, by key: where releases go.
+    held: Arc<held::Held>,
 }
 
 impl<B> Inner<B> {
@@ -204,6 +207,7 @@ impl<B: Backend> Resilient<B> {
                 rtt: Arc::default(),
                 answered_at: Arc::new(std::sync::atomic::AtomicU64::new(clock.now())),
                 owed: Arc::default(),
+                held: Arc::default(),
                 backend,
                 clock,
             }),
@@ -324,6 +328,32 @@ struct Refused {
     quota: Quota,
     algorithm: Algorithm,
     until: u64,
+}
+
+/// A pending answer for `others` (indices into `statuses`) merged into the statuses
+/// already known.
+fn pending_merged<F>(
+    pending: Checked<F>,
+    mut statuses: Statuses,
+    others: SmallVec<[usize; 4]>,
+) -> Checked<Pin<Box<dyn Future<Output = Statuses> + Send>>>
+where
+    F: Future<Output = Statuses> + Send + 'static,
+{
+    match pending {
+        Checked::Ready(s) => {
+            for (&i, s) in others.iter().zip(s) {
+                statuses[i] = s;
+            }
+            Checked::Ready(statuses)
+        }
+        Checked::Pending(future) => Checked::Pending(Box::pin(async move {
+            for (&i, s) in others.iter().zip(future.await) {
+                statuses[i] = s;
+            }
+            statuses
+        })),
+    }
 }
 
 /// A backend silent this long (no call answered) is failing: timeouts count against the
@@ -918,6 +948,83 @@ impl<B: Backend> Resilient<B> {
     /// The statuses of a call's answer (`late`: it timed out; the request follows its
     /// policy, and the timeout counts against the breaker only if no call was answered
     /// since this one was sent).
+    /// In-flight units the backend granted in a check that passed: counted here until
+    /// released, so that a release goes where its units were taken.
+    fn hold_granted(&self, parts: &[Part], statuses: &Statuses) {
+        if !parts.iter().any(|p| p.algorithm.is_in_flight()) {
+            return;
+        }
+        if parts.iter().zip(statuses).any(|(p, s)| refuses(s, p.mode)) {
+            return; // refused: nothing was taken
+        }
+        for (p, s) in parts.iter().zip(statuses) {
+            if p.algorithm.is_in_flight()
+                && p.cost > 0
+                && matches!(s, Status::Checked(o) if o.is_allowed())
+            {
+                self.inner.held.add(&p.remote, &p.key, p.cost);
+            }
+        }
+    }
+
+    /// Gives in-flight units back (and, in the same call, any other item's cost): units
+    /// held in the backend go back there, in the background (a release lost with a
+    /// failed call expires with the backend's deadline); units granted here while the
+    /// backend failed go back to the local store.
+    fn release(
+        &self,
+        items: &[Item<'_, ResilientTable<B::Table>>],
+    ) -> Checked<<Self as Store>::Future> {
+        let mut statuses = Statuses::from_elem(Status::Unchecked, items.len());
+        let mut others: SmallVec<[usize; 4]> = SmallVec::new();
+        for (i, item) in items.iter().enumerate() {
+            if !item.algorithm.is_in_flight() {
+                others.push(i);
+                continue;
+            }
+            let table = &item.table;
+            if self.inner.held.take(&table.leases, &item.key, item.cost) {
+                let call = table.leases.remote.call(
+                    Op::Refund,
+                    &item.key,
+                    item.quota,
+                    item.algorithm,
+                    item.cost,
+                    Duration::ZERO,
+                );
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let timeout = self.call_timeout();
+                    runtime.spawn(async move {
+                        let _ = tokio::time::timeout(timeout, call).await;
+                    });
+                }
+            } else {
+                let local = Item::new(&table.fallback, item.key.clone(), item.quota, item.cost)
+                    .algorithm(item.algorithm);
+                if let Checked::Ready(s) = self.inner.fallback.apply(Op::Refund, &[local]) {
+                    statuses[i] = s[0];
+                }
+            }
+        }
+        if others.is_empty() {
+            return Checked::Ready(statuses);
+        }
+        let rest: SmallVec<[Item<'_, ResilientTable<B::Table>>; 4]> = others
+            .iter()
+            .map(|&i| items[i].on(items[i].table))
+            .collect();
+        match self.apply(Op::Refund, &rest) {
+            Checked::Ready(s) => {
+                for (&i, s) in others.iter().zip(s) {
+                    statuses[i] = s;
+                }
+                Checked::Ready(statuses)
+            }
+            // The other items' answer: the in-flight ones went their own way.
+            pending => pending_merged(pending, statuses, others),
+        }
+    }
+
     fn settle(
         &self,
         op: Op,
@@ -934,6 +1041,7 @@ impl<B: Backend> Resilient<B> {
                 self.repay();
                 match op {
                     Op::Check => {
+                        self.hold_granted(parts, &statuses);
                         for (p, s) in parts.iter().zip(&statuses) {
                             if let Status::Checked(o) = s
                                 && p.mode == Mode::Enforce
@@ -1334,6 +1442,10 @@ impl<B: Backend> Store for Resilient<B> {
     type Table = ResilientTable<B::Table>;
     type Future = Pin<Box<dyn Future<Output = Statuses> + Send>>;
 
+    fn supports(&self, algorithm: &crate::algo::algorithm::Algorithm) -> Result<(), &'static str> {
+        self.inner.backend.supports(algorithm)
+    }
+
     fn table(&self, name: &str) -> Self::Table {
         let inner = &*self.inner;
         ResilientTable {
@@ -1348,6 +1460,9 @@ impl<B: Backend> Store for Resilient<B> {
     fn apply(&self, op: Op, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future> {
         if items.is_empty() {
             return Checked::Ready(Statuses::new());
+        }
+        if op == Op::Refund && items.iter().any(|i| i.algorithm.is_in_flight()) {
+            return self.release(items);
         }
         self.write_back_after_reset();
         if op == Op::Check

@@ -149,6 +149,10 @@ pub(crate) fn compile<St: Store>(
                     .map(limit)
                     .any(|l| l.spec.mode == Mode::Shadow),
                 charged: members.iter().map(limit).any(|l| l.charge.is_conditional()),
+                held: members
+                    .iter()
+                    .map(limit)
+                    .any(|l| l.spec.algorithm.is_in_flight()),
                 delayed: members.iter().any(|&i| engine.bounds[i].waiters.is_some()),
                 limits: members,
             })

@@ -125,6 +125,7 @@ fn sf_int(out: &mut String, n: u64) {
 pub(crate) struct PolicyItem<'a> {
     pub(crate) name: &'a str,
     pub(crate) quota: u64,
+    /// Seconds; 0 for an in-flight limit (`qu="concurrent-requests"`, no `w`).
     pub(crate) window: u64,
 }
 
@@ -138,8 +139,13 @@ pub(crate) fn ietf_policy<'a>(items: impl IntoIterator<Item = PolicyItem<'a>>) -
         sf_string(&mut out, p.name);
         out.push_str(";q=");
         sf_int(&mut out, p.quota);
-        out.push_str(";w=");
-        sf_int(&mut out, p.window.max(1)); // w must be non-zero
+        if p.window == 0 {
+            // An in-flight limit: a count of concurrent requests, over no window.
+            out.push_str(";qu=\"concurrent-requests\"");
+        } else {
+            out.push_str(";w=");
+            sf_int(&mut out, p.window);
+        }
     }
     (!out.is_empty()).then_some(out)
 }
@@ -666,7 +672,10 @@ mod tests {
         );
         assert_eq!(ietf_policy([]), None, "I21: no field for no policies");
         assert!(ietf_limit_of(&[]).is_none());
-        assert_eq!(pol("x", 5, 0), r#""x";q=5;w=1"#, "I22: w is never 0");
+        // I22: w is never 0. A window of 0 is an in-flight limit's (a time limit's is at
+        // least 1 s): a count of concurrent requests (I11), with no window.
+        assert_eq!(pol("x", 5, 0), r#""x";q=5;qu="concurrent-requests""#);
+        assert_sf_list(&pol("x", 5, 0));
         for v in [pol(r#"a"b\c"#, 1, 1), pol("per user", 5, 60)] {
             assert_sf_list(&v);
         }

@@ -69,6 +69,31 @@ impl Limit {
         }
     }
 
+    /// At most `n` requests of a key in flight at once ([`Algorithm::InFlight`]): a request
+    /// takes a unit when it is admitted and gives it back when its response body ends,
+    /// fails or is dropped (the client went away), so a streamed response counts for as long
+    /// as it streams. Refusals are 429s with `Retry-After: 1` (set another with
+    /// `.algorithm(Algorithm::InFlight { retry_after })`). The header fields say
+    /// `qu="concurrent-requests"` and how many are left, with no window.
+    ///
+    /// ```
+    /// use tollgate::{key::Header, Limit};
+    ///
+    /// // At most 8 requests per API key in the handler (or streaming) at once.
+    /// let inference = Limit::in_flight("inference", 8).key(Header::new("x-api-key"));
+    /// # let _ = inference;
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0 or above 1,000,000 (rules files check it with a [`ConfigError`]).
+    ///
+    /// [`Algorithm::InFlight`]: crate::Algorithm::InFlight
+    #[track_caller]
+    pub fn in_flight(name: impl AsRef<str>, n: u64) -> Self {
+        Self::new(name, Quota::per_second(n)).algorithm(Algorithm::in_flight())
+    }
+
     /// What the layer does with a request over this limit: refuse it with a 429
     /// ([`OnLimit::Reject`], the default), or let it wait for its tokens
     /// ([`OnLimit::Delay`], nginx's `burst` + `delay`): see [`Limit::delay`].
@@ -275,6 +300,13 @@ impl Limit {
         self.spec.validate()?;
         let at = || format!("limits[{:?}]", &*self.spec.name);
         self.cost.validate().map_err(|e| e.within(at()))?;
+        if self.spec.algorithm.is_in_flight() && self.charge.is_conditional() {
+            return Err(ConfigError::new(
+                "charge",
+                "an in-flight limit holds its units until the response ends, whatever its outcome: it takes no charge rule",
+            )
+            .within(at()));
+        }
         if self.spec.algorithm.is_window() && self.quota_fn.is_some() {
             return Err(ConfigError::new(
                 "quota_by",

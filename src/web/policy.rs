@@ -114,6 +114,8 @@ pub(crate) struct Group {
     pub(crate) shadow: bool,
     /// Whether a limit of the group charges only some outcomes.
     pub(crate) charged: bool,
+    /// Whether a limit of the group holds its units until the response ends (in flight).
+    pub(crate) held: bool,
     /// Whether a limit of the group is in delay mode.
     pub(crate) delayed: bool,
 }
@@ -155,6 +157,9 @@ pub(crate) enum Next {
     Proceed {
         fields: Fields,
         charged: SmallVec<[usize; 1]>,
+        /// The plan indices of in-flight limits that took their units: given back when
+        /// the response body ends.
+        held: SmallVec<[usize; 1]>,
         /// Delay mode: the request waits this long for its reserved tokens first.
         /// (Boxed: delay mode is rare, and `Next` is moved on every request.)
         delay: Option<Box<Delay>>,
@@ -236,7 +241,10 @@ impl Policy {
             };
             // Delay mode keeps every key: a request that goes away while it waits gives
             // its reservation back.
-            if g.delayed || (g.charged && limit.charge.is_conditional()) {
+            if g.delayed
+                || (g.charged && limit.charge.is_conditional())
+                || (g.held && limit.spec.algorithm.is_in_flight())
+            {
                 prepared
                     .charge_keys
                     .get_or_insert_with(Default::default)
@@ -320,11 +328,16 @@ impl Policy {
         match overall {
             Overall::Allowed => {
                 let mut charged = SmallVec::new();
+                let mut held = SmallVec::new();
                 if prepared.charge_keys.is_some() {
                     for (i, (l, p)) in decision.limits().zip(plan).enumerate() {
                         let consumed = p.cost > 0 && l.allowed() && l.outcome().is_some();
-                        if consumed && self.limits[p.bound].limit.charge.is_conditional() {
+                        let limit = &self.limits[p.bound].limit;
+                        if consumed && limit.charge.is_conditional() {
                             charged.push(i);
+                        }
+                        if consumed && limit.spec.algorithm.is_in_flight() {
+                            held.push(i);
                         }
                     }
                 }
@@ -340,6 +353,7 @@ impl Policy {
                 Next::Proceed {
                     fields,
                     charged,
+                    held,
                     delay,
                 }
             }

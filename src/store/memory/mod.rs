@@ -21,6 +21,7 @@ use crate::web::key::Key;
 mod all;
 mod bucket;
 mod calendar;
+mod inflight;
 mod markers;
 mod sweep;
 mod table;
@@ -359,6 +360,11 @@ impl<C: Clock> Store for MemoryStore<C> {
     /// The table of `name`: the one the engines using it hold (a reload that keeps a
     /// limit's name keeps its buckets), or a new one. The store itself does not keep it:
     /// once no engine uses a name, its table and buckets are dropped.
+    /// Every algorithm, in-flight limits too.
+    fn supports(&self, _: &crate::algo::algorithm::Algorithm) -> Result<(), &'static str> {
+        Ok(())
+    }
+
     fn table(&self, name: &str) -> MemoryTable {
         let mut tables = self
             .inner

@@ -129,7 +129,12 @@ impl Table {
     /// The TAT an absent key starts from: the overflow bucket's, so that a key that spent
     /// from it while the store was full does not come back to a fuller bucket. (While the
     /// overflow bucket is full, this is the same as a full bucket.)
+    /// An in-flight limit's key starts from nothing: the units in the overflow entry are
+    /// other requests', given back there.
     pub(super) fn initial_tat(&self) -> u64 {
+        if self.spec.get().is_some_and(|s| s.in_flight()) {
+            return 0;
+        }
         self.overflow.load(Ordering::Acquire)
     }
 }

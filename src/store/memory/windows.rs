@@ -36,9 +36,18 @@ pub(super) struct Spec {
 }
 
 impl Spec {
+    /// Whether the table serves an in-flight limit.
+    pub(super) fn in_flight(&self) -> bool {
+        self.algorithm.is_in_flight()
+    }
+
     /// The store-clock instant at which the state `word` is worth nothing (an empty
     /// window), at the latest.
     pub(super) fn expiry(&self, word: u64, now: u64) -> u64 {
+        if self.algorithm.is_in_flight() {
+            // Units held are worth keeping until they come back; none, nothing.
+            return if word == 0 { 0 } else { u64::MAX };
+        }
         let t = now.saturating_add(self.unix_origin) / 1_000;
         if self.algorithm.is_calendar() {
             // The index is the window's start in seconds: the window ends `len` after it
@@ -124,7 +133,7 @@ fn behind(index: u64, stored: u32) -> u64 {
 
 /// One window item at one instant.
 #[derive(Clone, Copy)]
-struct Ctx {
+pub(super) struct Ctx {
     /// In µs.
     g: Geometry,
     /// Wall time, µs.
@@ -250,6 +259,7 @@ pub(super) enum Undo {
     Gcra { written: u64, prev: u64 },
     Packed { index: u64 },
     Log,
+    InFlight,
 }
 
 /// Applies `f` to the packed word with compare-and-swap until it sticks; returns the
@@ -349,7 +359,7 @@ impl<C: Clock> super::Inner<C> {
 impl<C: Clock> MemoryStore<C> {
     /// The window geometry of `item` at store time `now` (ns), in µs.
     #[inline]
-    fn ctx(&self, item: &Item<'_, MemoryTable>, now: u64) -> Ctx {
+    pub(super) fn ctx(&self, item: &Item<'_, MemoryTable>, now: u64) -> Ctx {
         let table = &*item.table.table;
         let unix_origin = self.inner.clock.unix_origin();
         let tag = calendar_tag(item.algorithm, &item.quota);
@@ -474,6 +484,10 @@ impl<C: Clock> MemoryStore<C> {
         cost: u64,
         consume: bool,
     ) -> (Report, Option<Undo>) {
+        if item.algorithm.is_in_flight() {
+            let (r, took) = self.in_flight_check(item, now, cost, consume);
+            return (r, took.then_some(Undo::InFlight));
+        }
         let table = &*item.table.table;
         let ctx = self.ctx(item, now);
         let slot = self.slot(item);
@@ -527,6 +541,9 @@ impl<C: Clock> MemoryStore<C> {
     pub(super) fn window_check_one(&self, item: &Item<'_, MemoryTable>, now: u64) -> Status {
         let cost = u64::from(item.cost);
         let algorithm = item.algorithm;
+        if algorithm.is_in_flight() {
+            return self.in_flight_check_one(item, now);
+        }
         if algorithm == Algorithm::SlidingLog {
             let (r, _) = self.window_check(item, now, cost, true);
             return Status::Checked(Outcome::window(r, 1_000));
@@ -600,6 +617,7 @@ impl<C: Clock> MemoryStore<C> {
         let cost = u64::from(item.cost);
         match undo {
             Undo::Gcra { written, prev } => self.refund(item, slot, written, prev, now),
+            Undo::InFlight => self.in_flight_release(item, slot, cost),
             Undo::Log => {
                 let at = now / 1_000;
                 let _ = self.with_log(table, slot, false, |log| log_remove(log, cost, Some(at)));
@@ -641,6 +659,9 @@ impl<C: Clock> MemoryStore<C> {
         item: &Item<'_, MemoryTable>,
         now: u64,
     ) -> Status {
+        if item.algorithm.is_in_flight() {
+            return self.in_flight_update_one(op, item, now);
+        }
         let table = &*item.table.table;
         let slot = self.slot(item);
         let ctx = self.ctx(item, now);

@@ -302,6 +302,7 @@ mod tests {
             phase_us: 0,
             max_wait_us: 0,
             span: None,
+            held: None,
         };
         Request {
             parts: Arc::from(vec![part]),

@@ -93,6 +93,11 @@ impl Default for Epoch {
 }
 
 impl Epoch {
+    /// This store's name in the live set: also whose in-flight units an entry counts.
+    pub(super) fn id(&self) -> &str {
+        &self.id
+    }
+
     /// Resets seen so far.
     pub(super) fn resets(&self) -> u64 {
         self.resets.load(Ordering::Acquire)

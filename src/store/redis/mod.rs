@@ -3,6 +3,7 @@
 mod batch;
 mod command;
 mod epoch;
+mod held;
 mod keys;
 mod reply;
 #[cfg(feature = "redis-sentinel")]
@@ -80,6 +81,10 @@ pub struct RedisStore(Resilient<RedisBackend>);
 /// The most connections [`RedisStore::open_pool`] opens.
 const MAX_CONNECTIONS: usize = 64;
 
+/// How long an in-flight limit's units count in Redis without a renewal, by default: an
+/// instance that dies frees its units this long after its last renewal (once a second).
+pub const IN_FLIGHT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("RedisStore").field(&self.0).finish()
@@ -97,6 +102,12 @@ pub struct RedisBackend {
     epoch: Arc<epoch::Epoch>,
     /// The checks waiting for a call in flight to end.
     batcher: Arc<batch::Batcher>,
+    /// How long an in-flight limit's units count without a renewal, µs.
+    in_flight_deadline_us: u64,
+    /// This store's instance name (the epoch's), whose in-flight units it counts.
+    instance: Arc<str>,
+    /// The in-flight units this store holds, renewed once a second.
+    held: Arc<held::Held>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -128,12 +139,16 @@ impl fmt::Debug for RedisTable {
 impl RedisBackend {
     fn with_connection(conn: Connection) -> Self {
         let connections = conn.connections();
+        let epoch = Arc::<epoch::Epoch>::default();
         Self {
             conn,
             prefix: Arc::from(&b"tollgate:"[..]),
             now: None,
-            epoch: Arc::default(),
+            instance: Arc::from(epoch.id()),
+            held: Arc::default(),
+            epoch,
             batcher: Arc::new(batch::Batcher::new(batch::DEFAULT_MAX_BATCH, connections)),
+            in_flight_deadline_us: IN_FLIGHT_DEADLINE.as_micros() as u64,
         }
     }
 }
@@ -339,6 +354,19 @@ impl RedisStore {
         })
     }
 
+    /// How long an in-flight limit's units count in Redis without a renewal (default
+    /// [`IN_FLIGHT_DEADLINE`], 10 s; at least 2 s): each instance renews the units it holds
+    /// once a second, so an instance that dies (or stalls) frees its units within this
+    /// long of its last renewal, and one that stalls longer than this loses them early.
+    pub fn in_flight_deadline(self, deadline: std::time::Duration) -> Self {
+        let us = deadline.max(std::time::Duration::from_secs(2)).as_micros();
+        self.map(|r| {
+            r.configure(|i| {
+                i.backend.in_flight_deadline_us = u64::try_from(us).unwrap_or(MAX_EXACT)
+            })
+        })
+    }
+
     /// How long one call may take before it counts as a failure (default 50 ms).
     pub fn timeout(self, timeout: std::time::Duration) -> Self {
         self.map(|r| r.timeout(timeout))
@@ -396,6 +424,10 @@ impl Store for RedisStore {
     fn apply(&self, op: Op, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future> {
         self.0.apply(op, items)
     }
+
+    fn supports(&self, algorithm: &Algorithm) -> Result<(), &'static str> {
+        self.0.supports(algorithm)
+    }
 }
 
 impl RedisBackend {
@@ -431,6 +463,10 @@ struct Part {
     /// A calendar limit's window `(start, end)`, µs since the epoch, worked out from the
     /// caller's clock; its key ends with the window's start in seconds.
     span: Option<(u64, u64)>,
+    /// An in-flight limit's: how long units count without a renewal (µs), and the
+    /// request's member (a check), the members to release or renew (comma-separated), or
+    /// nothing (a release of units this store does not hold).
+    held: Option<(u64, Arc<str>)>,
 }
 
 impl Part {
@@ -444,6 +480,9 @@ impl Part {
         if let Some((start, end)) = self.span {
             return (end - start, self.quota.rate());
         }
+        if let Some((deadline_us, _)) = &self.held {
+            return (*deadline_us, self.quota.rate());
+        }
         if self.algorithm.is_window() {
             (self.quota.period_ns() / 1_000, self.quota.rate())
         } else {
@@ -454,9 +493,19 @@ impl Part {
     /// The script's `kind` argument: "" for GCRA, `<code>:<phase>:<at>` for a window, or
     /// `<code>` when both are 0 (written without allocating).
     fn kind(&self, at: u64) -> SmallVec<[u8; 48]> {
+        if let (Algorithm::InFlight { retry_after }, Some((_, id))) = (self.algorithm, &self.held) {
+            // `c:<retry µs>:<members>`.
+            let mut out = SmallVec::new();
+            out.extend_from_slice(b"c:");
+            let retry = u64::try_from(retry_after.as_micros()).unwrap_or(u64::MAX);
+            out.extend_from_slice(itoa::Buffer::new().format(retry.min(MAX_EXACT)).as_bytes());
+            out.push(b':');
+            out.extend_from_slice(id.as_bytes());
+            return out;
+        }
         let (code, phase) = match self.span {
-            // A calendar window: `c:<start>:<at>`, its start in µs since the epoch.
-            Some((start, _)) => (b'c', start),
+            // A calendar window: `k:<start>:<at>`, its start in µs since the epoch.
+            Some((start, _)) => (b'k', start),
             None => (self.code(), self.phase_us),
         };
         if code == 0 {
@@ -658,6 +707,9 @@ impl RedisBackend {
         if let Some(e) = failure {
             return Err(StoreError::new(e));
         }
+        if !refused {
+            self.hold_granted(&parts, &answers);
+        }
         Ok(parts
             .iter()
             .zip(&answers)
@@ -750,6 +802,79 @@ impl RedisBackend {
 }
 
 impl RedisBackend {
+    /// Remembers the in-flight members Redis admitted (the request passed), and starts
+    /// their renewal.
+    fn hold_granted(&self, parts: &[Part], answers: &[Option<Answer>]) {
+        let mut any = false;
+        for (p, a) in parts.iter().zip(answers) {
+            if let (Some((_, member)), Some(a)) = (&p.held, a)
+                && a.written.is_some()
+            {
+                self.held.add(&p.redis_key, member.clone(), p.cost);
+                any = true;
+            }
+        }
+        if any && self.held.start_renewing() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(self.clone().renew());
+                }
+                Err(_) => self.held.renewing_stopped(),
+            }
+        }
+    }
+
+    /// Once a second, while the store lives: moves every member held to now + the
+    /// deadline, and adds them back after Redis lost its state. One `ops.lua` call per
+    /// key, not waited for one after the other.
+    async fn renew(self) {
+        let held = Arc::downgrade(&self.held);
+        // (`Backend::resets` also starts the epoch probe, at most once a second: this task
+        // notices a lost state even when no request reaches Redis.)
+        let mut resets = <Self as Backend>::resets(&self);
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(held) = held.upgrade() else {
+                return;
+            };
+            if Arc::strong_count(&held) == 2 {
+                // Only this task and the store it runs for: every other handle is gone.
+                return;
+            }
+            let now_resets = <Self as Backend>::resets(&self);
+            let restore = now_resets != resets;
+            resets = now_resets;
+            for (key, members) in held.snapshot() {
+                let backend = self.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(
+                        std::time::Duration::from_secs(2),
+                        backend.hold(key, members, restore),
+                    )
+                    .await;
+                });
+            }
+        }
+    }
+
+    /// One renewal: `ops.lua`'s "hold" of `members` in `key`.
+    async fn hold(self, key: Vec<u8>, members: String, restore: bool) {
+        let mut cmd = evalsha(&OPS, 1);
+        cmd.arg(key.as_slice()).arg(self.now_arg()).arg("hold");
+        let list = if restore {
+            format!("+{members}")
+        } else {
+            members
+        };
+        cmd.arg(self.in_flight_deadline_us)
+            .arg(1)
+            .arg(0)
+            .arg(format!("c:0:{list}"));
+        let _: Result<Vec<i64>, _> = self.conn.eval(&cmd, &OPS).await;
+    }
+
     /// Reads the epoch marker in the background, at most once a second (see
     /// [`epoch`]).
     fn probe_epoch(&self) {
@@ -777,6 +902,12 @@ impl Backend for RedisBackend {
             prefix: keys::table_prefix(&self.prefix, name),
             name_hash: crate::algo::algorithm::name_hash(name),
         }
+    }
+
+    /// Every algorithm: in-flight units are held per instance under a deadline that the
+    /// store renews (see [`RedisStore::in_flight_deadline`]).
+    fn supports(&self, _: &Algorithm) -> Result<(), &'static str> {
+        Ok(())
     }
 
     fn apply(&self, op: Op, items: &[Item<'_, RedisTable>]) -> Self::Future {
@@ -812,6 +943,19 @@ impl Backend for RedisBackend {
                 } else {
                     u64::try_from(item.max_wait.as_micros()).unwrap_or(u64::MAX)
                 },
+                held: item.algorithm.is_in_flight().then(|| {
+                    let members = match op {
+                        Op::Check if item.cost > 0 => self.held.member(&self.instance, item.cost),
+                        Op::Refund => {
+                            let key = keys::bucket_key(&item.table.prefix, &item.key);
+                            self.held
+                                .take(&key, item.cost)
+                                .unwrap_or_else(|| Arc::from(""))
+                        }
+                        _ => Arc::from(""),
+                    };
+                    (self.in_flight_deadline_us, members)
+                }),
             })
             .collect();
         let backend = self.clone();

@@ -170,6 +170,7 @@ mod tests {
             phase_us: 0,
             max_wait_us: 0,
             span: None,
+            held: None,
         };
         let parts = [part(2, Mode::Enforce), part(1, Mode::Shadow)];
         let now = 1_700_000_000_000_000i64;

@@ -1,0 +1,245 @@
+//! [`ResponseBody`]: the body of a response that went through a
+//! [`RateLimit`](crate::service::RateLimit) service. It streams the inner body unchanged and
+//! tells the request's after-response guard (an in-flight slot to free, a cost to settle)
+//! what happened to it: its trailers, then its end — complete, failed, or dropped before its
+//! end (the client went away, a timeout). Responses without such a guard carry `None`: no
+//! allocation, one branch per frame.
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+/// How a response body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// Its last frame was read.
+    Complete,
+    /// The inner body returned an error.
+    Failed,
+    /// Dropped before its end (or the response was never sent).
+    Dropped,
+}
+
+/// What a request holds until its response body ends. `ended` is called at most once, by
+/// the body at its end or by its drop; a guard dropped without it (the service failed, the
+/// response future was dropped) gives back what it holds in its own `Drop`.
+pub(crate) trait AfterBody: Send + Sync + 'static {
+    /// The response's head, once, when the service answers (before its body streams).
+    fn head(
+        &mut self,
+        _status: http::StatusCode,
+        _headers: &HeaderMap,
+        _extensions: &http::Extensions,
+    ) {
+    }
+    /// The response's trailers, as they pass.
+    fn trailers(&mut self, trailers: &HeaderMap);
+    /// The body ended (or was dropped).
+    fn ended(&mut self, ending: Ending);
+}
+
+pin_project! {
+    /// The response body of a rate-limited service: the inner body, streamed unchanged.
+    ///
+    /// Limits that hold something for as long as a response streams
+    /// ([`Limit::in_flight`](crate::Limit::in_flight) slots) give it back when this body
+    /// ends, fails or is dropped, not when the handler returns. For axum, hyper and tonic it
+    /// is a body like any other (`http_body::Body` with the inner body's data and error).
+    ///
+    /// ```
+    /// use http_body_util::BodyExt;
+    /// use tollgate::service::ResponseBody;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let body = ResponseBody::new(http_body_util::Full::new(bytes::Bytes::from("hi")));
+    /// assert_eq!(body.collect().await.unwrap().to_bytes(), "hi");
+    /// # });
+    /// ```
+    pub struct ResponseBody<B> {
+        // `None` once dropped: the inner body goes first, then the guard is told, so
+        // whatever the body held (a stream's work) is over when its slot frees.
+        #[pin]
+        inner: Option<B>,
+        after: Option<Box<dyn AfterBody>>,
+    }
+
+    impl<B> PinnedDrop for ResponseBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            let mut this = this.project();
+            if let Some(mut after) = this.after.take() {
+                this.inner.set(None);
+                after.ended(Ending::Dropped);
+            }
+        }
+    }
+}
+
+impl<B> ResponseBody<B> {
+    /// `inner`, with nothing to give back at its end.
+    pub fn new(inner: B) -> Self {
+        Self {
+            inner: Some(inner),
+            after: None,
+        }
+    }
+
+    /// `inner`, with `after` told of its end.
+    pub(crate) fn with_after(inner: B, after: Option<Box<dyn AfterBody>>) -> Self {
+        Self {
+            inner: Some(inner),
+            after,
+        }
+    }
+}
+
+impl<B: Default> Default for ResponseBody<B> {
+    fn default() -> Self {
+        Self::new(B::default())
+    }
+}
+
+impl<B: Body> Body for ResponseBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let Some(mut inner) = this.inner.as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = ready!(inner.as_mut().poll_frame(cx));
+        let Some(after) = this.after.as_mut() else {
+            return Poll::Ready(frame);
+        };
+        let ending = match &frame {
+            None => Some(Ending::Complete),
+            Some(Err(_)) => Some(Ending::Failed),
+            Some(Ok(frame)) => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    after.trailers(trailers);
+                }
+                None
+            }
+        };
+        let ending = ending.or_else(|| inner.is_end_stream().then_some(Ending::Complete));
+        if let Some(ending) = ending
+            && let Some(mut after) = this.after.take()
+        {
+            after.ended(ending);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(B::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), B::size_hint)
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseBody")
+            .field("inner", &self.inner)
+            .field("following", &self.after.is_some())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full, StreamBody};
+
+    use super::*;
+
+    #[derive(Default, Clone)]
+    struct Seen(Arc<Mutex<Vec<String>>>);
+
+    impl AfterBody for Seen {
+        fn trailers(&mut self, trailers: &HeaderMap) {
+            let value = trailers
+                .get("x-usage")
+                .map(|v| v.to_str().unwrap().to_owned());
+            self.0.lock().unwrap().push(format!("trailers {value:?}"));
+        }
+        fn ended(&mut self, ending: Ending) {
+            self.0.lock().unwrap().push(format!("{ending:?}"));
+        }
+    }
+
+    fn followed<B>(inner: B, seen: &Seen) -> ResponseBody<B> {
+        ResponseBody::with_after(inner, Some(Box::new(seen.clone())))
+    }
+
+    #[tokio::test]
+    async fn a_complete_body_ends_once_with_its_trailers_first() {
+        let seen = Seen::default();
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-usage", "42".parse().unwrap());
+        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = vec![
+            Ok(Frame::data(Bytes::from("a"))),
+            Ok(Frame::data(Bytes::from("b"))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let body = followed(StreamBody::new(futures_util::stream::iter(frames)), &seen);
+        let collected = body.collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["x-usage"], "42");
+        assert_eq!(
+            *seen.0.lock().unwrap(),
+            ["trailers Some(\"42\")", "Complete"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_that_knows_its_end_ends_on_its_last_frame() {
+        let seen = Seen::default();
+        let mut body = followed(Full::new(Bytes::from("x")), &seen);
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "x");
+        // Ended with the last frame, before anyone polls past it.
+        assert_eq!(*seen.0.lock().unwrap(), ["Complete"]);
+        drop(body);
+        assert_eq!(*seen.0.lock().unwrap(), ["Complete"]);
+    }
+
+    #[tokio::test]
+    async fn a_failing_body_ends_failed() {
+        let seen = Seen::default();
+        let frames: Vec<Result<Frame<Bytes>, &'static str>> =
+            vec![Ok(Frame::data(Bytes::from("a"))), Err("reset")];
+        let mut body = followed(StreamBody::new(futures_util::stream::iter(frames)), &seen);
+        assert!(body.frame().await.unwrap().is_ok());
+        assert!(body.frame().await.unwrap().is_err());
+        drop(body);
+        assert_eq!(*seen.0.lock().unwrap(), ["Failed"]);
+    }
+
+    #[test]
+    fn a_body_dropped_midway_ends_dropped() {
+        let seen = Seen::default();
+        let body = followed(Full::new(Bytes::from("never read")), &seen);
+        drop(body);
+        assert_eq!(*seen.0.lock().unwrap(), ["Dropped"]);
+    }
+
+    #[test]
+    fn a_body_without_a_guard_is_the_inner_body() {
+        let body = ResponseBody::new(Full::new(Bytes::from("abc")));
+        assert_eq!(body.size_hint().exact(), Some(3));
+        assert!(!body.is_end_stream());
+    }
+}
