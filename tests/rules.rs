@@ -828,7 +828,7 @@ async fn an_invalid_file_is_refused_whole_and_the_old_rules_keep_serving() {
     assert_eq!(
         err.to_string(),
         format!(
-            "{}:8: limits[1].algorithm: unknown value `leaky`; expected one of: gcra, fixed_window, sliding_window, sliding_log",
+            "{}:8: limits[1].algorithm: unknown value `leaky`; expected one of: gcra, fixed_window, sliding_window, sliding_log, calendar",
             path.display()
         )
     );
