@@ -22,7 +22,12 @@ Then per request: n, its number of limits (its next n KEYS), and five arguments 
            ":<max_wait>" for a reservation: the limit also passes when
            its tokens are there within max_wait microseconds (GCRA: new_tat - now <=
            tau + max_wait; fixed window: the window where the units fit starts within
-           max_wait), taking them now; the bucket goes into debt
+           max_wait), taking them now; the bucket goes into debt.
+           A settle (GCRA only, never refuses): "d:<max_debt>" takes `cost` tokens
+           into debt of at most max_debt microseconds (TAT := max(TAT, min(max(TAT, now)
+           + cost * t, now + burst * t + max_debt)), `gcra::debit`); "c" gives `cost`
+           back, never beyond a full bucket (TAT := max(now, TAT - cost * t); an absent
+           key stays absent)
   kind     "" for GCRA; a window limit's kind (window.lua)
 
 Reply: an array of integers:
@@ -94,7 +99,26 @@ local function decide(k0, a0, n)
       enforce = string.sub(enforce, 1, 1)
     end
     local verdict = 0
-    if kind == '' then
+    if enforce == 'd' or enforce == 'c' then
+      -- a settle: never refuses, never checks the burst
+      local tat = tonumber(tats[i]) or 0
+      tats[i] = tat
+      local after = math.max(tat, now)
+      if kind ~= '' then
+        after = now -- window limits are unchanged (the client never sends them here)
+      elseif enforce == 'd' then
+        local cap = now + burst * t + max_wait
+        local new_tat = math.max(tat, math.min(after + cost * t, cap))
+        if new_tat > tat then
+          writes[i] = new_tat
+          after = new_tat
+        end
+      elseif tat > 0 and cost > 0 then
+        after = math.max(now, tat - cost * t)
+        writes[i] = after
+      end
+      afters[i] = after
+    elseif kind == '' then
       local tat = tonumber(tats[i]) or 0
       tats[i] = tat
       local base = now

@@ -156,6 +156,7 @@ pub use algo::algorithm::{Algorithm, Phase};
 pub use algo::quota::Quota;
 pub use base::error::ConfigError;
 pub use engine::DEFAULT_MAX_LIMITS;
+pub use limiter::estimate::Estimate;
 pub use limiter::permit::Permit;
 pub use limiter::reservation::Reservation;
 pub use limiter::{Limiter, LimiterBuilder, LimiterError};
@@ -170,6 +171,7 @@ pub use web::charge::Charge;
 pub use web::cost::Cost;
 pub use web::hooks::RefusalLog;
 pub use web::limit::Limit;
+pub use web::settle::{ActualCost, Settle};
 
 /// The README's Rust blocks, compiled (and run, unless marked `no_run`) as doctests, so
 /// that what a new user pastes builds. Only with the features the README uses.

@@ -118,10 +118,20 @@ fn the_example_file_reads_every_field() {
     assert_eq!(
         names,
         [
-            "per-ip", "login", "search", "per-key", "smooth", "global", "monthly"
+            "per-ip", "login", "search", "per-key", "smooth", "global", "tokens", "monthly"
         ]
     );
-    let [per_ip, login, search, per_key, smooth, global, monthly] = &doc.limits[..] else {
+    let [
+        per_ip,
+        login,
+        search,
+        per_key,
+        smooth,
+        global,
+        tokens,
+        monthly,
+    ] = &doc.limits[..]
+    else {
         unreachable!()
     };
     assert_eq!(per_ip.key, Some(KeySpec::one("client_ip")));
@@ -156,6 +166,8 @@ fn the_example_file_reads_every_field() {
     assert_eq!(smooth.max_reserved, Some(20));
     assert_eq!(global.lease, Some(LeaseSpec::Auto));
     assert_eq!(global.lease_max_age.as_deref(), Some("1s"));
+    assert_eq!(tokens.settle.as_deref(), Some("header:x-usage-tokens"));
+    assert_eq!(tokens.max_debt, Some(20_000));
     assert_eq!(monthly.algorithm.as_deref(), Some("calendar"));
     assert_eq!(monthly.quota.as_deref(), Some("10000/month"));
     assert_eq!(monthly.time_zone.as_deref(), Some("Europe/Berlin"));

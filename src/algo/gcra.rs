@@ -241,6 +241,46 @@ pub fn refund_amount(cost_time: u64, written_tat: u64, now: u64) -> u64 {
     cost_time.min(written_tat.saturating_sub(now))
 }
 
+/// Settles a cost admitted on an estimate, when the actual cost is `cost` tokens more:
+/// takes them whatever is left, but leaves the bucket at most `max_debt` tokens below
+/// empty. Answers the new TAT.
+///
+/// An empty bucket's TAT is `now + tau`; `max_debt` tokens of debt push it
+/// `max_debt * T` further. The part of `cost` beyond that is forgiven, so over any
+/// interval of length `d` a key is charged at most `burst + d / T + max_debt` tokens. A
+/// TAT already past the cap (a block) is left where it is: settling never moves a bucket
+/// back.
+///
+/// ```
+/// use tollgate::gcra::{debit, Params};
+///
+/// let p = Params::new(100, 10); // tau = 1_000
+/// assert_eq!(debit(p, 0, 5_000, 3, 20), 5_300); // a full bucket: 3 tokens taken
+/// assert_eq!(debit(p, 6_000, 5_000, 50, 20), 8_000); // empty: 20 of the 50 owed, no more
+/// assert_eq!(debit(p, 9_000, 5_000, 1, 20), 9_000); // beyond the cap already: unchanged
+/// ```
+pub fn debit(params: Params, tat: u64, now: u64, cost: u64, max_debt: u64) -> u64 {
+    let taken = tat.max(now).saturating_add(cost.saturating_mul(params.t));
+    let cap = now
+        .saturating_add(params.tau())
+        .saturating_add(max_debt.saturating_mul(params.t));
+    tat.max(taken.min(cap))
+}
+
+/// Settles a cost admitted on an estimate, when the actual cost is `cost` tokens less:
+/// gives them back, never beyond a full bucket (a refund). Answers the new TAT.
+///
+/// ```
+/// use tollgate::gcra::{credit, Params};
+///
+/// let p = Params::new(100, 10);
+/// assert_eq!(credit(p, 5_800, 5_000, 3), 5_500);
+/// assert_eq!(credit(p, 5_200, 5_000, 3), 5_000); // full, no fuller
+/// ```
+pub fn credit(params: Params, tat: u64, now: u64, cost: u64) -> u64 {
+    tat.saturating_sub(cost.saturating_mul(params.t)).max(now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,5 +426,37 @@ mod tests {
         assert_eq!(refund_amount(100, 1_100, 1_000), 100);
         assert_eq!(refund_amount(100, 1_050, 1_000), 50);
         assert_eq!(refund_amount(100, 900, 1_000), 0);
+    }
+
+    #[test]
+    fn a_debit_takes_into_debt_up_to_the_cap_and_never_moves_back() {
+        let now = 10_000;
+        // Full bucket: the tokens are taken as a check would take them.
+        assert_eq!(debit(P, 0, now, 4, 5), now + 400);
+        // Empty bucket (TAT = now + tau): into debt, up to 5 tokens.
+        let empty = now + P.tau();
+        assert_eq!(debit(P, empty, now, 2, 5), empty + 200);
+        assert_eq!(debit(P, empty, now, 9, 5), empty + 500);
+        // No debt allowed: only what the bucket holds is taken.
+        assert_eq!(debit(P, now + 700, now, 9, 0), empty);
+        // A block beyond the cap stays.
+        assert_eq!(debit(P, empty + 9_999, now, 1, 5), empty + 9_999);
+        // A TAT in the past is a full bucket.
+        assert_eq!(debit(P, 5, now, 1, 5), now + 100);
+        let _ = debit(
+            Params::new(u64::MAX, u64::MAX),
+            u64::MAX,
+            u64::MAX,
+            u64::MAX,
+            u64::MAX,
+        );
+    }
+
+    #[test]
+    fn a_credit_gives_back_never_beyond_full() {
+        let now = 10_000;
+        assert_eq!(credit(P, now + 900, now, 4), now + 500);
+        assert_eq!(credit(P, now + 300, now, 4), now);
+        assert_eq!(credit(P, 0, now, 4), now);
     }
 }

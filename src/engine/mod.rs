@@ -5,6 +5,7 @@
 //! the [`Limiter`](crate::Limiter) handle both drive it.
 
 pub(crate) mod delay;
+pub(crate) mod settle;
 
 use std::collections::HashMap;
 

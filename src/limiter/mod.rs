@@ -1,6 +1,7 @@
 //! [`Limiter`]: the engine from code — peek, check, refund, penalize, block and reset the
 //! buckets the middleware fills, from handlers, background jobs or other stacks.
 
+pub(crate) mod estimate;
 pub(crate) mod permit;
 pub(crate) mod reservation;
 
@@ -46,6 +47,14 @@ pub enum LimiterError {
         /// The operation (`"penalize"`, `"block"`).
         operation: &'static str,
     },
+    /// The limit cannot settle costs ([`Limiter::admit`]): it counts with a window, or
+    /// spends leases.
+    CannotSettle {
+        /// The limit's name.
+        limit: String,
+        /// Why.
+        reason: &'static str,
+    },
 }
 
 impl fmt::Display for LimiterError {
@@ -70,6 +79,9 @@ impl fmt::Display for LimiterError {
                 f,
                 "the limit {limit:?} counts with a sliding window or log, or calendar windows, which have no {operation}"
             ),
+            LimiterError::CannotSettle { limit, reason } => {
+                write!(f, "the limit {limit:?} cannot settle costs: {reason}")
+            }
         }
     }
 }
@@ -108,6 +120,8 @@ pub(crate) trait Handle: Send + Sync + 'static {
     fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError>;
     fn names(&self) -> Vec<&'static str>;
     fn top_refused(&self, limit: &str, n: usize) -> Result<Vec<RefusedKey>, LimiterError>;
+    /// Whether `limit` can settle costs ([`Limiter::admit`]).
+    fn can_settle(&self, limit: &str) -> Result<(), LimiterError>;
     /// How the limit called `limit` counts, if there is one.
     fn algorithm(&self, limit: &str) -> Option<Algorithm>;
 }
@@ -119,6 +133,7 @@ impl<St: Store> Handle for Engine<St> {
 
     fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
         let reserve = op == Op::Check && !max_wait.is_zero();
+        let mut op = op;
         let mut items: SmallVec<[Item<'_, St::Table>; 4]> = SmallVec::new();
         let mut meta = SmallVec::new();
         for (name, key, cost) in calls {
@@ -160,6 +175,15 @@ impl<St: Store> Handle for Engine<St> {
                     });
                 }
             }
+            if let Op::Debit { .. } | Op::Credit = op {
+                // A settle (of one limit): that limit's own debt cap.
+                self.can_settle(name)?;
+                if let Op::Debit { .. } = op {
+                    op = Op::Debit {
+                        max_debt: limit.debt_cap(&limit.quota),
+                    };
+                }
+            }
             let mut item = self.item(index, key, limit.quota, cost);
             // A shadow limit never holds a request back: it is checked as usual.
             if reserve && limit.mode == Mode::Enforce {
@@ -188,6 +212,19 @@ impl<St: Store> Handle for Engine<St> {
         self.find(limit)
             .ok_or_else(|| LimiterError::unknown(limit, self.names()))?;
         Ok(Vec::new())
+    }
+
+    fn can_settle(&self, limit: &str) -> Result<(), LimiterError> {
+        let index = self
+            .find(limit)
+            .ok_or_else(|| LimiterError::unknown(limit, self.names()))?;
+        self.bounds[index]
+            .spec
+            .settle_refusal()
+            .map_err(|reason| LimiterError::CannotSettle {
+                limit: limit.to_owned(),
+                reason,
+            })
     }
 }
 

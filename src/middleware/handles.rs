@@ -79,6 +79,10 @@ impl<H: Handle> Handle for Proxy<H> {
         self.0.top_refused(limit, n)
     }
 
+    fn can_settle(&self, limit: &str) -> Result<(), LimiterError> {
+        self.0.can_settle(limit)
+    }
+
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
         self.0.algorithm(limit)
     }
@@ -106,6 +110,10 @@ mod tests {
 
         fn top_refused(&self, _: &str, _: usize) -> Result<Vec<RefusedKey>, LimiterError> {
             Ok(Vec::new())
+        }
+
+        fn can_settle(&self, _: &str) -> Result<(), LimiterError> {
+            Ok(())
         }
     }
 

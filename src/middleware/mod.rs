@@ -11,5 +11,6 @@ pub(crate) mod guard;
 pub(crate) mod handles;
 pub(crate) mod layer;
 pub(crate) mod service;
+pub(crate) mod settle;
 pub(crate) mod shared;
 pub(crate) mod source;

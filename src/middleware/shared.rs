@@ -14,6 +14,7 @@ use crate::limiter::{Applied, Calls, Handle, Limiter, LimiterError};
 use crate::middleware::body::AfterBody;
 use crate::middleware::guard::{ChargeGuard, DelayGuard, HeldGuard, PendingCharge};
 use crate::middleware::handles::Handles;
+use crate::middleware::settle::SettleGuard;
 use crate::observe::offenders::RefusedKey;
 use crate::store::{Op, Statuses, Store};
 use crate::web::headers::{self, Fields};
@@ -129,6 +130,11 @@ where
 {
     let shared = &version.shared;
     let policy = &shared.policy;
+    // Settled costs: the limits whose estimate was taken (read before `finish` takes the
+    // statuses).
+    let settle = prepared.settle_keys.as_deref().and_then(|keys| {
+        SettleGuard::for_request(&shared.engine, policy, &prepared.plan, keys, &statuses)
+    });
     match policy.finish(&shared.engine, &prepared, statuses, parts, keys) {
         Next::Proceed {
             fields,
@@ -161,7 +167,7 @@ where
                 fields,
                 charge,
                 delay,
-                after,
+                after: crate::middleware::settle::chain(after, settle),
             })
         }
         Next::Refuse {
@@ -229,6 +235,10 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
             .find(limit)
             .ok_or_else(|| LimiterError::unknown(limit, self.engine.names()))?;
         Ok(self.policy.hooks.top_refused(index, n))
+    }
+
+    fn can_settle(&self, limit: &str) -> Result<(), LimiterError> {
+        self.engine.can_settle(limit)
     }
 
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {

@@ -87,6 +87,10 @@ impl<St: Store, R: Send + Sync + 'static> Handle for LiveHandle<St, R> {
         self.0.current().shared.top_refused(limit, n)
     }
 
+    fn can_settle(&self, limit: &str) -> Result<(), LimiterError> {
+        self.0.current().shared.can_settle(limit)
+    }
+
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
         self.0.current().shared.algorithm(limit)
     }

@@ -2,6 +2,8 @@
 //! what it does when it is full or its store fails. The HTTP [`Limit`](crate::Limit) adds
 //! the key, cost and charge rules of a request to one.
 
+mod settle;
+
 use crate::model::lease::Lease;
 use std::fmt;
 use std::sync::Arc;
@@ -42,6 +44,8 @@ pub struct LimitSpec {
     pub(crate) rule_id: Option<u64>,
     /// Lease mode (a remote store only): tokens taken in batches and spent locally.
     pub(crate) lease: Option<Lease>,
+    /// Settled costs: the most tokens a settle may leave a key owing (default: the burst).
+    pub(crate) max_debt: Option<u64>,
 }
 
 impl LimitSpec {
@@ -58,6 +62,7 @@ impl LimitSpec {
             max_reserved: None,
             rule_id: None,
             lease: None,
+            max_debt: None,
         }
     }
 
@@ -111,6 +116,14 @@ impl LimitSpec {
     /// Spends the limit from leases: see [`Limit::lease`](crate::Limit::lease).
     pub fn lease(mut self, lease: Lease) -> Self {
         self.lease = Some(lease);
+        self
+    }
+
+    /// Settled costs: how far below empty a settle may leave a key's bucket, in tokens
+    /// (default: the burst); see [`Limit::settle`](crate::Limit::settle) and
+    /// [`Limiter::admit`](crate::Limiter::admit). GCRA without lease only.
+    pub fn max_debt(mut self, tokens: u64) -> Self {
+        self.max_debt = Some(tokens);
         self
     }
 
@@ -171,7 +184,12 @@ impl LimitSpec {
                 .validate(self.algorithm, &self.quota)
                 .map_err(|e| e.within(at()))?;
         }
-        self.validate_reservations().map_err(|e| e.within(at()))
+        self.validate_reservations().map_err(|e| e.within(at()))?;
+        if self.max_debt.is_some() {
+            self.settle_refusal()
+                .map_err(|reason| ConfigError::new("max_debt", reason).within(at()))?;
+        }
+        Ok(())
     }
 
     /// Delay mode and `max_reserved` need an algorithm that can reserve: GCRA, or a fixed
@@ -253,6 +271,7 @@ impl LimitSpec {
             .field("on_limit", &self.on_limit)
             .field("max_reserved", &self.max_reserved)
             .field("rule_id", &self.rule_id)
+            .field("max_debt", &self.max_debt)
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod keys;
 mod plans;
+mod settle;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -296,6 +297,7 @@ fn limit(
         limit = limit.rule_id(id);
     }
     limit = on_limit(rule, limit)?;
+    limit = settle::settle(rule, limit)?;
     let key: Box<dyn KeyExtractor> = match &rule.key {
         None => Box::new(Global),
         Some(spec) if spec.0.is_empty() => {

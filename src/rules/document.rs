@@ -134,6 +134,14 @@ pub struct LimitRule {
     /// `lease_max_age`: how long leased tokens may wait to be spent (default `"1s"`);
     /// only with `lease`.
     pub lease_max_age: Option<String>,
+    /// `settle`: `"header:<name>"` or `"trailer:<name>"`, where the actual cost of a
+    /// request is found when its response ends; `cost` is then the estimate
+    /// ([`Limit::settle`](crate::Limit::settle)); absent or invalid in a response, the
+    /// estimate stands. GCRA without `lease` only.
+    pub settle: Option<String>,
+    /// `max_debt`: with `settle`, how far below empty a key's bucket may go, in tokens
+    /// (default: the burst).
+    pub max_debt: Option<u64>,
     /// `in_flight`: instead of `quota`, the most requests of a key in flight at once
     /// (1 to 1,000,000): [`Limit::in_flight`](crate::Limit::in_flight).
     pub in_flight: Option<u64>,
@@ -424,6 +432,12 @@ impl fmt::Display for Document {
                 let wait = rule.max_wait.as_deref().unwrap_or("?");
                 let waiters = rule.max_waiters.unwrap_or(100);
                 write!(f, ", delay up to {wait} ({waiters} waiters)")?;
+            }
+            if let Some(settle) = &rule.settle {
+                write!(f, ", settled from {settle}")?;
+                if let Some(debt) = rule.max_debt {
+                    write!(f, " (debt up to {debt})")?;
+                }
             }
             match &rule.routes {
                 Some(routes) => writeln!(f, ", routes: {}", routes.join(", "))?,

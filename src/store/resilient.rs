@@ -539,7 +539,7 @@ impl<B: Backend> Resilient<B> {
         let Some(cache) = &self.inner.deny_cache else {
             return;
         };
-        if !matches!(op, Op::Refund | Op::Reset) {
+        if !matches!(op, Op::Refund | Op::Credit | Op::Reset) {
             return;
         }
         for item in items {
@@ -900,7 +900,7 @@ impl<B: Backend> Resilient<B> {
             }
         }
         let name = inner.backend.name();
-        if matches!(op, Op::Refund | Op::Reset)
+        if matches!(op, Op::Refund | Op::Credit | Op::Reset)
             && let Some(cache) = &inner.deny_cache
         {
             // Applied (or not): checks sent until now may have been decided before it.

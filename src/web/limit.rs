@@ -16,6 +16,7 @@ pub(crate) use crate::model::spec::validate_name;
 use crate::web::charge::Charge;
 use crate::web::cost::Cost;
 use crate::web::key::{Global, KeyExtractor};
+use crate::web::settle::Settle;
 
 /// A function choosing the quota per request (see [`Limit::quota_by`]).
 pub(crate) type QuotaFn = Arc<dyn Fn(&Parts) -> Option<Quota> + Send + Sync>;
@@ -53,6 +54,8 @@ pub struct Limit {
     pub(crate) charge: Charge,
     /// The rule id per request (plans from SQL rows), asked only when a request is refused.
     pub(crate) rule_id_by: Option<RuleIdFn>,
+    /// Settled costs: where the actual cost is found when the response ends.
+    pub(crate) settle: Option<Settle>,
 }
 
 impl Limit {
@@ -66,6 +69,7 @@ impl Limit {
             missing: MissingKey::SharedBucket,
             charge: Charge::always(),
             rule_id_by: None,
+            settle: None,
         }
     }
 
@@ -173,6 +177,36 @@ impl Limit {
     /// The key extractor: what a bucket is (per IP, per API key, ...). Default: [`Global`].
     pub fn key(mut self, key: impl KeyExtractor) -> Self {
         self.key = Arc::new(key);
+        self
+    }
+
+    /// Settled costs: the request is admitted on its [`cost`](Self::cost), an estimate,
+    /// and when its response ends the actual cost is read from `settle` (a header, a
+    /// trailer, the handler's [`ActualCost`](crate::ActualCost), a function) and the
+    /// difference taken, into debt of at most [`max_debt`](Self::max_debt) tokens, or given
+    /// back. Absent or invalid, or a response body dropped before its end with no value
+    /// known from its head: the estimate stands. GCRA without lease only (a
+    /// [`ConfigError`] naming `settle` otherwise).
+    ///
+    /// ```
+    /// use tollgate::{key::Header, Cost, Limit, Quota, Settle};
+    ///
+    /// let tokens = Limit::new("tokens", Quota::per_minute(60_000).burst(60_000))
+    ///     .key(Header::new("x-api-key"))
+    ///     .cost(Cost::header("x-max-tokens").default(1))
+    ///     .settle(Settle::header("x-usage-tokens"))
+    ///     .max_debt(20_000);
+    /// # let _ = tokens;
+    /// ```
+    pub fn settle(mut self, settle: Settle) -> Self {
+        self.settle = Some(settle);
+        self
+    }
+
+    /// How far below empty a settle may leave a key's bucket, in tokens (default: the
+    /// burst): see [`settle`](Self::settle).
+    pub fn max_debt(mut self, tokens: u64) -> Self {
+        self.spec = self.spec.max_debt(tokens);
         self
     }
 
@@ -300,6 +334,11 @@ impl Limit {
         self.spec.validate()?;
         let at = || format!("limits[{:?}]", &*self.spec.name);
         self.cost.validate().map_err(|e| e.within(at()))?;
+        if self.settle.is_some() {
+            self.spec
+                .settle_refusal()
+                .map_err(|reason| ConfigError::new("settle", reason).within(at()))?;
+        }
         if self.spec.algorithm.is_in_flight() && self.charge.is_conditional() {
             return Err(ConfigError::new(
                 "charge",
@@ -354,6 +393,7 @@ impl fmt::Debug for Limit {
             .field("missing", &self.missing)
             .field("charge", &self.charge)
             .field("rule_id_by", &self.rule_id_by.is_some())
+            .field("settle", &self.settle)
             .finish_non_exhaustive()
     }
 }

@@ -16,3 +16,4 @@ pub(crate) mod numbers;
 pub(crate) mod policy;
 pub mod response;
 pub(crate) mod routes;
+pub(crate) mod settle;

@@ -118,6 +118,8 @@ pub(crate) struct Group {
     pub(crate) held: bool,
     /// Whether a limit of the group is in delay mode.
     pub(crate) delayed: bool,
+    /// Whether a limit of the group settles its cost when the response ends.
+    pub(crate) settled: bool,
 }
 
 /// A layer's HTTP policy over its engine.
@@ -138,6 +140,9 @@ pub(crate) struct Prepared {
     pub(crate) group: usize,
     pub(crate) plan: Plan,
     pub(crate) charge_keys: Option<Box<ChargeKeys>>,
+    /// The plan indices and keys of the limits that settle their cost when the response
+    /// ends.
+    pub(crate) settle_keys: Option<Box<ChargeKeys>>,
 }
 
 /// Why a request does not go to the store.
@@ -205,6 +210,7 @@ impl Policy {
             group,
             plan: Plan::new(),
             charge_keys: None,
+            settle_keys: None,
         };
         for &index in &g.limits {
             let rules = &self.limits[index];
@@ -247,6 +253,12 @@ impl Policy {
             {
                 prepared
                     .charge_keys
+                    .get_or_insert_with(Default::default)
+                    .push((prepared.plan.len(), key.clone()));
+            }
+            if g.settled && limit.settle.is_some() {
+                prepared
+                    .settle_keys
                     .get_or_insert_with(Default::default)
                     .push((prepared.plan.len(), key.clone()));
             }

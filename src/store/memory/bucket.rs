@@ -59,7 +59,7 @@ impl<C: Clock> MemoryStore<C> {
             }
         };
         let after = match op {
-            Op::Refund => self
+            Op::Refund | Op::Credit => self
                 .with_existing(table, slot, |tat| {
                     set(tat, &|cur| cur.saturating_sub(cost_time).max(now))
                 })
@@ -67,6 +67,12 @@ impl<C: Clock> MemoryStore<C> {
             Op::Penalize => self.with_entry(table, slot, |tat| {
                 set(tat, &|cur| cur.max(now).saturating_add(cost_time))
             }),
+            Op::Debit { max_debt } => {
+                let cost = u64::from(item.cost);
+                self.with_entry(table, slot, |tat| {
+                    set(tat, &|cur| gcra::debit(params, cur, now, cost, max_debt))
+                })
+            }
             Op::Block(d) => {
                 let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
                 // A cost-1 request passes when TAT + T - tau <= now + d.

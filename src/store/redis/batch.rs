@@ -303,6 +303,7 @@ mod tests {
             max_wait_us: 0,
             span: None,
             held: None,
+            settle: None,
         };
         Request {
             parts: Arc::from(vec![part]),

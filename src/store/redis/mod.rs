@@ -8,6 +8,7 @@ mod keys;
 mod reply;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
+mod settle;
 
 use std::fmt;
 use std::future::Future;
@@ -467,6 +468,8 @@ struct Part {
     /// request's member (a check), the members to release or renew (comma-separated), or
     /// nothing (a release of units this store does not hold).
     held: Option<(u64, Arc<str>)>,
+    /// A settle sent with the checks instead of a check (see `settle.rs`).
+    settle: Option<settle::Settle>,
 }
 
 impl Part {
@@ -538,7 +541,9 @@ impl Part {
         let (t, burst) = self.shape();
         cmd.arg(t).arg(burst).arg(self.cost);
         let enforce = u8::from(self.mode == Mode::Enforce);
-        if self.max_wait_us == 0 {
+        if let Some(settle) = self.settle {
+            cmd.arg(settle.arg().as_slice());
+        } else if self.max_wait_us == 0 {
             cmd.arg(enforce);
         } else {
             // A reservation: `<enforce>:<max_wait>`, the wait capped where Lua's doubles
@@ -749,7 +754,9 @@ impl RedisBackend {
             Op::Block(_) => "block",
             Op::Reset => "reset",
             Op::Restore(_) => "restore",
-            Op::Check => unreachable!("checks take the check path"),
+            Op::Check | Op::Debit { .. } | Op::Credit => {
+                unreachable!("checks and settles take the check path")
+            }
         };
         let amount = |p: &Part| match op {
             Op::Block(d) | Op::Restore(d) => u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
@@ -956,11 +963,14 @@ impl Backend for RedisBackend {
                     };
                     (self.in_flight_deadline_us, members)
                 }),
+                settle: settle::Settle::of(op, item.algorithm),
             })
+            .map(settle::Settle::look_at_windows(op))
             .collect();
         let backend = self.clone();
         match op {
             Op::Check => Box::pin(backend.check(parts)),
+            Op::Debit { .. } | Op::Credit => Box::pin(backend.settle(op, parts)),
             other => Box::pin(backend.update(other, parts)),
         }
     }

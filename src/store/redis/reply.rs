@@ -171,6 +171,7 @@ mod tests {
             max_wait_us: 0,
             span: None,
             held: None,
+            settle: None,
         };
         let parts = [part(2, Mode::Enforce), part(1, Mode::Shadow)];
         let now = 1_700_000_000_000_000i64;
