@@ -193,11 +193,11 @@ local function decide(k0, a0, n)
         local rem, rst, nxt = log_report(limit, len, ts, used, now)
         wins[i] = { code, retry, rem, rst, nxt, ts, ns, len, urem, urst, unxt }
       else
-        local fixed = code == 'f'
+        local fixed = code == 'f' or code == 'k'
         if not fixed then
           phase = 0
         end
-        local index, e, until_end = win_at(len, phase, now)
+        local index, e, until_end = win_at(len, phase, cal_now(code, phase, len, now))
         local cur, prev, later = win_read(code, tats[i], limit, index)
         if later then
           index, e, until_end = later, 0, len
@@ -242,7 +242,11 @@ local function decide(k0, a0, n)
           if cur > limit then
             debt_px = until_end + (idiv(cur + limit - 1, limit) - 1) * len
           end
-          wins[i] = { code, retry, cur, until_end, cur - before, index, cur, 0, cur - before, len, debt_px }
+          local cal_end = nil
+          if code == 'k' then
+            cal_end = phase + len
+          end
+          wins[i] = { code, retry, cur, until_end, cur - before, index, cur, 0, cur - before, len, debt_px, cal_end }
         else
           wins[i] = { code, retry, cur, prev, e, index, cur, prev, cur - before, len }
         end
@@ -288,7 +292,7 @@ local function decide(k0, a0, n)
           elseif w[11] then
             px = w[11]
           end
-          fresh[KEYS[k0 + i]] = win_write(w[1], KEYS[k0 + i], w[6], w[7], w[8], px)
+          fresh[KEYS[k0 + i]] = win_write(w[1], KEYS[k0 + i], w[6], w[7], w[8], px, w[12], now)
         end
       end
       local r = nreply

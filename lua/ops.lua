@@ -121,16 +121,29 @@ local function window_op(reply, key, len, limit, amount, kind)
     reply[#reply + 1] = nxt
     return
   end
-  if code ~= 'f' then
+  local fixed = code == 'f' or code == 'k'
+  if not fixed then
     phase = 0
   end
-  local index, e, until_end = win_at(len, phase, now)
+  local index, e, until_end = win_at(len, phase, cal_now(code, phase, len, now))
   local cur, prev, later = win_read(code, value, limit, index)
   if later then
     index, e, until_end = later, 0, len
   end
   local changed = false
-  if code == 'f' then
+  if code == 'k' then
+    -- a calendar window carries no debt: at most its whole limit is used
+    if (op == 'refund' or op == 'undo') and value then
+      cur = math.max(cur - amount, 0)
+      changed = true
+    elseif op == 'penalize' then
+      cur = math.max(cur, math.min(cur + amount, limit))
+      changed = true
+    elseif op == 'block' and amount > 0 then
+      cur = math.max(cur, limit)
+      changed = true
+    end
+  elseif code == 'f' then
     if (op == 'refund' or op == 'undo') and value then
       cur = math.max(cur - amount, 0)
       changed = true
@@ -157,13 +170,17 @@ local function window_op(reply, key, len, limit, amount, kind)
     end
   end
   local rem, rst, nxt
-  if code == 'f' then
+  if fixed then
     rem, rst, nxt = fixed_report(limit, len, cur, until_end)
   else
     rem, rst, nxt = sliding_report(limit, len, cur, prev, e)
   end
   if changed then
-    win_write(code, key, index, cur, prev, rst)
+    local cal_end = nil
+    if code == 'k' then
+      cal_end = phase + len
+    end
+    win_write(code, key, index, cur, prev, rst, cal_end, now)
   end
   reply[#reply + 1] = rem
   reply[#reply + 1] = rst

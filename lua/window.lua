@@ -4,12 +4,14 @@ integer microseconds. Prepended to gcra.lua and ops.lua (one script text each).
 
 A window limit's arguments: len (W, µs), limit (L), and a kind string
 "<code>:<phase>:<at>", or "<code>" alone when both are 0: code f (fixed window), s (sliding
-window) or l (sliding log); phase the fixed window's phase in µs (< W); at the instant of
+window), l (sliding log) or k (a calendar window: len is this window's length, phase its
+start in µs since the epoch, absolute; `now` is held inside it, and the key, which names
+the window, expires at its end, so a late write cannot land in the next window); phase the fixed window's phase in µs (< W); at the instant of
 the check being undone (ops.lua's "undo"), else 0. Every product stays below 2^53 (L × W < 2^52 is checked when the limit is
 built), so doubles hold every value exactly; divisions go through `idiv`.
 
 State, one string per key:
-  fixed window    "<index>:<used>"
+  fixed window    "<index>:<used>"   (calendar window: the same, index 0)
   sliding window  "<index>:<cur>:<prev>"
   sliding log     "<t> <n> <t> <n> ..."  (instants in µs and units, oldest first)
 Absent: an empty window. A key expires when its state is worthless (PX = reset_after).
@@ -32,6 +34,15 @@ local function win_kind(kind)
   local c = string.find(kind, ':', 3, true)
   return string.sub(kind, 1, 1), tonumber(string.sub(kind, 3, c - 1)),
     tonumber(string.sub(kind, c + 1))
+end
+
+-- A calendar window's `now`: held inside [start, start + len) (the caller worked out the
+-- window from its own clock; Redis `TIME` may differ by a hair).
+local function cal_now(code, phase, len, now)
+  if code == 'k' then
+    return math.min(math.max(now, phase), phase + len - 1)
+  end
+  return now
 end
 
 -- The window holding `now`: index, time into it, time to its end.
@@ -163,7 +174,7 @@ local function win_read(code, value, limit, index)
     return 0, 0
   end
   -- one pattern match: fewer calls into C than finding and cutting each field
-  if code == 'f' then
+  if code == 'f' or code == 'k' then
     local i, used = string.match(value, '^(%d+):(%d+)')
     i = tonumber(i)
     if i > index then
@@ -184,16 +195,24 @@ end
 
 -- Writes a fixed or sliding window's state, expiring when it is worthless (`reset`);
 -- returns what the key now holds (false if deleted).
-local function win_write(code, key, index, a, b, reset)
-  if a == 0 and b == 0 then
+-- A calendar window's key (`cal_end`: its end in µs) expires at the window's end on the
+-- script's clock (`now`): PX = end - now, the instant PEXPIREAT would name with Redis
+-- `TIME`, and the caller's end with caller time. A write at or after the end writes
+-- nothing: it cannot outlive its window.
+local function win_write(code, key, index, a, b, reset, cal_end, now)
+  if (a == 0 and b == 0) or (cal_end and cal_end <= now) then
     redis.call('DEL', key)
     return false
   end
   local value
-  if code == 'f' then
+  if code == 'f' or code == 'k' then
     value = string.format('%d:%d', index, a)
   else
     value = string.format('%d:%d:%d', index, a, b)
+  end
+  if cal_end then
+    redis.call('SET', key, value, 'PX', idiv(cal_end - now + 999, 1000))
+    return value
   end
   -- (a millisecond more or less of life changes nothing: the state is worthless then)
   redis.call('SET', key, value, 'PX', math.floor((reset + 999) / 1000) + 1)

@@ -64,6 +64,7 @@ cargo check -p tollgate --no-default-features --features grpc
 cargo check -p tollgate --no-default-features --features audit-sql
 cargo check -p tollgate --no-default-features --features rules-sql
 cargo check -p tollgate --no-default-features --features rules
+cargo check -p tollgate --no-default-features --features calendar
 
 step "build every target (the benchmarks and comparisons of bench/ too)"
 cargo build --workspace --all-targets --all-features

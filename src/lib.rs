@@ -132,6 +132,8 @@ pub mod sql;
 pub mod store;
 mod web;
 
+#[cfg(feature = "calendar")]
+pub use algo::calendar;
 pub use algo::{gcra, window};
 pub use base::clock;
 #[cfg(feature = "grpc")]

@@ -118,10 +118,20 @@ fn the_example_file_reads_every_field() {
     assert_eq!(
         names,
         [
-            "per-ip", "login", "search", "per-key", "smooth", "global", "tokens"
+            "per-ip", "login", "search", "per-key", "smooth", "global", "tokens", "monthly"
         ]
     );
-    let [per_ip, login, search, per_key, smooth, global, tokens] = &doc.limits[..] else {
+    let [
+        per_ip,
+        login,
+        search,
+        per_key,
+        smooth,
+        global,
+        tokens,
+        monthly,
+    ] = &doc.limits[..]
+    else {
         unreachable!()
     };
     assert_eq!(per_ip.key, Some(KeySpec::one("client_ip")));
@@ -170,6 +180,9 @@ fn the_example_file_reads_every_field() {
     assert_eq!(global.lease_max_age.as_deref(), Some("1s"));
     assert_eq!(tokens.settle.as_deref(), Some("header:x-usage-tokens"));
     assert_eq!(tokens.max_debt, Some(20_000));
+    assert_eq!(monthly.algorithm.as_deref(), Some("calendar"));
+    assert_eq!(monthly.quota.as_deref(), Some("10000/month"));
+    assert_eq!(monthly.time_zone.as_deref(), Some("Europe/Berlin"));
     // The printed form names every limit.
     let printed = doc.to_string();
     for name in names {
@@ -544,6 +557,10 @@ fn every_error_names_file_line_and_field() {
         (format!("{base}algorithm = \"sliding_window\"\non_limit = \"delay\"\nmax_wait = \"1s\"\n"), 5, "limits[0].on_limit", "sliding"),
         (format!("{base}algorithm = \"fixed_window\"\nmax_reserved = 3\n"), 5, "limits[0].max_reserved", "GCRA"),
         (format!("{base}routes = []\n"), 4, "limits[0].routes", "empty"),
+        ("[[limits]]\nname = \"a\"\nalgorithm = \"calendar\"\nquota = \"1/d\"\ntime_zone = \"Europe/Berlim\"\n".into(), 5, "limits[0].time_zone", "IANA"),
+        (format!("{base}time_zone = \"UTC\"\n"), 4, "limits[0].time_zone", "only a limit with `algorithm = \"calendar\"`"),
+        ("[[limits]]\nname = \"a\"\nquota = \"1/month\"\n".into(), 3, "limits[0].quota", "month has no fixed length"),
+        ("[[limits]]\nname = \"a\"\nalgorithm = \"calendar\"\nquota = \"1/min\"\n".into(), 4, "limits[0].quota", "per hour, day, week or month"),
         (format!("{base}routes = [\"/ok\",\n  \"login\"]\n"), 5, "limits[0].routes[1]", "starting with `/`"),
         (format!("{base}routes = [\"P@ST /x\"]\n"), 4, "limits[0].routes[0]", "not a method"),
         (format!("{base}routes = [\"/users/{{id\"]\n"), 4, "limits[0].routes[0]", "valid name"),
@@ -835,7 +852,7 @@ async fn an_invalid_file_is_refused_whole_and_the_old_rules_keep_serving() {
     assert_eq!(
         err.to_string(),
         format!(
-            "{}:8: limits[1].algorithm: unknown value `leaky`; expected one of: gcra, fixed_window, sliding_window, sliding_log",
+            "{}:8: limits[1].algorithm: unknown value `leaky`; expected one of: gcra, fixed_window, sliding_window, sliding_log, calendar",
             path.display()
         )
     );

@@ -373,6 +373,16 @@ fn memory(c: &mut Criterion) {
         let limiter = Tollgate::with(quota, algorithm);
         bench_single(&mut group, "algorithm", name, &limiter, &many);
     }
+    // A calendar day in Berlin: the fixed window's path plus the table's window hint.
+    #[cfg(feature = "calendar")]
+    {
+        let berlin = tollgate::calendar::Zone::get("Europe/Berlin").unwrap();
+        let limiter = Tollgate::with(
+            Quota::per_day(u64::from(u32::MAX)),
+            Algorithm::calendar(berlin),
+        );
+        bench_single(&mut group, "algorithm", "calendar-day", &limiter, &many);
+    }
     // The same checks as reservations (granted at once: the buckets have room), the
     // path `Limiter::reserve` and delay mode take.
     for (name, quota, algorithm) in [

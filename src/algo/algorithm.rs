@@ -22,6 +22,7 @@ use crate::algo::window::{
 /// | [`FixedWindow`](Self::FixedWindow) | `L` per window; up to `2L` across an aligned boundary | index + count | "N per calendar minute/day" quotas, billing, third-party budgets |
 /// | [`SlidingWindow`](Self::SlidingWindow) | `L × (1 + d / W)` (an approximation) | index + two counts | familiar window semantics without the boundary spike |
 /// | [`SlidingLog`](Self::SlidingLog) | `L` in every interval of length `W` (exact) | one timestamp per unit, `L ≤ 1,000` | logins, payments: "never more than L in any W" |
+/// | `Calendar` (feature `calendar`) | `L` per local hour, day, ISO week or month of a time zone | index + count | plans: "10,000 a month, reset on the 1st" |
 ///
 /// Every algorithm is cost-aware (a request of cost `c` passes iff `used + c ≤ L`), a
 /// refused request consumes nothing, and limits of different algorithms can be mixed in
@@ -68,6 +69,29 @@ pub enum Algorithm {
     /// passes iff they plus its cost are at most `L`. `L` at most
     /// [`SLIDING_LOG_MAX_LIMIT`].
     SlidingLog,
+    /// At most `L` per calendar window: the local hour, day, ISO week (from Monday) or
+    /// month of `zone`, the unit taken from the quota (`Quota::per_hour`, `per_day`,
+    /// `per_week`, [`Quota::per_month`]; `"…/h"`, `"…/d"`, `"…/week"`, `"…/month"`).
+    /// Each window starts with the whole limit, whatever the previous one used (no debt
+    /// carries over: a penalty uses up at most what is left of the current window), and
+    /// its boundaries follow the zone's rules: a day of 23 or 25 hours is one day (see
+    /// [`calendar`](crate::calendar)). A refusal waits for the next boundary, and the
+    /// `RateLimit` field's `t` is the time to it. It cannot reserve (no delay mode, no
+    /// `Limiter::reserve`), block by duration, or lease.
+    ///
+    /// ```
+    /// use tollgate::calendar::Zone;
+    /// use tollgate::{Algorithm, Limit, Quota};
+    ///
+    /// let monthly = Limit::new("monthly", Quota::per_month(10_000))
+    ///     .algorithm(Algorithm::calendar(Zone::get("Europe/Berlin").unwrap()));
+    /// # let _ = monthly;
+    /// ```
+    #[cfg(feature = "calendar")]
+    Calendar {
+        /// The zone whose local calendar the windows follow.
+        zone: crate::algo::calendar::Zone,
+    },
     /// At most `L` (the quota's rate) requests of a key in flight at once: a unit is taken
     /// when a request is admitted and given back ([`Op::Refund`](crate::store::Op)) when it
     /// ends — for the middleware, when its response body ends, fails or is dropped. Time
@@ -122,6 +146,28 @@ impl Algorithm {
         }
     }
 
+    /// Calendar windows in `zone` ([`Algorithm::Calendar`]).
+    #[cfg(feature = "calendar")]
+    pub const fn calendar(zone: crate::algo::calendar::Zone) -> Self {
+        Algorithm::Calendar { zone }
+    }
+
+    /// `true` for [`Algorithm::Calendar`].
+    pub(crate) const fn is_calendar(&self) -> bool {
+        #[cfg(feature = "calendar")]
+        if let Algorithm::Calendar { .. } = self {
+            return true;
+        }
+        false
+    }
+
+    /// `true` for the algorithms kept as a fixed window's `(index, used)`: fixed windows
+    /// and calendar windows.
+    #[inline(always)]
+    pub(crate) const fn is_fixed(&self) -> bool {
+        matches!(self, Algorithm::FixedWindow { .. }) || self.is_calendar()
+    }
+
     /// `true` for the window algorithms (and in-flight limits, which the stores keep
     /// beside them).
     pub const fn is_window(&self) -> bool {
@@ -149,6 +195,7 @@ impl Algorithm {
         match self {
             Algorithm::Gcra => quota.window_secs(),
             Algorithm::InFlight { .. } => 0,
+            // A calendar window's nominal length (a month: 31 days), the quota's period.
             _ => {
                 let secs = quota.period_ns().div_ceil(1_000_000_000);
                 if secs == 0 { 1 } else { secs }
@@ -158,8 +205,27 @@ impl Algorithm {
 
     /// Checks the quota of a limit using this algorithm; the error is `(field, reason)`.
     pub(crate) fn validate(&self, quota: &Quota) -> Result<(), (&'static str, String)> {
+        if quota.is_per_month() && !self.is_calendar() {
+            return Err((
+                "quota",
+                "a month has no fixed length: a quota per `month` takes the calendar algorithm (algorithm = \"calendar\")".into(),
+            ));
+        }
         let max = match self {
             Algorithm::Gcra => return Ok(()),
+            #[cfg(feature = "calendar")]
+            Algorithm::Calendar { .. } => {
+                if crate::algo::calendar::period_of(quota).is_none() {
+                    return Err((
+                        "quota",
+                        format!(
+                            "a calendar limit counts per hour, day, week or month (`/h`, `/d`, `/week`, `/month`), not per {:?}",
+                            quota.period()
+                        ),
+                    ));
+                }
+                FIXED_WINDOW_MAX_LIMIT
+            }
             Algorithm::FixedWindow { phase } => {
                 if let Phase::Aligned { offset } = phase
                     && !offset.subsec_nanos().is_multiple_of(1_000)
@@ -261,4 +327,66 @@ pub(crate) fn phase_us(algorithm: Algorithm, name: u64, key: u64, len_us: u64) -
         }
         _ => 0,
     }
+}
+
+/// The calendar zone and unit of a calendar limit as a [`calendar::tag`] (12 bits); 0 for
+/// any other limit (and always without the `calendar` feature).
+///
+/// [`calendar::tag`]: crate::algo::calendar
+#[inline(always)]
+pub(crate) fn calendar_tag(algorithm: Algorithm, quota: &Quota) -> u16 {
+    #[cfg(feature = "calendar")]
+    if let Algorithm::Calendar { zone } = algorithm {
+        return crate::algo::calendar::period_of(quota)
+            .map_or(0, |p| crate::algo::calendar::tag(zone, p));
+    }
+    let _ = (algorithm, quota);
+    0
+}
+
+/// The calendar window `(start, end)`, µs since the Unix epoch, holding `unix_us` for the
+/// limit whose [`calendar_tag`] is `tag` (not 0).
+pub(crate) fn calendar_window(tag: u16, unix_us: u64) -> (u64, u64) {
+    #[cfg(feature = "calendar")]
+    {
+        let (zone, period) = crate::algo::calendar::from_tag(tag);
+        let w = period.window(zone, unix_us);
+        (w.start_us, w.end_us)
+    }
+    #[cfg(not(feature = "calendar"))]
+    {
+        let _ = tag;
+        (unix_us, unix_us + 1)
+    }
+}
+
+/// The longest window of the limit whose [`calendar_tag`] is `tag`, µs.
+pub(crate) fn calendar_max_us(tag: u16) -> u64 {
+    #[cfg(feature = "calendar")]
+    {
+        crate::algo::calendar::period_of_tag(tag).max_secs() * 1_000_000
+    }
+    #[cfg(not(feature = "calendar"))]
+    {
+        let _ = tag;
+        1
+    }
+}
+
+/// The calendar window `(start, end)`, µs since the Unix epoch, of a calendar limit at
+/// `unix_us`; `None` for any other limit.
+#[inline]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn calendar_span(
+    algorithm: Algorithm,
+    quota: &Quota,
+    unix_us: u64,
+) -> Option<(u64, u64)> {
+    #[cfg(feature = "calendar")]
+    if let Algorithm::Calendar { zone } = algorithm {
+        let w = crate::algo::calendar::period_of(quota)?.window(zone, unix_us);
+        return Some((w.start_us, w.end_us));
+    }
+    let _ = (algorithm, quota, unix_us);
+    None
 }

@@ -42,7 +42,8 @@ const MAX_BURST: u64 = 999_999_999_999_999;
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     rate: u64,
-    /// The period in nanoseconds (at most 100 years: fits).
+    /// The period in nanoseconds (at most 100 years: fits in 62 bits), and in the top bit
+    /// [`MONTH_FLAG`]: no field of its own, so that a quota stays five words.
     period_ns: u64,
     burst: u64,
     /// Emission interval in nanoseconds, rounded up.
@@ -50,6 +51,13 @@ pub struct Quota {
     /// Emission interval in microseconds, rounded up (the Redis store's unit).
     t_us: u64,
 }
+
+/// The top bit of `period_ns`: per calendar month ([`Quota::per_month`]; the period is then
+/// 31 days, nominally).
+const MONTH_FLAG: u64 = 1 << 63;
+
+/// The nominal period of [`Quota::per_month`]: the longest month, 31 days.
+const MONTH: Duration = Duration::from_secs(31 * 86_400);
 
 /// Why a quota is invalid, without allocating: usable from `const fn`.
 type Invalid = (&'static str, &'static str);
@@ -172,6 +180,41 @@ impl Quota {
         unwrap_const(build(rate, Duration::from_secs(86_400), rate))
     }
 
+    /// `rate` per 7 days (a fixed length for every algorithm; a calendar limit counts per
+    /// ISO week, Monday to Sunday, with it).
+    ///
+    /// # Panics
+    ///
+    /// If `rate` is 0 or above one per microsecond.
+    #[track_caller]
+    pub const fn per_week(rate: u64) -> Self {
+        unwrap_const(build(rate, Duration::from_secs(7 * 86_400), rate))
+    }
+
+    /// `rate` per calendar month: only for an
+    /// `Algorithm::Calendar` limit (feature `calendar`; a month has no fixed
+    /// length; any other algorithm refuses it with a [`ConfigError`] naming `quota`). Its
+    /// [`period`](Quota::period) reads as the longest month, 31 days.
+    ///
+    /// # Panics
+    ///
+    /// If `rate` is 0 or above one per microsecond.
+    #[track_caller]
+    pub const fn per_month(rate: u64) -> Self {
+        unwrap_const(build(rate, MONTH, rate)).with_month(true)
+    }
+
+    /// `true` for a quota per calendar month ([`Quota::per_month`], `"…/month"`).
+    pub const fn is_per_month(&self) -> bool {
+        self.period_ns & MONTH_FLAG != 0
+    }
+
+    /// This quota, per calendar month or not.
+    const fn with_month(mut self, month: bool) -> Self {
+        self.period_ns = self.period_ns & !MONTH_FLAG | if month { MONTH_FLAG } else { 0 };
+        self
+    }
+
     /// `rate` tokens per `period`, burst `rate`; a [`ConfigError`] naming `rate` or
     /// `period` if they are zero, finer than one token per microsecond, or longer than
     /// 100 years.
@@ -196,12 +239,14 @@ impl Quota {
     /// to refill. [`Quota::try_burst`] returns a [`ConfigError`] instead.
     #[track_caller]
     pub const fn burst(self, burst: u64) -> Self {
-        unwrap_const(build(self.rate, self.period(), burst))
+        unwrap_const(build(self.rate, self.period(), burst)).with_month(self.is_per_month())
     }
 
     /// The same rate with a bucket of `burst` tokens, or a [`ConfigError`] naming `burst`.
     pub fn try_burst(self, burst: u64) -> Result<Self, ConfigError> {
-        build(self.rate, self.period(), burst).map_err(|(f, r)| ConfigError::new(f, r))
+        build(self.rate, self.period(), burst)
+            .map(|q| q.with_month(self.is_per_month()))
+            .map_err(|(f, r)| ConfigError::new(f, r))
     }
 
     /// Tokens granted per [`period`](Quota::period).
@@ -211,7 +256,7 @@ impl Quota {
 
     /// The period over which [`rate`](Quota::rate) tokens are granted.
     pub const fn period(&self) -> Duration {
-        Duration::from_nanos(self.period_ns)
+        Duration::from_nanos(self.period_ns & !MONTH_FLAG)
     }
 
     /// The bucket capacity: how many tokens a full bucket holds.
@@ -249,8 +294,9 @@ impl Quota {
         let burst = (self.burst / n).max(1);
         let shared = if window {
             build((self.rate / n).max(1), self.period(), burst)
+                .map(|q| q.with_month(self.is_per_month()))
         } else {
-            match self.period_ns.checked_mul(n) {
+            match self.period_ns().checked_mul(n) {
                 Some(p) => build(self.rate, Duration::from_nanos(p), burst),
                 None => return *self,
             }
@@ -260,7 +306,7 @@ impl Quota {
 
     /// The period in nanoseconds.
     pub(crate) const fn period_ns(&self) -> u64 {
-        self.period_ns
+        self.period_ns & !MONTH_FLAG
     }
 
     pub(crate) const fn t_ns(&self) -> u64 {
@@ -280,16 +326,22 @@ impl Quota {
 
 impl fmt::Debug for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Quota")
-            .field("rate", &self.rate)
-            .field("period", &self.period())
-            .field("burst", &self.burst)
-            .finish()
+        let mut d = f.debug_struct("Quota");
+        d.field("rate", &self.rate);
+        if self.is_per_month() {
+            d.field("period", &"month");
+        } else {
+            d.field("period", &self.period());
+        }
+        d.field("burst", &self.burst).finish()
     }
 }
 
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_per_month() {
+            return write!(f, "{}/month; burst={}", self.rate, self.burst);
+        }
         write!(f, "{}/{:?}; burst={}", self.rate, self.period(), self.burst)
     }
 }
@@ -297,9 +349,10 @@ impl fmt::Display for Quota {
 /// Parses `"<rate>/<period>[; burst=<n>]"`, the form used in configuration files.
 ///
 /// The period is a unit (`ns`, `us` or `µs`, `ms`, `s`, `sec`, `second`, `m`, `min`,
-/// `minute`, `h`, `hour`, `d`, `day`, plurals allowed) optionally preceded by a positive
+/// `minute`, `h`, `hour`, `d`, `day`, `w`, `week` (7 days), plurals allowed) optionally preceded by a positive
 /// decimal number: `"100/min"`, `"5/30s"`, `"2/1.5h"`, `"10/s; burst=20"`. Numbers are ASCII
-/// digits. Whitespace around the parts is ignored. Errors name the part that is wrong
+/// digits. `"…/month"` is a quota per calendar month ([`Quota::per_month`]), for
+/// calendar limits only. Whitespace around the parts is ignored. Errors name the part that is wrong
 /// (`rate`, `period` or `burst`) and quote it as written. The [`Display`](fmt::Display)
 /// form parses back to the same quota.
 impl FromStr for Quota {
@@ -333,8 +386,10 @@ impl FromStr for Quota {
             )
         })?;
         let rate = parse_u64(rate, "rate")?;
-        let period = parse_period(period.trim())?;
-        let quota = Quota::new(rate, period)?;
+        let quota = match period.trim() {
+            "month" | "months" | "1month" => Quota::new(rate, MONTH).map(|q| q.with_month(true))?,
+            period => Quota::new(rate, parse_period(period)?)?,
+        };
         match burst {
             Some(b) => quota.try_burst(b),
             None => Ok(quota),
@@ -376,6 +431,12 @@ pub(crate) fn parse_period(s: &str) -> Result<Duration, ConfigError> {
         "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000_000,
         "h" | "hour" | "hours" => 3_600_000_000_000,
         "d" | "day" | "days" => 86_400_000_000_000,
+        "w" | "week" | "weeks" => 604_800_000_000_000,
+        "month" | "months" | "mo" => {
+            return Err(err(format!(
+                "`{s}`: a quota counts one calendar month at a time (`/month`), not a multiple"
+            )));
+        }
         _ if unit.contains(char::is_numeric) => {
             return Err(err(format!(
                 "`{unit}` is not a unit; write numbers in ASCII digits"
@@ -634,6 +695,32 @@ mod tests {
             Duration::from_micros(1)
         );
     }
+    #[test]
+    fn weeks_are_seven_days_and_months_are_calendar_months() {
+        let w: Quota = "7/week".parse().unwrap();
+        assert_eq!(w, Quota::per_week(7));
+        assert_eq!(w.period(), Duration::from_secs(7 * 86_400));
+        assert!(!w.is_per_month());
+        assert_eq!("14/2w".parse::<Quota>().unwrap().period(), 2 * w.period());
+        let m: Quota = "10000/month".parse().unwrap();
+        assert_eq!(m, Quota::per_month(10_000));
+        assert!(m.is_per_month());
+        assert_eq!(m.period(), Duration::from_secs(31 * 86_400));
+        // 31 days written out is not a calendar month.
+        assert!(!"10000/31d".parse::<Quota>().unwrap().is_per_month());
+        assert_ne!("10000/31d".parse::<Quota>().unwrap(), m);
+        assert_eq!(m.to_string(), "10000/month; burst=10000");
+        assert_eq!(m.to_string().parse::<Quota>().unwrap(), m);
+        assert!(format!("{m:?}").contains("\"month\""));
+        // A burst and a share keep the month.
+        assert!(m.burst(5).is_per_month() && m.try_burst(5).unwrap().is_per_month());
+        assert!(m.share(4, true).is_per_month());
+        assert_eq!(m.share(4, true).rate(), 2_500);
+        for bad in ["1/2month", "1/0.5month", "1/mo"] {
+            assert_eq!(bad.parse::<Quota>().unwrap_err().field(), "period", "{bad}");
+        }
+    }
+
     #[test]
     fn a_share_is_an_nth_of_the_burst_and_the_rate() {
         let q = Quota::per_second(1_000).burst(100);

@@ -40,7 +40,8 @@ pub enum LimiterError {
         known: Vec<&'static str>,
     },
     /// The operation means nothing to the limit's algorithm: a penalty or a block on a
-    /// sliding window or sliding log (fixed windows and GCRA take every operation).
+    /// sliding window or sliding log, a block or a reservation on a calendar window (fixed
+    /// windows and GCRA take every operation).
     Unsupported {
         /// The limit's name.
         limit: String,
@@ -83,7 +84,7 @@ impl fmt::Display for LimiterError {
             }
             LimiterError::Unsupported { limit, operation } => write!(
                 f,
-                "the limit {limit:?} counts with a sliding window or log, which has no {operation}"
+                "the limit {limit:?} counts with a sliding window or log, or calendar windows, which have no {operation}"
             ),
             LimiterError::CannotSettle { limit, reason } => {
                 write!(f, "the limit {limit:?} cannot settle costs: {reason}")
@@ -193,6 +194,22 @@ impl<St: Store> Handle for Engine<St> {
                 .ok_or_else(|| LimiterError::unknown(name, self.names()))?;
             let bound = &self.bounds[index];
             let limit = &bound.spec;
+            if limit.algorithm.is_calendar() {
+                // A calendar window carries no debt: a penalty uses up what is left of
+                // it, but a block by duration or a reservation into a later window has
+                // no meaning.
+                let operation = match op {
+                    Op::Block(_) => Some("block"),
+                    Op::Check if reserve => Some("reserve"),
+                    _ => None,
+                };
+                if let Some(operation) = operation {
+                    return Err(LimiterError::Unsupported {
+                        limit: name.to_owned(),
+                        operation,
+                    });
+                }
+            }
             if matches!(
                 limit.algorithm,
                 Algorithm::SlidingWindow | Algorithm::SlidingLog | Algorithm::InFlight { .. }

@@ -114,6 +114,12 @@ impl Lease {
 
     /// Checks the lease against the limit's algorithm and quota.
     pub(crate) fn validate(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), ConfigError> {
+        if algorithm.is_calendar() {
+            return Err(ConfigError::new(
+                "lease",
+                "a calendar limit cannot lease: a lease taken near a boundary would spend units of one period in the next; use gcra or fixed_window",
+            ));
+        }
         if matches!(algorithm, Algorithm::SlidingWindow | Algorithm::SlidingLog) {
             return Err(ConfigError::new(
                 "lease",

@@ -242,6 +242,12 @@ impl LimitSpec {
                     "a sliding window or sliding log cannot reserve, so cannot delay: use GCRA or a fixed window",
                 ));
             }
+            if self.algorithm.is_calendar() {
+                return Err(ConfigError::new(
+                    "on_limit",
+                    "a calendar limit cannot delay: its refusals wait for the next calendar boundary; use reject mode",
+                ));
+            }
             if self.mode == Mode::Shadow {
                 return Err(ConfigError::new(
                     "on_limit",

@@ -360,14 +360,23 @@ fn algorithm(rule: &LimitRule) -> Result<Algorithm, ConfigError> {
         Some("fixed_window") => Algorithm::fixed_window(),
         Some("sliding_window") => Algorithm::SlidingWindow,
         Some("sliding_log") => Algorithm::SlidingLog,
+        Some("calendar") => Algorithm::calendar(crate::calendar::Zone::get(
+            rule.time_zone.as_deref().unwrap_or("UTC"),
+        )?),
         Some(other) => {
             return Err(unknown(
                 "algorithm",
                 other,
-                "gcra, fixed_window, sliding_window, sliding_log",
+                "gcra, fixed_window, sliding_window, sliding_log, calendar",
             ));
         }
     };
+    if rule.time_zone.is_some() && !algorithm.is_calendar() {
+        return Err(ConfigError::new(
+            "time_zone",
+            "only a limit with `algorithm = \"calendar\"` has a time zone",
+        ));
+    }
     match (&rule.phase, algorithm) {
         (None, a) => Ok(a),
         (Some(phase), Algorithm::FixedWindow { .. }) => match phase.as_str() {

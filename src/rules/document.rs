@@ -85,7 +85,7 @@ pub struct LimitRule {
     /// `quota`: `"<rate>/<period>[; burst=<n>]"`; required unless `plans` is given.
     pub quota: Option<String>,
     /// `algorithm`: `"gcra"` (default), `"fixed_window"`, `"sliding_window"`,
-    /// `"sliding_log"`.
+    /// `"sliding_log"`, `"calendar"` (windows that reset at calendar boundaries).
     pub algorithm: Option<String>,
     /// `phase` of a fixed window: `"aligned"` (default), `"random"`, or an offset such as
     /// `"2h"`.
@@ -154,6 +154,9 @@ pub struct LimitRule {
     /// `retry_after`: with `in_flight`, the `Retry-After` of its refusals, as a duration
     /// (default `"1s"`).
     pub retry_after: Option<String>,
+    /// `time_zone`: with `algorithm = "calendar"`, the IANA zone whose local hours, days,
+    /// weeks and months the windows follow (`"Europe/Berlin"`); default `"UTC"`.
+    pub time_zone: Option<String>,
 }
 
 /// A limit's `ban = { after = 3, within = "1m", for = "10m", escalate = 2, max = "1d",

@@ -661,7 +661,8 @@ impl<B: Backend> Resilient<B> {
         sent_at: u64,
         o: &Outcome,
     ) {
-        let restorable = matches!(algorithm, Algorithm::Gcra | Algorithm::FixedWindow { .. });
+        // (a calendar window's block fills the window it is in: the same as a fixed one's)
+        let restorable = algorithm == Algorithm::Gcra || algorithm.is_fixed();
         if !restorable || o.remaining() > 0 {
             return;
         }

@@ -20,6 +20,7 @@ use crate::web::key::Key;
 
 mod all;
 mod bucket;
+mod calendar;
 mod inflight;
 mod markers;
 mod sweep;

@@ -48,6 +48,8 @@ pub(super) struct Table {
     /// The index of the epoch-aligned window last seen by a window item (µs windows): a
     /// hint that saves the division of most checks, validated on each use.
     pub(super) aligned: AtomicU64,
+    /// The calendar window last seen by a calendar item (`calendar.rs`), 0 before.
+    pub(super) calendar: AtomicU64,
     /// The window algorithm this table serves, once a window item has used it (none for
     /// GCRA): what the sweeper needs to know when an entry's state is worthless.
     pub(super) spec: OnceLock<windows::Spec>,
@@ -113,6 +115,7 @@ impl Table {
             cursor: AtomicUsize::new(0),
             overflow: AtomicU64::new(0),
             aligned: AtomicU64::new(0),
+            calendar: AtomicU64::new(0),
             spec: OnceLock::new(),
             logs: OnceLock::new(),
             log_overflow: Mutex::new(windows::Log::default()),

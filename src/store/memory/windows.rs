@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use super::{MemoryStore, MemoryTable, SHARD_SHIFT, SHARDS, Slot, Table};
-use crate::algo::algorithm::{Algorithm, phase_us};
+use crate::algo::algorithm::{Algorithm, calendar_max_us, calendar_tag, calendar_window, phase_us};
 use crate::algo::window::{self, Geometry, Report};
 use crate::base::clock::Clock;
 use crate::model::decision::{Outcome, Status};
@@ -49,6 +49,20 @@ impl Spec {
             return if word == 0 { 0 } else { u64::MAX };
         }
         let t = now.saturating_add(self.unix_origin) / 1_000;
+        if self.algorithm.is_calendar() {
+            // The index is the window's start in seconds: the window ends `len` after it
+            // at the latest.
+            let (start, _) = unpack_fixed(word);
+            let secs = t / 1_000_000;
+            let behind = (secs as u32).wrapping_sub(start) as i32;
+            if behind < 0 {
+                return u64::MAX;
+            }
+            let end = (secs - behind as u64)
+                .saturating_mul(1_000_000)
+                .saturating_add(self.len);
+            return end.saturating_mul(1_000).saturating_sub(self.unix_origin);
+        }
         // Without the key's phase, assume the latest one: windows end up to `len` later.
         let (phase, slack) = self.phase.map_or((0, self.len), |p| (p, 0));
         let g = Geometry::new(self.limit, self.len, phase);
@@ -129,14 +143,35 @@ pub(super) struct Ctx {
     e: u64,
     /// How long a reservation may wait, µs (0: a check).
     max_wait: u64,
+    /// A calendar limit's zone and unit (`calendar_tag`), 0 for the other algorithms. A
+    /// calendar window's `index` is its start in Unix seconds, `g` its length and phase.
+    tag: u16,
 }
 
 impl Ctx {
+    /// The calendar window `[start, end)` (µs) at `t`.
+    #[inline]
+    fn calendar(limit: u64, start: u64, end: u64, t: u64, tag: u16) -> Ctx {
+        let len = (end - start).max(1);
+        Ctx {
+            g: Geometry {
+                limit,
+                len,
+                phase: start % len,
+            },
+            t,
+            index: start / 1_000_000,
+            e: t.saturating_sub(start),
+            max_wait: 0,
+            tag,
+        }
+    }
+
     /// The state `word` brought to the current window: fixed `(used, 0)`, sliding
     /// `(cur, prev)`.
     #[inline(always)]
     fn current(&self, algorithm: Algorithm, word: u64) -> (u64, u64) {
-        if let Algorithm::FixedWindow { .. } = algorithm {
+        if algorithm.is_fixed() {
             let (i, used) = unpack_fixed(word);
             (
                 window::fixed_carry(self.g.limit, used, behind(self.index, i)),
@@ -170,6 +205,12 @@ impl Ctx {
     fn at(&self, word: u64) -> Ctx {
         match self.ahead(word) {
             0 => *self,
+            ahead if self.tag != 0 => {
+                // A later calendar window: its own length.
+                let start = (self.index + ahead) * 1_000_000;
+                let (start, end) = calendar_window(self.tag, start);
+                Ctx::calendar(self.g.limit, start, end, start, self.tag)
+            }
             ahead => {
                 let index = self.index + ahead;
                 Ctx {
@@ -189,7 +230,7 @@ impl Ctx {
     #[inline(always)]
     fn pack(&self, algorithm: Algorithm, over: u64, a: u64, b: u64) -> u64 {
         let index = self.index + self.ahead(over);
-        if let Algorithm::FixedWindow { .. } = algorithm {
+        if algorithm.is_fixed() {
             pack_fixed(index, a)
         } else {
             pack_sliding(index, a, b)
@@ -201,7 +242,7 @@ impl Ctx {
     fn decide(&self, algorithm: Algorithm, word: u64, cost: u64) -> (Report, Option<u64>) {
         let ctx = self.at(word);
         let (a, b) = ctx.current(algorithm, word);
-        if let Algorithm::FixedWindow { .. } = algorithm {
+        if algorithm.is_fixed() {
             let until_end = ctx.g.len - ctx.e;
             let (r, new) = window::fixed_check_within(ctx.g, a, until_end, cost, ctx.max_wait);
             (r, new.map(|used| ctx.pack(algorithm, word, used, 0)))
@@ -320,6 +361,20 @@ impl<C: Clock> MemoryStore<C> {
     #[inline]
     pub(super) fn ctx(&self, item: &Item<'_, MemoryTable>, now: u64) -> Ctx {
         let table = &*item.table.table;
+        let unix_origin = self.inner.clock.unix_origin();
+        let tag = calendar_tag(item.algorithm, &item.quota);
+        if tag != 0 {
+            let t = now.saturating_add(unix_origin) / 1_000;
+            let (start, end) = super::calendar::window(table, tag, t);
+            table.spec.get_or_init(|| Spec {
+                algorithm: item.algorithm,
+                len: calendar_max_us(tag),
+                limit: item.quota.rate(),
+                phase: None,
+                unix_origin,
+            });
+            return Ctx::calendar(item.quota.rate(), start, end, t, tag);
+        }
         let len_us = (item.quota.period_ns() / 1_000).max(1);
         let phase = phase_us(
             item.algorithm,
@@ -327,7 +382,6 @@ impl<C: Clock> MemoryStore<C> {
             item.key.phase_hash(),
             len_us,
         );
-        let unix_origin = self.inner.clock.unix_origin();
         table.spec.get_or_init(|| Spec {
             algorithm: item.algorithm,
             len: len_us,
@@ -369,6 +423,7 @@ impl<C: Clock> MemoryStore<C> {
             index,
             e,
             max_wait: (item.max_wait.as_micros()).try_into().unwrap_or(u64::MAX),
+            tag: 0,
         }
     }
 
@@ -578,7 +633,7 @@ impl<C: Clock> MemoryStore<C> {
                             // gives back its cost; the skipped units stay used until the
                             // window ends: this undo follows only a race lost between
                             // the look and the consume, and errs on the side of refusing.)
-                            (Algorithm::FixedWindow { .. }, _) => {
+                            (alg, _) if alg.is_fixed() => {
                                 ctx.pack(algorithm, w, a.saturating_sub(cost), 0)
                             }
                             (_, 0) => ctx.pack(algorithm, w, a.saturating_sub(cost), b),
@@ -631,16 +686,21 @@ impl<C: Clock> MemoryStore<C> {
                 _ => {}
             }
         } else {
-            let fixed = matches!(algorithm, Algorithm::FixedWindow { .. });
+            let fixed = algorithm.is_fixed();
+            // A calendar window carries no debt: at most its whole limit is used.
+            let cap = if ctx.tag != 0 { ctx.g.limit } else { u64::MAX };
             let f = |w: u64| -> u64 {
                 let ctx = ctx.at(w);
                 let (a, b) = ctx.current(algorithm, w);
                 match op {
                     Op::Refund => ctx.pack(algorithm, w, a.saturating_sub(cost), b),
-                    Op::Penalize if fixed => ctx.pack(algorithm, w, a.saturating_add(cost), 0),
+                    Op::Penalize if fixed => {
+                        ctx.pack(algorithm, w, a.saturating_add(cost).min(cap.max(a)), 0)
+                    }
                     Op::Block(d) if fixed => {
                         let d = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-                        ctx.pack(algorithm, w, a.max(window::fixed_block(ctx.g, ctx.t, d)), 0)
+                        let full = window::fixed_block(ctx.g, ctx.t, d).min(cap);
+                        ctx.pack(algorithm, w, a.max(full), 0)
                     }
                     Op::Reset => 0,
                     _ => w,

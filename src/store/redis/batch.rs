@@ -301,6 +301,7 @@ mod tests {
             algorithm: Algorithm::Gcra,
             phase_us: 0,
             max_wait_us: 0,
+            span: None,
             held: None,
             settle: None,
         };

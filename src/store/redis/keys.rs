@@ -60,6 +60,14 @@ pub(crate) fn bucket_key(table_prefix: &[u8], key: &Key) -> Vec<u8> {
     out
 }
 
+/// Ends a calendar limit's bucket key with its window's start in Unix seconds
+/// (`…:1793487600`): each window has a key of its own, which expires at the window's end.
+/// The key's rendering escapes `:`, so the suffix cannot collide with another key.
+pub(crate) fn push_window(key: &mut Vec<u8>, start_secs: u64) {
+    key.push(b':');
+    key.extend_from_slice(itoa::Buffer::new().format(start_secs).as_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,7 +27,7 @@ use self::keys::{Groups, push_grouped};
 use self::reply::{Answer, Failure, parse_reply, window_report};
 use super::resilient::{Resilient, ResilientTable};
 use super::{Backend, Checked, Item, Op, Statuses, Store, StoreError};
-use crate::algo::algorithm::{Algorithm, phase_us};
+use crate::algo::algorithm::{Algorithm, calendar_span, phase_us};
 use crate::algo::gcra::{self, Params};
 use crate::algo::quota::Quota;
 use crate::algo::window;
@@ -447,6 +447,15 @@ impl Store for RedisStore {
 }
 
 impl RedisBackend {
+    /// The caller's wall time in µs: its clock's (with `caller_time`), else the system's.
+    /// What a calendar limit's window is worked out from.
+    fn wall_us(&self) -> u64 {
+        match &self.now {
+            Some(c) => c.now() / 1_000,
+            None => crate::base::clock::SystemClock.now() / 1_000,
+        }
+    }
+
     /// `now` for the scripts: the caller's time in microseconds, or `""` for Redis `TIME`.
     fn now_arg(&self) -> String {
         self.now
@@ -467,6 +476,9 @@ struct Part {
     phase_us: u64,
     /// How long a reservation may wait, µs (0: a check).
     max_wait_us: u64,
+    /// A calendar limit's window `(start, end)`, µs since the epoch, worked out from the
+    /// caller's clock; its key ends with the window's start in seconds.
+    span: Option<(u64, u64)>,
     /// An in-flight limit's: how long units count without a renewal (µs), and the
     /// request's member (a check), the members to release or renew (comma-separated), or
     /// nothing (a release of units this store does not hold).
@@ -483,6 +495,9 @@ impl Part {
     /// The script's first two arguments of this limit: `t` and `burst`, or a window's
     /// length and limit.
     fn shape(&self) -> (u64, u64) {
+        if let Some((start, end)) = self.span {
+            return (end - start, self.quota.rate());
+        }
         if let Some((deadline_us, _)) = &self.held {
             return (*deadline_us, self.quota.rate());
         }
@@ -506,22 +521,34 @@ impl Part {
             out.extend_from_slice(id.as_bytes());
             return out;
         }
-        let code = match self.algorithm {
-            Algorithm::Gcra => return SmallVec::new(),
-            Algorithm::FixedWindow { .. } => b'f',
-            Algorithm::SlidingWindow => b's',
-            _ => b'l',
+        let (code, phase) = match self.span {
+            // A calendar window: `k:<start>:<at>`, its start in µs since the epoch.
+            Some((start, _)) => (b'k', start),
+            None => (self.code(), self.phase_us),
         };
+        if code == 0 {
+            return SmallVec::new();
+        }
         let mut out = SmallVec::new();
-        if self.phase_us == 0 && at == 0 {
+        if phase == 0 && at == 0 {
             out.push(code);
             return out;
         }
         out.extend_from_slice(&[code, b':']);
-        out.extend_from_slice(itoa::Buffer::new().format(self.phase_us).as_bytes());
+        out.extend_from_slice(itoa::Buffer::new().format(phase).as_bytes());
         out.push(b':');
         out.extend_from_slice(itoa::Buffer::new().format(at).as_bytes());
         out
+    }
+
+    /// The script's code of a window algorithm (window.lua), 0 for GCRA.
+    fn code(&self) -> u8 {
+        match self.algorithm {
+            Algorithm::Gcra => 0,
+            Algorithm::FixedWindow { .. } => b'f',
+            Algorithm::SlidingWindow => b's',
+            _ => b'l',
+        }
     }
 
     /// Appends this limit's five arguments of `gcra.lua` to `cmd`.
@@ -908,8 +935,21 @@ impl Backend for RedisBackend {
     fn apply(&self, op: Op, items: &[Item<'_, RedisTable>]) -> Self::Future {
         let parts: Arc<[Part]> = items
             .iter()
-            .map(|item| Part {
-                redis_key: keys::bucket_key(&item.table.prefix, &item.key),
+            .map(|item| {
+                let span = if item.algorithm.is_calendar() {
+                    calendar_span(item.algorithm, &item.quota, self.wall_us())
+                } else {
+                    None
+                };
+                let mut redis_key = keys::bucket_key(&item.table.prefix, &item.key);
+                if let Some((start, _)) = span {
+                    keys::push_window(&mut redis_key, start / 1_000_000);
+                }
+                (item, span, redis_key)
+            })
+            .map(|(item, span, redis_key)| Part {
+                redis_key,
+                span,
                 quota: item.quota,
                 cost: item.cost,
                 mode: item.mode,
@@ -920,7 +960,11 @@ impl Backend for RedisBackend {
                     item.key.phase_hash(),
                     item.quota.period_ns() / 1_000,
                 ),
-                max_wait_us: u64::try_from(item.max_wait.as_micros()).unwrap_or(u64::MAX),
+                max_wait_us: if span.is_some() {
+                    0
+                } else {
+                    u64::try_from(item.max_wait.as_micros()).unwrap_or(u64::MAX)
+                },
                 held: item.algorithm.is_in_flight().then(|| {
                     let members = match op {
                         Op::Check if item.cost > 0 => self.held.member(&self.instance, item.cost),

@@ -85,7 +85,7 @@ pub(super) fn parse_reply(
                     _ => return Err(malformed()),
                 };
                 let written = (verdict.is_allowed() && cost > 0 && !refused).then_some(now);
-                let fixed = matches!(p.algorithm, Algorithm::FixedWindow { .. });
+                let fixed = p.algorithm.is_fixed();
                 return Ok(Answer {
                     verdict,
                     reset_after: r[3] as u64,
@@ -132,7 +132,8 @@ pub(super) fn window_outcome(p: &Part, verdict: gcra::Admission, r: &[i64]) -> O
     let (a, b, c) = (r[0] as u64, r[1] as u64, r[2] as u64);
     let g = window::Geometry::new(p.quota.rate(), p.quota.period_ns() / 1_000, 0);
     let report = match p.algorithm {
-        Algorithm::FixedWindow { .. } => window::fixed_report(g, a, b),
+        // (a calendar window never holds more than its limit: its length is not needed)
+        alg if alg.is_fixed() => window::fixed_report(g, a, b),
         Algorithm::SlidingWindow if verdict.is_allowed() => {
             return Outcome::sliding_allowed(g, a.min(0xffff), b.min(0xffff), c);
         }
@@ -168,6 +169,7 @@ mod tests {
             algorithm: Algorithm::Gcra,
             phase_us: 0,
             max_wait_us: 0,
+            span: None,
             held: None,
             settle: None,
         };

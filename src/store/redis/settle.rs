@@ -108,6 +108,7 @@ mod tests {
             algorithm,
             phase_us: 0,
             max_wait_us: 0,
+            span: None,
             held: None,
             settle: Settle::of(debit, algorithm),
         };
