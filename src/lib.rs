@@ -147,7 +147,7 @@ pub use web::{headers, key, response};
 /// The tower service a [`RateLimitLayer`] makes, and its response future: named in type
 /// signatures, rarely written.
 pub mod service {
-    pub use crate::middleware::body::ResponseBody;
+    pub use crate::middleware::body::{Follow, ResponseBody};
     pub use crate::middleware::future::ResponseFuture;
     pub use crate::middleware::service::RateLimit;
 }

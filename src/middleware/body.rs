@@ -96,6 +96,98 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// A response body type the layer answers with: the body as it is when nothing follows
+/// it, or, for a request that holds something until its response ends (an in-flight
+/// unit, a cost to settle), a [`ResponseBody`] that follows it to its end.
+///
+/// axum's and tonic's bodies stay what they are: a followed one is boxed into them
+/// (`Body::new`), so the layer's responses have the inner service's type and a request that
+/// holds nothing allocates nothing. Other bodies answer `ResponseBody<B>` (implemented for
+/// `http_body_util`'s `Full`, `Empty`, `BoxBody` and `UnsyncBoxBody`). A body type of
+/// your own takes three lines:
+///
+/// ```
+/// use tollgate::service::{Follow, ResponseBody};
+///
+/// struct MyBody;
+///
+/// impl Follow for MyBody {
+///     type Body = ResponseBody<MyBody>;
+///     fn plain(self) -> Self::Body { ResponseBody::new(self) }
+///     fn follow(body: ResponseBody<Self>) -> Self::Body { body }
+/// }
+/// ```
+pub trait Follow: Sized {
+    /// The body of the layer's responses.
+    type Body;
+    /// The body, followed by nothing.
+    fn plain(self) -> Self::Body;
+    /// The body, followed to its end.
+    fn follow(body: ResponseBody<Self>) -> Self::Body;
+}
+
+/// `Self`'s `Follow` as `ResponseBody<Self>`.
+macro_rules! follow_wrapped {
+    ($($t:ty),* $(,)?) => {$(
+        impl<D, E> Follow for $t {
+            type Body = ResponseBody<$t>;
+            fn plain(self) -> Self::Body {
+                ResponseBody::new(self)
+            }
+            fn follow(body: ResponseBody<Self>) -> Self::Body {
+                body
+            }
+        }
+    )*};
+}
+
+follow_wrapped!(
+    http_body_util::combinators::BoxBody<D, E>,
+    http_body_util::combinators::UnsyncBoxBody<D, E>,
+);
+
+impl<D> Follow for http_body_util::Full<D> {
+    type Body = ResponseBody<Self>;
+    fn plain(self) -> Self::Body {
+        ResponseBody::new(self)
+    }
+    fn follow(body: ResponseBody<Self>) -> Self::Body {
+        body
+    }
+}
+
+impl<D> Follow for http_body_util::Empty<D> {
+    type Body = ResponseBody<Self>;
+    fn plain(self) -> Self::Body {
+        ResponseBody::new(self)
+    }
+    fn follow(body: ResponseBody<Self>) -> Self::Body {
+        body
+    }
+}
+
+#[cfg(feature = "axum")]
+impl Follow for axum::body::Body {
+    type Body = Self;
+    fn plain(self) -> Self {
+        self
+    }
+    fn follow(body: ResponseBody<Self>) -> Self {
+        axum::body::Body::new(body)
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl Follow for tonic::body::Body {
+    type Body = Self;
+    fn plain(self) -> Self {
+        self
+    }
+    fn follow(body: ResponseBody<Self>) -> Self {
+        tonic::body::Body::new(body)
+    }
+}
+
 impl<B: Default> Default for ResponseBody<B> {
     fn default() -> Self {
         Self::new(B::default())

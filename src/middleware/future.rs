@@ -11,7 +11,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::middleware::body::{AfterBody, ResponseBody};
+use crate::middleware::body::{AfterBody, Follow, ResponseBody};
 use crate::middleware::guard::{DelayGuard, PendingCharge};
 use crate::middleware::shared::{Passed, Version, proceed};
 use crate::store::Store;
@@ -188,8 +188,9 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     St: Store,
     R: OnRejection<ResBody> + Send + Sync + 'static,
+    ResBody: Follow,
 {
-    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+    type Output = Result<Response<ResBody::Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -211,7 +212,7 @@ where
                         }
                         Err(response) => {
                             state.set(State::Done { response: None });
-                            return Poll::Ready(Ok(response.map(ResponseBody::new)));
+                            return Poll::Ready(Ok(response.map(Follow::plain)));
                         }
                     }
                 }
@@ -250,15 +251,16 @@ where
                     if let Some(after) = after.as_mut() {
                         after.head(response.status(), response.headers(), response.extensions());
                     }
-                    return Poll::Ready(Ok(
-                        response.map(|body| ResponseBody::with_after(body, after))
-                    ));
+                    return Poll::Ready(Ok(response.map(|body| match after {
+                        Some(after) => ResBody::follow(ResponseBody::with_after(body, Some(after))),
+                        None => body.plain(),
+                    })));
                 }
                 StateProj::Done { response } => {
                     return Poll::Ready(Ok(response
                         .take()
                         .expect("ResponseFuture polled after completion")
-                        .map(ResponseBody::new)));
+                        .map(Follow::plain)));
                 }
             }
         }

@@ -9,7 +9,7 @@ use http::{Request, Response};
 use smallvec::SmallVec;
 use tower_service::Service;
 
-use crate::middleware::body::ResponseBody;
+use crate::middleware::body::Follow;
 use crate::middleware::future::ResponseFuture;
 use crate::middleware::shared::{Version, insert_limiter, proceed};
 use crate::middleware::source::Source;
@@ -67,8 +67,9 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     St: Store,
     R: OnRejection<ResBody> + Send + Sync + 'static,
+    ResBody: Follow,
 {
-    type Response = Response<ResponseBody<ResBody>>;
+    type Response = Response<ResBody::Body>;
     type Error = S::Error;
     type Future = ResponseFuture<S, St, R, ReqBody>;
 
