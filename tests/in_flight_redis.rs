@@ -134,3 +134,123 @@ async fn units_held_come_back_after_redis_restarts_empty() {
     })
     .await;
 }
+
+/// A server process (`in_flight_process serve`): its port, and the child (killed on drop).
+struct Served(std::process::Child, u16);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(server: &RedisServer, n: u64) -> Served {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_in_flight_process"))
+        .args(["serve", &server.url(), &n.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .strip_prefix("port ")
+        .expect("port")
+        .parse()
+        .unwrap();
+    Served(child, port)
+}
+
+/// The issue-32 target, the way users run it. It found that a check timing out under the
+/// flood (the backend answering others) granted the local share beside the units Redis
+/// counted: 12 in flight for a limit of 8. A busy instance's in-flight check now refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_connections_on_two_processes_never_exceed_n_and_lose_no_unit() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const N: u64 = 8;
+    const CLIENTS: usize = 1_000;
+    const REQUESTS: usize = 10_000;
+    let server = RedisServer::start();
+    let (a, b) = (serve(&server, N), serve(&server, N));
+    let ports = [a.1, b.1];
+    let next = Arc::new(AtomicUsize::new(0));
+    let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
+    let mut clients = Vec::new();
+    for c in 0..CLIENTS {
+        let (next, counts) = (next.clone(), counts.clone());
+        let port = ports[c % 2];
+        clients.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= REQUESTS {
+                    return;
+                }
+                let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                    continue;
+                };
+                let req = "GET / HTTP/1.1\r\nhost: t\r\nx-key: one\r\nconnection: close\r\n\r\n";
+                if s.write_all(req.as_bytes()).await.is_err() {
+                    continue;
+                }
+                let mut head = [0u8; 12];
+                if s.read_exact(&mut head).await.is_err() {
+                    continue;
+                }
+                match &head[9..12] {
+                    b"200" => {
+                        counts[0].fetch_add(1, Ordering::Relaxed);
+                        if i % 10 < 3 {
+                            counts[2].fetch_add(1, Ordering::Relaxed);
+                            drop(s); // gone mid-response
+                        } else {
+                            let _ = s.read_to_end(&mut Vec::new()).await;
+                        }
+                    }
+                    b"429" => {
+                        counts[1].fetch_add(1, Ordering::Relaxed);
+                        let _ = s.read_to_end(&mut Vec::new()).await;
+                    }
+                    other => panic!("unexpected status {:?}", String::from_utf8_lossy(other)),
+                }
+            }
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    let [ok, refused, cut] = [0, 1, 2].map(|i| counts[i].load(Ordering::Relaxed));
+    assert!(
+        ok >= N && refused > 0 && cut > 0,
+        "{ok} admitted, {refused} refused, {cut} cut"
+    );
+    let mut redis = server.connection().await;
+    let max: u64 = redis::AsyncCommands::get(&mut redis, "probe:max")
+        .await
+        .unwrap();
+    assert!(
+        max <= N,
+        "{max} requests in flight at once across two processes, limit {N}"
+    );
+    // No unit lost: every member goes, released once the servers have seen every
+    // connection end, or (a grant whose answer came too late for its request, which was
+    // refused) expired with the deadline, 10 s.
+    let waited = until(Duration::from_secs(20), "every unit released", async || {
+        let left: u64 = redis::AsyncCommands::zcard(&mut redis, "tollgate:inference:one")
+            .await
+            .unwrap();
+        let active: i64 = redis::AsyncCommands::get(&mut redis, "probe:active")
+            .await
+            .unwrap();
+        left == 0 && active == 0
+    })
+    .await;
+    eprintln!(
+        "in-flight on two processes: {ok} admitted ({cut} cut mid-response), {refused} refused, at most {max} at once; all units back {waited:?} after the last client"
+    );
+}

@@ -356,6 +356,30 @@ where
     }
 }
 
+/// An in-flight limit's refusal when this instance could not learn in time whether a
+/// unit is free: no unit left, retry after the limit's `retry_after`.
+fn in_flight_refusal(p: &Part) -> Outcome {
+    let retry_after = match p.algorithm {
+        Algorithm::InFlight { retry_after } => retry_after,
+        _ => Duration::from_secs(1),
+    };
+    let retry_us = u64::try_from(retry_after.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    Outcome::window(
+        crate::algo::window::Report {
+            verdict: crate::algo::gcra::Admission::Denied {
+                retry_after: retry_us,
+            },
+            remaining: 0,
+            reset_after: 0,
+            next_after: None,
+            wait: 0,
+        },
+        1_000,
+    )
+}
+
 /// A backend silent this long (no call answered) is failing: timeouts count against the
 /// breaker from then on.
 const QUIET_NS: u64 = 1_000_000_000;
@@ -724,9 +748,24 @@ impl<B: Backend> Resilient<B> {
     /// call surely changed nothing in the backend (it was not made, or failed with an
     /// error), so what `Share` grants here is charged to the shared bucket later.
     fn on_failure(&self, op: Op, parts: &[Part], owe: bool) -> Statuses {
+        self.on_failure_busy(op, parts, owe, false)
+    }
+
+    /// [`on_failure`](Self::on_failure); `busy`: the call timed out while the backend
+    /// answers others (this instance is slow, the backend is not down). An in-flight
+    /// limit then refuses (its `retry_after`) instead of granting a local share: the call
+    /// may have taken a unit in the backend, and a local grant beside the backend's would
+    /// let more than `n` run while the backend counts the rest.
+    fn on_failure_busy(&self, op: Op, parts: &[Part], owe: bool, busy: bool) -> Statuses {
+        let busy_in_flight = |p: &Part| {
+            busy && op == Op::Check
+                && p.algorithm.is_in_flight()
+                && matches!(p.policy, FailurePolicy::Share | FailurePolicy::Fallback)
+        };
         let mut statuses: Statuses = parts
             .iter()
             .map(|p| match p.policy {
+                _ if busy_in_flight(p) => Status::Checked(in_flight_refusal(p)),
                 FailurePolicy::Allow => Status::FailedOpen,
                 FailurePolicy::Deny => Status::FailedClosed,
                 _ => Status::Unchecked, // the fallback, below
@@ -739,7 +778,7 @@ impl<B: Backend> Resilient<B> {
                 matches!(
                     parts[i].policy,
                     FailurePolicy::Fallback | FailurePolicy::Share
-                )
+                ) && !busy_in_flight(&parts[i])
             })
             .collect();
         if fallback.is_empty() || refused {
@@ -1076,7 +1115,8 @@ impl<B: Backend> Resilient<B> {
                     inner.breaker.failure(inner.clock.now(), name, &error);
                 }
                 // A call that timed out may have been applied: nothing is owed for it.
-                self.on_failure(op, parts, !late)
+                let busy = late && !self.silent();
+                self.on_failure_busy(op, parts, !late, busy)
             }
         }
     }
