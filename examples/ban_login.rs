@@ -31,9 +31,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use axum::extract::Path;
+use axum::Router;
+use axum::extract::{Path, State};
 use axum::routing::{get, post, put};
-use axum::{Extension, Router};
 use http::StatusCode;
 use tollgate::key::PeerIp;
 use tollgate::store::{MemoryStore, Store};
@@ -56,15 +56,16 @@ fn app(store: impl Store) -> Result<Router, tollgate::ConfigError> {
     let layer = RateLimitLayer::builder(store)
         .limit(login_limit())
         .build()?;
+    // The handlers get the layer's limiter from the router's state: nothing per request.
     let limiter = layer.limiter();
     Ok(Router::new()
         .route("/login", post(|| async { "welcome\n" }).route_layer(layer))
         .route("/bans", get(list))
         .route("/bans/{ip}", put(ban).delete(lift))
-        .layer(Extension(limiter)))
+        .with_state(limiter))
 }
 
-async fn list(Extension(limiter): Extension<Limiter>) -> String {
+async fn list(State(limiter): State<Limiter>) -> String {
     let bans = limiter.bans("login").unwrap_or_default();
     if bans.is_empty() {
         return "no bans\n".into();
@@ -81,7 +82,7 @@ async fn list(Extension(limiter): Extension<Limiter>) -> String {
         .collect()
 }
 
-async fn ban(Extension(limiter): Extension<Limiter>, Path(ip): Path<IpAddr>) -> StatusCode {
+async fn ban(State(limiter): State<Limiter>, Path(ip): Path<IpAddr>) -> StatusCode {
     let key = PeerIp::new().key(ip);
     match limiter.ban("login", key, Duration::from_secs(3600)) {
         Ok(()) => StatusCode::NO_CONTENT,
@@ -89,7 +90,7 @@ async fn ban(Extension(limiter): Extension<Limiter>, Path(ip): Path<IpAddr>) -> 
     }
 }
 
-async fn lift(Extension(limiter): Extension<Limiter>, Path(ip): Path<IpAddr>) -> StatusCode {
+async fn lift(State(limiter): State<Limiter>, Path(ip): Path<IpAddr>) -> StatusCode {
     match limiter.lift_ban("login", PeerIp::new().key(ip)) {
         Ok(()) => StatusCode::NO_CONTENT,
         Err(_) => StatusCode::NOT_FOUND,

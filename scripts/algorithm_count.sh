@@ -10,7 +10,7 @@
 #                                              # another build's program (e.g. an older
 #                                              # commit's, built from a worktree)
 #
-# Each algorithm (bench/src/bin/algorithm_checks.rs: 10,000 keys round-robin, a fake clock,
+# Each algorithm (benches/src/bin/algorithm_checks.rs: 10,000 keys round-robin, a fake clock,
 # every check allowed) runs twice under cachegrind, with 200,000 and 600,000 checks;
 # instructions per check are the difference over the 400,000 checks in between, so
 # start-up and the keys' first checks are not counted. Instructions are not time: a cache

@@ -4,7 +4,7 @@
 #   bash scripts/http_compare.sh
 #   ROUNDS=5 DURATION=5 CONNS=64 THREADS=1 bash scripts/http_compare.sh
 #
-# Server configs (bench/src/bin/http_bench_server.rs, `GET /` answering "hello"):
+# Server configs (benches/src/bin/http_bench_server.rs, `GET /` answering "hello"):
 #   plain           bare axum router
 #   governor        tower_governor with headers, per peer IP, nothing refused
 #   tollgate-allow  tollgate, memory store, per peer IP, nothing refused

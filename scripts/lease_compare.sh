@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lease mode against one check per request, on a throwaway Redis: four instances in one
-# process, 64 tasks, each scenario twice, interleaved (bench/src/bin/lease_bench.rs).
+# process, 64 tasks, each scenario twice, interleaved (benches/src/bin/lease_bench.rs).
 #
 #   bash scripts/lease_compare.sh [seconds]
 #   bash scripts/lease_compare.sh fault     # hot key over the limit, leased, 15 s; Redis

@@ -32,7 +32,7 @@
 # modifiers: leased (default) | unleased; flood | paced; hold (blackhole only).
 # The default list: flood-leased flood-unleased sleep stop kill snapshot delay blackhole.
 #
-# Loads (bench/src/bin/http_load.rs), spread evenly over the N ports, for DURATION seconds
+# Loads (benches/src/bin/http_load.rs), spread evenly over the N ports, for DURATION seconds
 # (then 2 s of grace for the answers still due):
 #   flood   CONNS (8) connections per server, each sending back-to-back: saturates a
 #           small machine, as `wrk -t1 -c8` per server does

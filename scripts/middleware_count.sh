@@ -6,7 +6,7 @@
 #
 #   bash scripts/middleware_count.sh
 #
-# Each config (bench/src/bin/middleware_requests.rs) runs twice under cachegrind, with
+# Each config (benches/src/bin/middleware_requests.rs) runs twice under cachegrind, with
 # 20,000 and 60,000 requests; instructions per request are the difference over the 40,000
 # requests in between, so start-up (the runtime, the router, the clock's calibration) is
 # not counted. Instructions are not time: a cache miss or a division costs more than an

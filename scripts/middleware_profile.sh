@@ -8,7 +8,7 @@
 # Default configs: bare and noop_layer (their whole request only, the baselines), tollgate
 # (allowed) and tollgate_denied.
 #
-# As scripts/middleware_count.sh: each config (bench/src/bin/middleware_requests.rs) runs
+# As scripts/middleware_count.sh: each config (benches/src/bin/middleware_requests.rs) runs
 # with 20,000 and 60,000 requests, and a figure is the difference over the 40,000 in
 # between, so start-up is not counted. Inclusive: a function's figure holds its callees'
 # (render is inside finish, finish inside proceed, proceed inside call). Installs valgrind

@@ -1,6 +1,6 @@
 # Sourced by scripts/middleware_count.sh and scripts/middleware_profile.sh: installs
 # valgrind (scripts/valgrind.sh) if it is missing and builds the middleware benchmark's routers
-# (bench/src/bin/middleware_requests.rs), setting $bin to the binary.
+# (benches/src/bin/middleware_requests.rs), setting $bin to the binary.
 #
 #   source scripts/middleware_requests.sh   # sets $bin
 

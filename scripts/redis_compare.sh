@@ -9,7 +9,7 @@
 #   2. redis-benchmark -P 16 -c 64: EVALSHA of lua/gcra.lua with one request of one key
 #      (the script the store runs), a pipelined C client as the ceiling of one call per
 #      request; then the same with three keys;
-#   3. bench/src/bin/redis_bench.rs, 1 and 3 limits per request, 64 and 256 tasks, with
+#   3. benches/src/bin/redis_bench.rs, 1 and 3 limits per request, 64 and 256 tasks, with
 #      batching (the default) and without (--batch 1: one call per request);
 #   4. redis_bench with 1 limit of each window algorithm (fixed window, sliding window,
 #      sliding log), against the GCRA run;

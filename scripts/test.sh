@@ -66,7 +66,7 @@ cargo check -p tollgate --no-default-features --features rules-sql
 cargo check -p tollgate --no-default-features --features rules
 cargo check -p tollgate --no-default-features --features calendar
 
-step "build every target (the benchmarks and comparisons of bench/ too)"
+step "build every target (the benchmarks and comparisons of benches/ too)"
 cargo build --workspace --all-targets --all-features
 
 step "tests and doctests (all features: real Redis servers and a Redis Cluster)"

@@ -142,6 +142,9 @@ pub use middleware::grpc;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use observe::metrics;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use web::extract::MissingExtension;
 pub use web::{headers, key, response};
 
 /// The tower service a [`RateLimitLayer`] makes, and its response future: named in type

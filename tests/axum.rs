@@ -401,6 +401,84 @@ async fn with_the_extensions_off_handlers_find_neither_and_the_limiter_comes_fro
     assert_eq!(support::body_text(r).await, "(false, false) Some(9)");
 }
 
+/// `Limiter` and `Decision` extract from the extensions the layer was asked to fill; one it
+/// was not asked to fill is a 500 naming the builder option, not axum's bare "missing
+/// request extension".
+#[tokio::test]
+async fn an_extension_the_layer_was_not_asked_for_names_the_option_to_turn_on() {
+    use tollgate::Limiter;
+    let app = |options: fn(tollgate::RateLimitBuilder<_>) -> tollgate::RateLimitBuilder<_>| {
+        let (_, store) = store();
+        let builder = RateLimitLayer::builder(store)
+            .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()));
+        let layer = options(builder).build().unwrap();
+        Router::new()
+            .route(
+                "/limiter",
+                get(|limiter: Limiter| async move { limiter.limits().join(",") }),
+            )
+            .route(
+                "/decision",
+                get(|d: Decision| async move { d.limit("per-ip").unwrap().allowed().to_string() }),
+            )
+            .route(
+                "/extension",
+                get(|Extension(limiter): Extension<Limiter>| async move {
+                    limiter.limits().join(",")
+                }),
+            )
+            .route(
+                "/optional",
+                get(|l: Option<Limiter>, d: Option<Decision>| async move {
+                    format!("{} {}", l.is_some(), d.is_some())
+                }),
+            )
+            .route_layer(layer)
+    };
+    let get_text = |app: Router, path: &'static str| async move {
+        let r = send(&app, req(path, "192.0.2.9")).await;
+        (r.status(), support::body_text(r).await)
+    };
+
+    // Default options: the decision is there, the limiter is not.
+    let defaults = app(|b| b);
+    let (status, body) = get_text(defaults.clone(), "/limiter").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body.contains(".limiter_extension(true)"), "{body}");
+    assert!(body.contains("State<Limiter>"), "{body}");
+    assert_eq!(
+        get_text(defaults.clone(), "/decision").await,
+        (StatusCode::OK, "true".into())
+    );
+    assert_eq!(
+        get_text(defaults.clone(), "/optional").await,
+        (StatusCode::OK, "false true".into())
+    );
+
+    // Asked for: both there, by the extractor and by `Extension`.
+    let both = app(|b| b.limiter_extension(true));
+    for path in ["/limiter", "/extension"] {
+        assert_eq!(
+            get_text(both.clone(), path).await,
+            (StatusCode::OK, "per-ip".into())
+        );
+    }
+    assert_eq!(
+        get_text(both.clone(), "/optional").await,
+        (StatusCode::OK, "true true".into())
+    );
+
+    // The decision turned off: its extractor names its option.
+    let neither = app(|b| b.decision_extension(false));
+    let (status, body) = get_text(neither.clone(), "/decision").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body.contains(".decision_extension(true)"), "{body}");
+    assert_eq!(
+        get_text(neither, "/optional").await,
+        (StatusCode::OK, "false false".into())
+    );
+}
+
 #[tokio::test]
 async fn several_limits_are_all_or_nothing() {
     let (_, store) = store();

@@ -11,9 +11,10 @@ mod support;
 
 use std::time::Duration;
 
+use axum::Router;
 use axum::body::Body;
+use axum::extract::State;
 use axum::routing::get;
-use axum::{Extension, Router};
 use http::{Request, StatusCode};
 use support::{body_text, send, with_peer};
 use tollgate::clock::FakeClock;
@@ -341,22 +342,23 @@ async fn reset_lifts_a_block_and_fills_the_bucket<H: Harness>(h: &H) {
 }
 
 /// The layer and the handle share buckets: HTTP empties `x-user: alice`, the handle resets
-/// it, HTTP passes again; the handle is in the request extensions.
+/// it, HTTP passes again; handlers get the handle from the router's state.
 async fn the_layer_and_the_handle_share_buckets<H: Harness>(h: &H) {
     let layer = RateLimitLayer::builder(h.store())
         .limit(Limit::new("login", Q).key(Header::new("x-user")))
         .build()
         .unwrap();
     let limiter = layer.limiter();
-    // The handler reads the bucket through the handle from the extensions.
+    // The handler reads the bucket through the handle from the router's state.
     let app = Router::new()
         .route(
             "/",
-            get(|Extension(limiter): Extension<Limiter>| async move {
+            get(|State(limiter): State<Limiter>| async move {
                 let d = limiter.peek("login", "alice").await.unwrap();
                 d.remaining().unwrap().to_string()
             }),
         )
+        .with_state(limiter.clone())
         .route_layer(layer);
     let alice = || {
         with_peer(

@@ -336,14 +336,19 @@ fn checking_an_existing_key_allocates_nothing() {
 /// What a request through the layer allocates beyond the router's own, on a router run as
 /// `axum::serve` runs it (its state given: each route built once, not per request), counted
 /// as the median of 64 requests after 16 to warm up. An allowed request: the `Decision`
-/// and `Limiter` extensions, a box each, and nothing else: its `RateLimit` value is written
-/// into the thread's buffer of values (one allocation per some forty values). A refusal:
-/// no more than the bare router's handler makes for its own response; its problem body and
+/// extension, a box, and nothing else (the `Limiter` extension, another box, only with
+/// `.limiter_extension(true)`; handlers get the `Limiter` from the router's state): its
+/// `RateLimit` value is written into the thread's buffer of values (one allocation per
+/// some forty values), and axum boxes the service's `ResponseBody` as it boxes any
+/// layer's body of its own type. A refusal:
+/// no more than the bare router's handler makes for its own response (and axum's box of the
+/// body); its problem body and
 /// `RateLimit` value come from the thread's memo, nothing is allocated per number
 /// (`Retry-After` comes from a table) and no key is rendered for a refusal log nobody
 /// reads. Before this was pinned: 5 more than a no-op layer for an allowed request, 8 more
 /// than the bare router for a refusal; before the memo, 4 more for a refusal; before the
-/// buffer of values, one more for an allowed request.
+/// buffer of values, one more for an allowed request; before the `Limiter` extension was
+/// opt-in, one more for an allowed request with the default options (15, now 14).
 mod http_path {
     use super::*;
     use std::net::SocketAddr;
@@ -354,8 +359,10 @@ mod http_path {
     use axum::routing::get;
     use http::{Request, StatusCode};
     use tollgate::key::PeerIp;
-    use tollgate::{Limit, RateLimitLayer};
+    use tollgate::{Limit, RateLimitBuilder, RateLimitLayer};
     use tower::ServiceExt;
+
+    type Builder = RateLimitBuilder<MemoryStore<FakeClock>>;
 
     fn request() -> Request<Body> {
         let mut request = Request::get("/").body(Body::empty()).unwrap();
@@ -394,39 +401,55 @@ mod http_path {
         let noop = bare
             .clone()
             .route_layer(tower::layer::util::Identity::new());
+        // A no-op layer whose response body is a type of its own, as the `RateLimit`
+        // service's `ResponseBody` is: axum boxes such a body (`Body::new`).
+        let noop_wrapping = bare.clone().route_layer(tower::util::MapResponseLayer::new(
+            |r: http::Response<Body>| r.map(|b| http_body_util::BodyExt::map_err(b, |e| e)),
+        ));
         let clock = FakeClock::at(Duration::from_secs(10));
-        let limited = |quota, extensions: bool| {
-            let layer = RateLimitLayer::builder(MemoryStore::with_clock(clock.clone()))
-                .limit(Limit::new("per-ip", quota).key(PeerIp::new()))
-                .decision_extension(extensions)
-                .limiter_extension(extensions)
-                .build()
-                .unwrap();
-            bare.clone().route_layer(layer)
+        let limited = |quota, options: fn(Builder) -> Builder| {
+            let builder = RateLimitLayer::builder(MemoryStore::with_clock(clock.clone()))
+                .limit(Limit::new("per-ip", quota).key(PeerIp::new()));
+            bare.clone().route_layer(options(builder).build().unwrap())
         };
         let plenty = Quota::per_second(1_000_000).burst(1_000_000);
-        let allowed = limited(plenty, true);
-        let allowed_bare = limited(plenty, false);
-        let denied = limited(Quota::per_hour(1), true);
+        let allowed = limited(plenty, |b| b);
+        let allowed_limiter = limited(plenty, |b| b.limiter_extension(true));
+        let allowed_bare = limited(plenty, |b| {
+            b.decision_extension(false).limiter_extension(false)
+        });
+        let denied = limited(Quota::per_hour(1), |b| b);
         let _ = rt.block_on(denied.clone().oneshot(request()));
         let n_bare = per_request(&rt, &bare, StatusCode::OK);
         let n_noop = per_request(&rt, &noop, StatusCode::OK);
+        let n_noop_wrapping = per_request(&rt, &noop_wrapping, StatusCode::OK);
         let n_allowed = per_request(&rt, &allowed, StatusCode::OK);
+        let n_allowed_limiter = per_request(&rt, &allowed_limiter, StatusCode::OK);
         let n_allowed_bare = per_request(&rt, &allowed_bare, StatusCode::OK);
         let n_denied = per_request(&rt, &denied, StatusCode::TOO_MANY_REQUESTS);
         println!(
-            "allocations per request: bare router {n_bare}, no-op route_layer {n_noop}, \
-             allowed {n_allowed} (without the extensions {n_allowed_bare}), denied {n_denied}"
+            "allocations per request: bare router {n_bare}, no-op route_layer {n_noop} \
+             ({n_noop_wrapping} wrapping the body), \
+             allowed {n_allowed} (with the Limiter extension {n_allowed_limiter}, without \
+             either extension {n_allowed_bare}), denied {n_denied}"
         );
-        // Nothing of its own: the `RateLimit` value is written into the thread's buffer.
-        assert!(n_allowed_bare <= n_noop, "{n_allowed_bare} vs {n_noop}");
-        // A box per extension.
+        // Nothing of its own: the `RateLimit` value is written into the thread's buffer,
+        // and axum boxes the response body as it boxes any layer's body of its own type.
         assert!(
-            n_allowed <= n_allowed_bare + 2,
-            "{n_allowed} vs {n_allowed_bare}"
+            n_allowed_bare <= n_noop_wrapping,
+            "{n_allowed_bare} vs {n_noop_wrapping}"
         );
+        // By default, the `Decision`'s box and nothing else: the `Limiter` comes from the
+        // router's state.
+        assert_eq!(n_allowed, n_allowed_bare + 1, "the Decision extension");
+        // `.limiter_extension(true)`: one box more.
+        assert_eq!(n_allowed_limiter, n_allowed + 1, "the Limiter extension");
         // The 429's header map and body, no more than the bare router's handler makes for
-        // its own response.
-        assert!(n_denied <= n_bare, "{n_denied} vs {n_bare}");
+        // its own response, and the box axum makes of the service's body type.
+        let body_box = n_noop_wrapping - n_noop;
+        assert!(
+            n_denied <= n_bare + body_box,
+            "{n_denied} vs {n_bare} + {body_box}"
+        );
     }
 }

@@ -932,7 +932,12 @@ async fn a_removed_limit_is_no_longer_checked() {
 
 #[tokio::test]
 async fn requests_in_flight_finish_on_the_rules_they_started_with() {
-    let rules = from_text("[[limits]]\nname = \"old\"\nquota = \"5/min\"\n");
+    // The handle in a request's extensions (asked for) is the one of its rules.
+    let rules = Rules::builder(store())
+        .text("[[limits]]\nname = \"old\"\nquota = \"5/min\"\n")
+        .configure(|b| b.limiter_extension(true))
+        .build()
+        .unwrap();
     let release = Arc::new(tokio::sync::Notify::new());
     let entered = Arc::new(tokio::sync::Notify::new());
     let (r, e) = (release.clone(), entered.clone());

@@ -292,8 +292,9 @@ impl<St: Store> Handle for Engine<St> {
 /// middleware, and more, from code.
 ///
 /// Made by [`RateLimitLayer::limiter`](crate::RateLimitLayer::limiter) (sharing the layer's
-/// limits and store; the layer also puts it in every request's extensions, for axum's
-/// `Extension<Limiter>`), or on its own by [`Limiter::builder`].
+/// limits and store; give it to handlers through the router's state, or build the layer
+/// with [`limiter_extension(true)`](crate::RateLimitBuilder::limiter_extension) to have it
+/// in every request's extensions), or on its own by [`Limiter::builder`].
 ///
 /// Limits are named as configured; the handle uses each limit's own quota, mode and
 /// failure policy (a store failure is answered as in the middleware: a fallback decision,

@@ -183,14 +183,16 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     }
 
     /// Whether the [`Decision`](crate::Decision) is put in the request extensions for the
-    /// handler (default: yes).
+    /// handler (default: yes), where a handler extracts it as `decision: Decision` (feature
+    /// `axum`) or `Extension<Decision>`.
     ///
     /// Each value in a request's extensions costs that request one allocation
-    /// (`http::Extensions` boxes what it holds). An application whose handlers read
-    /// neither the decision nor the [`Limiter`](crate::Limiter) can turn both extensions
-    /// off: in this crate's middleware benchmark (`scripts/middleware_count.sh`) an allowed
-    /// request then takes about 6% fewer instructions. [`on_decision`](Self::on_decision)
-    /// sees every decision either way.
+    /// (`http::Extensions` boxes what it holds). An application whose handlers do not read
+    /// the decision can turn it off (in this crate's middleware benchmark,
+    /// `scripts/middleware_count.sh`, turning off both this and the `Limiter` extension
+    /// saved an allowed request about 6% of its instructions). [`on_decision`](Self::on_decision) sees every decision either way. A
+    /// handler that extracts `Decision` from a layer built with `false` gets a 500 that
+    /// names this option ([`MissingExtension`](crate::MissingExtension)).
     pub fn decision_extension(mut self, insert: bool) -> Self {
         self.settings.options.decision_extension = insert;
         self
@@ -236,12 +238,18 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         }
     }
 
-    /// Whether the [`Limiter`](crate::Limiter) handle is put in the request extensions for the handler
-    /// (default: yes), where axum's `Extension<Limiter>` finds it.
+    /// Whether the [`Limiter`](crate::Limiter) handle is put in the request extensions for
+    /// the handler (default: no), where a handler extracts it as `limiter: Limiter`
+    /// (feature `axum`) or `Extension<Limiter>`.
     ///
     /// It costs each request one allocation (see
-    /// [`decision_extension`](Self::decision_extension)). Handlers can have the same handle
-    /// for nothing per request from the router's state:
+    /// [`decision_extension`](Self::decision_extension)), so it is off unless asked for:
+    /// handlers have the same handle for nothing per request from the router's state, as
+    /// below. A handler that extracts `Limiter` from a layer built without it gets a 500
+    /// that names this option ([`MissingExtension`](crate::MissingExtension)). With rules
+    /// that reload, the handle in the extensions is the one of the rules the request runs
+    /// on (`Rules::builder(..).configure(|b| b.limiter_extension(true))`), the state's
+    /// follows the current rules.
     ///
     /// ```
     /// use axum::{Router, extract::State, routing::get};
@@ -249,7 +257,6 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     ///
     /// let layer = RateLimitLayer::builder(MemoryStore::new())
     ///     .limit(Limit::new("global", Quota::per_second(100)))
-    ///     .limiter_extension(false)
     ///     .build()?;
     /// let app: Router = Router::new()
     ///     .route(

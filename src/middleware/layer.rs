@@ -71,8 +71,9 @@ impl<St: Store, R: 'static> fmt::Debug for RateLimitLayer<St, R> {
 impl<St: Store, R: Send + Sync + 'static> RateLimitLayer<St, R> {
     /// The [`Limiter`] handle on this layer's limits and store: what handlers, background
     /// jobs and other stacks use to peek, check, refund, penalize, block and reset the
-    /// same buckets. With the default settings it is also in every request's extensions
-    /// (see [`RateLimitBuilder::limiter_extension`](crate::RateLimitBuilder::limiter_extension)).
+    /// same buckets. Handlers get it from the router's state (`Router::with_state`); it is
+    /// in every request's extensions only with
+    /// [`RateLimitBuilder::limiter_extension(true)`](crate::RateLimitBuilder::limiter_extension).
     pub fn limiter(&self) -> Limiter {
         Limiter::from_handle(self.source.handle())
     }

@@ -227,8 +227,8 @@ where
     }
 }
 
-/// Puts the [`Limiter`] in the request's extensions, if the layer does: the handle of
-/// the calling thread's slot (see [`Version`]).
+/// Puts the [`Limiter`] in the request's extensions, if the layer does (opt-in:
+/// `.limiter_extension(true)`): the handle of the calling thread's slot (see [`Version`]).
 pub(crate) fn insert_limiter<St: Store, R: Send + Sync + 'static>(
     version: &Version<St, R>,
     parts: &mut Parts,

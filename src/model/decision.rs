@@ -374,7 +374,7 @@ impl fmt::Debug for LimitDecision {
 /// What the limiter decided for one request over all its limits.
 ///
 /// The middleware puts it in the request's extensions, so handlers can read it (axum:
-/// `Extension<Decision>`), and builds the response headers from it.
+/// `decision: Decision`, or `Extension<Decision>`), and builds the response headers from it.
 ///
 /// ```
 /// use axum::{Extension, routing::get, Router};

@@ -7,6 +7,8 @@ pub(crate) mod charge;
 pub(crate) mod compile;
 pub(crate) mod cost;
 pub(crate) mod deadline;
+#[cfg(feature = "axum")]
+pub(crate) mod extract;
 pub mod headers;
 pub(crate) mod hooks;
 pub mod key;

@@ -57,7 +57,8 @@ impl Default for Options {
             jitter: 0.0,
             unavailable_retry: Duration::from_secs(1),
             decision_extension: true,
-            limiter_extension: true,
+            // Opt-in: handlers get the handle from the router's state for nothing.
+            limiter_extension: false,
             observer: None,
         }
     }

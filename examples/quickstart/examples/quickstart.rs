@@ -39,7 +39,7 @@
 
 use std::net::SocketAddr;
 
-use axum::{Extension, Router, routing::get};
+use axum::{Router, routing::get};
 use tollgate::{Decision, Limit, Quota, RateLimitLayer, key::PeerIp, store::MemoryStore};
 use tracing_subscriber::EnvFilter;
 
@@ -79,8 +79,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The middleware hands the handler its `Decision`: what each limit said.
-async fn hello(Extension(decision): Extension<Decision>) -> String {
+/// The middleware hands the handler its `Decision`: what each limit said. (The `Limiter`
+/// handle, to check or reset buckets from a handler, comes from the router's state:
+/// `Router::with_state(limits.limiter())` and `State<Limiter>`.)
+async fn hello(decision: Decision) -> String {
     match decision.limit("per-ip").and_then(|l| l.remaining()) {
         Some(left) => format!("hello, you have {left} requests left\n"),
         None => "hello\n".to_owned(),

@@ -9,7 +9,7 @@
 //!
 //! - `tollgate`: a [`Key`] built from the address with [`Key::from_part`], one [`Item`], and
 //!   [`MemoryStore::check`] (the default clock, [`CpuClock`]: the CPU's counter where the
-//!   kernel uses it too), as `bench/benches/memory.rs` does;
+//!   kernel uses it too), as `benches/benches/memory.rs` does;
 //! - `tollgate-instant`: the same store on `std::time::Instant` ([`MonotonicClock`]);
 //! - `tollgate-coarse`: the same store on the opt-in [`CoarseClock`] (a cached monotonic
 //!   time refreshed every 100 µs by a thread: one atomic load per read);

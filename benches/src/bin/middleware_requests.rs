@@ -10,7 +10,8 @@
 //! runtime):
 //!
 //! - `bare`, `noop_layer`: no limiter; an identity `route_layer`;
-//! - `tollgate`: `RateLimitLayer` keyed by the peer IP, a quota that never runs out;
+//! - `tollgate`: `RateLimitLayer` keyed by the peer IP, a quota that never runs out (the
+//!   default options: the `Decision` extension, not the `Limiter`'s);
 //! - `tollgate_no_extensions`: the same without the `Decision` and `Limiter` extensions;
 //! - `tower_governor`: its layer with headers, never running out;
 //! - `tollgate_denied`, `tower_governor_denied`: one token a day, spent by a first request
