@@ -404,6 +404,7 @@ async fn with_the_extensions_off_handlers_find_neither_and_the_limiter_comes_fro
 /// `Limiter` and `Decision` extract from the extensions the layer was asked to fill; one it
 /// was not asked to fill is a 500 naming the builder option, not axum's bare "missing
 /// request extension".
+#[cfg(feature = "axum")]
 #[tokio::test]
 async fn an_extension_the_layer_was_not_asked_for_names_the_option_to_turn_on() {
     use tollgate::Limiter;

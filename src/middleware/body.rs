@@ -100,9 +100,9 @@ impl<B> ResponseBody<B> {
 /// it, or, for a request that holds something until its response ends (an in-flight
 /// unit, a cost to settle), a [`ResponseBody`] that follows it to its end.
 ///
-/// axum's and tonic's bodies stay what they are: a followed one is boxed into them
-/// (`Body::new`), so the layer's responses have the inner service's type and a request that
-/// holds nothing allocates nothing. Other bodies answer `ResponseBody<B>` (implemented for
+/// axum's body (whatever the features) and tonic's (feature `grpc`) stay what they are: a
+/// followed one is boxed into them (`Body::new`), so the layer's responses have the inner
+/// service's type and a request that holds nothing allocates nothing. Other bodies answer `ResponseBody<B>` (implemented for
 /// `http_body_util`'s `Full`, `Empty`, `BoxBody` and `UnsyncBoxBody`). A body type of
 /// your own takes three lines:
 ///
@@ -166,14 +166,14 @@ impl<D> Follow for http_body_util::Empty<D> {
     }
 }
 
-#[cfg(feature = "axum")]
-impl Follow for axum::body::Body {
+/// axum's body (`axum::body::Body`), whether or not the `axum` feature is on.
+impl Follow for axum_core::body::Body {
     type Body = Self;
     fn plain(self) -> Self {
         self
     }
     fn follow(body: ResponseBody<Self>) -> Self {
-        axum::body::Body::new(body)
+        axum_core::body::Body::new(body)
     }
 }
 

@@ -192,7 +192,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     /// `scripts/middleware_count.sh`, turning off both this and the `Limiter` extension
     /// saved an allowed request about 6% of its instructions). [`on_decision`](Self::on_decision) sees every decision either way. A
     /// handler that extracts `Decision` from a layer built with `false` gets a 500 that
-    /// names this option ([`MissingExtension`](crate::MissingExtension)).
+    /// names this option (`MissingExtension`, with the `axum` feature).
     pub fn decision_extension(mut self, insert: bool) -> Self {
         self.settings.options.decision_extension = insert;
         self
@@ -246,7 +246,7 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     /// [`decision_extension`](Self::decision_extension)), so it is off unless asked for:
     /// handlers have the same handle for nothing per request from the router's state, as
     /// below. A handler that extracts `Limiter` from a layer built without it gets a 500
-    /// that names this option ([`MissingExtension`](crate::MissingExtension)). With rules
+    /// that names this option (`MissingExtension`, with the `axum` feature). With rules
     /// that reload, the handle in the extensions is the one of the rules the request runs
     /// on (`Rules::builder(..).configure(|b| b.limiter_extension(true))`), the state's
     /// follows the current rules.
