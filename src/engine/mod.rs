@@ -6,9 +6,11 @@
 
 pub(crate) mod ban;
 pub(crate) mod delay;
+pub(crate) mod queue;
 pub(crate) mod settle;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 
@@ -35,6 +37,8 @@ pub(crate) struct Bound<St: Store> {
     pub(crate) waiters: Option<Waiters>,
     /// Bans that escalate (`ban.rs`).
     pub(crate) bans: Option<ban::Banning<St::Table>>,
+    /// Delay mode of an in-flight limit: the requests waiting for a unit (`queue.rs`).
+    pub(crate) queue: Option<Arc<queue::Queue>>,
 }
 
 /// The limits of a layer or a limiter, bound to their store.
@@ -127,7 +131,21 @@ impl<St: Store> Engine<St> {
             name,
             bans,
             table: self.store.table(&spec.name),
-            waiters: Waiters::new(spec.on_limit, &spec.name, &self.waits),
+            // An in-flight limit's requests wait for a unit in its queue, not for an
+            // instant.
+            waiters: match spec.algorithm.is_in_flight() {
+                true => None,
+                false => Waiters::new(spec.on_limit, &spec.name, &self.waits),
+            },
+            queue: match spec.on_limit {
+                crate::model::policy::OnLimit::Delay {
+                    max_wait,
+                    max_waiters,
+                } if spec.algorithm.is_in_flight() => {
+                    Some(Arc::new(queue::Queue::new(max_waiters, max_wait)))
+                }
+                _ => None,
+            },
             spec,
         });
         let index = self.bounds.len() - 1;

@@ -9,14 +9,18 @@ use std::task::{Context, Poll, ready};
 use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use smallvec::SmallVec;
 use tower_service::Service;
 
+use crate::engine::queue::{self, Ticket};
 use crate::middleware::body::{AfterBody, Follow, ResponseBody};
 use crate::middleware::guard::{DelayGuard, PendingCharge};
-use crate::middleware::shared::{Passed, Version, proceed};
+use crate::middleware::shared::{Passed, Version, insert_limiter, proceed};
 use crate::store::Store;
+use crate::store::{Checked, Item};
 use crate::web::headers::Fields;
 use crate::web::policy::Prepared;
+use crate::web::policy::{Early, QueueAt};
 use crate::web::response::OnRejection;
 
 type KeptKeys = smallvec::SmallVec<[crate::web::key::Key; 4]>;
@@ -49,6 +53,68 @@ pin_project! {
         // The keys of the request's limits, if its refusal is logged or tracked.
         keys: KeptKeys,
         request: Option<(Parts, ReqBody)>,
+        // Delay mode of in-flight limits: the request's places, if it waits already.
+        queued: Option<Queued>,
+    }
+}
+
+pin_project! {
+    /// Delay mode of in-flight limits: a request waiting for a unit of its key. Boxed, as
+    /// [`Waiting`].
+    struct InQueue<S, St, R, ReqBody>
+    where
+        St: Store,
+    {
+        #[pin]
+        wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+        waited: bool,
+        service: S,
+        version: Arc<Version<St, R>>,
+        request: Option<(Parts, ReqBody)>,
+        queued: Option<Queued>,
+    }
+}
+
+/// A request's places in the queues of its in-flight limits, and when it stops waiting.
+pub(crate) struct Queued {
+    tickets: SmallVec<[Ticket; 1]>,
+    deadline: tokio::time::Instant,
+    /// Past the deadline: the check is the last one, and refuses as usual.
+    last: bool,
+}
+
+impl Queued {
+    /// Places in the queues `at` (the shortest `max_wait` of them), or `None` if one is
+    /// full.
+    fn enter<St: Store>(engine: &crate::engine::Engine<St>, at: &QueueAt) -> Option<Self> {
+        let mut tickets = SmallVec::new();
+        let mut max_wait = std::time::Duration::MAX;
+        for &(bound, key) in at {
+            let q = engine.bounds[bound].queue.as_ref()?;
+            tickets.push(q.enter(key)?);
+            max_wait = max_wait.min(q.max_wait);
+        }
+        let now = tokio::time::Instant::now();
+        Some(Self {
+            tickets,
+            deadline: now.checked_add(max_wait).unwrap_or(now),
+            last: false,
+        })
+    }
+
+    /// What the request waits for now: a wake of its first queue, or a poll.
+    fn wait(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let notify = self.tickets.first().map(Ticket::notifier);
+        let deadline = self.deadline;
+        Box::pin(async move {
+            let until = deadline.min(tokio::time::Instant::now() + queue::POLL);
+            match notify {
+                Some(n) => {
+                    let _ = tokio::time::timeout_at(until, n.notified()).await;
+                }
+                None => tokio::time::sleep_until(until).await,
+            }
+        })
     }
 }
 
@@ -86,6 +152,9 @@ pin_project! {
         Delaying {
             delayed: Pin<Box<Delayed<S, St, ReqBody>>>,
         },
+        Queueing {
+            queued: Pin<Box<InQueue<S, St, R, ReqBody>>>,
+        },
         Calling {
             #[pin]
             future: S::Future,
@@ -98,6 +167,140 @@ pin_project! {
         Done {
             response: Option<S::Response>,
         },
+    }
+}
+
+impl<S, St, R, ReqBody, ResBody> ResponseFuture<S, St, R, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    St: Store,
+    R: OnRejection<ResBody> + Send + Sync + 'static,
+{
+    /// A request through the limits of `version` (the one current when it arrived) and
+    /// then `inner` (made ready). `queued`: its places in the queues of in-flight limits
+    /// in delay mode, when it checks again after waiting there.
+    pub(crate) fn start(
+        version: &Arc<Version<St, R>>,
+        inner: &mut S,
+        req: Request<ReqBody>,
+        queued: Option<Queued>,
+    ) -> Self {
+        let (mut parts, body) = req.into_parts();
+        let shared = &version.shared;
+        let engine = &*shared.engine;
+        let mut items = SmallVec::<[Item<'_, St::Table>; 4]>::new();
+        let prepared = match shared.policy.prepare(engine, &parts, &mut items) {
+            Ok(prepared) => prepared,
+            Err(Early::Pass) => {
+                drop(items);
+                insert_limiter(version, &mut parts);
+                let future = inner.call(Request::from_parts(parts, body));
+                return ResponseFuture::calling(future, Fields::default(), None, None);
+            }
+            Err(Early::Refuse(rejection)) => {
+                return ResponseFuture::done(shared.early(&rejection));
+            }
+        };
+        // Requests of its key wait already: behind them, without a check.
+        if queued.is_none()
+            && let Some(at) = shared.policy.waiting_ahead(engine, &prepared)
+            && let Some(places) = Queued::enter(engine, &at)
+        {
+            drop(items);
+            return Self::queue(version, inner, parts, body, places);
+        }
+        match engine.check(&items) {
+            Checked::Ready(statuses) => {
+                if let Some(places) = Self::requeue(version, &prepared, &statuses, queued) {
+                    drop(items);
+                    return Self::queue(version, inner, parts, body, places);
+                }
+                let next = proceed(version, prepared, statuses, &mut parts, &items[..]);
+                drop(items);
+                match next {
+                    Ok(passed) if passed.delay.is_none() => {
+                        let future = inner.call(Request::from_parts(parts, body));
+                        ResponseFuture::calling(future, passed.fields, passed.charge, passed.after)
+                    }
+                    // Delay mode: the readied service is let go (whatever its readiness
+                    // holds, a concurrency permit, goes back); the waiting request gets a
+                    // clone, made ready once its wait is over. The next call is made ready
+                    // again, as every call is.
+                    Ok(passed) => {
+                        let clone = inner.clone();
+                        let readied = std::mem::replace(inner, clone);
+                        ResponseFuture::passed(passed, readied, parts, body)
+                    }
+                    Err(response) => ResponseFuture::done(response),
+                }
+            }
+            Checked::Pending(check) => {
+                let keys = shared.policy.hooks.keep_keys(&items);
+                drop(items);
+                // Take the service that was made ready; leave a clone for the next call.
+                let clone = inner.clone();
+                let service = std::mem::replace(inner, clone);
+                ResponseFuture::checking(
+                    check,
+                    service,
+                    version.clone(),
+                    prepared,
+                    keys,
+                    (parts, body),
+                    queued,
+                )
+            }
+        }
+    }
+
+    /// Whether a request the store refused waits (again) in the queues of its in-flight
+    /// limits: its places (those it has, or new ones), unless a limit that does not queue
+    /// refused it, a queue is full, or its wait is over.
+    fn requeue(
+        version: &Version<St, R>,
+        prepared: &Prepared,
+        statuses: &crate::store::Statuses,
+        queued: Option<Queued>,
+    ) -> Option<Queued> {
+        let engine = &*version.shared.engine;
+        let at = version
+            .shared
+            .policy
+            .queue_for(engine, prepared, statuses)?;
+        match queued {
+            Some(q) if q.last => None,
+            Some(q) => {
+                for t in &q.tickets {
+                    t.rearm();
+                }
+                Some(q)
+            }
+            None => Queued::enter(engine, &at),
+        }
+    }
+
+    /// The request waits in its queues, without the readied service (a clone is made ready
+    /// when it checks again).
+    fn queue(
+        version: &Arc<Version<St, R>>,
+        inner: &mut S,
+        parts: Parts,
+        body: ReqBody,
+        places: Queued,
+    ) -> Self {
+        let unready = inner.clone();
+        Self {
+            state: State::Queueing {
+                queued: Box::pin(InQueue {
+                    wait: places.wait(),
+                    waited: false,
+                    service: unready,
+                    version: version.clone(),
+                    request: Some((parts, body)),
+                    queued: Some(places),
+                }),
+            },
+        }
     }
 }
 
@@ -165,8 +368,8 @@ where
         version: Arc<Version<St, R>>,
         prepared: Prepared,
         keys: KeptKeys,
-        parts: Parts,
-        body: ReqBody,
+        (parts, body): (Parts, ReqBody),
+        queued: Option<Queued>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -177,6 +380,7 @@ where
                     prepared: Some(prepared),
                     keys,
                     request: Some((parts, body)),
+                    queued,
                 }),
             },
         }
@@ -204,6 +408,14 @@ where
                         .take()
                         .expect("ResponseFuture polled after completion");
                     let prepared = w.prepared.take().expect("prepared once");
+                    if let Some(places) =
+                        Self::requeue(w.version, &prepared, &statuses, w.queued.take())
+                    {
+                        let mut service = w.service.take().expect("service taken once");
+                        let next = Self::queue(w.version, &mut service, parts, body, places);
+                        state.set(next.state);
+                        continue;
+                    }
                     match proceed(w.version, prepared, statuses, &mut parts, &w.keys[..]) {
                         Ok(passed) => {
                             let service = w.service.take().expect("service taken once");
@@ -215,6 +427,25 @@ where
                             return Poll::Ready(Ok(response.map(Follow::plain)));
                         }
                     }
+                }
+                StateProj::Queueing { queued } => {
+                    let q = queued.as_mut().project();
+                    if !*q.waited {
+                        ready!(q.wait.poll(cx));
+                        *q.waited = true;
+                    }
+                    ready!(q.service.poll_ready(cx))?;
+                    let mut places = q.queued.take().expect("checked once per wait");
+                    places.last = tokio::time::Instant::now() >= places.deadline;
+                    let (parts, body) = q.request.take().expect("checked once per wait");
+                    let version = q.version.clone();
+                    let next = Self::start(
+                        &version,
+                        q.service,
+                        Request::from_parts(parts, body),
+                        Some(places),
+                    );
+                    state.set(next.state);
                 }
                 StateProj::Delaying { delayed } => {
                     let d = delayed.as_mut().project();

@@ -155,6 +155,12 @@ impl<St: Store> HeldGuard<St> {
         if !self.held.is_empty() {
             let held = std::mem::take(&mut self.held);
             self.engine.refund(&self.plan, &held);
+            // Delay mode: the longest-waiting request of each key looks again.
+            for (i, key) in &held {
+                if let Some(q) = &self.engine.bounds[self.plan[*i].bound].queue {
+                    q.wake(crate::engine::queue::key_hash(key));
+                }
+            }
         }
     }
 }

@@ -230,12 +230,6 @@ impl LimitSpec {
             max_waiters,
         } = self.on_limit
         {
-            if self.algorithm.is_in_flight() {
-                return Err(ConfigError::new(
-                    "on_limit",
-                    "delay mode waits for an instant; an in-flight limit's units come back when requests end, at no instant it can know: use reject mode (its refusals carry `retry_after`)",
-                ));
-            }
             if sliding {
                 return Err(ConfigError::new(
                     "on_limit",

@@ -136,6 +136,9 @@ pub(crate) struct Policy {
     pub(crate) hooks: Hooks,
 }
 
+/// The queues a request waits in: (bound index, key hash).
+pub(crate) type QueueAt = SmallVec<[(usize, u64); 1]>;
+
 /// A request, prepared for the store.
 pub(crate) struct Prepared {
     pub(crate) group: usize,
@@ -290,6 +293,62 @@ impl Policy {
             items.push(item);
         }
         Ok(prepared)
+    }
+
+    /// Delay mode of in-flight limits: the queues (bound index and key hash) a request
+    /// the store refused waits in, if only in-flight limits in delay mode refused it;
+    /// `None` otherwise (it is refused as usual).
+    pub(crate) fn queue_for<St: Store>(
+        &self,
+        engine: &Engine<St>,
+        prepared: &Prepared,
+        statuses: &Statuses,
+    ) -> Option<QueueAt> {
+        if !self.groups[prepared.group].held {
+            return None;
+        }
+        let keys = prepared.charge_keys.as_deref()?;
+        let mut at = QueueAt::new();
+        for (i, (p, s)) in prepared.plan.iter().zip(statuses).enumerate() {
+            let bound = &engine.bounds[p.bound];
+            let refused =
+                bound.spec.mode == Mode::Enforce && s.outcome().is_some_and(|o| !o.is_allowed());
+            if !refused {
+                continue;
+            }
+            let queued =
+                bound.queue.is_some() && s.outcome().is_some_and(|o| o.retry_after().is_some());
+            let key = keys.iter().find(|(j, _)| *j == i).map(|(_, k)| k);
+            match (queued, key) {
+                (true, Some(key)) => at.push((p.bound, crate::engine::queue::key_hash(key))),
+                _ => return None, // refused by a limit that does not queue
+            }
+        }
+        (!at.is_empty()).then_some(at)
+    }
+
+    /// Delay mode of in-flight limits: the queues a request must wait in behind the
+    /// requests of its key already waiting there (arrival order), before any check.
+    pub(crate) fn waiting_ahead<St: Store>(
+        &self,
+        engine: &Engine<St>,
+        prepared: &Prepared,
+    ) -> Option<QueueAt> {
+        if !self.groups[prepared.group].held {
+            return None;
+        }
+        let keys = prepared.charge_keys.as_deref()?;
+        let mut at = QueueAt::new();
+        for (i, key) in keys.iter() {
+            let bound = prepared.plan[*i].bound;
+            if let Some(q) = &engine.bounds[bound].queue {
+                let hash = crate::engine::queue::key_hash(key);
+                if q.has_waiters(hash) {
+                    at.push((bound, hash));
+                }
+            }
+        }
+        (!at.is_empty()).then_some(at)
     }
 
     /// Builds the decision from the store's answer and decides what happens to the request.
