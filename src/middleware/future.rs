@@ -202,7 +202,9 @@ where
             }
         };
         // Requests of its key wait already: behind them, without a check.
-        if queued.is_none()
+        let queues = shared.policy.queues(&prepared);
+        if queues
+            && queued.is_none()
             && let Some(at) = shared.policy.waiting_ahead(engine, &prepared)
             && let Some(places) = Queued::enter(engine, &at)
         {
@@ -211,7 +213,8 @@ where
         }
         match engine.check(&items) {
             Checked::Ready(statuses) => {
-                if let Some(places) = Self::requeue(version, &prepared, &statuses, queued) {
+                if queues && let Some(places) = Self::requeue(version, &prepared, &statuses, queued)
+                {
                     drop(items);
                     return Self::queue(version, inner, parts, body, places);
                 }
@@ -408,8 +411,9 @@ where
                         .take()
                         .expect("ResponseFuture polled after completion");
                     let prepared = w.prepared.take().expect("prepared once");
-                    if let Some(places) =
-                        Self::requeue(w.version, &prepared, &statuses, w.queued.take())
+                    if w.version.shared.policy.queues(&prepared)
+                        && let Some(places) =
+                            Self::requeue(w.version, &prepared, &statuses, w.queued.take())
                     {
                         let mut service = w.service.take().expect("service taken once");
                         let next = Self::queue(w.version, &mut service, parts, body, places);

@@ -154,6 +154,7 @@ pub(crate) fn compile<St: Store>(
                     .map(limit)
                     .any(|l| l.spec.algorithm.is_in_flight()),
                 delayed: members.iter().any(|&i| engine.bounds[i].waiters.is_some()),
+                queued: members.iter().any(|&i| engine.bounds[i].queue.is_some()),
                 settled: members.iter().map(limit).any(|l| l.settle.is_some()),
                 limits: members,
             })

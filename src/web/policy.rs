@@ -117,6 +117,8 @@ pub(crate) struct Group {
     pub(crate) charged: bool,
     /// Whether a limit of the group holds its units until the response ends (in flight).
     pub(crate) held: bool,
+    /// Whether an in-flight limit of the group is in delay mode (its requests queue).
+    pub(crate) queued: bool,
     /// Whether a limit of the group is in delay mode.
     pub(crate) delayed: bool,
     /// Whether a limit of the group settles its cost when the response ends.
@@ -293,6 +295,12 @@ impl Policy {
             items.push(item);
         }
         Ok(prepared)
+    }
+
+    /// Whether a request of this group may wait in the queue of an in-flight limit.
+    #[inline]
+    pub(crate) fn queues(&self, prepared: &Prepared) -> bool {
+        self.groups[prepared.group].queued
     }
 
     /// Delay mode of in-flight limits: the queues (bound index and key hash) a request
