@@ -129,26 +129,17 @@ pub(crate) struct HeldGuard<St: Store> {
 }
 
 impl<St: Store> HeldGuard<St> {
-    /// A guard for the `held` limits (plan indices) of a request, if any.
+    /// A guard for the units `held` (plan indices and keys) of a request.
     pub(crate) fn boxed(
         engine: &Arc<Engine<St>>,
         plan: &Plan,
-        keys: Option<&ChargeKeys>,
-        held: &[usize],
-    ) -> Option<Box<dyn AfterBody>> {
-        if held.is_empty() {
-            return None;
-        }
-        let held: ChargeKeys = keys?
-            .iter()
-            .filter(|(i, _)| held.contains(i))
-            .cloned()
-            .collect();
-        Some(Box::new(Self {
+        held: ChargeKeys,
+    ) -> Box<dyn AfterBody> {
+        Box::new(Self {
             engine: engine.clone(),
             plan: plan.clone(),
             held,
-        }))
+        })
     }
 
     fn release(&mut self) {

@@ -145,21 +145,17 @@ where
     let settle = prepared.settle_keys.as_deref().and_then(|keys| {
         SettleGuard::for_request(&shared.engine, policy, &prepared.plan, keys, &statuses)
     });
+    // In-flight limits: the units taken, held until the response body ends.
+    let held = policy.held(&prepared, &statuses);
     match policy.finish(&shared.engine, &prepared, statuses, parts, keys) {
         Next::Proceed {
             fields,
             charged,
-            held,
             delay,
         } => {
             insert_limiter(version, parts);
             let engine = &shared.engine;
-            let after = HeldGuard::boxed(
-                engine,
-                &prepared.plan,
-                prepared.charge_keys.as_deref(),
-                &held,
-            );
+            let after = held.map(|held| HeldGuard::boxed(engine, &prepared.plan, held));
             let delay = delay.map(|d| {
                 (
                     d.wait,

@@ -168,9 +168,6 @@ pub(crate) enum Next {
     Proceed {
         fields: Fields,
         charged: SmallVec<[usize; 1]>,
-        /// The plan indices of in-flight limits that took their units: given back when
-        /// the response body ends.
-        held: SmallVec<[usize; 1]>,
         /// Delay mode: the request waits this long for its reserved tokens first.
         /// (Boxed: delay mode is rare, and `Next` is moved on every request.)
         delay: Option<Box<Delay>>,
@@ -297,6 +294,29 @@ impl Policy {
         Ok(prepared)
     }
 
+    /// The in-flight limits (plan indices and keys) whose units a request took, if it
+    /// passes: those the store let through with a cost (read before `finish` takes the
+    /// statuses; `None` for a group without in-flight limits).
+    pub(crate) fn held(&self, prepared: &Prepared, statuses: &Statuses) -> Option<ChargeKeys> {
+        if !self.groups[prepared.group].held {
+            return None;
+        }
+        let keys = prepared.charge_keys.as_deref()?;
+        let held: ChargeKeys = keys
+            .iter()
+            .filter(|(i, _)| {
+                let p = &prepared.plan[*i];
+                let took = statuses
+                    .get(*i)
+                    .and_then(|s| s.outcome())
+                    .is_some_and(|o| o.is_allowed());
+                took && p.cost > 0 && self.limits[p.bound].limit.spec.algorithm.is_in_flight()
+            })
+            .cloned()
+            .collect();
+        (!held.is_empty()).then_some(held)
+    }
+
     /// Whether a request of this group may wait in the queue of an in-flight limit.
     #[inline]
     pub(crate) fn queues(&self, prepared: &Prepared) -> bool {
@@ -418,16 +438,11 @@ impl Policy {
         match overall {
             Overall::Allowed => {
                 let mut charged = SmallVec::new();
-                let mut held = SmallVec::new();
                 if prepared.charge_keys.is_some() {
                     for (i, (l, p)) in decision.limits().zip(plan).enumerate() {
                         let consumed = p.cost > 0 && l.allowed() && l.outcome().is_some();
-                        let limit = &self.limits[p.bound].limit;
-                        if consumed && limit.charge.is_conditional() {
+                        if consumed && self.limits[p.bound].limit.charge.is_conditional() {
                             charged.push(i);
-                        }
-                        if consumed && limit.spec.algorithm.is_in_flight() {
-                            held.push(i);
                         }
                     }
                 }
@@ -443,7 +458,6 @@ impl Policy {
                 Next::Proceed {
                     fields,
                     charged,
-                    held,
                     delay,
                 }
             }
