@@ -222,6 +222,53 @@ mod schema {
         }
     }
 
+    /// Settled costs: one count per settle that took or gave back, and its tokens; an
+    /// exact estimate and a dropped one settle nothing.
+    #[test]
+    fn settles_are_counted_with_their_tokens() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        ::metrics::with_local_recorder(&recorder, || {
+            let limiter = tollgate::Limiter::builder(MemoryStore::with_clock(FakeClock::at(
+                Duration::from_secs(1_000),
+            )))
+            .limit(tollgate::LimitSpec::new(
+                "tokens",
+                Quota::per_minute(1_000).burst(1_000),
+            ))
+            .build()
+            .unwrap();
+            rt.block_on(async {
+                for (estimate, actual) in [(10, 25), (10, 4), (10, 10), (30, 31)] {
+                    let e = limiter.admit("tokens", "k", estimate).await.unwrap();
+                    e.settle(actual).await.unwrap();
+                }
+                drop(limiter.admit("tokens", "k", 7).await.unwrap());
+            });
+        });
+        let s = series(&snapshotter);
+        let get = |k: &str| s.get(k).copied();
+        assert_eq!(
+            get("tollgate_settles_total{limit=tokens,result=taken}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            get("tollgate_settled_tokens_total{limit=tokens,result=taken}"),
+            Some(16.0)
+        );
+        assert_eq!(
+            get("tollgate_settles_total{limit=tokens,result=given_back}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            get("tollgate_settled_tokens_total{limit=tokens,result=given_back}"),
+            Some(6.0)
+        );
+    }
+
     #[tokio::test]
     async fn the_schema_counts_every_result() {
         let recorder = DebuggingRecorder::new();

@@ -39,6 +39,9 @@ pub(crate) struct Bound<St: Store> {
     pub(crate) bans: Option<ban::Banning<St::Table>>,
     /// Delay mode of an in-flight limit: the requests waiting for a unit (`queue.rs`).
     pub(crate) queue: Option<Arc<queue::Queue>>,
+    /// `tollgate_settles_total` and `tollgate_settled_tokens_total`, registered at the
+    /// limit's first settle (most limits never settle).
+    pub(crate) settles: std::sync::OnceLock<crate::observe::probe::SettleMetrics>,
 }
 
 /// The limits of a layer or a limiter, bound to their store.
@@ -146,6 +149,7 @@ impl<St: Store> Engine<St> {
                 }
                 _ => None,
             },
+            settles: std::sync::OnceLock::new(),
             spec,
         });
         let index = self.bounds.len() - 1;

@@ -33,8 +33,18 @@ impl<St: Store> Engine<St> {
     ) -> Option<Checked<St::Future>> {
         let max_debt = self.bounds[index].spec.debt_cap(&quota);
         let (op, cost) = settle_op(estimate, actual, max_debt)?;
+        self.count_settle(index, matches!(op, Op::Debit { .. }), cost);
         let item = self.item(index, key, quota, cost);
         Some(self.store.apply(op, &[item]))
+    }
+
+    /// Counts a settle of limit `index` that took (`taken`) or gave back `tokens`.
+    pub(crate) fn count_settle(&self, index: usize, taken: bool, tokens: u32) {
+        let bound = &self.bounds[index];
+        bound
+            .settles
+            .get_or_init(|| crate::observe::probe::SettleMetrics::new(bound.name))
+            .record(taken, tokens);
     }
 
     /// [`settle`](Self::settle), finished in the background when the store answers later

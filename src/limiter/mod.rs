@@ -235,6 +235,7 @@ impl<St: Store> Handle for Engine<St> {
                         max_debt: limit.debt_cap(&limit.quota),
                     };
                 }
+                self.count_settle(index, matches!(op, Op::Debit { .. }), cost);
             }
             let mut item = self.item(index, key, limit.quota, cost);
             // A shadow limit never holds a request back: it is checked as usual.

@@ -22,6 +22,8 @@
 //! | `tollgate_delay_seconds` | histogram | `limit` | the wait of each such request (the time it was to spend in the queue) |
 //! | `tollgate_bans_total` | counter | `limit` | bans that began, by a limit's [`Ban`](crate::Ban) or by hand (one per ban, in the instance that began it) |
 //! | `tollgate_banned_total` | counter | `limit` | requests refused because their key was banned, before any store call (not in `tollgate_requests_total`) |
+//! | `tollgate_settles_total` | counter | `limit`, `result` | costs settled after their estimate ([`Limit::settle`](crate::Limit::settle), [`Limiter::admit`](crate::Limiter::admit)): `result` is `taken` (the actual cost was more) or `given_back` (less); an exact estimate settles nothing |
+//! | `tollgate_settled_tokens_total` | counter | `limit`, `result` | the tokens those settles took or gave back (taken tokens count in full, even past the limit's `max_debt`, where the bucket forgives them) |
 //!
 //! `store` is the backend's name in lower case (`redis`). Requests refused before any
 //! limit is checked (allow and deny lists, missing keys, misconfiguration) and checks made
@@ -72,6 +74,10 @@ pub const DELAYED_TOTAL: &str = "tollgate_delayed_total";
 /// `tollgate_delay_seconds{limit}`.
 pub const DELAY_SECONDS: &str = "tollgate_delay_seconds";
 
+/// `tollgate_settles_total{limit, result}`.
+pub const SETTLES_TOTAL: &str = "tollgate_settles_total";
+/// `tollgate_settled_tokens_total{limit, result}`.
+pub const SETTLED_TOKENS_TOTAL: &str = "tollgate_settled_tokens_total";
 /// `tollgate_bans_total{limit}`.
 pub const BANS_TOTAL: &str = "tollgate_bans_total";
 /// `tollgate_banned_total{limit}`.
@@ -127,6 +133,11 @@ fn describe() {
             Unit::Seconds,
             "How long each delayed request was to wait for its tokens"
         );
+        ::metrics::describe_counter!(
+            SETTLES_TOTAL,
+            "Costs settled after their estimate, taken or given back"
+        );
+        ::metrics::describe_counter!(SETTLED_TOKENS_TOTAL, "Tokens settles took or gave back");
         ::metrics::describe_counter!(BANS_TOTAL, "Bans that began, per limit");
         ::metrics::describe_counter!(
             BANNED_TOTAL,
@@ -276,6 +287,38 @@ impl DelayMetrics {
     pub(crate) fn record(&self, wait: std::time::Duration) {
         self.delayed.increment(1);
         self.wait.record(wait.as_secs_f64());
+    }
+}
+
+/// A settling limit's `tollgate_settles_total` and `tollgate_settled_tokens_total`
+/// (registered at its first settle).
+pub(crate) struct SettleMetrics {
+    taken: Counter,
+    taken_tokens: Counter,
+    given_back: Counter,
+    given_back_tokens: Counter,
+}
+
+impl SettleMetrics {
+    pub(crate) fn new(limit: &str) -> Self {
+        describe();
+        let counter = |name: &'static str, result: &'static str| ::metrics::counter!(name, "limit" => limit.to_owned(), "result" => result);
+        Self {
+            taken: counter(SETTLES_TOTAL, "taken"),
+            taken_tokens: counter(SETTLED_TOKENS_TOTAL, "taken"),
+            given_back: counter(SETTLES_TOTAL, "given_back"),
+            given_back_tokens: counter(SETTLED_TOKENS_TOTAL, "given_back"),
+        }
+    }
+
+    /// A settle took (`taken`) or gave back `tokens`.
+    pub(crate) fn record(&self, taken: bool, tokens: u32) {
+        let (n, t) = match taken {
+            true => (&self.taken, &self.taken_tokens),
+            false => (&self.given_back, &self.given_back_tokens),
+        };
+        n.increment(1);
+        t.increment(u64::from(tokens));
     }
 }
 

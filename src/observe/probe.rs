@@ -5,8 +5,8 @@
 
 #[cfg(feature = "metrics")]
 pub(crate) use crate::observe::metrics::{
-    BanMetrics, DelayMetrics, ErrorKind, LimitMetrics, StoreMetrics, deny_cache_hits, keys,
-    writeback_dropped,
+    BanMetrics, DelayMetrics, ErrorKind, LimitMetrics, SettleMetrics, StoreMetrics,
+    deny_cache_hits, keys, writeback_dropped,
 };
 #[cfg(feature = "metrics")]
 pub(crate) use ::metrics::{Counter, Gauge};
@@ -47,6 +47,20 @@ mod off {
 
         #[inline(always)]
         pub(crate) fn record(&self, _wait: Duration) {}
+    }
+
+    /// A settling limit's settles.
+    #[derive(Debug)]
+    pub(crate) struct SettleMetrics;
+
+    impl SettleMetrics {
+        #[inline(always)]
+        pub(crate) fn new(_limit: &str) -> Self {
+            Self
+        }
+
+        #[inline(always)]
+        pub(crate) fn record(&self, _taken: bool, _tokens: u32) {}
     }
 
     /// A banning limit's bans.
