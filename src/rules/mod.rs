@@ -83,6 +83,7 @@ mod format;
 mod locate;
 mod read;
 mod reload;
+mod simulate;
 mod watch;
 
 #[cfg(feature = "rules-sql")]
@@ -94,6 +95,10 @@ pub use format::Format;
 pub use reload::{ReloadStatus, Rules, RulesBuilder};
 #[cfg(feature = "rules-sql")]
 pub(crate) use reload::{Trigger, WeakRules};
+pub use simulate::{
+    BadLine, DEFAULT_MAX_KEYS, DEFAULT_MAX_LINE, JsonFields, LimitReport, LogFormat, Report,
+    SimulateError, Simulation,
+};
 
 use crate::base::error::ConfigError;
 use crate::middleware::layer::RateLimitLayer;
