@@ -96,8 +96,8 @@ pub use reload::{ReloadStatus, Rules, RulesBuilder};
 #[cfg(feature = "rules-sql")]
 pub(crate) use reload::{Trigger, WeakRules};
 pub use simulate::{
-    BadLine, DEFAULT_MAX_KEYS, DEFAULT_MAX_LINE, JsonFields, LimitReport, LogFormat, Report,
-    SimulateError, Simulation,
+    BadLine, DEFAULT_MAX_KEYS, DEFAULT_MAX_LINE, Difference, JsonFields, LimitReport, LogFormat,
+    Report, SimulateError, Simulation,
 };
 
 use crate::base::error::ConfigError;

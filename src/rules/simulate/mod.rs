@@ -49,7 +49,7 @@ use std::fmt;
 use std::io::BufRead;
 
 pub use self::parse::{JsonFields, LogFormat};
-pub use self::report::{BadLine, LimitReport, Report};
+pub use self::report::{BadLine, Difference, LimitReport, Report};
 
 use crate::base::error::ConfigError;
 use crate::rules::document::Document;

@@ -117,6 +117,7 @@ pub(super) fn run(
         refused: 0,
         span: None,
         limits: Vec::new(),
+        keys: Default::default(),
     };
     let mut lines = Lines::new(input, sim.max_line);
     let mut start: Option<i64> = None;
@@ -199,7 +200,11 @@ pub(super) fn run(
             }
         }
     }
-    report.limits = tallies.into_iter().map(|t| t.finish(sim.top)).collect();
+    let keys = &mut report.keys;
+    report.limits = tallies
+        .into_iter()
+        .map(|t| t.finish(sim.top, keys))
+        .collect();
     Ok(report)
 }
 

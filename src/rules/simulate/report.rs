@@ -72,6 +72,53 @@ pub struct Report {
     pub span: Option<(i64, i64)>,
     /// Per limit, in the document's order.
     pub limits: Vec<LimitReport>,
+    /// Every refused key (of any limit) and its refusals, for [`Report::difference`].
+    pub(crate) keys: BTreeMap<String, u64>,
+}
+
+/// The keys one replay refused and another did not: [`Report::difference`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Difference {
+    /// Keys refused by the new rules, never by the old, with the new refusals; most
+    /// first.
+    pub newly_refused: Vec<(String, u64)>,
+    /// Keys refused by the old rules, never by the new, with the old refusals; most first.
+    pub no_longer_refused: Vec<(String, u64)>,
+}
+
+impl Difference {
+    /// The difference as JSON: `{"newly_refused": [{"key", "refused"}],
+    /// "no_longer_refused": [...]}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let list = |keys: &[(String, u64)]| {
+            keys.iter()
+                .map(|(k, n)| serde_json::json!({"key": k, "refused": n}))
+                .collect::<Vec<_>>()
+        };
+        serde_json::json!({
+            "newly_refused": list(&self.newly_refused),
+            "no_longer_refused": list(&self.no_longer_refused),
+        })
+    }
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (title, keys) in [
+            ("refused by the new rules only", &self.newly_refused),
+            ("refused by the old rules only", &self.no_longer_refused),
+        ] {
+            writeln!(f, "{} keys {title}", keys.len())?;
+            for (key, n) in keys.iter().take(20) {
+                writeln!(f, "  {n:>8}  {key}")?;
+            }
+            if keys.len() > 20 {
+                writeln!(f, "  ... and {} more", keys.len() - 20)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A limit's counts while the log is replayed.
@@ -113,7 +160,11 @@ impl Tally {
         }
     }
 
-    pub(crate) fn finish(self, top: usize) -> LimitReport {
+    /// The limit's report; its refused keys added to `all`.
+    pub(crate) fn finish(self, top: usize, all: &mut BTreeMap<String, u64>) -> LimitReport {
+        for (k, &n) in &self.keys {
+            *all.entry(offenders::render(k, Some(false))).or_default() += n;
+        }
         let mut keys: Vec<(&Key, u64)> = self.keys.iter().map(|(k, &n)| (k, n)).collect();
         let rendered = |k: &Key| offenders::render(k, Some(false));
         keys.sort_by(|a, b| {
@@ -138,6 +189,25 @@ impl Tally {
 }
 
 impl Report {
+    /// The keys this replay (the new rules) refused and `old` did not, and the reverse.
+    /// Keys are compared as reports write them; a limit whose keys were capped
+    /// ([`LimitReport::keys_capped`]) compares the keys it held.
+    pub fn difference(&self, old: &Report) -> Difference {
+        let only = |a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>| {
+            let mut keys: Vec<(String, u64)> = a
+                .iter()
+                .filter(|(k, _)| !b.contains_key(*k))
+                .map(|(k, &n)| (k.clone(), n))
+                .collect();
+            keys.sort_by(|x, y| y.1.cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
+            keys
+        };
+        Difference {
+            newly_refused: only(&self.keys, &old.keys),
+            no_longer_refused: only(&old.keys, &self.keys),
+        }
+    }
+
     /// The report as JSON: `{"lines", "bad_lines", "bad": [{"line", "reason"}],
     /// "late_lines", "requests", "refused", "limits": [{"name", "requests", "refused",
     /// "shadow_refused", "keys_refused", "keys_capped", "top_refused": [{"key",
@@ -231,7 +301,8 @@ fn histogram(f: &mut fmt::Formatter<'_>, l: &LimitReport, start: i64, end: i64) 
     for (i, &c) in buckets.iter().enumerate() {
         let at = first + i as i64 * width;
         let bar = "#".repeat(((c * 40).div_ceil(max)) as usize);
-        writeln!(f, "  {} {c:>8} {bar}", clock_time(at))?;
+        let line = format!("  {} {c:>8} {bar}", clock_time(at));
+        writeln!(f, "{}", line.trim_end())?;
     }
     Ok(())
 }
