@@ -110,8 +110,13 @@ impl Simulation {
         self
     }
 
-    /// Replays `log` through the rules of `doc`, line by line.
+    /// Replays `log` through the rules of `doc`, line by line. It blocks, on a Tokio
+    /// runtime of its own: called from async code (inside a runtime), it refuses with
+    /// [`SimulateError::InRuntime`]; use `tokio::task::spawn_blocking` there.
     pub fn run(&self, doc: &Document, log: impl BufRead) -> Result<Report, SimulateError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(SimulateError::InRuntime);
+        }
         replay::run(self, doc, log)
     }
 }
@@ -124,6 +129,8 @@ pub enum SimulateError {
     Rules(ConfigError),
     /// The log could not be read.
     Io(std::io::Error),
+    /// [`Simulation::run`] was called inside a Tokio runtime.
+    InRuntime,
 }
 
 impl From<ConfigError> for SimulateError {
@@ -137,6 +144,9 @@ impl fmt::Display for SimulateError {
         match self {
             Self::Rules(e) => e.fmt(f),
             Self::Io(e) => write!(f, "reading the log: {e}"),
+            Self::InRuntime => f.write_str(
+                "a simulation blocks: run it outside async code (e.g. in spawn_blocking)",
+            ),
         }
     }
 }
@@ -146,6 +156,7 @@ impl std::error::Error for SimulateError {
         match self {
             Self::Rules(e) => Some(e),
             Self::Io(e) => Some(e),
+            Self::InRuntime => None,
         }
     }
 }
