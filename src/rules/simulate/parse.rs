@@ -190,10 +190,9 @@ fn clf_time(s: &str) -> Option<i64> {
         return None;
     }
     let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let part = s.get(r)?;
-        part.bytes()
-            .all(|c| c.is_ascii_digit())
-            .then(|| part.parse().ok())?
+        b[r].iter().try_fold(0i64, |n, &c| {
+            c.is_ascii_digit().then(|| n * 10 + i64::from(c - b'0'))
+        })
     };
     let day = num(0..2)?;
     let month = match &s[3..6] {

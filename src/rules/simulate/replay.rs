@@ -28,6 +28,7 @@ use crate::model::key::Key;
 use crate::rules::compile;
 use crate::rules::document::Document;
 use crate::store::MemoryStore;
+use crate::web::headers::HeaderStyle;
 use crate::web::hooks::{Refusal, RefusalLog};
 use crate::web::key::PeerAddr;
 
@@ -81,6 +82,8 @@ pub(super) fn run(
             clock.clone(),
         )))
         .refusal_log(RefusalLog::off())
+        // Nobody reads the answers' headers: they decide nothing.
+        .headers(HeaderStyle::None)
         .decision_extension(false)
         .on_decision(move |decision, _| {
             let mut seen = on_decision.lock().unwrap_or_else(PoisonError::into_inner);
