@@ -135,6 +135,80 @@ async fn units_held_come_back_after_redis_restarts_empty() {
     .await;
 }
 
+/// On a Redis Cluster: each key's members live in its bucket's slot; two instances share
+/// the units, renewals and releases reach the right node, and a request's in-flight and
+/// rate limits in different slots are all or nothing.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_units_are_shared_on_a_cluster() {
+    let cluster = support::redis::RedisCluster::start(3);
+    let store = || async {
+        RedisStore::cluster(cluster.connection().await)
+            .timeout(Duration::from_secs(2))
+            .in_flight_deadline(Duration::from_secs(2))
+    };
+    let limiter = |store: RedisStore| {
+        Limiter::builder(store)
+            .limit(LimitSpec::in_flight("jobs", 2))
+            .limit(LimitSpec::new("rate", tollgate::Quota::per_minute(3)))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (limiter(store().await), limiter(store().await));
+    // Keys in many slots: each holds its own units.
+    for key in ["alpha", "beta", "gamma", "delta"] {
+        let p1 = a.acquire("jobs", key).await.unwrap();
+        let p2 = b.acquire("jobs", key).await.unwrap();
+        assert!(p1.is_granted() && p2.is_granted(), "{key}");
+        assert!(
+            !a.acquire("jobs", key).await.unwrap().is_granted(),
+            "{key}: 2 held"
+        );
+        drop(p2);
+        until(
+            Duration::from_secs(10),
+            "the release on its node",
+            async || a.acquire("jobs", key).await.unwrap().is_granted(),
+        )
+        .await;
+        drop(p1);
+    }
+    // Renewed across the deadline on every node.
+    let held: Vec<_> = {
+        let mut v = Vec::new();
+        for key in ["alpha", "beta"] {
+            v.push(a.acquire("jobs", key).await.unwrap());
+            v.push(a.acquire("jobs", key).await.unwrap());
+        }
+        v
+    };
+    assert!(held.iter().all(|p| p.is_granted()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for key in ["alpha", "beta"] {
+        assert!(
+            !b.acquire("jobs", key).await.unwrap().is_granted(),
+            "{key}: still held"
+        );
+    }
+    drop(held);
+    // All or nothing across slots: a rate limit spent on "k" refuses, and takes no unit.
+    let calls = |key: &'static str| [("jobs", key, 1u32), ("rate", key, 1u32)];
+    for _ in 0..3 {
+        let d = a.check_all(calls("epsilon")).await.unwrap();
+        assert!(d.allowed());
+        // A check of an in-flight limit takes a unit: give it back.
+        a.refund("jobs", "epsilon", 1).await.unwrap();
+    }
+    let refused = a.check_all(calls("epsilon")).await.unwrap();
+    assert!(!refused.allowed(), "the rate limit is spent");
+    let look = b.peek("jobs", "epsilon").await.unwrap();
+    assert_eq!(
+        look.outcome().unwrap().remaining(),
+        2,
+        "the refused request holds no unit"
+    );
+}
+
 /// A server process (`in_flight_process serve`): its port, and the child (killed on drop).
 struct Served(std::process::Child, u16);
 
