@@ -137,12 +137,12 @@ fn generated(n: usize) -> Vec<Logged> {
             x ^= x << 17;
             t += x % 100;
             // The last client sends half the lines.
-            let c = if x % 2 == 0 {
+            let c = if x.is_multiple_of(2) {
                 4
             } else {
                 ((x >> 8) % 4) as usize
             };
-            let (method, path) = if (x >> 16) % 7 == 0 {
+            let (method, path) = if (x >> 16).is_multiple_of(7) {
                 ("POST", "/login")
             } else {
                 ("GET", "/items")

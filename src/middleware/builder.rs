@@ -337,9 +337,6 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         self
     }
 
-    /// A layer without limits is valid: it limits nothing (the allow and deny lists still
-    /// apply). For rules built by code that have no limit.
-    #[cfg(feature = "rules")]
     /// Tells `tap` of every refusal with its limit and key (the rules' `simulate`).
     #[cfg(feature = "rules")]
     pub(crate) fn tap(mut self, tap: crate::web::hooks::Tap) -> Self {
@@ -347,6 +344,9 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         self
     }
 
+    /// A layer without limits is valid: it limits nothing (the allow and deny lists still
+    /// apply). For rules built by code that have no limit.
+    #[cfg(feature = "rules")]
     pub(crate) fn allow_no_limits(mut self) -> Self {
         self.settings.no_limits_ok = true;
         self

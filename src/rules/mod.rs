@@ -62,6 +62,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Rules can be rehearsed on an access log before they are deployed: [`Simulation`]
+//! replays the log through them on a simulated clock (`tollgate-rules simulate`).
+//!
 //! From a file, watched and reloaded on `SIGHUP`:
 //!
 //! ```no_run

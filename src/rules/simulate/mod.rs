@@ -1,44 +1,6 @@
 //! Replaying an access log through rules before deploying them (`tollgate-rules
-//! simulate`): what would these rules have refused, whom, and when?
-//!
-//! Each line of the log (nginx/Apache combined format, or JSON lines through a
-//! [`JsonFields`] map) becomes a request — its method, path, headers, and the client's
-//! address as the peer address — sent at the logged time through the layer the rules
-//! build, the same code path a server runs, over a [`MemoryStore`](crate::store::MemoryStore)
-//! on a [`FakeClock`](crate::clock::FakeClock) set to each line's time. The application
-//! behind the layer answers with the logged status, so a limit's `charge` sees it.
-//!
-//! Lines are replayed in the order given; a line earlier than the one before it is
-//! replayed at the latest time seen (counted in [`Report::late_lines`]). A line that
-//! cannot be read (truncated, a bad date, binary, longer than
-//! [`max_line`](Simulation::max_line)) is counted with its number and skipped: it never
-//! ends the run, and an over-long line is never held in memory.
-//!
-//! ```
-//! use tollgate::rules::{Document, LogFormat, Simulation};
-//!
-//! let doc = Document::from_toml(r#"
-//!     [[limits]]
-//!     name = "per-ip"
-//!     key = "peer_ip"
-//!     quota = "2/min"
-//! "#)?;
-//! let log = "\
-//! 203.0.113.7 - - [10/Oct/2024:13:55:36 +0000] \"GET / HTTP/1.1\" 200 12 \"-\" \"curl\"
-//! 203.0.113.7 - - [10/Oct/2024:13:55:37 +0000] \"GET / HTTP/1.1\" 200 12 \"-\" \"curl\"
-//! 203.0.113.7 - - [10/Oct/2024:13:55:38 +0000] \"GET / HTTP/1.1\" 200 12 \"-\" \"curl\"
-//! not a log line
-//! ";
-//! let report = Simulation::new(LogFormat::Combined).run(&doc, log.as_bytes())?;
-//! assert_eq!((report.lines, report.bad_lines, report.bad[0].line), (4, 1, 4));
-//! let limit = &report.limits[0];
-//! assert_eq!((limit.requests, limit.refused, limit.keys_refused), (3, 1, 1));
-//! assert_eq!(limit.top_refused[0], ("@203.0.113.7".to_owned(), 1));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
-//!
-//! Not simulated: delay mode waits for real (keep such logs short or switch the limit to
-//! refusing), calendar quotas follow the wall clock, not the log's.
+//! simulate`): the log's lines (`lines`, `parse`), the replay through the real layer
+//! (`replay`) and what it found (`report`). See [`Simulation`].
 
 mod lines;
 mod parse;
@@ -60,8 +22,48 @@ pub const DEFAULT_MAX_LINE: usize = 64 * 1024;
 /// The most refused keys a limit's report remembers by default.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-/// A replay of an access log through rules: the format and the bounds. See the
-/// [module docs](self).
+/// A replay of an access log through rules before deploying them (`tollgate-rules
+/// simulate`): what would these rules have refused, whom, and when? It holds the log's
+/// format and the bounds; [`run`](Self::run) gives the [`Report`].
+///
+/// Each line of the log (nginx/Apache combined format, or JSON lines through a
+/// [`JsonFields`] map) becomes a request — its method, path, headers, and the client's
+/// address as the peer address — sent at the logged time through the layer the rules
+/// build, the same code path a server runs, over a [`MemoryStore`](crate::store::MemoryStore)
+/// on a [`FakeClock`](crate::clock::FakeClock) set to each line's time. The application
+/// behind the layer answers with the logged status.
+///
+/// Lines are replayed in the order given; a line earlier than the one before it is
+/// replayed at the latest time seen (counted in [`Report::late_lines`]). A line that
+/// cannot be read (truncated, a bad date, binary, longer than
+/// [`max_line`](Simulation::max_line)) is counted with its number and skipped: it never
+/// ends the run, and an over-long line is never held in memory.
+///
+/// ```
+/// use tollgate::rules::{Document, LogFormat, Simulation};
+///
+/// let doc = Document::from_toml(r#"
+///     [[limits]]
+///     name = "per-ip"
+///     key = "peer_ip"
+///     quota = "2/min"
+/// "#)?;
+/// let log = "\
+/// 203.0.113.7 - - [10/Oct/2024:13:55:36 +0000] \"GET / HTTP/1.1\" 200 12 \"-\" \"curl\"
+/// 203.0.113.7 - - [10/Oct/2024:13:55:37 +0000] \"GET / HTTP/1.1\" 200 12 \"-\" \"curl\"
+/// 203.0.113.7 - - [10/Oct/2024:13:55:38 +0000] \"GET / HTTP/1.1\" 200 12 \"-\" \"curl\"
+/// not a log line
+/// ";
+/// let report = Simulation::new(LogFormat::Combined).run(&doc, log.as_bytes())?;
+/// assert_eq!((report.lines, report.bad_lines, report.bad[0].line), (4, 1, 4));
+/// let limit = &report.limits[0];
+/// assert_eq!((limit.requests, limit.refused, limit.keys_refused), (3, 1, 1));
+/// assert_eq!(limit.top_refused[0], ("@203.0.113.7".to_owned(), 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Not simulated: delay mode waits for real (keep such logs short or switch the limit to
+/// refusing), calendar quotas follow the wall clock, not the log's.
 #[derive(Debug, Clone)]
 pub struct Simulation {
     format: LogFormat,

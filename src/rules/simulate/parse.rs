@@ -8,7 +8,7 @@ use http::HeaderName;
 
 use crate::base::error::ConfigError;
 
-/// The format of an access log given to [`simulate`](super::simulate).
+/// The format of an access log given to [`Simulation`](super::Simulation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LogFormat {

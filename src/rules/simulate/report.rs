@@ -52,7 +52,7 @@ impl LimitReport {
     }
 }
 
-/// The outcome of [`simulate`](super::simulate).
+/// The outcome of [`Simulation::run`](super::Simulation::run).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Report {
