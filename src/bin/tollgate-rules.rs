@@ -12,6 +12,7 @@
 //! replayed (bad lines are reported, not fatal); 1 for invalid rules or an unreadable
 //! log; 2 for a bad command line.
 
+use std::io::{IsTerminal, Read};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -184,8 +185,15 @@ fn simulate(args: &SimulateArgs) -> ExitCode {
             args.simulation.run(&doc, std::io::stdin().lock())
         } else {
             let file = std::fs::File::open(&args.log).map_err(|e| format!("{}: {e}", args.log))?;
-            args.simulation
-                .run(&doc, std::io::BufReader::with_capacity(1 << 16, file))
+            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let progress = Progress::new(file, size);
+            let report = args
+                .simulation
+                .run(&doc, std::io::BufReader::with_capacity(1 << 16, progress));
+            if progress_shown(size) {
+                eprint!("\r{:20}\r", "");
+            }
+            report
         };
         report.map_err(|e| format!("{}: {e}", args.log))
     };
@@ -225,4 +233,46 @@ fn simulate(args: &SimulateArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Whether a log of `size` bytes shows its progress: on a terminal only.
+fn progress_shown(size: u64) -> bool {
+    size > 0 && std::io::stderr().is_terminal()
+}
+
+/// A log file's reader that shows how far it got on standard error when that is a
+/// terminal: a percentage, redrawn at each whole percent of the file.
+struct Progress<R> {
+    inner: R,
+    size: u64,
+    read: u64,
+    shown: u64,
+    on: bool,
+}
+
+impl<R> Progress<R> {
+    fn new(inner: R, size: u64) -> Self {
+        Self {
+            inner,
+            size,
+            read: 0,
+            shown: 0,
+            on: progress_shown(size),
+        }
+    }
+}
+
+impl<R: Read> Read for Progress<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        if self.on {
+            let percent = (self.read * 100 / self.size).min(100);
+            if percent > self.shown {
+                self.shown = percent;
+                eprint!("\rreplaying: {percent:>3}%");
+            }
+        }
+        Ok(n)
+    }
 }
