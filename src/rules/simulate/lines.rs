@@ -124,4 +124,40 @@ mod tests {
         assert!(lines.buf.capacity() <= 2048);
         assert!(lines.next_line().unwrap().is_none());
     }
+
+    proptest::proptest! {
+        /// Whatever the bytes and the cap: one line per newline (and one for a last
+        /// unterminated piece), each either its exact text within the cap or too long, and
+        /// the buffer never grows past the cap by more than a read's chunk.
+        #[test]
+        fn lines_are_bounded(
+            bytes in proptest::collection::vec(
+                proptest::prop_oneof![3 => proptest::num::u8::ANY, 1 => proptest::strategy::Just(b'\n')],
+                0..2000,
+            ),
+            cap in 1usize..64,
+        ) {
+            let expected: Vec<&[u8]> = {
+                let mut parts: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+                if bytes.last().is_none_or(|&b| b == b'\n') {
+                    parts.pop();
+                }
+                parts
+            };
+            let mut lines = Lines::new(io::BufReader::with_capacity(16, &bytes[..]), cap);
+            let mut n = 0;
+            while let Some((number, line)) = lines.next_line().unwrap() {
+                let want = expected[n];
+                let want = want.strip_suffix(b"\r").unwrap_or(want);
+                n += 1;
+                proptest::prop_assert_eq!(number, n as u64);
+                match line {
+                    Line::Text(t) => proptest::prop_assert_eq!(t, want),
+                    Line::TooLong => proptest::prop_assert!(expected[n - 1].len() > cap),
+                }
+                proptest::prop_assert!(lines.buf.capacity() <= 2 * cap + 16);
+            }
+            proptest::prop_assert_eq!(n, expected.len());
+        }
+    }
 }

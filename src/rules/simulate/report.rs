@@ -314,3 +314,26 @@ fn clock_time(secs: i64) -> String {
         Err(_) => secs.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At most `max_keys` keys are held; the refusals of the others are counted.
+    #[test]
+    fn refused_keys_are_capped() {
+        let mut tally = Tally::new("l");
+        for i in 0..100u32 {
+            tally.refusal(Some(&Key::from_part(i)), 60 * i64::from(i % 3), false, 10);
+        }
+        tally.refusal(Some(&Key::from_part(0u32)), 0, true, 10);
+        let mut all = BTreeMap::new();
+        let report = tally.finish(3, &mut all);
+        assert_eq!((report.refused, report.shadow_refused), (101, 1));
+        assert_eq!((report.keys_refused, report.keys_capped), (10, true));
+        assert_eq!(all.len(), 10);
+        assert_eq!(report.top_refused.len(), 3);
+        assert_eq!(report.top_refused[0].1, 2);
+        assert_eq!(report.per_minute, vec![(0, 35), (60, 33), (120, 33)]);
+    }
+}
