@@ -193,9 +193,8 @@ async fn in_flight_and_a_rate_limit_are_all_or_nothing() {
 async fn the_limiter_acquires_and_releases_units_beside_the_middleware() {
     let limiter = Limiter::builder(MemoryStore::new())
         .limit(
-            LimitSpec::in_flight("jobs", 2).algorithm(Algorithm::InFlight {
-                retry_after: Duration::from_secs(5),
-            }),
+            LimitSpec::in_flight("jobs", 2)
+                .algorithm(Algorithm::in_flight_retry_after(Duration::from_secs(5))),
         )
         .limit(LimitSpec::new("rate", tollgate::Quota::per_second(1)))
         .build()

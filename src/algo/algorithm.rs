@@ -99,9 +99,11 @@ pub enum Algorithm {
     /// by [`Limit::in_flight`](crate::Limit::in_flight) and
     /// [`LimitSpec::in_flight`](crate::LimitSpec::in_flight); the memory store keeps it.
     InFlight {
-        /// The `Retry-After` of a refusal (a slot frees when a request ends, which no
-        /// clock predicts).
-        retry_after: Duration,
+        /// The `Retry-After` of a refusal, in milliseconds (a unit frees when a request
+        /// ends, which no clock predicts); see [`Algorithm::in_flight_retry_after`].
+        /// (Milliseconds in 32 bits keep every `Algorithm` in 16 bytes, which each
+        /// request's items copy.)
+        retry_after_ms: u32,
     },
 }
 
@@ -178,7 +180,25 @@ impl Algorithm {
     /// second.
     pub const fn in_flight() -> Self {
         Algorithm::InFlight {
-            retry_after: Duration::from_secs(1),
+            retry_after_ms: 1_000,
+        }
+    }
+
+    /// An in-flight limit whose refusals say to retry after `retry_after` (to the
+    /// millisecond, at most about 49 days).
+    pub fn in_flight_retry_after(retry_after: Duration) -> Self {
+        Algorithm::InFlight {
+            retry_after_ms: u32::try_from(retry_after.as_millis()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// An in-flight limit's `Retry-After`; `None` for the other algorithms.
+    pub const fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Algorithm::InFlight { retry_after_ms } => {
+                Some(Duration::from_millis(*retry_after_ms as u64))
+            }
+            _ => None,
         }
     }
 

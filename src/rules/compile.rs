@@ -532,7 +532,7 @@ fn in_flight(rule: &LimitRule) -> Result<Option<(Algorithm, Quota)>, ConfigError
         })?,
     };
     let quota = Quota::new(n, Duration::from_secs(1)).map_err(|e| e.with_field("in_flight"))?;
-    Ok(Some((Algorithm::InFlight { retry_after }, quota)))
+    Ok(Some((Algorithm::in_flight_retry_after(retry_after), quota)))
 }
 
 /// `on_limit`, `max_wait`, `max_waiters` and `max_reserved` (the builder checks the rest:

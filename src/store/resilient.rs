@@ -359,10 +359,7 @@ where
 /// An in-flight limit's refusal when this instance could not learn in time whether a
 /// unit is free: no unit left, retry after the limit's `retry_after`.
 fn in_flight_refusal(p: &Part) -> Outcome {
-    let retry_after = match p.algorithm {
-        Algorithm::InFlight { retry_after } => retry_after,
-        _ => Duration::from_secs(1),
-    };
+    let retry_after = p.algorithm.retry_after().unwrap_or(Duration::from_secs(1));
     let retry_us = u64::try_from(retry_after.as_micros())
         .unwrap_or(u64::MAX)
         .max(1);
@@ -752,11 +749,12 @@ impl<B: Backend> Resilient<B> {
         self.on_failure_busy(op, parts, owe, false)
     }
 
-    /// [`on_failure`](Self::on_failure); `busy`: the call timed out while the backend
-    /// answers others (this instance is slow, the backend is not down). An in-flight
-    /// limit then refuses (its `retry_after`) instead of granting a local share: the call
-    /// may have taken a unit in the backend, and a local grant beside the backend's would
-    /// let more than `n` run while the backend counts the rest.
+    /// [`on_failure`](Self::on_failure); `busy`: the call timed out (this instance or the
+    /// backend is slow, or the backend is gone: a timeout cannot tell). An in-flight limit
+    /// then refuses (its `retry_after`) instead of granting a local share: the call may
+    /// have taken a unit in the backend, and a local grant beside the backend's count would
+    /// let more than `n` run. Its share is for a backend known to fail: a call that failed
+    /// with an error, or an open breaker.
     fn on_failure_busy(&self, op: Op, parts: &[Part], owe: bool, busy: bool) -> Statuses {
         let busy_in_flight = |p: &Part| {
             busy && op == Op::Check
@@ -1116,8 +1114,7 @@ impl<B: Backend> Resilient<B> {
                     inner.breaker.failure(inner.clock.now(), name, &error);
                 }
                 // A call that timed out may have been applied: nothing is owed for it.
-                let busy = late && !self.silent();
-                self.on_failure_busy(op, parts, !late, busy)
+                self.on_failure_busy(op, parts, !late, late)
             }
         }
     }
@@ -1565,6 +1562,47 @@ mod tests {
         fn apply(&self, _: Op, _: &[Item<'_, ()>]) -> Self::Future {
             std::future::ready(Err(StoreError::new("down")))
         }
+    }
+
+    /// A backend that never answers: every call times out.
+    #[derive(Clone)]
+    struct Silent;
+
+    impl Backend for Silent {
+        type Table = ();
+        type Future = std::future::Pending<Result<Statuses, StoreError>>;
+        fn table(&self, _: &str) {}
+        fn apply(&self, _: Op, _: &[Item<'_, ()>]) -> Self::Future {
+            std::future::pending()
+        }
+    }
+
+    async fn in_flight_check<B: Backend>(store: &Resilient<B>) -> Status {
+        let table = store.table("jobs");
+        let item = Item::new(&table, Key::from_part("k"), Quota::per_second(4), 1)
+            .algorithm(Algorithm::in_flight())
+            .on_failure(FailurePolicy::Share);
+        match store.apply(Op::Check, &[item]) {
+            Checked::Ready(s) => s[0],
+            Checked::Pending(f) => f.await[0],
+        }
+    }
+
+    /// The two-process flood's bug: an in-flight check that timed out got the local share
+    /// beside the units the backend counted (12 in flight for 8). It refuses now; a
+    /// backend that fails with an error gets the share.
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_out_in_flight_check_refuses_and_a_failed_one_gets_the_share() {
+        let silent = Resilient::new(Silent).timeout(Duration::from_millis(10));
+        let s = in_flight_check(&silent).await;
+        assert!(matches!(s, Status::Checked(o) if !o.is_allowed()), "{s:?}");
+        assert_eq!(
+            s.outcome().and_then(|o| o.retry_after()),
+            Some(Duration::from_secs(1))
+        );
+        let down = Resilient::new(Down);
+        let s = in_flight_check(&down).await;
+        assert!(matches!(s, Status::Fallback(o) if o.is_allowed()), "{s:?}");
     }
 
     fn spent(table: &Arc<LeaseTable>, key: &str, until: u64) -> Refused {

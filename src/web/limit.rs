@@ -80,7 +80,7 @@ impl Limit {
     /// takes a unit when it is admitted and gives it back when its response body ends,
     /// fails or is dropped (the client went away), so a streamed response counts for as long
     /// as it streams. Refusals are 429s with `Retry-After: 1` (set another with
-    /// `.algorithm(Algorithm::InFlight { retry_after })`). The header fields say
+    /// `.algorithm(Algorithm::in_flight_retry_after(d))`). The header fields say
     /// `qu="concurrent-requests"` and how many are left, with no window.
     ///
     /// ```

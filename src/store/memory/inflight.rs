@@ -51,12 +51,9 @@ pub(super) fn decide(
 }
 
 fn retry_after_us(algorithm: Algorithm) -> u64 {
-    match algorithm {
-        Algorithm::InFlight { retry_after } => {
-            retry_after.as_micros().try_into().unwrap_or(u64::MAX)
-        }
-        _ => 0,
-    }
+    algorithm
+        .retry_after()
+        .map_or(0, |d| d.as_micros().try_into().unwrap_or(u64::MAX))
 }
 
 impl<C: Clock> MemoryStore<C> {

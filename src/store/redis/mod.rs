@@ -511,7 +511,7 @@ impl Part {
     /// The script's `kind` argument: "" for GCRA, `<code>:<phase>:<at>` for a window, or
     /// `<code>` when both are 0 (written without allocating).
     fn kind(&self, at: u64) -> SmallVec<[u8; 48]> {
-        if let (Algorithm::InFlight { retry_after }, Some((_, id))) = (self.algorithm, &self.held) {
+        if let (Some(retry_after), Some((_, id))) = (self.algorithm.retry_after(), &self.held) {
             // `c:<retry µs>:<members>`.
             let mut out = SmallVec::new();
             out.extend_from_slice(b"c:");
