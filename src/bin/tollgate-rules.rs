@@ -5,21 +5,57 @@
 //! limits[2].quota: ...`) on standard error when they are not (a file that is not a
 //! regular one, is larger than 16 MiB or nests more than 128 levels deep included, as a
 //! server would refuse it); 2 for a bad command line.
+//!
+//! `tollgate-rules simulate RULES --log FILE`: replays an access log through the rules
+//! (`tollgate::rules::Simulation`) and prints, per limit, the requests, the refusals,
+//! the most refused keys and when the refusals happened. Exit status 0 when the log was
+//! replayed (bad lines are reported, not fatal); 1 for invalid rules or an unreadable
+//! log; 2 for a bad command line.
 
+use std::io::{IsTerminal, Read};
 use std::path::Path;
 use std::process::ExitCode;
 
-use tollgate::rules::{Document, Format};
+use tollgate::rules::{Document, Format, JsonFields, LogFormat, Report, Simulation};
 
-const USAGE: &str = "usage: tollgate-rules check FILE";
+const USAGE: &str = "usage: tollgate-rules check FILE
+       tollgate-rules simulate RULES --log FILE [--json] [--format combined|json]
+                      [--field ROLE=FIELD]... [--header NAME=FIELD]... [--against OLD_RULES]
+                      [--max-line BYTES] [--top N]";
+
+const SIMULATE_HELP: &str =
+    "simulate: replays an access log (FILE, or - for standard input) through RULES
+with the real engine on a simulated clock, and prints per limit the requests, the refusals,
+the most refused keys and the refusals over time.
+
+  --format combined    nginx/Apache combined format (the default)
+  --format json        one JSON object per line; fields named by --field and --header
+  --field ROLE=FIELD   ROLE one of client, time, method, path, status (defaults: remote_addr,
+                       time, method, path, status); time is RFC 3339 or Unix seconds
+  --header NAME=FIELD  the request gets header NAME from FIELD (for header keys)
+  --against OLD_RULES  also replays through OLD_RULES and lists the keys refused by one only
+  --json               the report as JSON
+  --max-line BYTES     longer lines are counted as bad and skipped (default 65536)
+  --top N              the most refused keys shown per limit (default 10)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
         [command, file] if command == "check" => check(Path::new(file)),
+        [command, rest @ ..] if command == "simulate" => match SimulateArgs::parse(rest) {
+            Ok(Some(args)) => simulate(&args),
+            Ok(None) => {
+                println!("{USAGE}\n\n{SIMULATE_HELP}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}\n{USAGE}");
+                ExitCode::from(2)
+            }
+        },
         [flag] if flag == "-h" || flag == "--help" => {
             println!(
-                "{USAGE}\n\nChecks a rules document (TOML, or JSON for .json files) and prints its limits."
+                "{USAGE}\n\ncheck: checks a rules document (TOML, or JSON for .json files) and prints its limits.\n\n{SIMULATE_HELP}"
             );
             ExitCode::SUCCESS
         }
@@ -56,4 +92,187 @@ fn load(path: &Path) -> Result<Document, tollgate::ConfigError> {
         .sighup(false)
         .build()?;
     Ok((*rules.document()).clone())
+}
+
+/// The command line of `simulate`.
+struct SimulateArgs {
+    rules: String,
+    log: String,
+    json: bool,
+    against: Option<String>,
+    simulation: Simulation,
+}
+
+impl SimulateArgs {
+    /// `None` for `--help`.
+    fn parse(args: &[String]) -> Result<Option<Self>, String> {
+        let mut rules = None;
+        let mut log = None;
+        let mut json = false;
+        let mut against = None;
+        let mut format = None;
+        let mut fields = JsonFields::default();
+        let mut mapped = false;
+        let mut max_line = None;
+        let mut top = None;
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let mut value = |flag: &str| {
+                args.next()
+                    .cloned()
+                    .ok_or_else(|| format!("{flag} needs a value"))
+            };
+            match arg.as_str() {
+                "-h" | "--help" => return Ok(None),
+                "--json" => json = true,
+                "--log" => log = Some(value("--log")?),
+                "--against" => against = Some(value("--against")?),
+                "--format" => format = Some(value("--format")?),
+                "--field" => {
+                    fields.set(&value("--field")?).map_err(|e| e.to_string())?;
+                    mapped = true;
+                }
+                "--header" => {
+                    fields
+                        .header(&value("--header")?)
+                        .map_err(|e| e.to_string())?;
+                    mapped = true;
+                }
+                "--max-line" => max_line = Some(number("--max-line", &value("--max-line")?)?),
+                "--top" => top = Some(number("--top", &value("--top")?)?),
+                flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
+                file if rules.is_none() => rules = Some(file.to_owned()),
+                extra => return Err(format!("unexpected argument {extra}")),
+            }
+        }
+        // --field or --header imply JSON lines.
+        let format = match format.as_deref() {
+            Some("json") => LogFormat::Json(fields),
+            None if mapped => LogFormat::Json(fields),
+            Some("combined") if mapped => {
+                return Err("--field and --header apply to --format json".into());
+            }
+            None | Some("combined") => LogFormat::Combined,
+            Some(other) => return Err(format!("unknown --format {other}: combined or json")),
+        };
+        let mut simulation = Simulation::new(format);
+        if let Some(n) = max_line {
+            simulation = simulation.max_line(n);
+        }
+        if let Some(n) = top {
+            simulation = simulation.top(n);
+        }
+        Ok(Some(Self {
+            rules: rules.ok_or("simulate needs a RULES file")?,
+            log: log.ok_or("simulate needs --log FILE")?,
+            json,
+            against,
+            simulation,
+        }))
+    }
+}
+
+fn number(flag: &str, value: &str) -> Result<usize, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{flag}: `{value}` is not a number"))
+}
+
+fn simulate(args: &SimulateArgs) -> ExitCode {
+    let run = |rules: &str| -> Result<Report, String> {
+        let doc = load(Path::new(rules)).map_err(|e| e.to_string())?;
+        let report = if args.log == "-" {
+            args.simulation.run(&doc, std::io::stdin().lock())
+        } else {
+            let file = std::fs::File::open(&args.log).map_err(|e| format!("{}: {e}", args.log))?;
+            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let progress = Progress::new(file, size);
+            let report = args
+                .simulation
+                .run(&doc, std::io::BufReader::with_capacity(1 << 16, progress));
+            if progress_shown(size) {
+                eprint!("\r{:20}\r", "");
+            }
+            report
+        };
+        report.map_err(|e| format!("{}: {e}", args.log))
+    };
+    if args.against.is_some() && args.log == "-" {
+        eprintln!("--against reads the log twice: give a file, not -");
+        return ExitCode::from(2);
+    }
+    let report = match run(&args.rules) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let old = match &args.against {
+        None => None,
+        Some(old) => match run(old) {
+            Ok(old) => Some(old),
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let difference = old.as_ref().map(|old| report.difference(old));
+    if args.json {
+        let mut json = report.to_json();
+        if let (Some(d), Some(obj)) = (&difference, json.as_object_mut()) {
+            obj.insert("against".into(), d.to_json());
+        }
+        println!("{json}");
+    } else {
+        print!("{report}");
+        if let Some(d) = &difference {
+            println!("\nagainst {}:", args.against.as_deref().unwrap_or(""));
+            print!("{d}");
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Whether a log of `size` bytes shows its progress: on a terminal only.
+fn progress_shown(size: u64) -> bool {
+    size > 0 && std::io::stderr().is_terminal()
+}
+
+/// A log file's reader that shows how far it got on standard error when that is a
+/// terminal: a percentage, redrawn at each whole percent of the file.
+struct Progress<R> {
+    inner: R,
+    size: u64,
+    read: u64,
+    shown: u64,
+    on: bool,
+}
+
+impl<R> Progress<R> {
+    fn new(inner: R, size: u64) -> Self {
+        Self {
+            inner,
+            size,
+            read: 0,
+            shown: 0,
+            on: progress_shown(size),
+        }
+    }
+}
+
+impl<R: Read> Read for Progress<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        if self.on {
+            let percent = (self.read * 100 / self.size).min(100);
+            if percent > self.shown {
+                self.shown = percent;
+                eprint!("\rreplaying: {percent:>3}%");
+            }
+        }
+        Ok(n)
+    }
 }

@@ -337,6 +337,13 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         self
     }
 
+    /// Tells `tap` of every refusal with its limit and key (the rules' `simulate`).
+    #[cfg(feature = "rules")]
+    pub(crate) fn tap(mut self, tap: crate::web::hooks::Tap) -> Self {
+        self.settings.hooks.tap = Some(tap);
+        self
+    }
+
     /// A layer without limits is valid: it limits nothing (the allow and deny lists still
     /// apply). For rules built by code that have no limit.
     #[cfg(feature = "rules")]

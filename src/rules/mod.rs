@@ -62,6 +62,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Rules can be rehearsed on an access log before they are deployed: [`Simulation`]
+//! replays the log through them on a simulated clock (`tollgate-rules simulate`).
+//!
 //! From a file, watched and reloaded on `SIGHUP`:
 //!
 //! ```no_run
@@ -83,6 +86,7 @@ mod format;
 mod locate;
 mod read;
 mod reload;
+mod simulate;
 mod watch;
 
 #[cfg(feature = "rules-sql")]
@@ -94,6 +98,10 @@ pub use format::Format;
 pub use reload::{ReloadStatus, Rules, RulesBuilder};
 #[cfg(feature = "rules-sql")]
 pub(crate) use reload::{Trigger, WeakRules};
+pub use simulate::{
+    BadLine, DEFAULT_MAX_KEYS, DEFAULT_MAX_LINE, Difference, JsonFields, LimitReport, LogFormat,
+    Report, SimulateError, Simulation,
+};
 
 use crate::base::error::ConfigError;
 use crate::middleware::layer::RateLimitLayer;

@@ -86,7 +86,23 @@ pub(crate) struct HookSettings {
     /// The fraction of a bucket under which a decision counts as near the limit
     /// (metrics only).
     pub(crate) near_limit: f64,
+    /// Told of every refusal with its limit and key (the rules' `simulate`).
+    pub(crate) tap: Option<Tap>,
 }
+
+/// How a tapped refusal came about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// An enforcing limit refused the request.
+    Enforced,
+    /// A shadow limit would have refused it.
+    Shadow,
+    /// The key was banned by the limit.
+    Banned,
+}
+
+/// A crate-private observer of refusals with their keys: `(limit, key, how)`.
+pub(crate) type Tap = std::sync::Arc<dyn Fn(&'static str, Option<&Key>, Refusal) + Send + Sync>;
 
 // Derivable only without the `metrics` feature, whose field has another default.
 #[allow(clippy::derivable_impls)]
@@ -98,6 +114,7 @@ impl Default for HookSettings {
             offenders: None,
             audit: None,
             near_limit: 0.2,
+            tap: None,
         }
     }
 }
@@ -173,6 +190,7 @@ impl Hooks {
         Self {
             wants_keys: settings.offenders.is_some()
                 || settings.refusal_log.level.is_some()
+                || settings.tap.is_some()
                 || audit.is_some(),
             settings,
             limits,
@@ -224,6 +242,9 @@ impl Hooks {
             }
             if let Some(audit) = &self.audit {
                 audit.record(bound, l, keys.key(i), parts, false);
+            }
+            if let Some(tap) = &self.settings.tap {
+                tap(l.name, keys.key(i), Refusal::Enforced);
             }
             let hooks = &self.limits[bound];
             if let (Some(top), Some(key)) = (&hooks.offenders, keys.key(i))
@@ -283,6 +304,9 @@ impl Hooks {
         if let Some(audit) = &self.audit {
             audit.record_banned(bound, limit, key, parts, remaining);
         }
+        if let Some(tap) = &self.settings.tap {
+            tap(limit, Some(key), Refusal::Banned);
+        }
     }
 
     /// A shadow limit would have refused the request (plan index `i`): the audit log.
@@ -295,6 +319,9 @@ impl Hooks {
         parts: &Parts,
         keys: &(impl Keys + ?Sized),
     ) {
+        if let Some(tap) = &self.settings.tap {
+            tap(limit.name, keys.key(i), Refusal::Shadow);
+        }
         // A store failure is no violation: only a bucket's answer counts.
         if let Some(audit) = &self.audit
             && limit.outcome().is_some()

@@ -1,0 +1,163 @@
+//! Reading a log line by line with a bounded length: an over-long line is skipped to its
+//! end without being held, whatever its size.
+
+use std::io::{self, BufRead};
+
+/// One line of the input, or why it is not there.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Line<'a> {
+    /// The line's bytes, without its `\n` (or `\r\n`).
+    Text(&'a [u8]),
+    /// The line was longer than the cap; its bytes were read and dropped.
+    TooLong,
+}
+
+/// A reader of lines of at most `cap` bytes.
+pub(crate) struct Lines<R> {
+    input: R,
+    cap: usize,
+    buf: Vec<u8>,
+    /// The 1-based number of the line last returned.
+    number: u64,
+}
+
+impl<R: BufRead> Lines<R> {
+    pub(crate) fn new(input: R, cap: usize) -> Self {
+        Self {
+            input,
+            cap,
+            buf: Vec::new(),
+            number: 0,
+        }
+    }
+
+    /// The next line and its number; `None` at the end of the input.
+    pub(crate) fn next_line(&mut self) -> io::Result<Option<(u64, Line<'_>)>> {
+        self.buf.clear();
+        let mut too_long = false;
+        let mut read_any = false;
+        loop {
+            let chunk = match self.input.fill_buf() {
+                Ok(chunk) => chunk,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if chunk.is_empty() {
+                if !read_any {
+                    return Ok(None);
+                }
+                break;
+            }
+            read_any = true;
+            let (part, used, done) = match memchr(chunk) {
+                Some(i) => (&chunk[..i], i + 1, true),
+                None => (chunk, chunk.len(), false),
+            };
+            if !too_long {
+                if self.buf.len() + part.len() > self.cap {
+                    too_long = true;
+                    self.buf.clear();
+                } else {
+                    self.buf.extend_from_slice(part);
+                }
+            }
+            self.input.consume(used);
+            if done {
+                break;
+            }
+        }
+        self.number += 1;
+        if too_long {
+            return Ok(Some((self.number, Line::TooLong)));
+        }
+        if self.buf.last() == Some(&b'\r') {
+            self.buf.pop();
+        }
+        Ok(Some((self.number, Line::Text(&self.buf))))
+    }
+}
+
+fn memchr(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|&b| b == b'\n')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(input: &[u8], cap: usize) -> Vec<(u64, Option<Vec<u8>>)> {
+        let mut lines = Lines::new(io::BufReader::with_capacity(4, input), cap);
+        let mut out = Vec::new();
+        while let Some((n, line)) = lines.next_line().unwrap() {
+            out.push((
+                n,
+                match line {
+                    Line::Text(t) => Some(t.to_vec()),
+                    Line::TooLong => None,
+                },
+            ));
+        }
+        out
+    }
+
+    #[test]
+    fn splits_lines_and_skips_long_ones() {
+        let got = all(b"ab\r\n0123456789abc\nxyz", 8);
+        assert_eq!(
+            got,
+            vec![
+                (1, Some(b"ab".to_vec())),
+                (2, None),
+                (3, Some(b"xyz".to_vec()))
+            ]
+        );
+        assert_eq!(all(b"", 8), vec![]);
+        assert_eq!(all(b"\n\n", 8), vec![(1, Some(vec![])), (2, Some(vec![]))]);
+    }
+
+    /// A line far over the cap never makes the buffer grow past it.
+    #[test]
+    fn long_line_is_not_held() {
+        let huge = vec![b'x'; 1 << 20];
+        let mut lines = Lines::new(io::BufReader::new(&huge[..]), 1024);
+        assert_eq!(lines.next_line().unwrap().unwrap().1, Line::TooLong);
+        assert!(lines.buf.capacity() <= 2048);
+        assert!(lines.next_line().unwrap().is_none());
+    }
+
+    proptest::proptest! {
+        /// Whatever the bytes and the cap: one line per newline (and one for a last
+        /// unterminated piece), each either its exact text within the cap or too long, and
+        /// the buffer never grows past the cap by more than a read's chunk.
+        #[test]
+        fn lines_are_bounded(
+            bytes in proptest::collection::vec(
+                proptest::prop_oneof![3 => proptest::num::u8::ANY, 1 => proptest::strategy::Just(b'\n')],
+                0..2000,
+            ),
+            cap in 1usize..64,
+        ) {
+            let expected: Vec<&[u8]> = {
+                let mut parts: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+                if bytes.last().is_none_or(|&b| b == b'\n') {
+                    parts.pop();
+                }
+                parts
+            };
+            let mut lines = Lines::new(io::BufReader::with_capacity(16, &bytes[..]), cap);
+            let mut n = 0;
+            while let Some((number, line)) = lines.next_line().unwrap() {
+                let want = expected[n];
+                let want = want.strip_suffix(b"\r").unwrap_or(want);
+                n += 1;
+                proptest::prop_assert_eq!(number, n as u64);
+                match line {
+                    Line::Text(t) => proptest::prop_assert_eq!(t, want),
+                    Line::TooLong => proptest::prop_assert!(expected[n - 1].len() > cap),
+                }
+                proptest::prop_assert!(lines.buf.capacity() <= 2 * cap + 16);
+            }
+            proptest::prop_assert_eq!(n, expected.len());
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! The replay: the rules' layer over a memory store on a fake clock, each logged request
+//! sent through its service at the logged time, answered by an inner service with the
+//! logged status; refusals and their keys told by the layer's hooks.
+
+use std::convert::Infallible;
+use std::future::{Future, Ready, ready};
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body_util::Full;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::lines::{Line, Lines};
+use super::parse::{self, Entry, LogFormat};
+use super::report::{BadLine, Report, Tally};
+use super::{SimulateError, Simulation};
+use crate::base::clock::FakeClock;
+use crate::middleware::layer::RateLimitLayer;
+use crate::model::key::Key;
+use crate::rules::compile;
+use crate::rules::document::Document;
+use crate::store::MemoryStore;
+use crate::web::headers::HeaderStyle;
+use crate::web::hooks::{Refusal, RefusalLog};
+use crate::web::key::PeerAddr;
+
+/// Where the replay's clock starts: the first request's time is this far from the fake
+/// clock's origin.
+const ORIGIN: Duration = Duration::from_secs(86_400);
+
+/// The application behind the layer: answers every request with the logged status.
+#[derive(Clone)]
+struct Answer {
+    status: Arc<AtomicU16>,
+}
+
+impl<B> Service<Request<B>> for Answer {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<B>) -> Self::Future {
+        let mut response = Response::new(Full::default());
+        *response.status_mut() =
+            StatusCode::from_u16(self.status.load(Ordering::Relaxed)).unwrap_or(StatusCode::OK);
+        ready(Ok(response))
+    }
+}
+
+/// What the hooks saw during one request.
+#[derive(Default)]
+struct Seen {
+    /// The limits checked.
+    checked: Vec<&'static str>,
+    /// The refusals: limit, key, whether by a shadow limit.
+    refused: Vec<(&'static str, Option<Key>, bool)>,
+}
+
+pub(super) fn run(
+    sim: &Simulation,
+    doc: &Document,
+    input: impl BufRead,
+) -> Result<Report, SimulateError> {
+    let clock = FakeClock::new();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let compiled = compile::compile_maybe_empty(doc, &compile::CustomKeys::new(), false)?;
+    let (on_decision, on_refusal) = (seen.clone(), seen.clone());
+    let layer: RateLimitLayer<MemoryStore<FakeClock>> = compiled
+        .apply(RateLimitLayer::builder(MemoryStore::with_clock(
+            clock.clone(),
+        )))
+        .refusal_log(RefusalLog::off())
+        // Nobody reads the answers' headers: they decide nothing.
+        .headers(HeaderStyle::None)
+        .decision_extension(false)
+        .on_decision(move |decision, _| {
+            let mut seen = on_decision.lock().unwrap_or_else(PoisonError::into_inner);
+            seen.checked.extend(decision.limits().map(|l| l.name));
+        })
+        .tap(Arc::new(move |limit, key, how| {
+            let mut seen = on_refusal.lock().unwrap_or_else(PoisonError::into_inner);
+            seen.refused
+                .push((limit, key.cloned(), how == Refusal::Shadow));
+            if how == Refusal::Banned {
+                // A banned request is refused before its limits are checked.
+                seen.checked.push(limit);
+            }
+        }))
+        .build()
+        .map_err(|e| compile::rebase(doc, e))?;
+    let status = Arc::new(AtomicU16::new(200));
+    let mut service = layer.layer(Answer {
+        status: status.clone(),
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(SimulateError::Io)?;
+    let _entered = runtime.enter();
+
+    let mut tallies: Vec<Tally> = doc.limits.iter().map(|l| Tally::new(&l.name)).collect();
+    let mut report = Report {
+        lines: 0,
+        bad_lines: 0,
+        bad: Vec::new(),
+        late_lines: 0,
+        requests: 0,
+        refused: 0,
+        span: None,
+        limits: Vec::new(),
+        keys: Default::default(),
+    };
+    let mut lines = Lines::new(input, sim.max_line);
+    let mut start: Option<i64> = None;
+    let mut latest = i64::MIN;
+    let waker = Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    let bad = |report: &mut Report, line: u64, reason: &'static str| {
+        report.bad_lines += 1;
+        if report.bad.len() < sim.max_bad {
+            report.bad.push(BadLine { line, reason });
+        }
+    };
+    while let Some((number, line)) = lines.next_line().map_err(SimulateError::Io)? {
+        report.lines += 1;
+        let text = match line {
+            Line::Text(text) => text,
+            Line::TooLong => {
+                bad(&mut report, number, "line too long");
+                continue;
+            }
+        };
+        if text.iter().all(u8::is_ascii_whitespace) {
+            bad(&mut report, number, "empty line");
+            continue;
+        }
+        let entry = match parse::parse(&sim.format, text) {
+            Ok(entry) => entry,
+            Err(reason) => {
+                bad(&mut report, number, reason);
+                continue;
+            }
+        };
+        let request = match request(&sim.format, &entry) {
+            Ok(request) => request,
+            Err(reason) => {
+                bad(&mut report, number, reason);
+                continue;
+            }
+        };
+        let mut at = entry.time_ns;
+        if at < latest {
+            report.late_lines += 1;
+            at = latest;
+        }
+        latest = at;
+        let first = *start.get_or_insert(at);
+        let since = u64::try_from(at - first).unwrap_or(0);
+        clock.set(ORIGIN + Duration::from_nanos(since));
+        status.store(entry.status, Ordering::Relaxed);
+
+        let response = {
+            let mut future = pin!(service.call(request));
+            match future.as_mut().poll(&mut cx) {
+                Poll::Ready(r) => r,
+                // A store or a delay that waits: the runtime drives it.
+                Poll::Pending => runtime.block_on(future),
+            }
+        };
+        let Ok(response) = response;
+        report.requests += 1;
+        let secs = at.div_euclid(1_000_000_000);
+        report.span = Some(match report.span {
+            None => (secs, secs),
+            Some((s, _)) => (s, secs),
+        });
+        let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+        // A shadow limit's refusal is no refusal.
+        if seen.refused.iter().any(|r| !r.2) {
+            report.refused += 1;
+        }
+        drop(response);
+        for name in seen.checked.drain(..) {
+            if let Some(t) = tallies.iter_mut().find(|t| t.name == name) {
+                t.requests += 1;
+            }
+        }
+        for (name, key, shadow) in seen.refused.drain(..) {
+            if let Some(t) = tallies.iter_mut().find(|t| t.name == name) {
+                t.refusal(key.as_ref(), secs, shadow, sim.max_keys);
+            }
+        }
+    }
+    let keys = &mut report.keys;
+    report.limits = tallies
+        .into_iter()
+        .map(|t| t.finish(sim.top, keys))
+        .collect();
+    Ok(report)
+}
+
+/// The request of a log entry: method, path, peer address, headers.
+fn request(format: &LogFormat, e: &Entry<'_>) -> Result<Request<Full<Bytes>>, &'static str> {
+    let mut request = Request::new(Full::default());
+    *request.method_mut() = Method::from_bytes(e.method.as_bytes()).map_err(|_| "bad method")?;
+    *request.uri_mut() = Uri::try_from(&*e.path).map_err(|_| "bad path")?;
+    request
+        .extensions_mut()
+        .insert(PeerAddr(SocketAddr::new(e.client, 0)));
+    if let LogFormat::Json(fields) = format {
+        for (i, value) in &e.headers {
+            let value = HeaderValue::from_str(value).map_err(|_| "bad header value")?;
+            request
+                .headers_mut()
+                .append(fields.headers[*i].0.clone(), value);
+        }
+    }
+    Ok(request)
+}

@@ -1,0 +1,339 @@
+//! What a replay found: per limit, the requests, the refusals, the refused keys (at most
+//! `max_keys` of them) and when the refusals happened; as text and as JSON.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::model::key::Key;
+use crate::observe::offenders;
+
+/// A line of the log that was not replayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadLine {
+    /// Its 1-based number.
+    pub line: u64,
+    /// What is wrong with it (`bad time`, `truncated request`, `longer than 65536 bytes`, ...).
+    pub reason: &'static str,
+}
+
+/// One limit's part in a [`Report`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LimitReport {
+    /// The limit's name.
+    pub name: String,
+    /// The requests the limit was checked for (refused by a ban included).
+    pub requests: u64,
+    /// The requests it refused (for a shadow limit: would have refused); bans included.
+    pub refused: u64,
+    /// Refusals by a shadow limit (reported, never enforced), among `refused`.
+    pub shadow_refused: u64,
+    /// The distinct keys refused at least once (at most the report's key cap: see
+    /// [`keys_capped`](Self::keys_capped)).
+    pub keys_refused: u64,
+    /// Whether more keys were refused than the cap held: their refusals are counted, the
+    /// keys not.
+    pub keys_capped: bool,
+    /// The most refused keys, most first, as the refusal log writes them.
+    pub top_refused: Vec<(String, u64)>,
+    /// Refusals per minute (Unix time of the minute's start, in seconds), minutes without
+    /// refusals left out.
+    pub per_minute: Vec<(i64, u64)>,
+}
+
+impl LimitReport {
+    /// The refused share of the requests, 0 to 1.
+    pub fn refused_share(&self) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.refused as f64 / self.requests as f64
+        }
+    }
+}
+
+/// The outcome of [`Simulation::run`](super::Simulation::run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report {
+    /// Lines read (bad ones included).
+    pub lines: u64,
+    /// Lines that could not be replayed.
+    pub bad_lines: u64,
+    /// The first of them (at most [`Simulation::max_bad`](super::Simulation::max_bad)).
+    pub bad: Vec<BadLine>,
+    /// Lines earlier than the line before them, replayed at the latest time seen.
+    pub late_lines: u64,
+    /// Requests replayed.
+    pub requests: u64,
+    /// Requests the rules answered with a refusal (429, or a ban's status).
+    pub refused: u64,
+    /// The Unix time (seconds) of the first and the last replayed request.
+    pub span: Option<(i64, i64)>,
+    /// Per limit, in the document's order.
+    pub limits: Vec<LimitReport>,
+    /// Every refused key (of any limit) and its refusals, for [`Report::difference`].
+    pub(crate) keys: BTreeMap<String, u64>,
+}
+
+/// The keys one replay refused and another did not: [`Report::difference`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Difference {
+    /// Keys refused by the new rules, never by the old, with the new refusals; most
+    /// first.
+    pub newly_refused: Vec<(String, u64)>,
+    /// Keys refused by the old rules, never by the new, with the old refusals; most first.
+    pub no_longer_refused: Vec<(String, u64)>,
+}
+
+impl Difference {
+    /// The difference as JSON: `{"newly_refused": [{"key", "refused"}],
+    /// "no_longer_refused": [...]}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let list = |keys: &[(String, u64)]| {
+            keys.iter()
+                .map(|(k, n)| serde_json::json!({"key": k, "refused": n}))
+                .collect::<Vec<_>>()
+        };
+        serde_json::json!({
+            "newly_refused": list(&self.newly_refused),
+            "no_longer_refused": list(&self.no_longer_refused),
+        })
+    }
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (title, keys) in [
+            ("refused by the new rules only", &self.newly_refused),
+            ("refused by the old rules only", &self.no_longer_refused),
+        ] {
+            writeln!(f, "{} keys {title}", keys.len())?;
+            for (key, n) in keys.iter().take(20) {
+                writeln!(f, "  {n:>8}  {key}")?;
+            }
+            if keys.len() > 20 {
+                writeln!(f, "  ... and {} more", keys.len() - 20)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A limit's counts while the log is replayed.
+pub(crate) struct Tally {
+    pub(crate) name: String,
+    pub(crate) requests: u64,
+    pub(crate) refused: u64,
+    pub(crate) shadow: u64,
+    keys: hashbrown::HashMap<Key, u64, foldhash::fast::RandomState>,
+    capped: bool,
+    minutes: BTreeMap<i64, u64>,
+}
+
+impl Tally {
+    pub(crate) fn new(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            requests: 0,
+            refused: 0,
+            shadow: 0,
+            keys: hashbrown::HashMap::default(),
+            capped: false,
+            minutes: BTreeMap::new(),
+        }
+    }
+
+    /// A refusal of `key` at Unix time `secs`.
+    pub(crate) fn refusal(&mut self, key: Option<&Key>, secs: i64, shadow: bool, max_keys: usize) {
+        self.refused += 1;
+        self.shadow += u64::from(shadow);
+        *self.minutes.entry(secs.div_euclid(60) * 60).or_default() += 1;
+        let Some(key) = key else { return };
+        if let Some(n) = self.keys.get_mut(key) {
+            *n += 1;
+        } else if self.keys.len() < max_keys {
+            self.keys.insert(key.clone(), 1);
+        } else {
+            self.capped = true;
+        }
+    }
+
+    /// The limit's report; its refused keys added to `all`.
+    pub(crate) fn finish(self, top: usize, all: &mut BTreeMap<String, u64>) -> LimitReport {
+        for (k, &n) in &self.keys {
+            *all.entry(offenders::render(k, Some(false))).or_default() += n;
+        }
+        let mut keys: Vec<(&Key, u64)> = self.keys.iter().map(|(k, &n)| (k, n)).collect();
+        let rendered = |k: &Key| offenders::render(k, Some(false));
+        keys.sort_by(|a, b| {
+            b.1.cmp(&a.1)
+                .then_with(|| rendered(a.0).cmp(&rendered(b.0)))
+        });
+        LimitReport {
+            name: self.name,
+            requests: self.requests,
+            refused: self.refused,
+            shadow_refused: self.shadow,
+            keys_refused: self.keys.len() as u64,
+            keys_capped: self.capped,
+            top_refused: keys
+                .into_iter()
+                .take(top)
+                .map(|(k, n)| (rendered(k), n))
+                .collect(),
+            per_minute: self.minutes.into_iter().collect(),
+        }
+    }
+}
+
+impl Report {
+    /// The keys this replay (the new rules) refused and `old` did not, and the reverse.
+    /// Keys are compared as reports write them; a limit whose keys were capped
+    /// ([`LimitReport::keys_capped`]) compares the keys it held.
+    pub fn difference(&self, old: &Report) -> Difference {
+        let only = |a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>| {
+            let mut keys: Vec<(String, u64)> = a
+                .iter()
+                .filter(|(k, _)| !b.contains_key(*k))
+                .map(|(k, &n)| (k.clone(), n))
+                .collect();
+            keys.sort_by(|x, y| y.1.cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
+            keys
+        };
+        Difference {
+            newly_refused: only(&self.keys, &old.keys),
+            no_longer_refused: only(&old.keys, &self.keys),
+        }
+    }
+
+    /// The report as JSON: `{"lines", "bad_lines", "bad": [{"line", "reason"}],
+    /// "late_lines", "requests", "refused", "limits": [{"name", "requests", "refused",
+    /// "shadow_refused", "keys_refused", "keys_capped", "top_refused": [{"key",
+    /// "refused"}], "per_minute": [{"minute", "refused"}]}]}` (`minute`: Unix seconds).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        json!({
+            "lines": self.lines,
+            "bad_lines": self.bad_lines,
+            "bad": self.bad.iter().map(|b| json!({"line": b.line, "reason": b.reason})).collect::<Vec<_>>(),
+            "late_lines": self.late_lines,
+            "requests": self.requests,
+            "refused": self.refused,
+            "limits": self.limits.iter().map(|l| json!({
+                "name": l.name,
+                "requests": l.requests,
+                "refused": l.refused,
+                "shadow_refused": l.shadow_refused,
+                "keys_refused": l.keys_refused,
+                "keys_capped": l.keys_capped,
+                "top_refused": l.top_refused.iter().map(|(k, n)| json!({"key": k, "refused": n})).collect::<Vec<_>>(),
+                "per_minute": l.per_minute.iter().map(|(m, n)| json!({"minute": m, "refused": n})).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// The number of bars in a text histogram.
+const BARS: i64 = 12;
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} lines: {} requests replayed, {} refused; {} bad lines, {} late lines (replayed at the latest time seen)",
+            self.lines, self.requests, self.refused, self.bad_lines, self.late_lines
+        )?;
+        for b in &self.bad {
+            writeln!(f, "  line {}: {}", b.line, b.reason)?;
+        }
+        if (self.bad.len() as u64) < self.bad_lines {
+            writeln!(
+                f,
+                "  ... and {} more",
+                self.bad_lines - self.bad.len() as u64
+            )?;
+        }
+        for l in &self.limits {
+            writeln!(f)?;
+            let at_least = if l.keys_capped { "at least " } else { "" };
+            writeln!(
+                f,
+                "limit {}: {} requests, {} refused ({:.1}%){}, {at_least}{} keys refused",
+                l.name,
+                l.requests,
+                l.refused,
+                100.0 * l.refused_share(),
+                if l.shadow_refused > 0 {
+                    format!(" of which {} by shadow", l.shadow_refused)
+                } else {
+                    String::new()
+                },
+                l.keys_refused,
+            )?;
+            for (key, n) in &l.top_refused {
+                writeln!(f, "  {n:>8}  {key}")?;
+            }
+            if let Some((start, end)) = self.span
+                && l.refused > 0
+            {
+                histogram(f, l, start, end)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Refusals over the log's span in at most [`BARS`] buckets of whole minutes.
+fn histogram(f: &mut fmt::Formatter<'_>, l: &LimitReport, start: i64, end: i64) -> fmt::Result {
+    let first = start.div_euclid(60) * 60;
+    let minutes = (end - first) / 60 + 1;
+    let width = ((minutes + BARS - 1) / BARS).max(1) * 60;
+    let n = ((end - first) / width + 1) as usize;
+    let mut buckets = vec![0u64; n];
+    for &(m, c) in &l.per_minute {
+        let i = ((m - first) / width).clamp(0, n as i64 - 1) as usize;
+        buckets[i] += c;
+    }
+    let max = buckets.iter().copied().max().unwrap_or(0).max(1);
+    writeln!(f, "  refusals per {} min (UTC):", width / 60)?;
+    for (i, &c) in buckets.iter().enumerate() {
+        let at = first + i as i64 * width;
+        let bar = "#".repeat(((c * 40).div_ceil(max)) as usize);
+        let line = format!("  {} {c:>8} {bar}", clock_time(at));
+        writeln!(f, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+/// `2024-01-31 13:05` of Unix seconds.
+fn clock_time(secs: i64) -> String {
+    match jiff::Timestamp::from_second(secs) {
+        Ok(t) => t.strftime("%Y-%m-%d %H:%M").to_string(),
+        Err(_) => secs.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At most `max_keys` keys are held; the refusals of the others are counted.
+    #[test]
+    fn refused_keys_are_capped() {
+        let mut tally = Tally::new("l");
+        for i in 0..100u32 {
+            tally.refusal(Some(&Key::from_part(i)), 60 * i64::from(i % 3), false, 10);
+        }
+        tally.refusal(Some(&Key::from_part(0u32)), 0, true, 10);
+        let mut all = BTreeMap::new();
+        let report = tally.finish(3, &mut all);
+        assert_eq!((report.refused, report.shadow_refused), (101, 1));
+        assert_eq!((report.keys_refused, report.keys_capped), (10, true));
+        assert_eq!(all.len(), 10);
+        assert_eq!(report.top_refused.len(), 3);
+        assert_eq!(report.top_refused[0].1, 2);
+        assert_eq!(report.per_minute, vec![(0, 35), (60, 33), (120, 33)]);
+    }
+}

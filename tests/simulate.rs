@@ -1,0 +1,508 @@
+//! Feature `rules`: `rules::Simulation` and `tollgate-rules simulate`: refusals of a small
+//! log computed by hand, the same decisions as the layer on the same requests and clock,
+//! malformed input counted with line numbers, the JSON output's shape.
+#![cfg(feature = "rules")]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Read};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use tollgate::clock::FakeClock;
+use tollgate::key::PeerAddr;
+use tollgate::rules::{Document, JsonFields, LogFormat, Report, Simulation};
+use tollgate::store::MemoryStore;
+use tower::{Layer, ServiceExt, service_fn};
+
+/// A combined-format line at `secs` seconds after 2026-11-26 10:00:00 UTC.
+fn line(ip: &str, secs: u32, method: &str, path: &str, status: u16) -> String {
+    format!(
+        "{ip} - - [26/Nov/2026:10:{:02}:{:02} +0000] \"{method} {path} HTTP/1.1\" {status} 12 \"-\" \"test\"\n",
+        secs / 60,
+        secs % 60
+    )
+}
+
+fn run(rules: &str, log: &str) -> Report {
+    let doc = Document::from_toml(rules).unwrap();
+    Simulation::new(LogFormat::Combined)
+        .run(&doc, log.as_bytes())
+        .unwrap()
+}
+
+const RULES: &str = r#"
+[[limits]]
+name = "per-ip"
+key = "peer_ip"
+quota = "3/min"
+
+[[limits]]
+name = "login"
+key = "peer_ip"
+quota = "1/min"
+routes = ["POST /login"]
+"#;
+
+/// GCRA by hand. per-ip, 3/min (one token every 20 s, a burst of 3): A's requests at 0, 1
+/// and 2 s fill the bucket (its theoretical arrival time reaches 60 s); at 3 s the next
+/// would end at 80 s, 77 s ahead, more than the 60 s the burst allows: refused (a refusal
+/// takes nothing); at 25 s 80 - 25 = 55: allowed; at 26 s 100 - 26 = 74: refused.
+/// login, 1/min on POST /login: C at 0 s (allowed), 30 s (120 - 30 = 90 > 60: refused),
+/// 61 s (121 - 61 = 60: allowed). B's two requests and C's three stay under per-ip.
+#[test]
+fn refusals_of_a_small_log_by_hand() {
+    let mut log = String::new();
+    for (ip, t, method, path) in [
+        ("192.0.2.1", 0, "GET", "/"),
+        ("192.0.2.3", 0, "POST", "/login"),
+        ("192.0.2.1", 1, "GET", "/a"),
+        ("192.0.2.2", 1, "GET", "/"),
+        ("192.0.2.1", 2, "GET", "/b"),
+        ("192.0.2.1", 3, "GET", "/"),
+        ("192.0.2.2", 20, "GET", "/"),
+        ("192.0.2.1", 25, "GET", "/"),
+        ("192.0.2.1", 26, "GET", "/"),
+        ("192.0.2.3", 30, "POST", "/login"),
+        ("192.0.2.3", 61, "POST", "/login"),
+    ] {
+        log.push_str(&line(ip, t, method, path, 200));
+    }
+    let report = run(RULES, &log);
+    assert_eq!(
+        (report.lines, report.bad_lines, report.late_lines),
+        (11, 0, 0)
+    );
+    assert_eq!((report.requests, report.refused), (11, 3));
+    let per_ip = &report.limits[0];
+    assert_eq!(per_ip.name, "per-ip");
+    assert_eq!(
+        (per_ip.requests, per_ip.refused, per_ip.keys_refused),
+        (11, 2, 1)
+    );
+    assert_eq!(per_ip.top_refused, vec![("@192.0.2.1".to_owned(), 2)]);
+    let start = 1_795_687_200; // 2026-11-26T10:00:00Z
+    assert_eq!(per_ip.per_minute, vec![(start, 2)]);
+    let login = &report.limits[1];
+    assert_eq!(
+        (login.requests, login.refused, login.keys_refused),
+        (3, 1, 1)
+    );
+    assert_eq!(login.top_refused, vec![("@192.0.2.3".to_owned(), 1)]);
+    assert_eq!(login.per_minute, vec![(start, 1)]);
+}
+
+/// A line earlier than the one before it is replayed at the latest time: A's third
+/// request, logged at 0 s after one at 30 s, is replayed at 30 s.
+#[test]
+fn late_lines_replay_at_the_latest_time() {
+    let rules = "[[limits]]\nname = \"l\"\nkey = \"peer_ip\"\nquota = \"1/min\"\n";
+    let log = [
+        line("192.0.2.1", 0, "GET", "/", 200),
+        line("192.0.2.1", 59, "GET", "/", 200),
+        line("192.0.2.1", 0, "GET", "/", 200),
+        line("192.0.2.1", 61, "GET", "/", 200),
+    ]
+    .concat();
+    let report = run(rules, &log);
+    assert_eq!(report.late_lines, 1);
+    // 0 s allowed, 59 s refused, the late line at 59 s refused, 61 s allowed.
+    assert_eq!(report.limits[0].refused, 2);
+}
+
+/// A deterministic pseudo-random log: `n` lines, five clients, one of them flooding,
+/// some logins; times nondecreasing, in milliseconds.
+/// A logged request: client, milliseconds from the first, method, path.
+type Logged = (IpAddr, u64, &'static str, &'static str);
+
+fn generated(n: usize) -> Vec<Logged> {
+    let clients: Vec<IpAddr> = [
+        "192.0.2.1",
+        "192.0.2.2",
+        "2001:db8::7",
+        "198.51.100.9",
+        "203.0.113.5",
+    ]
+    .iter()
+    .map(|s| s.parse().unwrap())
+    .collect();
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut t = 0;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            t += x % 100;
+            // The last client sends half the lines.
+            let c = if x.is_multiple_of(2) {
+                4
+            } else {
+                ((x >> 8) % 4) as usize
+            };
+            let (method, path) = if (x >> 16).is_multiple_of(7) {
+                ("POST", "/login")
+            } else {
+                ("GET", "/items")
+            };
+            (clients[c], t, method, path)
+        })
+        .collect()
+}
+
+const SAME_RULES: &str = r#"
+[[limits]]
+name = "per-ip"
+key = "peer_ip"
+quota = "5/s; burst=8"
+
+[[limits]]
+name = "login"
+key = "peer_ip"
+quota = "10/min"
+routes = ["POST /login"]
+"#;
+
+/// The refused requests of `requests` through `doc`'s layer (`Document::layer` and a
+/// `tower` service), by client, on a fake clock set as the simulation sets its own: one
+/// day from its origin at the first request.
+fn through_the_layer(doc: &Document, requests: &[Logged]) -> BTreeMap<String, u64> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let clock = FakeClock::new();
+    let layer = doc.layer(MemoryStore::with_clock(clock.clone())).unwrap();
+    let service = layer.layer(service_fn(|_req: Request<Full<Bytes>>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(Full::<Bytes>::default()))
+    }));
+    let mut refused: BTreeMap<String, u64> = BTreeMap::new();
+    runtime.block_on(async {
+        for &(ip, ms, method, path) in requests {
+            clock.set(Duration::from_secs(86_400) + Duration::from_millis(ms));
+            let mut req = Request::builder()
+                .method(method)
+                .uri(path)
+                .body(Full::default())
+                .unwrap();
+            req.extensions_mut()
+                .insert(PeerAddr(SocketAddr::new(ip, 0)));
+            let response = service.clone().oneshot(req).await.unwrap();
+            if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                // The key as reports write it: `peer_ip` keys IPv6 clients by their /56.
+                let key = match ip {
+                    IpAddr::V4(v4) => format!("@{v4}"),
+                    IpAddr::V6(v6) => {
+                        let mut s = v6.segments();
+                        s[3] &= 0xff00;
+                        s[4..].fill(0);
+                        format!("@[{}]/56", std::net::Ipv6Addr::from(s))
+                    }
+                };
+                *refused.entry(key).or_default() += 1;
+            }
+        }
+    });
+    refused
+}
+
+/// The same requests on the same clock through the layer and through the simulation:
+/// the same refusals, client by client.
+#[test]
+fn same_decisions_as_the_layer() {
+    let requests = generated(3_000);
+    // The requests as JSON lines (Unix seconds with milliseconds: the combined format
+    // has whole seconds only).
+    let mut log = String::new();
+    let t0 = 1_700_000_000_000u64;
+    for &(ip, ms, method, path) in &requests {
+        log.push_str(&format!(
+            "{{\"remote_addr\":\"{ip}\",\"time\":{}.{:03},\"method\":\"{method}\",\"path\":\"{path}\",\"status\":200}}\n",
+            (t0 + ms) / 1000,
+            (t0 + ms) % 1000
+        ));
+    }
+    let simulate = |doc: &Document| {
+        Simulation::new(LogFormat::Json(JsonFields::default()))
+            .top(100)
+            .run(doc, log.as_bytes())
+            .unwrap()
+    };
+
+    // Two limits: the refused requests.
+    let doc = Document::from_toml(SAME_RULES).unwrap();
+    let refused_by_layer: u64 = through_the_layer(&doc, &requests).values().sum();
+    assert!(
+        refused_by_layer > 100,
+        "the flood is refused: {refused_by_layer}"
+    );
+    let report = simulate(&doc);
+    assert_eq!(report.bad_lines, 0);
+    assert_eq!(report.refused, refused_by_layer);
+    assert!(report.limits.iter().all(|l| l.refused > 0), "{report}");
+
+    // One limit, tight enough to refuse every client now and then: its refused keys are
+    // the layer's 429s by client.
+    let per_ip = Document::from_toml(
+        "[[limits]]\nname = \"per-ip\"\nkey = \"peer_ip\"\nquota = \"2/s; burst=4\"\n",
+    )
+    .unwrap();
+    let by_layer = through_the_layer(&per_ip, &requests);
+    let report = simulate(&per_ip);
+    let by_simulation: BTreeMap<String, u64> =
+        report.limits[0].top_refused.iter().cloned().collect();
+    assert!(by_layer.len() >= 2, "{by_layer:?}");
+    assert_eq!(by_simulation, by_layer);
+}
+
+/// Header keys come from the JSON field map: one API key over four addresses.
+#[test]
+fn json_lines_with_header_keys() {
+    let doc = Document::from_toml(
+        "[[limits]]\nname = \"per-key\"\nkey = \"header:x-api-key\"\nquota = \"2/min\"\n",
+    )
+    .unwrap();
+    let mut fields = JsonFields::default();
+    fields.set("client=ip").unwrap();
+    fields.set("time=ts").unwrap();
+    fields.set("path=uri").unwrap();
+    fields.header("x-api-key=key").unwrap();
+    let log = (0..4)
+        .map(|i| {
+            format!(
+                "{{\"ip\":\"192.0.2.{i}\",\"ts\":\"2026-11-26T10:00:0{i}Z\",\"method\":\"GET\",\"uri\":\"/\",\"status\":200,\"key\":\"k1\"}}\n"
+            )
+        })
+        .collect::<String>();
+    let report = Simulation::new(LogFormat::Json(fields))
+        .run(&doc, log.as_bytes())
+        .unwrap();
+    // 2/min: a burst of 2, one token every 30 s; the requests at 2 s and 3 s are refused,
+    // whatever their addresses.
+    let l = &report.limits[0];
+    assert_eq!((l.requests, l.refused, l.keys_refused), (4, 2, 1));
+    assert_eq!(l.top_refused.len(), 1);
+    assert_eq!(l.top_refused[0].1, 2);
+}
+
+/// A reader of `len` bytes of `x` without a newline, generated as read (nothing held).
+struct Endless {
+    left: u64,
+    buf: Vec<u8>,
+}
+
+impl Read for Endless {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = out.len().min(self.left as usize);
+        out[..n].fill(b'x');
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+impl BufRead for Endless {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        let n = self.buf.len().min(self.left as usize);
+        Ok(&self.buf[..n])
+    }
+    fn consume(&mut self, n: usize) {
+        self.left -= n as u64;
+    }
+}
+
+/// Truncated lines, bad dates, binary garbage, an empty line and an over-long line are
+/// counted with their numbers; the good lines around them are replayed.
+#[test]
+fn malformed_lines_are_counted_with_their_numbers() {
+    let good = line("192.0.2.1", 0, "GET", "/", 200);
+    let mut log: Vec<u8> = Vec::new();
+    log.extend_from_slice(good.as_bytes()); // 1
+    log.extend_from_slice(&good.as_bytes()[..good.find("HTTP").unwrap()]); // 2: truncated
+    log.push(b'\n');
+    log.extend_from_slice(good.replace("26/Nov", "31/Nov").as_bytes()); // 3: bad date
+    log.extend_from_slice(b"\x00\xff\x13\x37binary\x01\x02\n"); // 4: binary
+    log.extend_from_slice(b"\n"); // 5: empty
+    log.extend_from_slice(&vec![b'a'; 200_000]); // 6: over-long
+    log.push(b'\n');
+    log.extend_from_slice(good.replace("192.0.2.1", "999.0.0.1").as_bytes()); // 7
+    log.extend_from_slice(good.as_bytes()); // 8
+    // 9: no user agent, no newline at the end.
+    log.extend_from_slice(&good.as_bytes()[..good.rfind(" \"-\"").unwrap()]);
+    let doc = Document::from_toml(RULES).unwrap();
+    let report = Simulation::new(LogFormat::Combined)
+        .run(&doc, &log[..])
+        .unwrap();
+    assert_eq!((report.lines, report.bad_lines, report.requests), (9, 6, 3));
+    let bad: Vec<(u64, &str)> = report.bad.iter().map(|b| (b.line, b.reason)).collect();
+    assert_eq!(
+        bad,
+        vec![
+            (2, "truncated request"),
+            (3, "bad time"),
+            (4, "not UTF-8"),
+            (5, "empty line"),
+            (6, "line too long"),
+            (7, "bad client address"),
+        ]
+    );
+    // Line 9 lost its user agent, not its status: it is replayed.
+    assert_eq!(report.limits[0].requests, 3);
+}
+
+/// A 256 MiB line (read as it is generated) is skipped without being held, and the run
+/// goes on.
+#[test]
+fn a_huge_line_is_skipped_unread() {
+    let doc = Document::from_toml(RULES).unwrap();
+    let huge = Endless {
+        left: 256 << 20,
+        buf: vec![b'x'; 1 << 16],
+    };
+    let tail = line("192.0.2.1", 0, "GET", "/", 200);
+    let log = huge.chain(std::io::Cursor::new(format!("\n{tail}")));
+    let report = Simulation::new(LogFormat::Combined)
+        .run(&doc, std::io::BufReader::new(log))
+        .unwrap();
+    assert_eq!((report.lines, report.bad_lines, report.requests), (2, 1, 1));
+    assert_eq!(
+        (report.bad[0].line, report.bad[0].reason),
+        (1, "line too long")
+    );
+}
+
+/// Garbage of every byte never panics: random bytes are lines, good or bad, all counted.
+#[test]
+fn random_bytes_never_panic() {
+    let doc = Document::from_toml(RULES).unwrap();
+    let mut x: u32 = 7;
+    let bytes: Vec<u8> = (0..200_000)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            (x >> 16) as u8
+        })
+        .collect();
+    let newlines = bytes.iter().filter(|&&b| b == b'\n').count() as u64;
+    for format in [LogFormat::Combined, LogFormat::Json(JsonFields::default())] {
+        let report = Simulation::new(format).run(&doc, &bytes[..]).unwrap();
+        assert!(report.lines >= newlines && report.lines <= newlines + 1);
+        assert_eq!(report.bad_lines, report.lines);
+    }
+}
+
+fn simulate_cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules-under-test"))
+        .arg("simulate")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `--json` prints the documented shape; the example log and rules refuse the flood.
+#[test]
+fn cli_json_shape_on_the_example() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/");
+    let rules = format!("{root}simulate.toml");
+    let log = format!("{root}access.log");
+    let out = simulate_cli(&[&rules, "--log", &log, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lines = std::fs::read_to_string(&log).unwrap().lines().count() as u64;
+    assert_eq!(json["lines"], lines);
+    assert_eq!(json["bad_lines"], 0);
+    let limits = json["limits"].as_array().unwrap();
+    assert_eq!(limits.len(), 2);
+    for l in limits {
+        for field in ["name", "requests", "refused", "keys_refused", "top_refused"] {
+            assert!(l.get(field).is_some(), "{field} in {l}");
+        }
+        for top in l["top_refused"].as_array().unwrap() {
+            assert!(top["key"].is_string() && top["refused"].is_u64(), "{top}");
+        }
+    }
+    assert_eq!(limits[0]["name"], "per-ip");
+    assert_eq!(limits[0]["requests"], lines);
+    assert_eq!(limits[0]["top_refused"][0]["key"], "@203.0.113.7");
+
+    // The text report, and the difference with laxer rules.
+    let out = simulate_cli(&[&rules, "--log", &log]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("limit per-ip: "), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let lax = dir.path().join("lax.toml");
+    std::fs::write(
+        &lax,
+        "[[limits]]\nname = \"per-ip\"\nkey = \"peer_ip\"\nquota = \"1000/min\"\n",
+    )
+    .unwrap();
+    let out = simulate_cli(&[
+        &rules,
+        "--log",
+        &log,
+        "--json",
+        "--against",
+        lax.to_str().unwrap(),
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let newly: Vec<&str> = json["against"]["newly_refused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    assert!(newly.contains(&"@203.0.113.7"), "{newly:?}");
+    assert_eq!(json["against"]["no_longer_refused"], serde_json::json!([]));
+}
+
+/// Bad command lines exit 2; bad rules 1 with the located error; a bad log line never.
+#[test]
+fn cli_errors() {
+    assert_eq!(simulate_cli(&[]).status.code(), Some(2));
+    assert_eq!(simulate_cli(&["r.toml"]).status.code(), Some(2));
+    assert_eq!(
+        simulate_cli(&["r.toml", "--log", "x", "--format", "csv"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        simulate_cli(&["r.toml", "--log", "x", "--field", "colour=red"])
+            .status
+            .code(),
+        Some(2)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[[limits]]\nname = \"a\"\nquota = \"5/fortnight\"\n",
+    )
+    .unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, "garbage\n").unwrap();
+    let out = simulate_cli(&[rules.to_str().unwrap(), "--log", log.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(":3: limits[0].quota"));
+    std::fs::write(&rules, "[[limits]]\nname = \"a\"\nquota = \"5/s\"\n").unwrap();
+    let out = simulate_cli(&[rules.to_str().unwrap(), "--log", log.to_str().unwrap()]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("line 1: truncated"));
+}
+
+/// Inside a Tokio runtime a simulation refuses (it blocks) rather than panicking.
+#[tokio::test(flavor = "current_thread")]
+async fn refuses_inside_a_runtime() {
+    let doc = Document::from_toml(RULES).unwrap();
+    let err = Simulation::new(LogFormat::Combined)
+        .run(&doc, &b""[..])
+        .unwrap_err();
+    assert!(
+        matches!(err, tollgate::rules::SimulateError::InRuntime),
+        "{err}"
+    );
+}
