@@ -101,9 +101,8 @@ fn every_rules_document_of_the_readme_and_the_guide_compiles() {
         "the README and the guide show their rules documents: {documents:?}"
     );
     for (page, line, text) in documents {
-        let doc = Document::from_toml(&text).unwrap_or_else(|e| {
-            panic!("{page} line {line}: the rules document is refused: {e}")
-        });
+        let doc = Document::from_toml(&text)
+            .unwrap_or_else(|e| panic!("{page} line {line}: the rules document is refused: {e}"));
         doc.layer(MemoryStore::new())
             .unwrap_or_else(|e| panic!("{page} line {line}: the rules do not build: {e}"));
     }
@@ -133,19 +132,20 @@ fn every_rust_block_of_the_readme_and_the_guide_is_compiled() {
             rust += 1;
         }
     }
-    assert!(rust >= 21, "the README and the guide show {rust} Rust blocks");
+    assert!(
+        rust >= 21,
+        "the README and the guide show {rust} Rust blocks"
+    );
 
     let wiring = include_str!("../src/guide.rs");
     let chapters = chapters();
     assert!(!chapters.is_empty(), "guide/ has no chapter");
     for (page, _) in &chapters {
         let name = page.trim_start_matches("guide/").trim_end_matches(".md");
-        let line = wiring
-            .lines()
-            .find(|l| {
-                l.starts_with(&format!("chapter!({name})"))
-                    || l.starts_with(&format!("chapter!({name} if "))
-            });
+        let line = wiring.lines().find(|l| {
+            l.starts_with(&format!("chapter!({name})"))
+                || l.starts_with(&format!("chapter!({name} if "))
+        });
         assert!(
             line.is_some(),
             "{page} is not a module of the guide: add `chapter!({name});` to src/guide.rs \
@@ -160,7 +160,9 @@ fn every_rust_block_of_the_readme_and_the_guide_is_compiled() {
             .take_while(|c| c.is_alphanumeric() || *c == '_')
             .collect();
         assert!(
-            chapters.iter().any(|(page, _)| *page == format!("guide/{name}.md")),
+            chapters
+                .iter()
+                .any(|(page, _)| *page == format!("guide/{name}.md")),
             "src/guide.rs: `{line}` names no guide/{name}.md"
         );
     }
