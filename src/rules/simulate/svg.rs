@@ -165,7 +165,7 @@ pub(crate) fn bars(out: &mut String, chart: &Chart, bars: &[Bar]) {
 /// over time (labels the bucket's start) or a histogram (labels the bucket's range).
 /// Each column is a `<rect class="col">` carrying its attributes, empty ones included.
 pub(crate) fn columns(out: &mut String, chart: &Chart, columns: &[Bar], labels: usize) {
-    const HEIGHT: u32 = 190;
+    const HEIGHT: u32 = 150;
     const LEFT: f64 = 56.0;
     const TOP: f64 = 10.0;
     const BOTTOM: f64 = 26.0;
