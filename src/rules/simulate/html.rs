@@ -86,7 +86,7 @@ impl Report {
             ),
             None => "no request".to_owned(),
         };
-        let _ = write!(
+        let _ = writeln!(
             out,
             "<table class=\"summary\" data-lines=\"{}\" data-bad-lines=\"{}\" data-late-lines=\"{}\" \
              data-requests=\"{}\" data-refused=\"{}\"><tr><td>lines read</td><td class=\"n\">{}</td></tr>\
@@ -94,7 +94,7 @@ impl Report {
              <tr><td>late lines (replayed at the latest time seen)</td><td class=\"n\">{}</td></tr>\
              <tr><td>requests replayed</td><td class=\"n\">{}</td></tr>\
              <tr><td>requests refused</td><td class=\"n\">{}</td></tr>\
-             <tr><td>from</td><td class=\"n\">{}</td></tr></table>\n",
+             <tr><td>time span</td><td class=\"n\">{}</td></tr></table>",
             self.lines,
             self.bad_lines,
             self.late_lines,

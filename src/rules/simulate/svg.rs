@@ -178,7 +178,7 @@ pub(crate) fn columns(out: &mut String, chart: &Chart, columns: &[Bar], labels: 
     for (value, y) in [
         (Some(0), base),
         // Half the top, when a whole number.
-        ((top % 2 == 0).then_some(top / 2), TOP + plot_h / 2.0),
+        (top.is_multiple_of(2).then_some(top / 2), TOP + plot_h / 2.0),
         (Some(top), TOP),
     ] {
         let label = value.map(|v| v.to_string()).unwrap_or_default();
