@@ -27,8 +27,9 @@
 //!
 //! # Configuration
 //!
-//! - [Rules from a file](rules): TOML or JSON, located errors, hot reload, and rehearsing
-//!   rules on an access log.
+//! - [Rules from a file](rules): TOML or JSON, located errors, hot reload.
+//! - [Rehearsing rules on an access log](simulate): `tollgate-rules simulate` and its HTML
+//!   report.
 //! - [Rules from a SQL table](sql): the `RateLimitRule` rows, polled.
 //!
 //! # Sharing limits
@@ -80,6 +81,7 @@ chapter!(settle);
 chapter!(bans);
 chapter!(in_flight);
 chapter!(rules if all(feature = "rules", feature = "axum"));
+chapter!(simulate if feature = "rules");
 chapter!(sql if feature = "rules-sql");
 chapter!(redis if feature = "redis");
 chapter!(leases);
