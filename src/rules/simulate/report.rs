@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::timeline::Timeline;
 use crate::model::key::Key;
 use crate::observe::offenders;
 
@@ -72,6 +73,9 @@ pub struct Report {
     pub span: Option<(i64, i64)>,
     /// Per limit, in the document's order.
     pub limits: Vec<LimitReport>,
+    /// Requests and refusals per limit over the log's span, in at most
+    /// [`TIMELINE_BUCKETS`](super::TIMELINE_BUCKETS) buckets.
+    pub timeline: Timeline,
     /// Every refused key (of any limit) and its refusals, for [`Report::difference`].
     pub(crate) keys: BTreeMap<String, u64>,
 }
@@ -211,7 +215,10 @@ impl Report {
     /// The report as JSON: `{"lines", "bad_lines", "bad": [{"line", "reason"}],
     /// "late_lines", "requests", "refused", "limits": [{"name", "requests", "refused",
     /// "shadow_refused", "keys_refused", "keys_capped", "top_refused": [{"key",
-    /// "refused"}], "per_minute": [{"minute", "refused"}]}]}` (`minute`: Unix seconds).
+    /// "refused"}], "per_minute": [{"minute", "refused"}], "timeline": [N, ...]}],
+    /// "timeline": {"start", "width", "requests": [N, ...]}}` (`minute`, `start`: Unix
+    /// seconds; `width`: seconds; a limit's `timeline`: its refusals in the same buckets as
+    /// the top-level `requests`).
     pub fn to_json(&self) -> serde_json::Value {
         use serde_json::json;
         json!({
@@ -221,7 +228,12 @@ impl Report {
             "late_lines": self.late_lines,
             "requests": self.requests,
             "refused": self.refused,
-            "limits": self.limits.iter().map(|l| json!({
+            "timeline": json!({
+                "start": self.timeline.start,
+                "width": self.timeline.width,
+                "requests": self.timeline.requests,
+            }),
+            "limits": self.limits.iter().enumerate().map(|(i, l)| json!({
                 "name": l.name,
                 "requests": l.requests,
                 "refused": l.refused,
@@ -230,6 +242,7 @@ impl Report {
                 "keys_capped": l.keys_capped,
                 "top_refused": l.top_refused.iter().map(|(k, n)| json!({"key": k, "refused": n})).collect::<Vec<_>>(),
                 "per_minute": l.per_minute.iter().map(|(m, n)| json!({"minute": m, "refused": n})).collect::<Vec<_>>(),
+                "timeline": self.timeline.refused.get(i).cloned().unwrap_or_default(),
             })).collect::<Vec<_>>(),
         })
     }
