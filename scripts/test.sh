@@ -50,6 +50,17 @@ if ! command -v chromium >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium
 fi
 
+# tests/dashboards.rs starts its own Prometheus on a free loopback port and runs promtool.
+# The package's service is not needed (and not started where policy-rc.d forbids it).
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  step "installing prometheus (Debian package: prometheus and promtool)"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus
+fi
+prometheus --version 2>&1 | sed -n 1p
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

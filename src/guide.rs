@@ -41,6 +41,8 @@
 //! # Watching
 //!
 //! - [Metrics](metrics): the schema.
+//! - [Operations](operations): the Grafana dashboard and Prometheus alerts of
+//!   `dashboards/`, and what to do when an alert fires.
 //! - [Audit log](audit): every refusal, to `tracing`, SQL or a sink of your own.
 //! - [gRPC](grpc): refused calls answered the gRPC way.
 //!
@@ -86,6 +88,7 @@ chapter!(sql if feature = "rules-sql");
 chapter!(redis if feature = "redis");
 chapter!(leases);
 chapter!(metrics);
+chapter!(operations);
 chapter!(audit);
 chapter!(grpc if feature = "grpc");
 chapter!(benchmarks);
