@@ -100,7 +100,7 @@ pub use reload::{ReloadStatus, Rules, RulesBuilder};
 pub(crate) use reload::{Trigger, WeakRules};
 pub use simulate::{
     BadLine, DEFAULT_MAX_KEYS, DEFAULT_MAX_LINE, Difference, JsonFields, LimitReport, LogFormat,
-    Report, SimulateError, Simulation, TIMELINE_BUCKETS, Timeline,
+    MAX_MINUTES, Report, SimulateError, Simulation, TIMELINE_BUCKETS, Timeline,
 };
 
 use crate::base::error::ConfigError;

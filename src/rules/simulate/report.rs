@@ -385,6 +385,9 @@ mod tests {
         assert_eq!(report.per_minute.len(), MAX_MINUTES);
         assert!(report.per_minute_capped);
         assert_eq!(report.per_minute[0], (0, 2));
-        assert_eq!(report.per_minute.last().unwrap().0, (MAX_MINUTES as i64 - 1) * 60);
+        assert_eq!(
+            report.per_minute.last().unwrap().0,
+            (MAX_MINUTES as i64 - 1) * 60
+        );
     }
 }
