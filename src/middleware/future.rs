@@ -324,6 +324,7 @@ where
         }
     }
 
+    #[inline(always)]
     pub(crate) fn calling(
         future: S::Future,
         fields: Fields,
