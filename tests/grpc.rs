@@ -306,3 +306,129 @@ async fn a_layer_answers_grpc_calls_the_grpc_way_only_if_its_builder_asked() {
         assert_eq!(refused.headers().contains_key("grpc-status"), asked);
     }
 }
+
+/// A gRPC service that answers every unary call with one `HealthCheckResponse { status:
+/// SERVING }` message and reports what the call used in its trailers (`grpc-status: 0`,
+/// `x-usage-tokens: used`), as a model API reports the tokens a streamed answer used.
+async fn serve_with_usage(
+    layer: RateLimitLayer<MemoryStore<FakeClock>, GrpcOnRejection>,
+    used: u32,
+) -> SocketAddr {
+    use bytes::Bytes;
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::service::TowerToHyperService;
+    use tower::{Layer, service_fn};
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = service_fn(move |_: http::Request<hyper::body::Incoming>| async move {
+        // One gRPC message frame: uncompressed, length 2, field 1 (status) = 1 (SERVING).
+        let message = Bytes::from_static(&[0, 0, 0, 0, 2, 0x08, 0x01]);
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        trailers.insert("x-usage-tokens", http::HeaderValue::from(used));
+        let frames = futures_util::stream::iter([
+            Ok::<_, std::convert::Infallible>(Frame::data(message)),
+            Ok(Frame::trailers(trailers)),
+        ]);
+        let response = http::Response::builder()
+            .header("content-type", "application/grpc")
+            .body(tonic::body::Body::new(StreamBody::new(frames)))
+            .unwrap();
+        Ok::<_, std::convert::Infallible>(response)
+    });
+    let service = layer.layer(app);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Settled costs over gRPC: a stock tonic client calls a service that reports its usage
+/// in a trailer; each call is admitted on its estimate (1) and settled at 30 when its
+/// response ends, so the budget shrinks by 30 a call and the call that would overdraw it
+/// past the debt is refused with RESOURCE_EXHAUSTED.
+#[tokio::test]
+async fn grpc_calls_settle_their_cost_from_a_trailer() {
+    // A frozen clock: nothing refills between calls.
+    let store = MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)));
+    let layer = RateLimitLayer::builder(store)
+        .limit(
+            Limit::new("tokens", Quota::per_hour(100).burst(100))
+                .key(tollgate::key::Header::new("x-api-key"))
+                .settle(tollgate::Settle::trailer("x-usage-tokens"))
+                .max_debt(20),
+        )
+        .grpc(Grpc::new())
+        .on_rejection(GrpcOnRejection)
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let mut health = client(serve_with_usage(layer, 30).await).await;
+    let call = || {
+        let mut request = tonic::Request::new(HealthCheckRequest {
+            service: String::new(),
+        });
+        request
+            .metadata_mut()
+            .insert("x-api-key", "alice".parse().unwrap());
+        request
+    };
+    // What the bucket holds once the server has seen the end of a call's body (the
+    // settle happens there, not when the client has read it): waited for, not assumed.
+    let settled_at = |left: u64| {
+        let limiter = limiter.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let look = limiter.peek("tokens", "alice").await.unwrap();
+                if look.remaining() == Some(left) {
+                    return;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "never settled at {left}: {:?}",
+                    look.remaining()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    for i in 0..3u64 {
+        let response = health
+            .check(call())
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e:?}"));
+        assert_eq!(response.get_ref().status, 1, "SERVING");
+        // Admitted on the estimate of 1, after the 30 each earlier call settled at.
+        let fields = response
+            .metadata()
+            .get("ratelimit")
+            .unwrap()
+            .to_str()
+            .unwrap();
+        let left = 100 - 30 * i - 1;
+        assert!(
+            fields.starts_with(&format!("\"tokens\";r={left};")),
+            "call {i}: {fields}"
+        );
+        settled_at(100 - 30 * (i + 1)).await;
+    }
+    // 10 left: the estimate fits, and the call settles 20 into debt (the most allowed).
+    health.check(call()).await.unwrap();
+    settled_at(0).await;
+    let refused = health.check(call()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let look = limiter.peek("tokens", "alice").await.unwrap();
+    assert_eq!(look.remaining(), Some(0));
+}
