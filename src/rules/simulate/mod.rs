@@ -6,6 +6,7 @@ mod lines;
 mod parse;
 mod replay;
 mod report;
+pub mod suggest;
 
 use std::fmt;
 use std::io::BufRead;
