@@ -3,7 +3,8 @@
 #
 # Installs redis-server and redis-tools from the Debian packages when they are missing;
 # the tests spawn their own Redis servers and a 3-node Redis Cluster on free loopback
-# ports, so nothing needs to be running beforehand.
+# ports, so nothing needs to be running beforehand. Installs chromium the same way, for
+# the browser check of the simulate report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +40,26 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends redis-server redis-tools
 fi
 redis-server --version
+
+# The browser check of the simulate report (tests/report_browser.rs) needs Chromium.
+if ! command -v chromium >/dev/null 2>&1; then
+  step "installing chromium (Debian package)"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium
+fi
+
+# tests/dashboards.rs starts its own Prometheus on a free loopback port and runs promtool.
+# The package's service is not needed (and not started where policy-rc.d forbids it).
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  step "installing prometheus (Debian package: prometheus and promtool)"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus
+fi
+prometheus --version 2>&1 | sed -n 1p
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -110,6 +110,13 @@
 //!
 //! Without `axum` the layer works with any tower/hyper stack: peer addresses come from a
 //! [`key::PeerAddr`] extension and route templates are matched against the request path.
+//!
+//! # The guide
+//!
+//! The [`guide`] has the rest, one chapter per module: [common questions](guide::faq),
+//! [rules files](guide::rules), [Redis](guide::redis), [leases](guide::leases), the
+//! [algorithms](guide::algorithms), [metrics](guide::metrics), the [audit
+//! log](guide::audit), [gRPC](guide::grpc), the [benchmarks](guide::benchmarks), and more.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
@@ -119,6 +126,8 @@ mod algo;
 pub mod audit;
 mod base;
 mod engine;
+#[cfg(any(doc, doctest))]
+pub mod guide;
 mod limiter;
 mod middleware;
 mod model;
@@ -179,13 +188,8 @@ pub use web::limit::Limit;
 pub use web::settle::{ActualCost, Settle};
 
 /// The README's Rust blocks, compiled (and run, unless marked `no_run`) as doctests, so
-/// that what a new user pastes builds. Only with the features the README uses.
-#[cfg(all(
-    doctest,
-    feature = "axum",
-    feature = "redis",
-    feature = "grpc",
-    feature = "rules-sql"
-))]
+/// that what a new user pastes builds. Only with the features the README uses. (The
+/// guide's chapters are doctests of their modules: `guide`.)
+#[cfg(all(doctest, feature = "axum"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -454,6 +454,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("HTTP policy", &["web", "audit::record"]),
     ("tower middleware", &["middleware"]),
     ("configuration", &["rules", "sql"]),
+    // The guide's chapters (`guide/*.md`) as modules: docs only, no code, no imports.
+    ("guide", &["guide"]),
 ];
 
 /// The layer of a module path: (index, name); `None` for the crate root.

@@ -514,4 +514,97 @@ mod schema {
             50_000.0
         );
     }
+    /// The audit log's metrics are its `AuditStats`: violations queued, written, lost with
+    /// a failed batch (every other one here) and dropped by a full queue (2 places).
+    #[tokio::test]
+    async fn audit_metrics_are_the_audit_logs_stats() {
+        use tollgate::audit::{AuditLog, BoxError, Violation};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let batches = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let sink = move |_: Vec<Violation>| {
+            let n = batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                match n % 2 {
+                    0 => Ok(()),
+                    _ => Err::<(), BoxError>("down".into()),
+                }
+            }
+        };
+        let (log, layer) = ::metrics::with_local_recorder(&recorder, || {
+            let log = AuditLog::builder(sink)
+                .capacity(2)
+                .batch_size(1)
+                .build()
+                .unwrap();
+            let layer = RateLimitLayer::builder(store())
+                .limit(Limit::new("per-ip", Quota::per_minute(1)).key(PeerIp::new()))
+                .audit(log.clone())
+                .refusal_log(RefusalLog::off())
+                .build()
+                .unwrap();
+            (log, layer)
+        });
+        let app = app(layer);
+        for round in 0..20 {
+            for _ in 0..10 {
+                send(&app, req("/items/1", "10.0.0.1")).await;
+            }
+            if round == 0 {
+                assert!(log.stats().dropped > 0, "{:?}", log.stats());
+            }
+            tokio::task::yield_now().await;
+        }
+        // Until the queue is empty.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let stats = loop {
+            let stats = log.stats();
+            if stats.queued == 0 && stats.accepted == stats.written + stats.failed {
+                break stats;
+            }
+            assert!(Instant::now() < deadline, "{stats:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(stats.accepted + stats.dropped, 199, "{stats:?}");
+        assert!(stats.written > 0 && stats.failed > 0, "{stats:?}");
+        let s = series(&snapshotter);
+        assert_eq!(s["tollgate_audit_accepted_total{}"], stats.accepted as f64);
+        assert_eq!(s["tollgate_audit_written_total{}"], stats.written as f64);
+        assert_eq!(s["tollgate_audit_failed_total{}"], stats.failed as f64);
+        assert_eq!(s["tollgate_audit_dropped_total{}"], stats.dropped as f64);
+    }
+
+    /// Reloads by result and whether the running rules are the newest: the counts of
+    /// `Rules::status`.
+    #[cfg(feature = "rules")]
+    #[test]
+    fn reload_metrics_are_the_rules_status() {
+        use tollgate::rules::Rules;
+        const RULES: &str = "[[limits]]\nname = \"a\"\nquota = \"1/s\"\n";
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let rules = ::metrics::with_local_recorder(&recorder, || {
+            Rules::builder(MemoryStore::new())
+                .text(RULES)
+                .build()
+                .unwrap()
+        });
+        assert_eq!(series(&snapshotter)["tollgate_rules_healthy{}"], 1.0);
+        rules.reload(RULES).unwrap();
+        rules.reload(RULES).unwrap();
+        rules
+            .reload("[[limits]]\nname = \"a\"\nquota = \"many\"\n")
+            .unwrap_err();
+        let status = rules.status();
+        assert_eq!(
+            (status.reloads, status.failures, status.healthy),
+            (2, 1, false)
+        );
+        let s = series(&snapshotter);
+        assert_eq!(s["tollgate_reloads_total{result=ok}"], 2.0);
+        assert_eq!(s["tollgate_reloads_total{result=error}"], 1.0);
+        assert_eq!(s["tollgate_rules_healthy{}"], 0.0);
+        rules.reload(RULES).unwrap();
+        assert_eq!(series(&snapshotter)["tollgate_rules_healthy{}"], 1.0);
+    }
 }

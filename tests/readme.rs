@@ -1,11 +1,14 @@
-//! The README's non-Rust blocks: every rules document (TOML with `[[limits]]`) compiles
-//! into a layer as `tollgate-rules check` would, every TOML block parses, and the JSON
-//! refusal body it shows is the one the quickstart's limits answer. (Its Rust blocks are
-//! doctests: `ReadmeDoctests` in `src/lib.rs`.)
+//! The README's and the guide's non-Rust blocks: every rules document (TOML with
+//! `[[limits]]`) of `README.md` and of every chapter in `guide/` compiles into a layer as
+//! `tollgate-rules check` would, every TOML block parses, and the JSON refusal body the
+//! README shows is the one the quickstart's limits answer. (Their Rust blocks are doctests:
+//! `ReadmeDoctests` in `src/lib.rs`, and the chapters' modules in `src/guide.rs`, which
+//! every `guide/*.md` must have: checked here too.)
 #![cfg(all(feature = "rules", feature = "axum"))]
 
 mod support;
 
+use std::path::Path;
 use std::time::Duration;
 
 use axum::Router;
@@ -19,57 +22,166 @@ use tollgate::{Limit, Quota, RateLimitLayer, key::PeerIp};
 
 const README: &str = include_str!("../README.md");
 
-/// The blocks fenced as ```` ```lang ````, with the line each starts on.
-fn blocks(lang: &str) -> Vec<(usize, String)> {
+/// The README's length at most: it is the front door, the rest is in the guide.
+const README_MAX_LINES: usize = 300;
+
+/// The README and every chapter of the guide (`guide/*.md`, read when the test runs, so a
+/// new chapter is checked without a line here): (path from the repository root, text).
+fn pages() -> Vec<(String, String)> {
+    let mut out = vec![("README.md".to_owned(), README.to_owned())];
+    out.extend(chapters());
+    out
+}
+
+/// Every `guide/*.md`, sorted by name.
+fn chapters() -> Vec<(String, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guide");
+    let mut out: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "md"))
+        .map(|path| {
+            let name = format!("guide/{}", path.file_name().unwrap().to_string_lossy());
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name, text)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The fenced blocks of `text` whose info string is `lang` or starts with `lang,`, with
+/// the line each starts on and its info string.
+fn fenced(text: &str, lang: &str) -> Vec<(usize, String, String)> {
     let mut out = Vec::new();
-    let mut current: Option<(usize, String)> = None;
-    for (i, line) in README.lines().enumerate() {
+    let mut current: Option<(usize, String, String)> = None;
+    for (i, line) in text.lines().enumerate() {
         match &mut current {
-            None if line.trim_end() == format!("```{lang}") => {
-                current = Some((i + 1, String::new()))
+            None if line.starts_with("```") => {
+                let info = line.trim_start_matches('`').trim_end().to_owned();
+                // Any other fence is followed too, so that its lines are not read as fences.
+                current = Some((i + 1, info, String::new()));
             }
-            Some(_) if line.starts_with("```") => out.push(current.take().unwrap()),
-            Some((_, text)) => {
-                text.push_str(line);
-                text.push('\n');
+            Some(_) if line.starts_with("```") => {
+                let (start, info, body) = current.take().unwrap();
+                if info == lang || info.starts_with(&format!("{lang},")) {
+                    out.push((start, info, body));
+                }
+            }
+            Some((_, _, body)) => {
+                body.push_str(line);
+                body.push('\n');
             }
             None => {}
         }
     }
-    assert!(current.is_none(), "an unclosed ```{lang} block");
+    assert!(current.is_none(), "an unclosed ``` block");
+    out
+}
+
+/// The blocks fenced as ```` ```lang ```` in every page: (page, line, text).
+fn blocks(lang: &str) -> Vec<(String, usize, String)> {
+    let mut out = Vec::new();
+    for (page, text) in pages() {
+        for (line, _, body) in fenced(&text, lang) {
+            out.push((page.clone(), line, body));
+        }
+    }
     out
 }
 
 #[test]
-fn every_rules_document_of_the_readme_compiles() {
+fn every_rules_document_of_the_readme_and_the_guide_compiles() {
     let documents: Vec<_> = blocks("toml")
         .into_iter()
-        .filter(|(_, text)| text.contains("[[limits]]"))
+        .filter(|(_, _, text)| text.contains("[[limits]]"))
         .collect();
-    assert!(!documents.is_empty(), "the README shows no rules document");
-    for (line, text) in documents {
-        let doc = Document::from_toml(&text).unwrap_or_else(|e| {
-            panic!("README.md line {line}: the rules document is refused: {e}")
-        });
+    assert!(
+        documents.len() >= 5,
+        "the README and the guide show their rules documents: {documents:?}"
+    );
+    for (page, line, text) in documents {
+        let doc = Document::from_toml(&text)
+            .unwrap_or_else(|e| panic!("{page} line {line}: the rules document is refused: {e}"));
         doc.layer(MemoryStore::new())
-            .unwrap_or_else(|e| panic!("README.md line {line}: the rules do not build: {e}"));
+            .unwrap_or_else(|e| panic!("{page} line {line}: the rules do not build: {e}"));
     }
 }
 
 #[test]
-fn every_toml_block_of_the_readme_parses() {
-    for (line, text) in blocks("toml") {
+fn every_toml_block_of_the_readme_and_the_guide_parses() {
+    for (page, line, text) in blocks("toml") {
         if let Err(e) = text.parse::<toml::Table>() {
-            panic!("README.md line {line}: not TOML: {e}");
+            panic!("{page} line {line}: not TOML: {e}");
         }
     }
 }
 
+/// Every Rust block is a doctest that compiles: none is `ignore`d, and every chapter is
+/// a module of `src/guide.rs` (`chapter!(name)` or `chapter!(name if ...)`), whose docs
+/// the doctests read.
+#[test]
+fn every_rust_block_of_the_readme_and_the_guide_is_compiled() {
+    let mut rust = 0;
+    for (page, text) in pages() {
+        for (line, info, _) in fenced(&text, "rust") {
+            assert!(
+                !info.contains("ignore"),
+                "{page} line {line}: ```{info} is not compiled: use no_run, or fix it"
+            );
+            rust += 1;
+        }
+    }
+    assert!(
+        rust >= 21,
+        "the README and the guide show {rust} Rust blocks"
+    );
+
+    let wiring = include_str!("../src/guide.rs");
+    let chapters = chapters();
+    assert!(!chapters.is_empty(), "guide/ has no chapter");
+    for (page, _) in &chapters {
+        let name = page.trim_start_matches("guide/").trim_end_matches(".md");
+        let line = wiring.lines().find(|l| {
+            l.starts_with(&format!("chapter!({name})"))
+                || l.starts_with(&format!("chapter!({name} if "))
+        });
+        assert!(
+            line.is_some(),
+            "{page} is not a module of the guide: add `chapter!({name});` to src/guide.rs \
+             (ARCHITECTURE.md, \"The guide\")"
+        );
+    }
+    // And each module names a chapter that exists (include_str! would fail the build, but
+    // only where the guide is compiled: cargo doc and the doctests).
+    for line in wiring.lines().filter(|l| l.starts_with("chapter!(")) {
+        let name: String = line["chapter!(".len()..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        assert!(
+            chapters
+                .iter()
+                .any(|(page, _)| *page == format!("guide/{name}.md")),
+            "src/guide.rs: `{line}` names no guide/{name}.md"
+        );
+    }
+}
+
+#[test]
+fn the_readme_is_a_front_door() {
+    let lines = README.lines().count();
+    assert!(
+        lines <= README_MAX_LINES,
+        "README.md has {lines} lines, more than {README_MAX_LINES}: move sections into a guide chapter"
+    );
+}
+
 #[tokio::test]
 async fn the_refusal_body_of_the_readme_is_what_the_quickstart_answers() {
-    let json = blocks("json");
+    let json = fenced(README, "json");
     assert_eq!(json.len(), 1, "one JSON block (the 429 body) is expected");
-    let (line, text) = &json[0];
+    let (line, _, text) = &json[0];
     let shown: serde_json::Value = serde_json::from_str(text)
         .unwrap_or_else(|e| panic!("README.md line {line}: not JSON: {e}"));
 

@@ -506,3 +506,61 @@ async fn refuses_inside_a_runtime() {
         "{err}"
     );
 }
+
+/// `--html` writes the page (whatever the browser: tests/report_browser.rs opens it); an
+/// unwritable path is exit status 1. On a pipe nothing but the report is written: no
+/// progress bar on standard error.
+#[test]
+fn cli_html_report() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/");
+    let rules = format!("{root}simulate.toml");
+    let log = format!("{root}access.log");
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("report.html");
+    let out = simulate_cli(&[
+        &rules,
+        "--log",
+        &log,
+        "--json",
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>") && html.ends_with("</html>\n"));
+    for limit in json["limits"].as_array().unwrap() {
+        let section = format!(
+            r#"data-limit="{}" data-requests="{}" data-refused="{}""#,
+            limit["name"].as_str().unwrap(),
+            limit["requests"],
+            limit["refused"]
+        );
+        assert!(html.contains(&section), "{section}");
+    }
+    let timeline = &json["timeline"];
+    assert!(timeline["requests"].as_array().unwrap().len() <= 60);
+    assert_eq!(
+        timeline["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum::<u64>(),
+        json["requests"].as_u64().unwrap()
+    );
+    let out = simulate_cli(&[
+        &rules,
+        "--log",
+        &log,
+        "--html",
+        "/nonexistent/dir/report.html",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dir/report.html"));
+}

@@ -12,6 +12,7 @@ use super::violation::Queued;
 use super::{AuditSink, Violation};
 use crate::base::error::ConfigError;
 use crate::base::throttle::LogThrottle;
+use crate::observe::probe::AuditMetrics;
 
 /// How often the "queue full" and "sink failed" warnings may be logged (with a count).
 const WARN_EVERY: Duration = Duration::from_secs(10);
@@ -87,6 +88,8 @@ struct Counters {
     batches: AtomicU64,
     peak_queued: AtomicU64,
     failed_log: LogThrottle,
+    /// The same counts, as metrics (feature `metrics`).
+    metrics: AuditMetrics,
 }
 
 /// The audit log's counters, read with [`AuditLog::stats`]. Once the queue is empty,
@@ -259,6 +262,7 @@ impl AuditLog {
             Ok(permit) => {
                 permit.send(make());
                 inner.counters.accepted.fetch_add(1, Ordering::Relaxed);
+                inner.counters.metrics.accepted.increment(1);
                 // The high-water mark, written only when it rises: a queue below its peak
                 // costs one more load.
                 let queued = (inner.capacity - inner.tx.capacity()) as u64;
@@ -277,6 +281,7 @@ impl AuditLog {
     fn dropped(&self) {
         let inner = &*self.inner;
         let before = inner.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        inner.counters.metrics.dropped.increment(1);
         // The throttle reads the clock: asked on every 256th drop only (the first included),
         // so a full queue costs a request two atomic operations.
         if before.is_multiple_of(256) && inner.full_log.permit(WARN_EVERY).is_some() {
@@ -333,6 +338,7 @@ impl Writer {
         let failure = match tokio::time::timeout(self.write_timeout, &mut task).await {
             Ok(Ok(Ok(()))) => {
                 self.counters.written.fetch_add(n, Ordering::Relaxed);
+                self.counters.metrics.written.increment(n);
                 return;
             }
             Ok(Ok(Err(error))) => error.to_string(),
@@ -343,6 +349,7 @@ impl Writer {
             }
         };
         self.counters.failed.fetch_add(n, Ordering::Relaxed);
+        self.counters.metrics.failed.increment(n);
         if let Some(suppressed) = self.counters.failed_log.permit(WARN_EVERY) {
             tracing::warn!(
                 target: "tollgate::audit",

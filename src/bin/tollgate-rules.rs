@@ -8,7 +8,8 @@
 //!
 //! `tollgate-rules simulate RULES --log FILE`: replays an access log through the rules
 //! (`tollgate::rules::Simulation`) and prints, per limit, the requests, the refusals,
-//! the most refused keys and when the refusals happened. Exit status 0 when the log was
+//! the most refused keys and when the refusals happened; `--html OUT` also writes the
+//! report as a self-contained HTML page with charts. Exit status 0 when the log was
 //! replayed (bad lines are reported, not fatal); 1 for invalid rules or an unreadable
 //! log; 2 for a bad command line.
 //!
@@ -28,7 +29,7 @@ use tollgate::rules::{Document, Format, JsonFields, LogFormat, Report, Simulatio
 const USAGE: &str = "usage: tollgate-rules check FILE
        tollgate-rules simulate RULES --log FILE [--json] [--format combined|json]
                       [--field ROLE=FIELD]... [--header NAME=FIELD]... [--against OLD_RULES]
-                      [--max-line BYTES] [--top N]
+                      [--max-line BYTES] [--top N] [--html OUT.html]
        tollgate-rules suggest --log FILE --key ip|header:NAME [--route] [--share PERCENT]
                       [--json] [--format combined|json] [--field ROLE=FIELD]...
                       [--header NAME=FIELD]... [--max-keys N] [--max-routes N] [--max-line BYTES]";
@@ -45,6 +46,8 @@ the most refused keys and the refusals over time.
   --header NAME=FIELD  the request gets header NAME from FIELD (for header keys)
   --against OLD_RULES  also replays through OLD_RULES and lists the keys refused by one only
   --json               the report as JSON
+  --html OUT.html      also writes the report as one HTML page with charts (no script,
+                       nothing loaded from the network)
   --max-line BYTES     longer lines are counted as bad and skipped (default 65536)
   --top N              the most refused keys shown per limit (default 10)";
 
@@ -135,6 +138,7 @@ struct SimulateArgs {
     log: String,
     json: bool,
     against: Option<String>,
+    html: Option<String>,
     simulation: Simulation,
 }
 
@@ -145,6 +149,7 @@ impl SimulateArgs {
         let mut log = None;
         let mut json = false;
         let mut against = None;
+        let mut html = None;
         let mut format = None;
         let mut fields = JsonFields::default();
         let mut mapped = false;
@@ -162,6 +167,7 @@ impl SimulateArgs {
                 "--json" => json = true,
                 "--log" => log = Some(value("--log")?),
                 "--against" => against = Some(value("--against")?),
+                "--html" => html = Some(value("--html")?),
                 "--format" => format = Some(value("--format")?),
                 "--field" => {
                     fields.set(&value("--field")?).map_err(|e| e.to_string())?;
@@ -202,6 +208,7 @@ impl SimulateArgs {
             log: log.ok_or("simulate needs --log FILE")?,
             json,
             against,
+            html,
             simulation,
         }))
     }
@@ -226,7 +233,7 @@ fn simulate(args: &SimulateArgs) -> ExitCode {
                 .simulation
                 .run(&doc, std::io::BufReader::with_capacity(1 << 16, progress));
             if progress_shown(size) {
-                eprint!("\r{:20}\r", "");
+                eprint!("\r{:80}\r", "");
             }
             report
         };
@@ -254,6 +261,16 @@ fn simulate(args: &SimulateArgs) -> ExitCode {
         },
     };
     let difference = old.as_ref().map(|old| report.difference(old));
+    if let Some(path) = &args.html {
+        let mut title = format!("{} on {}", args.rules, args.log);
+        if let Some(old) = &args.against {
+            title.push_str(&format!(", against {old}"));
+        }
+        if let Err(e) = std::fs::write(path, report.to_html(difference.as_ref(), &title)) {
+            eprintln!("{path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     if args.json {
         let mut json = report.to_json();
         if let (Some(d), Some(obj)) = (&difference, json.as_object_mut()) {
@@ -276,7 +293,8 @@ fn progress_shown(size: u64) -> bool {
 }
 
 /// A log file's reader that shows how far it got on standard error when that is a
-/// terminal: a percentage, redrawn at each whole percent of the file.
+/// terminal: a bar, the percentage and the bytes read, redrawn at each whole percent of
+/// the file (at most 100 times). On a pipe it only counts.
 struct Progress<R> {
     inner: R,
     size: u64,
@@ -305,7 +323,7 @@ impl<R: Read> Read for Progress<R> {
             let percent = (self.read * 100 / self.size).min(100);
             if percent > self.shown {
                 self.shown = percent;
-                eprint!("\rreplaying: {percent:>3}%");
+                eprint!("\r{}", progress_line(self.read, self.size));
             }
         }
         Ok(n)
@@ -439,5 +457,36 @@ fn suggest(args: &SuggestArgs) -> ExitCode {
             eprintln!("{}: {e}", args.log);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `replaying [##########----------]  50%  12.0 / 24.0 MiB`.
+fn progress_line(read: u64, size: u64) -> String {
+    const WIDTH: u64 = 30;
+    let read = read.min(size);
+    let percent = read * 100 / size.max(1);
+    let done = (read * WIDTH / size.max(1)) as usize;
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    format!(
+        "replaying [{}{}] {percent:>3}%  {:.1} / {:.1} MiB",
+        "#".repeat(done),
+        "-".repeat(WIDTH as usize - done),
+        mib(read),
+        mib(size),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_bar() {
+        assert_eq!(
+            progress_line(3 << 19, 3 << 20),
+            "replaying [###############---------------]  50%  1.5 / 3.0 MiB"
+        );
+        assert!(progress_line(10, 5).contains("100%"));
+        assert!(progress_line(0, 0).contains("  0%"));
     }
 }

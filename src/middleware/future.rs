@@ -189,7 +189,7 @@ where
         let shared = &version.shared;
         let engine = &*shared.engine;
         let mut items = SmallVec::<[Item<'_, St::Table>; 4]>::new();
-        let prepared = match shared.policy.prepare(engine, &parts, &mut items) {
+        let mut prepared = match shared.policy.prepare(engine, &parts, &mut items) {
             Ok(prepared) => prepared,
             Err(Early::Pass) => {
                 drop(items);
@@ -218,7 +218,7 @@ where
                     drop(items);
                     return Self::queue(version, inner, parts, body, places);
                 }
-                let next = proceed(version, prepared, statuses, &mut parts, &items[..]);
+                let next = proceed(version, &mut prepared, statuses, &mut parts, &items[..]);
                 drop(items);
                 match next {
                     Ok(passed) if passed.delay.is_none() => {
@@ -410,7 +410,7 @@ where
                         .request
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    let prepared = w.prepared.take().expect("prepared once");
+                    let mut prepared = w.prepared.take().expect("prepared once");
                     if w.version.shared.policy.queues(&prepared)
                         && let Some(places) =
                             Self::requeue(w.version, &prepared, &statuses, w.queued.take())
@@ -420,7 +420,7 @@ where
                         state.set(next.state);
                         continue;
                     }
-                    match proceed(w.version, prepared, statuses, &mut parts, &w.keys[..]) {
+                    match proceed(w.version, &mut prepared, statuses, &mut parts, &w.keys[..]) {
                         Ok(passed) => {
                             let service = w.service.take().expect("service taken once");
                             let next = Self::passed(passed, service, parts, body);

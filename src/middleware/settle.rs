@@ -124,6 +124,7 @@ impl AfterBody for Both {
 }
 
 /// `a` and `b`, whichever exist, as one guard.
+#[inline]
 pub(crate) fn chain(
     a: Option<Box<dyn AfterBody>>,
     b: Option<Box<dyn AfterBody>>,

@@ -15,6 +15,7 @@ use crate::middleware::body::AfterBody;
 use crate::middleware::guard::{ChargeGuard, DelayGuard, HeldGuard, PendingCharge};
 use crate::middleware::handles::Handles;
 use crate::middleware::settle::SettleGuard;
+use crate::model::decision::Decision;
 use crate::observe::offenders::RefusedKey;
 use crate::store::{Op, Statuses, Store};
 use crate::web::headers::{self, Fields};
@@ -129,7 +130,7 @@ pub(crate) struct Passed<St: Store> {
 /// What follows the store's answer: the request passes, or the refusal.
 pub(crate) fn proceed<St, R, B>(
     version: &Version<St, R>,
-    prepared: Prepared,
+    prepared: &mut Prepared,
     statuses: Statuses,
     parts: &mut Parts,
     keys: &(impl Keys + ?Sized),
@@ -146,8 +147,8 @@ where
         SettleGuard::for_request(&shared.engine, policy, &prepared.plan, keys, &statuses)
     });
     // In-flight limits: the units taken, held until the response body ends.
-    let held = policy.held(&prepared, &statuses);
-    match policy.finish(&shared.engine, &prepared, statuses, parts, keys) {
+    let held = policy.held(prepared, &statuses);
+    match policy.finish(&shared.engine, prepared, statuses, parts, keys) {
         Next::Proceed {
             fields,
             charged,
@@ -166,7 +167,7 @@ where
                 engine,
                 policy,
                 &prepared.plan,
-                prepared.charge_keys,
+                prepared.charge_keys.take(),
                 &charged,
             );
             Ok(Passed {
@@ -185,12 +186,8 @@ where
             if !unavailable {
                 // Bans count the refusals of their limits (never a banned request's:
                 // those are refused before the store).
-                for (i, (l, p)) in decision.limits().zip(&prepared.plan).enumerate() {
-                    if l.denies()
-                        && let Some(key) = keys.key(i)
-                    {
-                        shared.engine.offended(p.bound, key);
-                    }
+                if policy.groups[prepared.group].banned {
+                    offended(&shared.engine, &decision, prepared, keys);
                 }
                 policy.hooks.refused(
                     prepared.plan.iter().map(|p| p.bound),
@@ -219,6 +216,23 @@ where
                 ));
             }
             Err(shared.refuse(&rejection, fields))
+        }
+    }
+}
+
+/// Counts the refusals of a request's limits that ban (see [`Engine::offended`]).
+#[inline(never)]
+fn offended<St: Store>(
+    engine: &Engine<St>,
+    decision: &Decision,
+    prepared: &Prepared,
+    keys: &(impl Keys + ?Sized),
+) {
+    for (i, (l, p)) in decision.limits().zip(&prepared.plan).enumerate() {
+        if l.denies()
+            && let Some(key) = keys.key(i)
+        {
+            engine.offended(p.bound, key);
         }
     }
 }

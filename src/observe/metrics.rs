@@ -24,6 +24,9 @@
 //! | `tollgate_banned_total` | counter | `limit` | requests refused because their key was banned, before any store call (not in `tollgate_requests_total`) |
 //! | `tollgate_settles_total` | counter | `limit`, `result` | costs settled after their estimate ([`Limit::settle`](crate::Limit::settle), [`Limiter::admit`](crate::Limiter::admit)): `result` is `taken` (the actual cost was more) or `given_back` (less); an exact estimate settles nothing |
 //! | `tollgate_settled_tokens_total` | counter | `limit`, `result` | the tokens those settles took or gave back (taken tokens count in full, even past the limit's `max_debt`, where the bucket forgives them) |
+//! | `tollgate_audit_accepted_total`, `tollgate_audit_written_total`, `tollgate_audit_failed_total`, `tollgate_audit_dropped_total` | counter | | violations an [`AuditLog`](crate::audit::AuditLog) queued, its sink wrote, lost with a failed batch, and dropped because the queue was full, the counters of [`AuditStats`](crate::audit::AuditStats) (summed over the process's audit logs): the queue holds `accepted − written − failed` |
+//! | `tollgate_reloads_total` | counter | `result` | reloads of [`Rules`](crate::rules::Rules): `ok` (the rules were replaced) or `error` (refused: invalid or unreadable), as [`ReloadStatus`](crate::rules::ReloadStatus) counts them |
+//! | `tollgate_rules_healthy` | gauge | | 1 while the running rules are the newest (the latest reload, or the first load, succeeded), 0 after a refused reload |
 //!
 //! `store` is the backend's name in lower case (`redis`). Requests refused before any
 //! limit is checked (allow and deny lists, missing keys, misconfiguration) and checks made
@@ -82,6 +85,19 @@ pub const SETTLED_TOKENS_TOTAL: &str = "tollgate_settled_tokens_total";
 pub const BANS_TOTAL: &str = "tollgate_bans_total";
 /// `tollgate_banned_total{limit}`.
 pub const BANNED_TOTAL: &str = "tollgate_banned_total";
+
+/// `tollgate_audit_accepted_total`.
+pub const AUDIT_ACCEPTED_TOTAL: &str = "tollgate_audit_accepted_total";
+/// `tollgate_audit_written_total`.
+pub const AUDIT_WRITTEN_TOTAL: &str = "tollgate_audit_written_total";
+/// `tollgate_audit_failed_total`.
+pub const AUDIT_FAILED_TOTAL: &str = "tollgate_audit_failed_total";
+/// `tollgate_audit_dropped_total`.
+pub const AUDIT_DROPPED_TOTAL: &str = "tollgate_audit_dropped_total";
+/// `tollgate_reloads_total{result}`.
+pub const RELOADS_TOTAL: &str = "tollgate_reloads_total";
+/// `tollgate_rules_healthy`.
+pub const RULES_HEALTHY: &str = "tollgate_rules_healthy";
 
 /// The values of `result` in `tollgate_requests_total`.
 pub const RESULTS: [&str; 7] = [
@@ -345,5 +361,74 @@ impl BanMetrics {
     /// A banned request was refused.
     pub(crate) fn refused(&self) {
         self.banned.increment(1);
+    }
+}
+
+/// An audit log's counters (`tollgate_audit_*_total`), registered when the log is built.
+pub(crate) struct AuditMetrics {
+    pub(crate) accepted: Counter,
+    pub(crate) written: Counter,
+    pub(crate) failed: Counter,
+    pub(crate) dropped: Counter,
+}
+
+impl Default for AuditMetrics {
+    fn default() -> Self {
+        ::metrics::describe_counter!(AUDIT_ACCEPTED_TOTAL, "Violations put in the audit queue");
+        ::metrics::describe_counter!(AUDIT_WRITTEN_TOTAL, "Violations the audit sink wrote");
+        ::metrics::describe_counter!(
+            AUDIT_FAILED_TOTAL,
+            "Violations lost with an audit batch whose write failed"
+        );
+        ::metrics::describe_counter!(
+            AUDIT_DROPPED_TOTAL,
+            "Violations dropped because the audit queue was full"
+        );
+        Self {
+            accepted: ::metrics::counter!(AUDIT_ACCEPTED_TOTAL),
+            written: ::metrics::counter!(AUDIT_WRITTEN_TOTAL),
+            failed: ::metrics::counter!(AUDIT_FAILED_TOTAL),
+            dropped: ::metrics::counter!(AUDIT_DROPPED_TOTAL),
+        }
+    }
+}
+
+/// Rules' reloads (`tollgate_reloads_total`, `tollgate_rules_healthy`), registered when
+/// the rules are built.
+#[cfg(feature = "rules")]
+pub(crate) struct ReloadMetrics {
+    ok: Counter,
+    error: Counter,
+    healthy: Gauge,
+}
+
+#[cfg(feature = "rules")]
+impl Default for ReloadMetrics {
+    fn default() -> Self {
+        ::metrics::describe_counter!(RELOADS_TOTAL, "Reloads of the rules, by result");
+        ::metrics::describe_gauge!(RULES_HEALTHY, "1 while the running rules are the newest");
+        Self {
+            ok: ::metrics::counter!(RELOADS_TOTAL, "result" => "ok"),
+            error: ::metrics::counter!(RELOADS_TOTAL, "result" => "error"),
+            healthy: ::metrics::gauge!(RULES_HEALTHY),
+        }
+    }
+}
+
+#[cfg(feature = "rules")]
+impl ReloadMetrics {
+    /// A reload replaced the rules (`true`) or was refused.
+    pub(crate) fn reloaded(&self, ok: bool) {
+        match ok {
+            true => &self.ok,
+            false => &self.error,
+        }
+        .increment(1);
+        self.healthy(ok);
+    }
+
+    /// Whether the running rules are the newest.
+    pub(crate) fn healthy(&self, healthy: bool) {
+        self.healthy.set(if healthy { 1.0 } else { 0.0 });
     }
 }

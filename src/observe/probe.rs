@@ -3,9 +3,11 @@
 //! zero-sized and every call compiles to nothing, so no struct of the crate carries a
 //! field that exists only with the feature.
 
+#[cfg(all(feature = "metrics", feature = "rules"))]
+pub(crate) use crate::observe::metrics::ReloadMetrics;
 #[cfg(feature = "metrics")]
 pub(crate) use crate::observe::metrics::{
-    BanMetrics, DelayMetrics, ErrorKind, LimitMetrics, SettleMetrics, StoreMetrics,
+    AuditMetrics, BanMetrics, DelayMetrics, ErrorKind, LimitMetrics, SettleMetrics, StoreMetrics,
     deny_cache_hits, keys, writeback_dropped,
 };
 #[cfg(feature = "metrics")]
@@ -109,8 +111,31 @@ mod off {
         pub(crate) fn breaker(&self, _open: bool) {}
     }
 
+    /// An audit log's counters.
+    #[derive(Default, Debug)]
+    pub(crate) struct AuditMetrics {
+        pub(crate) accepted: Counter,
+        pub(crate) written: Counter,
+        pub(crate) failed: Counter,
+        pub(crate) dropped: Counter,
+    }
+
+    /// Rules' reloads.
+    #[cfg(feature = "rules")]
+    #[derive(Default, Debug)]
+    pub(crate) struct ReloadMetrics;
+
+    #[cfg(feature = "rules")]
+    impl ReloadMetrics {
+        #[inline(always)]
+        pub(crate) fn reloaded(&self, _ok: bool) {}
+
+        #[inline(always)]
+        pub(crate) fn healthy(&self, _healthy: bool) {}
+    }
+
     /// A counter.
-    #[derive(Clone, Debug)]
+    #[derive(Clone, Debug, Default)]
     pub(crate) struct Counter;
 
     impl Counter {

@@ -14,8 +14,8 @@
 //! routes = ["POST /login"]
 //! ```
 //!
-//! Every field, its values and defaults are described in the README ("Rules from a
-//! file") and on [`Document`], [`Settings`] and [`LimitRule`]; each maps onto the
+//! Every field, its values and defaults are described in the guide ([Rules from a
+//! file](crate::guide::rules)) and on [`Document`], [`Settings`] and [`LimitRule`]; each maps onto the
 //! builder API ([`Limit`](crate::Limit), [`Quota`](crate::Quota)'s string syntax, the
 //! [`key`](crate::web::key) extractors, [`Cost`](crate::Cost), ...), so a file can say nothing
 //! code could not.
@@ -102,7 +102,7 @@ pub(crate) use reload::{Trigger, WeakRules};
 pub use simulate::suggest;
 pub use simulate::{
     BadLine, DEFAULT_MAX_KEYS, DEFAULT_MAX_LINE, Difference, JsonFields, LimitReport, LogFormat,
-    Report, SimulateError, Simulation,
+    Report, SimulateError, Simulation, TIMELINE_BUCKETS, Timeline,
 };
 
 use crate::base::error::ConfigError;

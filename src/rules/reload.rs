@@ -131,6 +131,8 @@ struct State {
     /// The SHA-256 of the text last read from the file: a change event that leaves it as
     /// it was (a `touch`, a rewrite of the same text) reloads nothing.
     last_hash: Option<[u8; 32]>,
+    /// `tollgate_reloads_total` and `tollgate_rules_healthy` (feature `metrics`).
+    metrics: crate::observe::probe::ReloadMetrics,
 }
 
 #[derive(Default)]
@@ -370,6 +372,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
             self.document.store(doc.clone());
             state.reloads += 1;
             state.healthy = true;
+            state.metrics.reloaded(true);
         }
         tracing::info!(
             target: "tollgate::rules",
@@ -394,6 +397,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Reloadable<St, R> {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state.failures += 1;
             state.healthy = false;
+            state.metrics.reloaded(false);
             state.last_error = Some(e.clone());
         }
         if !announce {
@@ -517,6 +521,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Rules<St, R> {
             .unwrap_or_else(PoisonError::into_inner);
         if !state.healthy {
             state.healthy = true;
+            state.metrics.healthy(true);
             tracing::info!(
                 target: "tollgate::rules",
                 trigger = ?trigger,

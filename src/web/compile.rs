@@ -156,6 +156,7 @@ pub(crate) fn compile<St: Store>(
                 delayed: members.iter().any(|&i| engine.bounds[i].waiters.is_some()),
                 queued: members.iter().any(|&i| engine.bounds[i].queue.is_some()),
                 settled: members.iter().map(limit).any(|l| l.settle.is_some()),
+                banned: members.iter().any(|&i| engine.bounds[i].bans.is_some()),
                 limits: members,
             })
         })

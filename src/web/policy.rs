@@ -123,6 +123,8 @@ pub(crate) struct Group {
     pub(crate) delayed: bool,
     /// Whether a limit of the group settles its cost when the response ends.
     pub(crate) settled: bool,
+    /// Whether a limit of the group bans the keys it refuses too often.
+    pub(crate) banned: bool,
 }
 
 /// A layer's HTTP policy over its engine.
@@ -242,7 +244,9 @@ impl Policy {
                 }
             };
             // A banned key is refused here, before the store (`engine/ban.rs`).
-            if let Some(retry_after) = engine.banned(index, &key) {
+            if g.banned
+                && let Some(retry_after) = engine.banned(index, &key)
+            {
                 let name = engine.bounds[index].name;
                 self.hooks.banned(index, name, &key, parts, retry_after);
                 return Err(Early::Refuse(Rejection::Banned {
@@ -297,10 +301,17 @@ impl Policy {
     /// The in-flight limits (plan indices and keys) whose units a request took, if it
     /// passes: those the store let through with a cost (read before `finish` takes the
     /// statuses; `None` for a group without in-flight limits).
+    #[inline]
     pub(crate) fn held(&self, prepared: &Prepared, statuses: &Statuses) -> Option<ChargeKeys> {
         if !self.groups[prepared.group].held {
             return None;
         }
+        self.held_units(prepared, statuses)
+    }
+
+    /// [`Policy::held`] for a group with in-flight limits.
+    #[inline(never)]
+    fn held_units(&self, prepared: &Prepared, statuses: &Statuses) -> Option<ChargeKeys> {
         let keys = prepared.charge_keys.as_deref()?;
         let held: ChargeKeys = keys
             .iter()

@@ -276,10 +276,14 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             on_reload: self.on_reload,
             reader,
             file_reload: Mutex::default(),
-            state: Mutex::new(State {
-                healthy: true,
-                last_hash: hash,
-                ..State::default()
+            state: Mutex::new({
+                let state = State {
+                    healthy: true,
+                    last_hash: hash,
+                    ..State::default()
+                };
+                state.metrics.healthy(true);
+                state
             }),
             watcher: Mutex::new(None),
             #[cfg(unix)]

@@ -2,17 +2,21 @@
 //! simulate`): the log's lines (`lines`, `parse`), the replay through the real layer
 //! (`replay`) and what it found (`report`). See [`Simulation`].
 
+mod html;
 mod lines;
 mod parse;
 mod replay;
 mod report;
 pub mod suggest;
+pub(crate) mod svg;
+mod timeline;
 
 use std::fmt;
 use std::io::BufRead;
 
 pub use self::parse::{JsonFields, LogFormat};
 pub use self::report::{BadLine, Difference, LimitReport, Report};
+pub use self::timeline::{TIMELINE_BUCKETS, Timeline};
 
 use crate::base::error::ConfigError;
 use crate::rules::document::Document;

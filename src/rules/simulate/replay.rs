@@ -21,6 +21,7 @@ use tower_service::Service;
 use super::lines::{Line, Lines};
 use super::parse::{self, Entry, LogFormat};
 use super::report::{BadLine, Report, Tally};
+use super::timeline::Timeline;
 use super::{SimulateError, Simulation};
 use crate::base::clock::FakeClock;
 use crate::middleware::layer::RateLimitLayer;
@@ -120,6 +121,7 @@ pub(super) fn run(
         refused: 0,
         span: None,
         limits: Vec::new(),
+        timeline: Timeline::new(tallies.len()),
         keys: Default::default(),
     };
     let mut lines = Lines::new(input, sim.max_line);
@@ -182,6 +184,7 @@ pub(super) fn run(
         let Ok(response) = response;
         report.requests += 1;
         let secs = at.div_euclid(1_000_000_000);
+        let bucket = report.timeline.request(secs);
         report.span = Some(match report.span {
             None => (secs, secs),
             Some((s, _)) => (s, secs),
@@ -198,8 +201,9 @@ pub(super) fn run(
             }
         }
         for (name, key, shadow) in seen.refused.drain(..) {
-            if let Some(t) = tallies.iter_mut().find(|t| t.name == name) {
-                t.refusal(key.as_ref(), secs, shadow, sim.max_keys);
+            if let Some(i) = tallies.iter().position(|t| t.name == name) {
+                tallies[i].refusal(key.as_ref(), secs, shadow, sim.max_keys);
+                report.timeline.refusal(i, bucket);
             }
         }
     }

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::timeline::Timeline;
 use crate::model::key::Key;
 use crate::observe::offenders;
 
@@ -37,9 +38,17 @@ pub struct LimitReport {
     /// The most refused keys, most first, as the refusal log writes them.
     pub top_refused: Vec<(String, u64)>,
     /// Refusals per minute (Unix time of the minute's start, in seconds), minutes without
-    /// refusals left out.
+    /// refusals left out: at most [`MAX_MINUTES`] minutes, the first ones with refusals
+    /// (see [`per_minute_capped`](Self::per_minute_capped)).
     pub per_minute: Vec<(i64, u64)>,
+    /// Whether refusals fell in more minutes than [`MAX_MINUTES`]: those of later minutes
+    /// are counted in `refused` and the timeline, not here.
+    pub per_minute_capped: bool,
 }
+
+/// The most minutes with refusals a [`LimitReport`] lists one by one (31 days' worth): a
+/// log of any length takes bounded memory.
+pub const MAX_MINUTES: usize = 31 * 24 * 60;
 
 impl LimitReport {
     /// The refused share of the requests, 0 to 1.
@@ -72,6 +81,9 @@ pub struct Report {
     pub span: Option<(i64, i64)>,
     /// Per limit, in the document's order.
     pub limits: Vec<LimitReport>,
+    /// Requests and refusals per limit over the log's span, in at most
+    /// [`TIMELINE_BUCKETS`](super::TIMELINE_BUCKETS) buckets.
+    pub timeline: Timeline,
     /// Every refused key (of any limit) and its refusals, for [`Report::difference`].
     pub(crate) keys: BTreeMap<String, u64>,
 }
@@ -130,6 +142,7 @@ pub(crate) struct Tally {
     keys: hashbrown::HashMap<Key, u64, foldhash::fast::RandomState>,
     capped: bool,
     minutes: BTreeMap<i64, u64>,
+    minutes_capped: bool,
 }
 
 impl Tally {
@@ -142,6 +155,7 @@ impl Tally {
             keys: hashbrown::HashMap::default(),
             capped: false,
             minutes: BTreeMap::new(),
+            minutes_capped: false,
         }
     }
 
@@ -149,7 +163,14 @@ impl Tally {
     pub(crate) fn refusal(&mut self, key: Option<&Key>, secs: i64, shadow: bool, max_keys: usize) {
         self.refused += 1;
         self.shadow += u64::from(shadow);
-        *self.minutes.entry(secs.div_euclid(60) * 60).or_default() += 1;
+        let minute = secs.div_euclid(60) * 60;
+        if let Some(n) = self.minutes.get_mut(&minute) {
+            *n += 1;
+        } else if self.minutes.len() < MAX_MINUTES {
+            self.minutes.insert(minute, 1);
+        } else {
+            self.minutes_capped = true;
+        }
         let Some(key) = key else { return };
         if let Some(n) = self.keys.get_mut(key) {
             *n += 1;
@@ -184,6 +205,7 @@ impl Tally {
                 .map(|(k, n)| (rendered(k), n))
                 .collect(),
             per_minute: self.minutes.into_iter().collect(),
+            per_minute_capped: self.minutes_capped,
         }
     }
 }
@@ -211,7 +233,10 @@ impl Report {
     /// The report as JSON: `{"lines", "bad_lines", "bad": [{"line", "reason"}],
     /// "late_lines", "requests", "refused", "limits": [{"name", "requests", "refused",
     /// "shadow_refused", "keys_refused", "keys_capped", "top_refused": [{"key",
-    /// "refused"}], "per_minute": [{"minute", "refused"}]}]}` (`minute`: Unix seconds).
+    /// "refused"}], "per_minute": [{"minute", "refused"}], "timeline": [N, ...]}],
+    /// "timeline": {"start", "width", "requests": [N, ...]}}` (`minute`, `start`: Unix
+    /// seconds; `width`: seconds; a limit's `timeline`: its refusals in the same buckets as
+    /// the top-level `requests`).
     pub fn to_json(&self) -> serde_json::Value {
         use serde_json::json;
         json!({
@@ -221,7 +246,12 @@ impl Report {
             "late_lines": self.late_lines,
             "requests": self.requests,
             "refused": self.refused,
-            "limits": self.limits.iter().map(|l| json!({
+            "timeline": json!({
+                "start": self.timeline.start,
+                "width": self.timeline.width,
+                "requests": self.timeline.requests,
+            }),
+            "limits": self.limits.iter().enumerate().map(|(i, l)| json!({
                 "name": l.name,
                 "requests": l.requests,
                 "refused": l.refused,
@@ -230,6 +260,8 @@ impl Report {
                 "keys_capped": l.keys_capped,
                 "top_refused": l.top_refused.iter().map(|(k, n)| json!({"key": k, "refused": n})).collect::<Vec<_>>(),
                 "per_minute": l.per_minute.iter().map(|(m, n)| json!({"minute": m, "refused": n})).collect::<Vec<_>>(),
+                "per_minute_capped": l.per_minute_capped,
+                "timeline": self.timeline.refused.get(i).cloned().unwrap_or_default(),
             })).collect::<Vec<_>>(),
         })
     }
@@ -335,5 +367,27 @@ mod tests {
         assert_eq!(report.top_refused.len(), 3);
         assert_eq!(report.top_refused[0].1, 2);
         assert_eq!(report.per_minute, vec![(0, 35), (60, 33), (120, 33)]);
+    }
+
+    /// A log that refuses in more minutes than `MAX_MINUTES` lists the first ones and
+    /// says so; every refusal is still counted.
+    #[test]
+    fn minutes_with_refusals_are_capped() {
+        let mut tally = Tally::new("l");
+        let n = MAX_MINUTES as i64 + 5;
+        for m in 0..n {
+            tally.refusal(None, m * 60, false, 10);
+        }
+        // A minute already listed still counts past the cap.
+        tally.refusal(None, 0, false, 10);
+        let report = tally.finish(3, &mut BTreeMap::new());
+        assert_eq!(report.refused, n as u64 + 1);
+        assert_eq!(report.per_minute.len(), MAX_MINUTES);
+        assert!(report.per_minute_capped);
+        assert_eq!(report.per_minute[0], (0, 2));
+        assert_eq!(
+            report.per_minute.last().unwrap().0,
+            (MAX_MINUTES as i64 - 1) * 60
+        );
     }
 }
