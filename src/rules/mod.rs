@@ -102,7 +102,7 @@ pub(crate) use reload::{Trigger, WeakRules};
 pub use simulate::suggest;
 pub use simulate::{
     BadLine, DEFAULT_MAX_KEYS, DEFAULT_MAX_LINE, Difference, JsonFields, LimitReport, LogFormat,
-    Report, SimulateError, Simulation, TIMELINE_BUCKETS, Timeline,
+    MAX_MINUTES, Report, SimulateError, Simulation, TIMELINE_BUCKETS, Timeline,
 };
 
 use crate::base::error::ConfigError;

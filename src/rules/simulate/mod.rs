@@ -15,7 +15,7 @@ use std::fmt;
 use std::io::BufRead;
 
 pub use self::parse::{JsonFields, LogFormat};
-pub use self::report::{BadLine, Difference, LimitReport, Report};
+pub use self::report::{BadLine, Difference, LimitReport, MAX_MINUTES, Report};
 pub use self::timeline::{TIMELINE_BUCKETS, Timeline};
 
 use crate::base::error::ConfigError;

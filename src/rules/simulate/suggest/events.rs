@@ -42,10 +42,10 @@ impl std::str::FromStr for SuggestKey {
         if s == "ip" || s == "peer_ip" {
             return Ok(Self::Ip);
         }
-        if let Some(name) = s.strip_prefix("header:") {
-            if let Ok(name) = HeaderName::from_bytes(name.as_bytes()) {
-                return Ok(Self::Header(name));
-            }
+        if let Some(name) = s.strip_prefix("header:")
+            && let Ok(name) = HeaderName::from_bytes(name.as_bytes())
+        {
+            return Ok(Self::Header(name));
         }
         Err(crate::base::error::ConfigError::new(
             "--key",
