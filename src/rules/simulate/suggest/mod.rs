@@ -88,14 +88,16 @@ impl Window {
 /// (counted with their numbers), the same times (a late line at the latest time seen),
 /// the same keys (`peer_ip`'s grouping of addresses, a header's first non-empty value).
 ///
-/// How the quota is chosen, per window `W`: the rate is the peak (requests in any
-/// interval of length `W`) that the share of keys does not exceed. The burst is exact for
-/// GCRA: a key whose requests all pass at `T = W / rate` needs a bucket of
+/// How the quota is chosen: first the keys to cover, the share of them, over the three
+/// windows together (each key ranked per window by its peak, the requests in any
+/// interval of the window's length; the keys whose worst rank is best). Per window `W`,
+/// the rate is the largest peak among them. The burst is exact for GCRA: a key whose
+/// requests all pass at `T = W / rate` needs a bucket of
 /// `max over i ≤ j of ⌈(j − i + 1) − (t_j − t_i) / T⌉` ([`min_burst`]; computed per key in
-/// one pass, in both stores' units). A peak of `P` per minute does not make `P/min;
-/// burst=P` safe: `T` is rounded up to the nanosecond, so `7/min` refills 7 tokens in a
-/// hair over 60 s and refuses the 14th of 7 at 0 s and 7 at 60 s. The three bursts are
-/// chosen together so that the keys that pass all three make up the share.
+/// one pass, in both stores' units), and the burst is the largest of the covered keys'.
+/// A peak of `P` per minute does not make `P/min; burst=P` safe: `T` is rounded up to the
+/// nanosecond, so `7/min` refills 7 tokens in a hair over 60 s and refuses the 14th of 7
+/// at 0 s and 7 at 60 s.
 ///
 /// Memory: about 250 bytes per key, at most [`max_keys`](Self::max_keys) keys (their
 /// requests beyond are counted, not measured: [`Suggested::capped_requests`]); the
@@ -286,34 +288,30 @@ impl Suggestion {
         drop((lead, trails));
         out.keys = table.slots.len() as u64;
 
-        // The rates: per group and window, the peak the share of keys does not exceed.
+        // The keys to cover, per group: the share, chosen over the three windows' peaks
+        // together; the rates: per window, the largest peak among them.
         let mut by_group: Vec<Vec<usize>> = vec![Vec::new(); group_count + 1];
         for (i, s) in table.slots.iter().enumerate() {
             by_group[s.group as usize].push(i);
         }
         let mut rates = vec![[Interval::of(&Quota::per_second(1)); 3]; group_count + 1];
+        let mut covered: Vec<Vec<usize>> = vec![Vec::new(); group_count + 1];
         let mut groups = Vec::with_capacity(group_count);
         for (g, members) in by_group.iter().enumerate().skip(1) {
-            let need = pick::needed(members.len(), self.share).max(1);
+            let peaks: Vec<[u64; 3]> = members.iter().map(|&i| table.slots[i].peak).collect();
+            covered[g] = pick::cover(&peaks, pick::needed(members.len(), self.share).max(1));
+            let top = pick::largest(&peaks, &covered[g]);
             let windows: Vec<WindowSuggestion> = Window::ALL
                 .iter()
                 .enumerate()
                 .map(|(w, &window)| {
-                    let peaks = Distribution::new(
-                        members.iter().map(|&i| table.slots[i].peak[w]).collect(),
-                    );
-                    let rate = if peaks.is_empty() {
-                        1
-                    } else {
-                        peaks.values()[need.min(peaks.len()) - 1]
-                    };
                     let max_rate = window.duration().as_micros() as u64;
-                    let rate = rate.clamp(1, max_rate);
+                    let rate = top[w].clamp(1, max_rate);
                     let quota = Quota::new(rate, window.duration()).unwrap_or(Quota::per_second(1));
                     rates[g][w] = Interval::of(&quota);
                     WindowSuggestion {
                         window,
-                        peaks,
+                        peaks: Distribution::new(peaks.iter().map(|k| k[w]).collect()),
                         bursts: Distribution::default(),
                         rate,
                         burst: 1,
@@ -348,8 +346,8 @@ impl Suggestion {
                     [0, 1, 2].map(|w| s[w].burst(rates[g][w]))
                 })
                 .collect();
-            let need = pick::needed(members.len(), self.share);
-            let bursts = pick::bursts(&needs, need);
+            // The bursts: the least that covers the chosen keys at the rates.
+            let bursts = pick::largest(&needs, &covered[g]);
             group.never_refused = needs
                 .iter()
                 .filter(|k| (0..3).all(|w| k[w] <= bursts[w]))

@@ -1,6 +1,6 @@
 //! Choosing the suggestion from the per-key measures: the distribution of a measure across
-//! keys, how many keys must never be refused, and the bursts of three windows chosen
-//! together so that those keys pass all three.
+//! keys, how many keys must never be refused, and which: chosen over the three windows
+//! together, so that those keys pass all three.
 
 /// One measure across keys, sorted: what a chart of the distribution is drawn from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -69,20 +69,19 @@ pub(super) fn needed(n: usize, share: f64) -> usize {
     ((exact - 1e-6).ceil().max(0.0) as usize).min(n)
 }
 
-/// The bursts of the windows, chosen together: each key ranked in each window by how
-/// many keys need at most its burst there, scored by its worst rank; the `m` keys with
-/// the best scores pass all windows with the largest burst each window's of them needs.
-/// So at least `m` keys need no more than the chosen burst in every window.
-pub(super) fn bursts<const W: usize>(needs: &[[u64; W]], m: usize) -> [u64; W] {
-    let mut out = [1; W];
-    if needs.is_empty() || m == 0 {
-        return out;
+/// The `m` keys covered, chosen over all windows together: each key ranked in each window
+/// by how many keys have at most its value there, scored by its worst rank; the `m` keys
+/// with the best scores. Every window's largest value among them then covers all of
+/// them (indices into `values`, at most `values.len()`).
+pub(super) fn cover<const W: usize>(values: &[[u64; W]], m: usize) -> Vec<usize> {
+    let m = m.min(values.len());
+    if m == 0 {
+        return Vec::new();
     }
-    let m = m.min(needs.len());
     let columns: Vec<Distribution> = (0..W)
-        .map(|w| Distribution::new(needs.iter().map(|k| k[w]).collect()))
+        .map(|w| Distribution::new(values.iter().map(|k| k[w]).collect()))
         .collect();
-    let mut scored: Vec<(usize, usize)> = needs
+    let mut scored: Vec<(usize, usize)> = values
         .iter()
         .enumerate()
         .map(|(i, k)| {
@@ -91,9 +90,15 @@ pub(super) fn bursts<const W: usize>(needs: &[[u64; W]], m: usize) -> [u64; W] {
         })
         .collect();
     scored.select_nth_unstable(m - 1);
-    for &(_, i) in &scored[..m] {
+    scored[..m].iter().map(|&(_, i)| i).collect()
+}
+
+/// Per window, the largest value among the keys `chosen` (at least 1).
+pub(super) fn largest<const W: usize>(values: &[[u64; W]], chosen: &[usize]) -> [u64; W] {
+    let mut out = [1; W];
+    for &i in chosen {
         for w in 0..W {
-            out[w] = out[w].max(needs[i][w]);
+            out[w] = out[w].max(values[i][w]);
         }
     }
     out
@@ -122,29 +127,27 @@ mod tests {
     }
 
     #[test]
-    fn bursts_cover_m_keys_in_every_window() {
+    fn cover_m_keys_in_every_window() {
         // Keys good in one window and bad in another: the worst of each is left out.
         let needs = [[1, 9], [9, 1], [2, 2], [3, 3], [2, 1]];
-        let b = bursts(&needs, 3);
-        assert_eq!(b, [3, 3]);
-        let covered = needs
-            .iter()
-            .filter(|k| k[0] <= b[0] && k[1] <= b[1])
-            .count();
-        assert!(covered >= 3);
-        assert_eq!(bursts(&needs, 5), [9, 9]);
-        assert_eq!(bursts::<2>(&[], 1), [1, 1]);
+        let mut chosen = cover(&needs, 3);
+        chosen.sort();
+        assert_eq!(chosen, [2, 3, 4]);
+        assert_eq!(largest(&needs, &chosen), [3, 3]);
+        assert_eq!(largest(&needs, &cover(&needs, 5)), [9, 9]);
+        assert!(cover::<2>(&[], 1).is_empty());
+        assert_eq!(largest::<2>(&[], &[]), [1, 1]);
     }
 
     proptest::proptest! {
-        /// Whatever the needs: at least `m` keys need no more than the chosen bursts.
+        /// Whatever the values: at least `m` keys have no more than the largest of the chosen.
         #[test]
         fn at_least_m_covered(
             needs in proptest::collection::vec(proptest::array::uniform3(0u64..20), 1..60),
             m in 1usize..60,
         ) {
             let m = m.min(needs.len());
-            let b = bursts(&needs, m);
+            let b = largest(&needs, &cover(&needs, m));
             let covered = needs.iter().filter(|k| (0..3).all(|w| k[w] <= b[w])).count();
             proptest::prop_assert!(covered >= m);
         }
