@@ -11,12 +11,19 @@ use crate::web::routes::{self, RouteTable};
 /// further ones are counted together.
 pub(super) const MAX_CANDIDATES: usize = 10_000;
 
+/// The longest route template a candidate may have, in bytes: the candidates' memory is
+/// at most about `MAX_CANDIDATES × MAX_TEMPLATE` (2.5 MiB), whatever the log's paths.
+pub(super) const MAX_TEMPLATE: usize = 256;
+
 /// The route template of a request path: segments that look like ids (numbers, UUIDs,
 /// long tokens with digits) become parameters (`/users/{id}/posts/{id2}`), braces are
 /// escaped. `None` for a path no route template can name (one that does not start with
-/// `/`, or has a segment starting with `:` or `*`).
+/// `/`, has a segment starting with `:` or `*`, or is longer than [`MAX_TEMPLATE`]).
 pub(super) fn template(path: &str) -> Option<String> {
     let rest = path.strip_prefix('/')?;
+    if path.len() > MAX_TEMPLATE {
+        return None;
+    }
     let mut out = String::with_capacity(path.len() + 8);
     let mut ids = 0;
     for segment in rest.split('/') {
@@ -44,7 +51,7 @@ pub(super) fn template(path: &str) -> Option<String> {
             }
         }
     }
-    Some(out)
+    (out.len() <= MAX_TEMPLATE).then_some(out)
 }
 
 /// A path segment that names one thing of many: all digits, a UUID, or a token of 16 or
@@ -127,6 +134,7 @@ mod tests {
         );
         assert_eq!(template("/:id"), None);
         assert_eq!(template("*"), None);
+        assert_eq!(template(&format!("/{}", "a".repeat(MAX_TEMPLATE))), None);
     }
 
     #[test]
