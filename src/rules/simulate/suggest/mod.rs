@@ -89,8 +89,9 @@ impl Window {
 /// the same keys (`peer_ip`'s grouping of addresses, a header's first non-empty value).
 ///
 /// How the quota is chosen: first the keys to cover, the share of them, over the three
-/// windows together (each key ranked per window by its peak, the requests in any
-/// interval of the window's length; the keys whose worst rank is best). Per window `W`,
+/// windows together (a key's peak in a window is its most requests in any interval of
+/// the window's length; the keys left out are, one by one, the one whose peak is the most
+/// out of line in some window, relative to that window's peak at the share). Per window `W`,
 /// the rate is the largest peak among them. The burst is exact for GCRA: a key whose
 /// requests all pass at `T = W / rate` needs a bucket of
 /// `max over i ≤ j of ⌈(j − i + 1) − (t_j − t_i) / T⌉` ([`min_burst`]; computed per key in

@@ -69,28 +69,44 @@ pub(super) fn needed(n: usize, share: f64) -> usize {
     ((exact - 1e-6).ceil().max(0.0) as usize).min(n)
 }
 
-/// The `m` keys covered, chosen over all windows together: each key ranked in each window
-/// by how many keys have at most its value there, scored by its worst rank; the `m` keys
-/// with the best scores. Every window's largest value among them then covers all of
-/// them (indices into `values`, at most `values.len()`).
+/// The `m` keys covered, chosen over all windows together, greedily: while more than `m`
+/// are left, the key leaves whose value is the largest in some window relative to that
+/// window's scale (its value at rank `m`), so that each window's largest value, which
+/// becomes its quota, comes down where it is most out of line. Every window's largest
+/// value among the keys left then covers all of them (indices into `values`).
 pub(super) fn cover<const W: usize>(values: &[[u64; W]], m: usize) -> Vec<usize> {
-    let m = m.min(values.len());
+    let n = values.len();
+    let m = m.min(n);
     if m == 0 {
         return Vec::new();
     }
-    let columns: Vec<Distribution> = (0..W)
-        .map(|w| Distribution::new(values.iter().map(|k| k[w]).collect()))
-        .collect();
-    let mut scored: Vec<(usize, usize)> = values
-        .iter()
-        .enumerate()
-        .map(|(i, k)| {
-            let worst = (0..W).map(|w| columns[w].at_most(k[w])).max().unwrap_or(0);
-            (worst, i)
-        })
-        .collect();
-    scored.select_nth_unstable(m - 1);
-    scored[..m].iter().map(|&(_, i)| i).collect()
+    // Per window, the keys by value, largest first.
+    let orders: [Vec<usize>; W] = std::array::from_fn(|w| {
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_unstable_by_key(|&i| std::cmp::Reverse(values[i][w]));
+        order
+    });
+    let scale: [f64; W] = std::array::from_fn(|w| values[orders[w][n - m]][w].max(1) as f64);
+    let mut left = vec![true; n];
+    let mut top = [0; W];
+    for _ in m..n {
+        let mut out: Option<(f64, usize)> = None;
+        for w in 0..W {
+            // At least m ≥ 1 keys are left: the cursor stops on one.
+            while !left[orders[w][top[w]]] {
+                top[w] += 1;
+            }
+            let i = orders[w][top[w]];
+            let excess = values[i][w] as f64 / scale[w];
+            if out.is_none_or(|(e, _)| excess > e) {
+                out = Some((excess, i));
+            }
+        }
+        if let Some((_, i)) = out {
+            left[i] = false;
+        }
+    }
+    (0..n).filter(|&i| left[i]).collect()
 }
 
 /// Per window, the largest value among the keys `chosen` (at least 1).
