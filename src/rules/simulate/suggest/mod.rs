@@ -100,9 +100,10 @@ impl Window {
 /// nanosecond, so `7/min` refills 7 tokens in a hair over 60 s and refuses the 14th of 7
 /// at 0 s and 7 at 60 s.
 ///
-/// Memory: about 250 bytes per key, at most [`max_keys`](Self::max_keys) keys (their
-/// requests beyond are counted, not measured: [`Suggested::capped_requests`]); the
-/// log's lines at most [`max_line`](Self::max_line) bytes each. The peaks are exact in
+/// Memory: about 400 bytes per key (100,000 keys: 39 MB), at most
+/// [`max_keys`](Self::max_keys) keys (requests of further keys are counted, not measured:
+/// [`Suggested::capped_requests`]); the log's lines at most
+/// [`max_line`](Self::max_line) bytes each. The peaks are exact in
 /// that memory: the log is read by four readers at once, a leading one counting each
 /// key's requests and, per window, one trailing it by the window's length counting the
 /// requests that left it, so a key's count in the window ending now is the difference
