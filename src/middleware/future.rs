@@ -189,8 +189,12 @@ where
         let shared = &version.shared;
         let engine = &*shared.engine;
         let mut items = SmallVec::<[Item<'_, St::Table>; 4]>::new();
-        let mut prepared = match shared.policy.prepare(engine, &parts, &mut items) {
-            Ok(prepared) => prepared,
+        let mut prepared = Prepared::empty();
+        match shared
+            .policy
+            .prepare(engine, &parts, &mut items, &mut prepared)
+        {
+            Ok(()) => {}
             Err(Early::Pass) => {
                 drop(items);
                 insert_limiter(version, &mut parts);

@@ -33,6 +33,7 @@ pub(crate) struct ChargeGuard<St: Store> {
 
 impl<St: Store> ChargeGuard<St> {
     /// A guard for the `charged` limits (plan indices) of a request, if any.
+    #[inline]
     pub(crate) fn new(
         engine: &Arc<Engine<St>>,
         policy: &Policy,
@@ -40,7 +41,18 @@ impl<St: Store> ChargeGuard<St> {
         keys: Option<Box<ChargeKeys>>,
         charged: &[usize],
     ) -> PendingCharge<St> {
-        let keys = keys?;
+        Self::pending(engine, policy, plan, keys?, charged)
+    }
+
+    /// [`ChargeGuard::new`] for a request that kept keys.
+    #[inline(never)]
+    fn pending(
+        engine: &Arc<Engine<St>>,
+        policy: &Policy,
+        plan: &Plan,
+        keys: Box<ChargeKeys>,
+        charged: &[usize],
+    ) -> PendingCharge<St> {
         let pending: ChargeKeys = keys
             .into_iter()
             .filter(|(i, _)| charged.contains(i))

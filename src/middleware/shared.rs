@@ -239,6 +239,7 @@ fn offended<St: Store>(
 
 /// Puts the [`Limiter`] in the request's extensions, if the layer does (opt-in:
 /// `.limiter_extension(true)`): the handle of the calling thread's slot (see [`Version`]).
+#[inline]
 pub(crate) fn insert_limiter<St: Store, R: Send + Sync + 'static>(
     version: &Version<St, R>,
     parts: &mut Parts,

@@ -153,6 +153,20 @@ pub(crate) struct Prepared {
     pub(crate) settle_keys: Option<Box<ChargeKeys>>,
 }
 
+impl Prepared {
+    /// Nothing planned yet: [`Policy::prepare`] fills it in place (it is large, and a
+    /// request's path moves nothing it need not).
+    #[inline]
+    pub(crate) fn empty() -> Self {
+        Self {
+            group: 0,
+            plan: Plan::new(),
+            charge_keys: None,
+            settle_keys: None,
+        }
+    }
+}
+
 /// Why a request does not go to the store.
 pub(crate) enum Early<'a> {
     /// No limit applies (a safelisted client): the service is called as it is.
@@ -190,7 +204,8 @@ impl Policy {
         engine: &'a Engine<St>,
         parts: &Parts,
         items: &mut SmallVec<[Item<'a, St::Table>; 4]>,
-    ) -> Result<Prepared, Early<'a>> {
+        prepared: &mut Prepared,
+    ) -> Result<(), Early<'a>> {
         if let Some(lists) = &self.lists {
             match lists.classify(parts) {
                 Ok(Listed::No) => {}
@@ -211,12 +226,7 @@ impl Policy {
         }
         let group = self.routes.group_for(parts);
         let g = &self.groups[group];
-        let mut prepared = Prepared {
-            group,
-            plan: Plan::new(),
-            charge_keys: None,
-            settle_keys: None,
-        };
+        prepared.group = group;
         for &index in &g.limits {
             let rules = &self.limits[index];
             let limit = &rules.limit;
@@ -295,7 +305,7 @@ impl Policy {
             }
             items.push(item);
         }
-        Ok(prepared)
+        Ok(())
     }
 
     /// The in-flight limits (plan indices and keys) whose units a request took, if it

@@ -78,7 +78,7 @@ impl<R: BufRead> Lines<R> {
 }
 
 fn memchr(bytes: &[u8]) -> Option<usize> {
-    bytes.iter().position(|&b| b == b'\n')
+    memchr::memchr(b'\n', bytes)
 }
 
 #[cfg(test)]

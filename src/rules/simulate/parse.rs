@@ -136,20 +136,33 @@ pub(crate) fn parse<'a>(format: &LogFormat, line: &'a [u8]) -> Result<Entry<'a>,
 
 fn combined(line: &[u8]) -> Result<Entry<'_>, &'static str> {
     let line = std::str::from_utf8(line).map_err(|_| "not UTF-8")?;
-    let (client, rest) = line.split_once(' ').ok_or("truncated")?;
+    // Byte searches (the line is UTF-8, and these delimiters are ASCII, so every index is
+    // a character boundary).
+    let find = |s: &str, b: u8| memchr::memchr(b, s.as_bytes());
+    let space = find(line, b' ').ok_or("truncated")?;
+    let (client, rest) = (&line[..space], &line[space + 1..]);
     let client: IpAddr = client.parse().map_err(|_| "bad client address")?;
-    let open = rest.find('[').ok_or("no time")?;
+    let open = find(rest, b'[').ok_or("no time")?;
     let rest = &rest[open + 1..];
-    let close = rest.find(']').ok_or("truncated time")?;
+    let close = find(rest, b']').ok_or("truncated time")?;
     let time_ns = clf_time(&rest[..close]).ok_or("bad time")?;
     let rest = rest[close + 1..].strip_prefix(" \"").ok_or("no request")?;
     let end = closing_quote(rest).ok_or("truncated request")?;
     let request = &rest[..end];
-    let mut words = request.split(' ');
-    let method = words.next().filter(|m| !m.is_empty() && *m != "-");
-    let (Some(method), Some(path)) = (method, words.next()) else {
-        return Err("no request line");
+    let (method, path) = match find(request, b' ') {
+        Some(i) => {
+            let after = &request[i + 1..];
+            (
+                &request[..i],
+                &after[..find(after, b' ').unwrap_or(after.len())],
+            )
+        }
+        None => ("", ""),
     };
+    // No space: no path (`method` is empty then too).
+    if method.is_empty() || method == "-" {
+        return Err("no request line");
+    }
     let rest = &rest[end + 1..];
     let status = rest.strip_prefix(' ').ok_or("no status")?;
     let status = status.get(..3).ok_or("no status")?;

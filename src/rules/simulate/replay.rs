@@ -32,6 +32,7 @@ use crate::store::MemoryStore;
 use crate::web::headers::HeaderStyle;
 use crate::web::hooks::{Refusal, RefusalLog};
 use crate::web::key::PeerAddr;
+use crate::web::response::Rejection;
 
 /// Where the replay's clock starts: the first request's time is this far from the fake
 /// clock's origin.
@@ -60,6 +61,15 @@ impl<B> Service<Request<B>> for Answer {
     }
 }
 
+/// The refusals' answers: their status, without a body (nobody reads it).
+type Silent = fn(&Rejection<'_>) -> Response<Full<Bytes>>;
+
+fn silent(rejection: &Rejection<'_>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::default());
+    *response.status_mut() = rejection.status();
+    response
+}
+
 /// What the hooks saw during one request.
 #[derive(Default)]
 struct Seen {
@@ -78,13 +88,14 @@ pub(super) fn run(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let compiled = compile::compile_maybe_empty(doc, &compile::CustomKeys::new(), false)?;
     let (on_decision, on_refusal) = (seen.clone(), seen.clone());
-    let layer: RateLimitLayer<MemoryStore<FakeClock>> = compiled
+    let layer: RateLimitLayer<MemoryStore<FakeClock>, Silent> = compiled
         .apply(RateLimitLayer::builder(MemoryStore::with_clock(
             clock.clone(),
         )))
         .refusal_log(RefusalLog::off())
-        // Nobody reads the answers' headers: they decide nothing.
+        // Nobody reads the answers' headers or a refusal's body: they decide nothing.
         .headers(HeaderStyle::None)
+        .on_rejection(silent as Silent)
         .decision_extension(false)
         .on_decision(move |decision, _| {
             let mut seen = on_decision.lock().unwrap_or_else(PoisonError::into_inner);
