@@ -30,6 +30,7 @@
 //! - [Rules from a file](rules): TOML or JSON, located errors, hot reload.
 //! - [Rehearsing rules on an access log](simulate): `tollgate-rules simulate` and its HTML
 //!   report.
+//! - [Suggesting limits from an access log](suggest): `tollgate-rules suggest`.
 //! - [Rules from a SQL table](sql): the `RateLimitRule` rows, polled.
 //!
 //! # Sharing limits
@@ -84,6 +85,7 @@ chapter!(bans);
 chapter!(in_flight);
 chapter!(rules if all(feature = "rules", feature = "axum"));
 chapter!(simulate if feature = "rules");
+chapter!(suggest if feature = "rules");
 chapter!(sql if feature = "rules-sql");
 chapter!(redis if feature = "redis");
 chapter!(leases);

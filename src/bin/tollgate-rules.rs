@@ -12,17 +12,27 @@
 //! report as a self-contained HTML page with charts. Exit status 0 when the log was
 //! replayed (bad lines are reported, not fatal); 1 for invalid rules or an unreadable
 //! log; 2 for a bad command line.
+//!
+//! `tollgate-rules suggest --log FILE --key ip|header:NAME`: suggests limits from an
+//! access log (`tollgate::rules::suggest::Suggestion`): each key's peak requests per
+//! 1 s, 1 min and 1 h, their distribution, and the `[[limits]]` that a share of the keys
+//! (99.9 % by default) would never have met. Exit status 0 when the log was read; 1 for
+//! an unreadable log; 2 for a bad command line.
 
 use std::io::{IsTerminal, Read};
 use std::path::Path;
 use std::process::ExitCode;
 
+use tollgate::rules::suggest::{SuggestKey, Suggestion};
 use tollgate::rules::{Document, Format, JsonFields, LogFormat, Report, Simulation};
 
 const USAGE: &str = "usage: tollgate-rules check FILE
        tollgate-rules simulate RULES --log FILE [--json] [--format combined|json]
                       [--field ROLE=FIELD]... [--header NAME=FIELD]... [--against OLD_RULES]
-                      [--max-line BYTES] [--top N] [--html OUT.html]";
+                      [--max-line BYTES] [--top N] [--html OUT.html]
+       tollgate-rules suggest --log FILE --key ip|header:NAME [--route] [--share PERCENT]
+                      [--json] [--format combined|json] [--field ROLE=FIELD]...
+                      [--header NAME=FIELD]... [--max-keys N] [--max-routes N] [--max-line BYTES]";
 
 const SIMULATE_HELP: &str =
     "simulate: replays an access log (FILE, or - for standard input) through RULES
@@ -41,6 +51,20 @@ the most refused keys and the refusals over time.
   --max-line BYTES     longer lines are counted as bad and skipped (default 65536)
   --top N              the most refused keys shown per limit (default 10)";
 
+const SUGGEST_HELP: &str =
+    "suggest: reads an access log (FILE; read 5 times, so not -) and prints, per key,
+the distribution of its peak requests in any 1 s, 1 min and 1 h, and the [[limits]] (GCRA quotas,
+per window) that at least PERCENT of the keys would never have been refused by, as a rules file.
+
+  --key ip             per client address (peer_ip)
+  --key header:NAME    per value of header NAME (with --format json and --header NAME=FIELD)
+  --route              per key and route (METHOD /path, ids grouped as {id}), one set of limits
+                       per route, for the busiest routes (--max-routes, default 20)
+  --share PERCENT      the share of keys never refused (default 99.9)
+  --format, --field, --header, --max-line   as for simulate
+  --max-keys N         the most keys measured (default 1000000); requests beyond are counted
+  --json               the figures and the rules as JSON";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
@@ -56,9 +80,20 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        [command, rest @ ..] if command == "suggest" => match SuggestArgs::parse(rest) {
+            Ok(Some(args)) => suggest(&args),
+            Ok(None) => {
+                println!("{USAGE}\n\n{SUGGEST_HELP}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}\n{USAGE}");
+                ExitCode::from(2)
+            }
+        },
         [flag] if flag == "-h" || flag == "--help" => {
             println!(
-                "{USAGE}\n\ncheck: checks a rules document (TOML, or JSON for .json files) and prints its limits.\n\n{SIMULATE_HELP}"
+                "{USAGE}\n\ncheck: checks a rules document (TOML, or JSON for .json files) and prints its limits.\n\n{SIMULATE_HELP}\n\n{SUGGEST_HELP}"
             );
             ExitCode::SUCCESS
         }
@@ -292,6 +327,136 @@ impl<R: Read> Read for Progress<R> {
             }
         }
         Ok(n)
+    }
+}
+
+/// The command line of `suggest`.
+struct SuggestArgs {
+    log: String,
+    json: bool,
+    suggestion: Suggestion,
+}
+
+impl SuggestArgs {
+    /// `None` for `--help`.
+    fn parse(args: &[String]) -> Result<Option<Self>, String> {
+        let mut log = None;
+        let mut key = None;
+        let mut json = false;
+        let mut route = false;
+        let mut share = 99.9;
+        let mut format = None;
+        let mut fields = JsonFields::default();
+        let mut mapped = false;
+        let mut max_line = None;
+        let mut max_keys = None;
+        let mut max_routes = None;
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let mut value = |flag: &str| {
+                args.next()
+                    .cloned()
+                    .ok_or_else(|| format!("{flag} needs a value"))
+            };
+            match arg.as_str() {
+                "-h" | "--help" => return Ok(None),
+                "--json" => json = true,
+                "--route" => route = true,
+                "--log" => log = Some(value("--log")?),
+                "--key" => {
+                    key = Some(
+                        value("--key")?
+                            .parse::<SuggestKey>()
+                            .map_err(|e| e.to_string())?,
+                    );
+                }
+                "--share" => {
+                    let v = value("--share")?;
+                    share = v
+                        .trim_end_matches('%')
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|p| *p > 0.0 && *p <= 100.0)
+                        .ok_or_else(|| {
+                            format!("--share: `{v}` is not a percentage above 0, at most 100")
+                        })?;
+                }
+                "--format" => format = Some(value("--format")?),
+                "--field" => {
+                    fields.set(&value("--field")?).map_err(|e| e.to_string())?;
+                    mapped = true;
+                }
+                "--header" => {
+                    fields
+                        .header(&value("--header")?)
+                        .map_err(|e| e.to_string())?;
+                    mapped = true;
+                }
+                "--max-line" => max_line = Some(number("--max-line", &value("--max-line")?)?),
+                "--max-keys" => max_keys = Some(number("--max-keys", &value("--max-keys")?)?),
+                "--max-routes" => {
+                    max_routes = Some(number("--max-routes", &value("--max-routes")?)?);
+                }
+                other => return Err(format!("unexpected argument {other}")),
+            }
+        }
+        let format = match format.as_deref() {
+            Some("json") => LogFormat::Json(fields),
+            None if mapped => LogFormat::Json(fields),
+            Some("combined") if mapped => {
+                return Err("--field and --header apply to --format json".into());
+            }
+            None | Some("combined") => LogFormat::Combined,
+            Some(other) => return Err(format!("unknown --format {other}: combined or json")),
+        };
+        let log = log.ok_or("suggest needs --log FILE")?;
+        if log == "-" {
+            return Err("suggest reads the log several times: give a file, not -".into());
+        }
+        let key = key.ok_or("suggest needs --key ip or --key header:NAME")?;
+        let mut suggestion = Suggestion::new(format, key)
+            .routes(route)
+            .share(share / 100.0);
+        if let Some(n) = max_line {
+            suggestion = suggestion.max_line(n);
+        }
+        if let Some(n) = max_keys {
+            suggestion = suggestion.max_keys(n);
+        }
+        if let Some(n) = max_routes {
+            suggestion = suggestion.max_routes(n);
+        }
+        Ok(Some(Self {
+            log,
+            json,
+            suggestion,
+        }))
+    }
+}
+
+fn suggest(args: &SuggestArgs) -> ExitCode {
+    let open =
+        || std::fs::File::open(&args.log).map(|f| std::io::BufReader::with_capacity(1 << 16, f));
+    match args.suggestion.run(open) {
+        Ok(suggested) => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            // A closed pipe (`| head`) ends the output, not in a panic.
+            let _ = if args.json {
+                writeln!(out, "{}", suggested.to_json())
+            } else {
+                write!(out, "{suggested}")
+            };
+            ExitCode::SUCCESS
+        }
+        Err(e @ tollgate::rules::SimulateError::Rules(_)) => {
+            eprintln!("{e}\n{USAGE}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("{}: {e}", args.log);
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -98,6 +98,8 @@ pub use format::Format;
 pub use reload::{ReloadStatus, Rules, RulesBuilder};
 #[cfg(feature = "rules-sql")]
 pub(crate) use reload::{Trigger, WeakRules};
+/// `tollgate-rules suggest`: limits suggested from an access log ([`suggest::Suggestion`]).
+pub use simulate::suggest;
 pub use simulate::{
     BadLine, DEFAULT_MAX_KEYS, DEFAULT_MAX_LINE, Difference, JsonFields, LimitReport, LogFormat,
     MAX_MINUTES, Report, SimulateError, Simulation, TIMELINE_BUCKETS, Timeline,

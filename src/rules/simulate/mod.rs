@@ -7,6 +7,7 @@ mod lines;
 mod parse;
 mod replay;
 mod report;
+pub mod suggest;
 pub(crate) mod svg;
 mod timeline;
 

@@ -227,7 +227,10 @@ pub(super) fn run(
 }
 
 /// The request of a log entry: method, path, peer address, headers.
-fn request(format: &LogFormat, e: &Entry<'_>) -> Result<Request<Full<Bytes>>, &'static str> {
+pub(super) fn request(
+    format: &LogFormat,
+    e: &Entry<'_>,
+) -> Result<Request<Full<Bytes>>, &'static str> {
     let mut request = Request::new(Full::default());
     *request.method_mut() = Method::from_bytes(e.method.as_bytes()).map_err(|_| "bad method")?;
     *request.uri_mut() = Uri::try_from(&*e.path).map_err(|_| "bad path")?;
