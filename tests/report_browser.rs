@@ -497,3 +497,104 @@ fn tags_reads_attributes() {
     assert_eq!(charts.len(), 1);
     assert_eq!(charts[0].items.len(), 1);
 }
+
+/// Runs `tollgate-rules suggest` with `args`.
+fn suggest(args: &[&str]) -> Vec<u8> {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate-rules-under-test"))
+        .current_dir(root())
+        .arg("suggest")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// The report of `suggest --html` on the example log: one histogram per window whose
+/// columns count every key once, the percentiles and the suggested quotas of the JSON
+/// output, and nothing on the console.
+#[test]
+fn suggest_report_renders_the_json_distributions() {
+    let Some(chromium) = chromium() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("suggest.html");
+    let args = [
+        "--log",
+        "examples/access.log",
+        "--key",
+        "ip",
+        "--share",
+        "80",
+    ];
+    let json: serde_json::Value =
+        serde_json::from_slice(&suggest(&[&args[..], &["--json"]].concat())).unwrap();
+    suggest(&[&args[..], &["--html", html.to_str().unwrap()]].concat());
+
+    let page = render(&chromium, &html, None);
+    assert_eq!(page.console, Vec::<String>::new(), "console messages");
+    let tags = tags(&page.dom);
+    assert!(
+        !tags.iter().any(|t| t.name == "script"),
+        "a script in the page"
+    );
+
+    let keys = json["keys"].as_u64().unwrap();
+    let charts = charts(&tags);
+    let overall = json["overall"].as_array().unwrap();
+    assert_eq!(charts.len(), overall.len(), "one histogram per window");
+    for (chart, window) in charts.iter().zip(overall) {
+        let label = window["window"].as_str().unwrap();
+        assert_eq!(chart.svg.get("data-window"), Some(label));
+        assert_eq!(chart.svg.get("data-keys"), Some(keys.to_string().as_str()));
+        for (attr, field) in [
+            ("data-p50", "p50"),
+            ("data-p90", "p90"),
+            ("data-p99", "p99"),
+            ("data-p99.9", "p99.9"),
+            ("data-max", "max"),
+        ] {
+            assert_eq!(
+                chart.svg.get(attr),
+                Some(window["peaks"][field].to_string().as_str()),
+                "{label} {attr}"
+            );
+        }
+        // Every key in one column, the columns contiguous up to the largest peak.
+        let count = |t: &Tag, a: &str| t.get(a).unwrap().parse::<u64>().unwrap();
+        let columns = &chart.items;
+        assert!(!columns.is_empty(), "{label}: no columns");
+        assert_eq!(
+            columns.iter().map(|c| count(c, "data-keys")).sum::<u64>(),
+            keys,
+            "{label}"
+        );
+        for pair in columns.windows(2) {
+            assert_eq!(count(pair[0], "data-to") + 1, count(pair[1], "data-from"));
+        }
+        assert_eq!(
+            count(columns.last().unwrap(), "data-to"),
+            window["peaks"]["max"].as_u64().unwrap()
+        );
+    }
+    // The suggested quotas, row by row.
+    let rows: Vec<&Tag> = tags
+        .iter()
+        .filter(|t| t.name == "tr" && t.get("data-rate").is_some())
+        .collect();
+    let windows: Vec<&serde_json::Value> = json["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["windows"].as_array().unwrap())
+        .collect();
+    assert_eq!(rows.len(), windows.len());
+    for (row, w) in rows.iter().zip(windows) {
+        assert_eq!(row.get("data-window"), w["window"].as_str());
+        assert_eq!(row.get("data-rate"), Some(w["rate"].to_string().as_str()));
+        assert_eq!(row.get("data-burst"), Some(w["burst"].to_string().as_str()));
+    }
+}

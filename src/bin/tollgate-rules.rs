@@ -31,7 +31,7 @@ const USAGE: &str = "usage: tollgate-rules check FILE
                       [--field ROLE=FIELD]... [--header NAME=FIELD]... [--against OLD_RULES]
                       [--max-line BYTES] [--top N] [--html OUT.html]
        tollgate-rules suggest --log FILE --key ip|header:NAME [--route] [--share PERCENT]
-                      [--json] [--format combined|json] [--field ROLE=FIELD]...
+                      [--json] [--html OUT.html] [--format combined|json] [--field ROLE=FIELD]...
                       [--header NAME=FIELD]... [--max-keys N] [--max-routes N] [--max-line BYTES]";
 
 const SIMULATE_HELP: &str =
@@ -63,7 +63,8 @@ per window) that at least PERCENT of the keys would never have been refused by, 
   --share PERCENT      the share of keys never refused (default 99.9)
   --format, --field, --header, --max-line   as for simulate
   --max-keys N         the most keys measured (default 1000000); requests beyond are counted
-  --json               the figures and the rules as JSON";
+  --json               the figures and the rules as JSON
+  --html OUT.html      also write a self-contained report: the distributions as charts";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -334,6 +335,7 @@ impl<R: Read> Read for Progress<R> {
 struct SuggestArgs {
     log: String,
     json: bool,
+    html: Option<String>,
     suggestion: Suggestion,
 }
 
@@ -343,6 +345,7 @@ impl SuggestArgs {
         let mut log = None;
         let mut key = None;
         let mut json = false;
+        let mut html = None;
         let mut route = false;
         let mut share = 99.9;
         let mut format = None;
@@ -362,6 +365,7 @@ impl SuggestArgs {
                 "-h" | "--help" => return Ok(None),
                 "--json" => json = true,
                 "--route" => route = true,
+                "--html" => html = Some(value("--html")?),
                 "--log" => log = Some(value("--log")?),
                 "--key" => {
                     key = Some(
@@ -429,6 +433,7 @@ impl SuggestArgs {
         Ok(Some(Self {
             log,
             json,
+            html,
             suggestion,
         }))
     }
@@ -440,6 +445,12 @@ fn suggest(args: &SuggestArgs) -> ExitCode {
     match args.suggestion.run(open) {
         Ok(suggested) => {
             use std::io::Write;
+            if let Some(path) = &args.html
+                && let Err(e) = std::fs::write(path, suggested.to_html(&args.log))
+            {
+                eprintln!("{path}: {e}");
+                return ExitCode::FAILURE;
+            }
             let mut out = std::io::stdout().lock();
             // A closed pipe (`| head`) ends the output, not in a panic.
             let _ = if args.json {

@@ -41,7 +41,7 @@ impl<St: Store> ChargeGuard<St> {
         keys: Option<Box<ChargeKeys>>,
         charged: &[usize],
     ) -> PendingCharge<St> {
-        Self::pending(engine, policy, plan, keys?, charged)
+        Self::pending(engine, policy, plan, *keys?, charged)
     }
 
     /// [`ChargeGuard::new`] for a request that kept keys.
@@ -50,7 +50,7 @@ impl<St: Store> ChargeGuard<St> {
         engine: &Arc<Engine<St>>,
         policy: &Policy,
         plan: &Plan,
-        keys: Box<ChargeKeys>,
+        keys: ChargeKeys,
         charged: &[usize],
     ) -> PendingCharge<St> {
         let pending: ChargeKeys = keys

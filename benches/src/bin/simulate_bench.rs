@@ -45,12 +45,16 @@ fn log(lines: usize, clients: u32) -> Vec<u8> {
         let client = ((x >> 33) as u32) % clients;
         let secs = start + (i / 1000) as i64;
         let (h, m, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
-        let (method, path) = if (x >> 20) % 5 == 0 {
+        let (method, path) = if (x >> 20).is_multiple_of(5) {
             ("POST", "/login".to_owned())
         } else {
             ("GET", format!("/items/{}", (x >> 40) % 50))
         };
-        let status = if (x >> 12) % 10 == 0 { 404 } else { 200 };
+        let status = if (x >> 12).is_multiple_of(10) {
+            404
+        } else {
+            200
+        };
         writeln!(
             out,
             "10.{}.{}.{} - - [26/Nov/2026:{h:02}:{m:02}:{s:02} +0000] \"{method} {path} HTTP/1.1\" {status} {} \"-\" \"Mozilla/5.0 (X11; Linux x86_64) Firefox/132.0\"",

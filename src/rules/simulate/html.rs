@@ -18,7 +18,7 @@ const COLORS: [&str; 6] = [
     "#c0392b", "#2471a3", "#7d3c98", "#b9770e", "#148f77", "#566573",
 ];
 
-const STYLE: &str = "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;\
+pub(super) const STYLE: &str = "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;\
 color:#222;max-width:700px;margin:24px auto;padding:0 16px}\
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 4px}\
 h3{font-size:14px;margin:14px 0 2px;color:#555}.sub{color:#666;margin:0 0 16px}\

@@ -5,6 +5,7 @@
 
 mod bucket;
 mod events;
+mod html;
 mod output;
 mod pick;
 mod routes;
