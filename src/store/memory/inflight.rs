@@ -183,4 +183,20 @@ mod tests {
         assert_eq!(decide(3, 5, 7, 1).0.remaining, 0);
         assert_eq!(decide(u64::MAX, 5, u64::MAX, 1).1, None, "no overflow");
     }
+
+    /// A cost of the whole limit fits when nothing is in flight (it is not "never"), and
+    /// waits (a plain refusal) while anything is.
+    #[test]
+    fn a_cost_equal_to_the_limit_fits_an_empty_key() {
+        let (r, new) = decide(3, 7, 0, 3);
+        assert_eq!(
+            (r.verdict, r.remaining, new),
+            (Admission::Allowed, 0, Some(3))
+        );
+        let (r, new) = decide(3, 7, 1, 3);
+        assert_eq!(
+            (r.verdict, new),
+            (Admission::Denied { retry_after: 7 }, None)
+        );
+    }
 }
