@@ -564,3 +564,47 @@ fn cli_html_report() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dir/report.html"));
 }
+
+/// `tollgate-rules simulate ... | head -1`: a reader that goes away ends the output
+/// quietly (exit 0), not in a "Broken pipe" panic.
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, log) = (dir.path().join("rules.toml"), dir.path().join("access.log"));
+    std::fs::write(
+        &rules,
+        "[[limits]]\nname = \"per-ip\"\nkey = \"peer_ip\"\nquota = \"1/min\"\n",
+    )
+    .unwrap();
+    // 20,000 clients refused once each: a report far larger than a pipe's buffer.
+    let mut text = Vec::new();
+    for i in 0..20_000u32 {
+        let ip = format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255);
+        for s in 0..2 {
+            text.write_all(line(&ip, s, "GET", "/", 200).as_bytes()).unwrap();
+        }
+    }
+    std::fs::write(&log, text).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules-under-test"))
+        .args([
+            "simulate",
+            rules.to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+        ])
+        .args(["--top", "20000"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert!(first.starts_with("40000 lines"), "{first}");
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+}

@@ -272,19 +272,25 @@ fn simulate(args: &SimulateArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    if args.json {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    // A closed pipe (`| head`) ends the output, not in a panic.
+    let _ = if args.json {
         let mut json = report.to_json();
         if let (Some(d), Some(obj)) = (&difference, json.as_object_mut()) {
             obj.insert("against".into(), d.to_json());
         }
-        println!("{json}");
+        writeln!(out, "{json}")
     } else {
-        print!("{report}");
-        if let Some(d) = &difference {
-            println!("\nagainst {}:", args.against.as_deref().unwrap_or(""));
-            print!("{d}");
-        }
-    }
+        write!(out, "{report}").and_then(|()| match &difference {
+            Some(d) => write!(
+                out,
+                "\nagainst {}:\n{d}",
+                args.against.as_deref().unwrap_or("")
+            ),
+            None => Ok(()),
+        })
+    };
     ExitCode::SUCCESS
 }
 
