@@ -582,7 +582,8 @@ fn a_closed_pipe_ends_the_output_quietly() {
     for i in 0..20_000u32 {
         let ip = format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255);
         for s in 0..2 {
-            text.write_all(line(&ip, s, "GET", "/", 200).as_bytes()).unwrap();
+            text.write_all(line(&ip, s, "GET", "/", 200).as_bytes())
+                .unwrap();
         }
     }
     std::fs::write(&log, text).unwrap();
