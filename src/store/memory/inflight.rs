@@ -199,4 +199,14 @@ mod tests {
             (Admission::Denied { retry_after: 7 }, None)
         );
     }
+
+    /// A refusal's wait is the limit's configured `Retry-After`, in microseconds.
+    #[test]
+    fn the_retry_after_is_the_limits() {
+        let two_and_a_half =
+            Algorithm::in_flight_retry_after(std::time::Duration::from_millis(2_500));
+        assert_eq!(retry_after_us(two_and_a_half), 2_500_000);
+        assert_eq!(retry_after_us(Algorithm::in_flight()), 1_000_000);
+        assert_eq!(retry_after_us(Algorithm::Gcra), 0, "not an in-flight limit");
+    }
 }
