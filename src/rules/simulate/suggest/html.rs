@@ -82,14 +82,14 @@ impl Suggested {
              <h1>Limits your clients would not have noticed</h1><p class=\"sub\">{t}</p>\n",
             t = escape(title),
         );
-        let _ = write!(
+        let _ = writeln!(
             out,
             "<table class=\"summary\" data-lines=\"{}\" data-requests=\"{}\" data-keys=\"{}\" data-share=\"{}\">\
              <tr><td>lines</td><td class=\"n\">{}</td></tr>\
              <tr><td>bad lines</td><td class=\"n\">{}</td></tr>\
              <tr><td>requests with a key ({})</td><td class=\"n\">{}</td></tr>\
              <tr><td>keys</td><td class=\"n\">{}</td></tr>\
-             <tr><td>share of keys never refused</td><td class=\"n\">{}%</td></tr></table>\n",
+             <tr><td>share of keys never refused</td><td class=\"n\">{}%</td></tr></table>",
             self.lines,
             self.requests,
             self.keys,
@@ -174,9 +174,9 @@ fn window_section(out: &mut String, window: Window, d: &Distribution, color: &'s
     for p in PERCENTILES {
         let _ = write!(out, "<td class=\"n\">{}</td>", d.percentile(p));
     }
-    let _ = write!(
+    let _ = writeln!(
         out,
-        "<td class=\"n\">{}</td></tr></table></section>\n",
+        "<td class=\"n\">{}</td></tr></table></section>",
         d.max()
     );
 }
