@@ -209,4 +209,31 @@ mod tests {
         assert_eq!(retry_after_us(Algorithm::in_flight()), 1_000_000);
         assert_eq!(retry_after_us(Algorithm::Gcra), 0, "not an in-flight limit");
     }
+
+    /// Only a request that takes units keeps an entry: a look at a new key, and a new
+    /// key's refusal, leave the store as it was (a flood of refused or looked-at keys
+    /// costs no memory).
+    #[test]
+    fn only_a_taken_unit_makes_an_entry() {
+        use crate::algo::quota::Quota;
+        use crate::base::clock::FakeClock;
+        use crate::store::Store;
+        use crate::web::key::Key;
+        let store = MemoryStore::with_clock(FakeClock::at(std::time::Duration::from_secs(1)));
+        let table = store.table("slots");
+        let item = |key: u32, cost: u32| {
+            Item::new(&table, Key::from_part(key), Quota::per_second(2), cost)
+                .algorithm(Algorithm::in_flight())
+        };
+        // A look at a key with nothing in flight.
+        let (r, took) = store.in_flight_check(&item(1, 1), 0, 1, false);
+        assert_eq!((r.verdict, took), (Admission::Allowed, false));
+        // A cost the limit can never hold.
+        let (r, took) = store.in_flight_check(&item(2, 3), 0, 3, true);
+        assert_eq!((r.verdict, took), (Admission::Never, false));
+        assert_eq!(store.len(), 0, "nothing taken, nothing kept");
+        let (_, took) = store.in_flight_check(&item(3, 1), 0, 1, true);
+        assert!(took);
+        assert_eq!(store.len(), 1);
+    }
 }
