@@ -236,4 +236,30 @@ mod tests {
         assert!(took);
         assert_eq!(store.len(), 1);
     }
+
+    /// A released unit can be taken again; a release of more than is held frees what
+    /// is there and no more.
+    #[test]
+    fn a_released_unit_is_taken_again() {
+        use crate::algo::quota::Quota;
+        use crate::base::clock::FakeClock;
+        use crate::store::Store;
+        use crate::web::key::Key;
+        let store = MemoryStore::with_clock(FakeClock::at(std::time::Duration::from_secs(1)));
+        let table = store.table("slots");
+        let item = Item::new(&table, Key::from_part("k"), Quota::per_second(1), 1)
+            .algorithm(Algorithm::in_flight());
+        assert!(store.in_flight_check(&item, 0, 1, true).1);
+        assert!(
+            !store.in_flight_check(&item, 0, 1, true).1,
+            "the one unit is held"
+        );
+        store.in_flight_release(&item, store.slot(&item), 1);
+        assert!(
+            store.in_flight_check(&item, 0, 1, true).1,
+            "released, taken again"
+        );
+        store.in_flight_release(&item, store.slot(&item), 5);
+        assert_eq!(store.in_flight_check(&item, 0, 0, false).0.remaining, 1);
+    }
 }
