@@ -261,5 +261,12 @@ mod tests {
         );
         store.in_flight_release(&item, store.slot(&item), 5);
         assert_eq!(store.in_flight_check(&item, 0, 0, false).0.remaining, 1);
+        // Two held, one released: one is still held (the release takes from the key's
+        // entry, and nothing else is reset).
+        let two = Item::new(&table, Key::from_part("two"), Quota::per_second(2), 1)
+            .algorithm(Algorithm::in_flight());
+        assert!(store.in_flight_check(&two, 0, 2, true).1);
+        store.in_flight_release(&two, store.slot(&two), 1);
+        assert_eq!(store.in_flight_check(&two, 0, 0, false).0.remaining, 1);
     }
 }
