@@ -269,4 +269,22 @@ mod tests {
         store.in_flight_release(&two, store.slot(&two), 1);
         assert_eq!(store.in_flight_check(&two, 0, 0, false).0.remaining, 1);
     }
+
+    /// A refund through the store's update frees the request's units; a reset frees all
+    /// of the key's.
+    #[test]
+    fn a_refund_frees_units_and_a_reset_frees_all() {
+        use crate::algo::quota::Quota;
+        use crate::base::clock::FakeClock;
+        use crate::store::Store;
+        use crate::web::key::Key;
+        let store = MemoryStore::with_clock(FakeClock::at(std::time::Duration::from_secs(1)));
+        let table = store.table("slots");
+        let item = Item::new(&table, Key::from_part("k"), Quota::per_second(3), 1)
+            .algorithm(Algorithm::in_flight());
+        let left = |s: &Status| s.outcome().unwrap().remaining();
+        assert!(store.in_flight_check(&item, 0, 3, true).1);
+        assert_eq!(left(&store.in_flight_update_one(Op::Refund, &item, 0)), 1);
+        assert_eq!(left(&store.in_flight_update_one(Op::Reset, &item, 0)), 3);
+    }
 }
