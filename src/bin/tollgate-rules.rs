@@ -151,9 +151,7 @@ impl SimulateArgs {
         let mut json = false;
         let mut against = None;
         let mut html = None;
-        let mut format = None;
-        let mut fields = JsonFields::default();
-        let mut mapped = false;
+        let mut log_format = LogArgs::default();
         let mut max_line = None;
         let mut top = None;
         let mut args = args.iter();
@@ -169,16 +167,8 @@ impl SimulateArgs {
                 "--log" => log = Some(value("--log")?),
                 "--against" => against = Some(value("--against")?),
                 "--html" => html = Some(value("--html")?),
-                "--format" => format = Some(value("--format")?),
-                "--field" => {
-                    fields.set(&value("--field")?).map_err(|e| e.to_string())?;
-                    mapped = true;
-                }
-                "--header" => {
-                    fields
-                        .header(&value("--header")?)
-                        .map_err(|e| e.to_string())?;
-                    mapped = true;
+                flag @ ("--format" | "--field" | "--header") => {
+                    log_format.set(flag, value(flag)?)?;
                 }
                 "--max-line" => max_line = Some(number("--max-line", &value("--max-line")?)?),
                 "--top" => top = Some(number("--top", &value("--top")?)?),
@@ -187,16 +177,7 @@ impl SimulateArgs {
                 extra => return Err(format!("unexpected argument {extra}")),
             }
         }
-        // --field or --header imply JSON lines.
-        let format = match format.as_deref() {
-            Some("json") => LogFormat::Json(fields),
-            None if mapped => LogFormat::Json(fields),
-            Some("combined") if mapped => {
-                return Err("--field and --header apply to --format json".into());
-            }
-            None | Some("combined") => LogFormat::Combined,
-            Some(other) => return Err(format!("unknown --format {other}: combined or json")),
-        };
+        let format = log_format.format()?;
         let mut simulation = Simulation::new(format);
         if let Some(n) = max_line {
             simulation = simulation.max_line(n);
@@ -212,6 +193,39 @@ impl SimulateArgs {
             html,
             simulation,
         }))
+    }
+}
+
+/// `--format`, `--field` and `--header`, as `simulate` and `suggest` read them.
+#[derive(Default)]
+struct LogArgs {
+    format: Option<String>,
+    fields: JsonFields,
+    /// Whether a field was mapped: `--field` or `--header` imply JSON lines.
+    mapped: bool,
+}
+
+impl LogArgs {
+    fn set(&mut self, flag: &str, value: String) -> Result<(), String> {
+        match flag {
+            "--format" => self.format = Some(value),
+            "--field" => self.fields.set(&value).map_err(|e| e.to_string())?,
+            _ => self.fields.header(&value).map_err(|e| e.to_string())?,
+        }
+        self.mapped |= flag != "--format";
+        Ok(())
+    }
+
+    fn format(self) -> Result<LogFormat, String> {
+        match self.format.as_deref() {
+            Some("json") => Ok(LogFormat::Json(self.fields)),
+            None if self.mapped => Ok(LogFormat::Json(self.fields)),
+            Some("combined") if self.mapped => {
+                Err("--field and --header apply to --format json".into())
+            }
+            None | Some("combined") => Ok(LogFormat::Combined),
+            Some(other) => Err(format!("unknown --format {other}: combined or json")),
+        }
     }
 }
 
@@ -354,9 +368,7 @@ impl SuggestArgs {
         let mut html = None;
         let mut route = false;
         let mut share = 99.9;
-        let mut format = None;
-        let mut fields = JsonFields::default();
-        let mut mapped = false;
+        let mut log_format = LogArgs::default();
         let mut max_line = None;
         let mut max_keys = None;
         let mut max_routes = None;
@@ -391,16 +403,8 @@ impl SuggestArgs {
                             format!("--share: `{v}` is not a percentage above 0, at most 100")
                         })?;
                 }
-                "--format" => format = Some(value("--format")?),
-                "--field" => {
-                    fields.set(&value("--field")?).map_err(|e| e.to_string())?;
-                    mapped = true;
-                }
-                "--header" => {
-                    fields
-                        .header(&value("--header")?)
-                        .map_err(|e| e.to_string())?;
-                    mapped = true;
+                flag @ ("--format" | "--field" | "--header") => {
+                    log_format.set(flag, value(flag)?)?;
                 }
                 "--max-line" => max_line = Some(number("--max-line", &value("--max-line")?)?),
                 "--max-keys" => max_keys = Some(number("--max-keys", &value("--max-keys")?)?),
@@ -410,15 +414,7 @@ impl SuggestArgs {
                 other => return Err(format!("unexpected argument {other}")),
             }
         }
-        let format = match format.as_deref() {
-            Some("json") => LogFormat::Json(fields),
-            None if mapped => LogFormat::Json(fields),
-            Some("combined") if mapped => {
-                return Err("--field and --header apply to --format json".into());
-            }
-            None | Some("combined") => LogFormat::Combined,
-            Some(other) => return Err(format!("unknown --format {other}: combined or json")),
-        };
+        let format = log_format.format()?;
         let log = log.ok_or("suggest needs --log FILE")?;
         if log == "-" {
             return Err("suggest reads the log several times: give a file, not -".into());

@@ -18,7 +18,7 @@ const COLORS: [&str; 6] = [
     "#c0392b", "#2471a3", "#7d3c98", "#b9770e", "#148f77", "#566573",
 ];
 
-pub(super) const STYLE: &str = "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;\
+const STYLE: &str = "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;\
 color:#222;max-width:700px;margin:24px auto;padding:0 16px}\
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 4px}\
 h3{font-size:14px;margin:14px 0 2px;color:#555}.sub{color:#666;margin:0 0 16px}\
@@ -26,6 +26,22 @@ table{border-collapse:collapse;margin:8px 0}td,th{padding:2px 12px 2px 0;text-al
 td.n,th.n{text-align:right}tr+tr td{border-top:1px solid #eee}\
 svg{display:block;margin:4px 0}svg text{font:11px system-ui,sans-serif;fill:#333}\
 svg text.empty{fill:#999}code{font-size:13px}.note{color:#666;font-size:13px}";
+
+/// The start of a report page of `tollgate-rules <tool>`: the head (the style, a
+/// Content-Security-Policy that loads nothing), the heading and the escaped `title`.
+pub(super) fn page(tool: &str, heading: &str, title: &str) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>tollgate-rules {tool}: {t}</title><style>{STYLE}</style></head>\n<body>\
+         <h1>{heading}</h1><p class=\"sub\">{t}</p>\n",
+        t = escape(title),
+    );
+    out
+}
 
 impl Report {
     /// The report as a self-contained HTML page: a summary, per limit its refusals over
@@ -52,16 +68,7 @@ impl Report {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn to_html(&self, difference: Option<&Difference>, title: &str) -> String {
-        let mut out = String::with_capacity(16 * 1024);
-        let _ = write!(
-            out,
-            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-             <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\
-             <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-             <title>tollgate-rules simulate: {t}</title><style>{STYLE}</style></head>\n<body>\
-             <h1>What these rules would have refused</h1><p class=\"sub\">{t}</p>\n",
-            t = escape(title),
-        );
+        let mut out = page("simulate", "What these rules would have refused", title);
         self.summary(&mut out);
         for i in 0..self.limits.len() {
             self.limit(&mut out, i, COLORS[i % COLORS.len()]);

@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use super::super::html::STYLE;
+use super::super::html::page;
 use super::super::svg::{self, Bar, Chart, escape};
 use super::pick::{Distribution, PERCENTILES};
 use super::{Suggested, Window};
@@ -72,15 +72,10 @@ impl Suggested {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn to_html(&self, title: &str) -> String {
-        let mut out = String::with_capacity(16 * 1024);
-        let _ = write!(
-            out,
-            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-             <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\
-             <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-             <title>tollgate-rules suggest: {t}</title><style>{STYLE}</style></head>\n<body>\
-             <h1>Limits your clients would not have noticed</h1><p class=\"sub\">{t}</p>\n",
-            t = escape(title),
+        let mut out = page(
+            "suggest",
+            "Limits your clients would not have noticed",
+            title,
         );
         let _ = writeln!(
             out,
