@@ -321,9 +321,11 @@ async fn several_limits_are_one_evalsha_and_a_refusal_consumes_nothing() {
     );
     // No script sent as EVAL (a NOSCRIPT fallback) and no read besides the store's own
     // probe, which reads its marker (GET) and counts itself (one EVAL) once a second:
-    // whatever the machine's speed, EVALs never outnumber the probe's GETs.
+    // whatever the machine's speed, EVALs outnumber the probe's GETs by at most the one
+    // probe whose GET came before the stats were reset and its EVAL after (seen on a
+    // loaded CI machine: 1 EVAL, 0 GET).
     let (eval, get) = (calls(&server, "eval").await, calls(&server, "get").await);
-    assert!(eval <= get && get <= 5, "{eval} EVAL, {get} GET");
+    assert!(eval <= get + 1 && get <= 5, "{eval} EVAL, {get} GET");
     // The 7 refused requests took nothing from per-ip and global.
     let r = send(&app, req("/", "192.0.2.1")).await;
     let rl = header(r.headers(), "ratelimit").unwrap();
