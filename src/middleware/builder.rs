@@ -344,6 +344,14 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
         self
     }
 
+    /// Refusals without `Retry-After` or `Cache-Control`: only the rejection handler's
+    /// response (the rules' `simulate`, which reads nothing but the status).
+    #[cfg(feature = "rules")]
+    pub(crate) fn bare_refusals(mut self) -> Self {
+        self.settings.options.bare_refusals = true;
+        self
+    }
+
     /// A layer without limits is valid: it limits nothing (the allow and deny lists still
     /// apply). For rules built by code that have no limit.
     #[cfg(feature = "rules")]

@@ -177,4 +177,43 @@ mod tests {
             assert_eq!(err.field(), "retry_after_jitter");
         }
     }
+
+    /// The rules' `simulate` reads only a refusal's status: its refusals carry neither
+    /// `Retry-After` nor `Cache-Control`, and are refused all the same.
+    #[cfg(feature = "rules")]
+    #[tokio::test]
+    async fn bare_refusals_have_the_status_and_no_fields() {
+        use http::{Request, Response, StatusCode, header};
+        use http_body_util::Full;
+        use tower::{Layer, ServiceExt, service_fn};
+
+        for bare in [false, true] {
+            let mut builder = RateLimitLayer::builder(MemoryStore::new())
+                .limit(Limit::new("a", Quota::per_minute(1)));
+            if bare {
+                builder = builder.bare_refusals();
+            }
+            let service = builder.build().unwrap().layer(service_fn(
+                |_: Request<Full<bytes::Bytes>>| async {
+                    Ok::<_, std::convert::Infallible>(
+                        Response::new(Full::<bytes::Bytes>::default()),
+                    )
+                },
+            ));
+            let mut answers = Vec::new();
+            for _ in 0..2 {
+                let answer = service.clone().oneshot(Request::new(Full::default()));
+                answers.push(answer.await.unwrap());
+            }
+            assert_eq!(answers[0].status(), StatusCode::OK);
+            let refused = &answers[1];
+            assert_eq!(
+                refused.status(),
+                StatusCode::TOO_MANY_REQUESTS,
+                "bare: {bare}"
+            );
+            assert_eq!(refused.headers().contains_key(header::RETRY_AFTER), !bare);
+            assert_eq!(refused.headers().contains_key(header::CACHE_CONTROL), !bare);
+        }
+    }
 }

@@ -76,6 +76,9 @@ impl<St: Store, R> Shared<St, R> {
         R: OnRejection<B>,
     {
         let mut response = self.on_rejection.on_rejection(rejection);
+        if self.policy.options.bare_refusals {
+            return response;
+        }
         let headers = response.headers_mut();
         fields.apply(headers);
         // One lookup each (`entry`), not a lookup and an insert.

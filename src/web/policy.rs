@@ -46,6 +46,9 @@ pub(crate) struct Options {
     pub(crate) decision_extension: bool,
     pub(crate) limiter_extension: bool,
     pub(crate) observer: Option<Observer>,
+    /// Refusals get only what the rejection handler builds: no `Retry-After` or
+    /// `Cache-Control` (the rules' `simulate`, which reads nothing but the status).
+    pub(crate) bare_refusals: bool,
 }
 
 impl Default for Options {
@@ -60,6 +63,7 @@ impl Default for Options {
             // Opt-in: handlers get the handle from the router's state for nothing.
             limiter_extension: false,
             observer: None,
+            bare_refusals: false,
         }
     }
 }

@@ -10,6 +10,7 @@ mod report;
 pub mod suggest;
 pub(crate) mod svg;
 mod timeline;
+mod uris;
 
 use std::fmt;
 use std::io::BufRead;

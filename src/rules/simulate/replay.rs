@@ -13,7 +13,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -22,6 +22,7 @@ use super::lines::{Line, Lines};
 use super::parse::{self, Entry, LogFormat};
 use super::report::{BadLine, Report, Tally};
 use super::timeline::Timeline;
+use super::uris::Uris;
 use super::{SimulateError, Simulation};
 use crate::base::clock::FakeClock;
 use crate::middleware::layer::RateLimitLayer;
@@ -97,6 +98,7 @@ pub(super) fn run(
         .headers(HeaderStyle::None)
         .on_rejection(silent as Silent)
         .decision_extension(false)
+        .bare_refusals()
         .on_decision(move |decision, _| {
             let mut seen = on_decision.lock().unwrap_or_else(PoisonError::into_inner);
             seen.checked.extend(decision.limits().map(|l| l.name));
@@ -136,6 +138,7 @@ pub(super) fn run(
         keys: Default::default(),
     };
     let mut lines = Lines::new(input, sim.max_line);
+    let mut uris = Uris::default();
     let mut start: Option<i64> = None;
     let mut latest = i64::MIN;
     let waker = Waker::noop();
@@ -166,7 +169,7 @@ pub(super) fn run(
                 continue;
             }
         };
-        let request = match request(&sim.format, &entry) {
+        let request = match request(&sim.format, &entry, &mut uris) {
             Ok(request) => request,
             Err(reason) => {
                 bad(&mut report, number, reason);
@@ -230,10 +233,11 @@ pub(super) fn run(
 pub(super) fn request(
     format: &LogFormat,
     e: &Entry<'_>,
+    uris: &mut Uris,
 ) -> Result<Request<Full<Bytes>>, &'static str> {
     let mut request = Request::new(Full::default());
     *request.method_mut() = Method::from_bytes(e.method.as_bytes()).map_err(|_| "bad method")?;
-    *request.uri_mut() = Uri::try_from(&*e.path).map_err(|_| "bad path")?;
+    *request.uri_mut() = uris.get(&e.path).ok_or("bad path")?;
     request
         .extensions_mut()
         .insert(PeerAddr(SocketAddr::new(e.client, 0)));

@@ -9,6 +9,7 @@ use http::{HeaderName, Method};
 use super::super::lines::{Line, Lines};
 use super::super::parse::{self, LogFormat};
 use super::super::replay;
+use super::super::uris::Uris;
 use crate::model::key::{Key, KeyBuilder};
 use crate::web::key::PeerIp;
 use crate::web::routes::RouteTable;
@@ -83,6 +84,7 @@ pub(super) enum Item {
 
 pub(super) struct Events<'a, R> {
     lines: Lines<R>,
+    uris: Uris,
     format: &'a LogFormat,
     key: &'a SuggestKey,
     grouping: Grouping<'a>,
@@ -101,6 +103,7 @@ impl<'a, R: BufRead> Events<'a, R> {
     ) -> Self {
         Self {
             lines: Lines::new(input, max_line),
+            uris: Uris::default(),
             format,
             key,
             grouping,
@@ -125,7 +128,7 @@ impl<'a, R: BufRead> Events<'a, R> {
             Ok(entry) => entry,
             Err(reason) => return Ok(Some((number, Item::Bad(reason)))),
         };
-        let request = match replay::request(self.format, &entry) {
+        let request = match replay::request(self.format, &entry, &mut self.uris) {
             Ok(request) => request,
             Err(reason) => return Ok(Some((number, Item::Bad(reason)))),
         };
