@@ -181,14 +181,14 @@ fn combined(line: &[u8]) -> Result<Entry<'_>, &'static str> {
 fn closing_quote(s: &str) -> Option<usize> {
     let bytes = s.as_bytes();
     let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'\\' => i += 2,
-            b'"' => return Some(i),
-            _ => i += 1,
+    loop {
+        // An escape at the very end leaves `i` past it: no closing quote.
+        i += memchr::memchr2(b'"', b'\\', bytes.get(i..)?)?;
+        if bytes[i] == b'"' {
+            return Some(i);
         }
+        i += 2;
     }
-    None
 }
 
 fn status_code(s: &str) -> Option<u16> {
@@ -344,6 +344,17 @@ mod tests {
             (&*e.method, &*e.path, e.status),
             ("GET", "/apache_pb.gif?a=1", 200)
         );
+    }
+
+    #[test]
+    fn a_quoted_field_ends_at_its_first_unescaped_quote() {
+        assert_eq!(closing_quote(r#"GET /a HTTP/1.1" 200"#), Some(15));
+        assert_eq!(closing_quote(r#"a\"b" c"#), Some(4));
+        assert_eq!(closing_quote(r#"a\\" b"#), Some(3));
+        assert_eq!(closing_quote(r#""#), None);
+        assert_eq!(closing_quote(r#"no quote"#), None);
+        assert_eq!(closing_quote(r#"escaped at the end\"#), None);
+        assert_eq!(closing_quote(r#"escaped quote at the end\""#), None);
     }
 
     #[test]

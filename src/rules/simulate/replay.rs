@@ -32,7 +32,7 @@ use crate::rules::document::Document;
 use crate::store::MemoryStore;
 use crate::web::headers::HeaderStyle;
 use crate::web::hooks::{Refusal, RefusalLog};
-use crate::web::key::PeerAddr;
+use crate::web::key::Replaying;
 use crate::web::response::Rejection;
 
 /// Where the replay's clock starts: the first request's time is this far from the fake
@@ -125,6 +125,7 @@ pub(super) fn run(
     let _entered = runtime.enter();
 
     let mut tallies: Vec<Tally> = doc.limits.iter().map(|l| Tally::new(&l.name)).collect();
+    let mut names = Names::default();
     let mut report = Report {
         lines: 0,
         bad_lines: 0,
@@ -139,6 +140,8 @@ pub(super) fn run(
     };
     let mut lines = Lines::new(input, sim.max_line);
     let mut uris = Uris::default();
+    // Each request's client, as its peer address (`peer_ip`, `client_ip`).
+    let peer = Replaying::start();
     let mut start: Option<i64> = None;
     let mut latest = i64::MIN;
     let waker = Waker::noop();
@@ -186,6 +189,7 @@ pub(super) fn run(
         let since = u64::try_from(at - first).unwrap_or(0);
         clock.set(ORIGIN + Duration::from_nanos(since));
         status.store(entry.status, Ordering::Relaxed);
+        peer.set(SocketAddr::new(entry.client, 0));
 
         let response = {
             let mut future = pin!(service.call(request));
@@ -210,12 +214,12 @@ pub(super) fn run(
         }
         drop(response);
         for name in seen.checked.drain(..) {
-            if let Some(t) = tallies.iter_mut().find(|t| t.name == name) {
-                t.requests += 1;
+            if let Some(i) = names.tally(&tallies, name) {
+                tallies[i].requests += 1;
             }
         }
         for (name, key, shadow) in seen.refused.drain(..) {
-            if let Some(i) = tallies.iter().position(|t| t.name == name) {
+            if let Some(i) = names.tally(&tallies, name) {
                 tallies[i].refusal(key.as_ref(), secs, shadow, sim.max_keys);
                 report.timeline.refusal(i, bucket);
             }
@@ -229,7 +233,28 @@ pub(super) fn run(
     Ok(report)
 }
 
-/// The request of a log entry: method, path, peer address, headers.
+/// Which tally is a limit's: the layer's names are static, so each is found by its text
+/// once and by its address after that. Bounded by the limits.
+#[derive(Default)]
+struct Names {
+    /// (address, length) of a name, and its tally.
+    known: Vec<((usize, usize), Option<usize>)>,
+}
+
+impl Names {
+    fn tally(&mut self, tallies: &[Tally], name: &'static str) -> Option<usize> {
+        let at = (name.as_ptr() as usize, name.len());
+        if let Some(&(_, i)) = self.known.iter().find(|(a, _)| *a == at) {
+            return i;
+        }
+        let i = tallies.iter().position(|t| t.name == name);
+        self.known.push((at, i));
+        i
+    }
+}
+
+/// The request of a log entry: method, path, headers. Its client is not in it: the replay
+/// gives it as the peer address of the requests it sends (`Replaying`).
 pub(super) fn request(
     format: &LogFormat,
     e: &Entry<'_>,
@@ -238,9 +263,6 @@ pub(super) fn request(
     let mut request = Request::new(Full::default());
     *request.method_mut() = Method::from_bytes(e.method.as_bytes()).map_err(|_| "bad method")?;
     *request.uri_mut() = uris.get(&e.path).ok_or("bad path")?;
-    request
-        .extensions_mut()
-        .insert(PeerAddr(SocketAddr::new(e.client, 0)));
     if let LogFormat::Json(fields) = format {
         for (i, value) in &e.headers {
             let value = HeaderValue::from_str(value).map_err(|_| "bad header value")?;

@@ -59,6 +59,11 @@ fn peer_addr(parts: &Parts) -> Option<SocketAddr> {
     {
         return info.remote_addr();
     }
+    // A request a replay sends (`tollgate-rules simulate`).
+    #[cfg(feature = "rules")]
+    if let Some(peer) = super::replayed::peer() {
+        return Some(peer);
+    }
     None
 }
 

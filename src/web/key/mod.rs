@@ -60,6 +60,8 @@
 
 mod forwarded;
 mod ip;
+#[cfg(feature = "rules")]
+mod replayed;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -70,6 +72,8 @@ use http::request::Parts;
 pub use crate::model::key::{IntoKey, Key, KeyBuilder, KeyPart};
 pub(crate) use ip::peer_ip;
 pub use ip::{ClientIp, PeerAddr, PeerIp, TrustedProxies};
+#[cfg(feature = "rules")]
+pub(crate) use replayed::Replaying;
 
 use crate::base::error::ConfigError;
 

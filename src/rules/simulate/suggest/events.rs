@@ -3,6 +3,7 @@
 //! each with its key (as the rules' key extractor makes it) and its route group.
 
 use std::io::{self, BufRead};
+use std::net::SocketAddr;
 
 use http::{HeaderName, Method};
 
@@ -11,7 +12,7 @@ use super::super::parse::{self, LogFormat};
 use super::super::replay;
 use super::super::uris::Uris;
 use crate::model::key::{Key, KeyBuilder};
-use crate::web::key::PeerIp;
+use crate::web::key::{PeerAddr, PeerIp};
 use crate::web::routes::RouteTable;
 
 /// What a bucket is: the client's address, or a request header's value.
@@ -139,7 +140,10 @@ impl<'a, R: BufRead> Events<'a, R> {
             time = self.latest;
         }
         self.latest = time;
-        let (parts, _) = request.into_parts();
+        let (mut parts, _) = request.into_parts();
+        parts
+            .extensions
+            .insert(PeerAddr(SocketAddr::new(entry.client, 0)));
         let key = match self.key {
             SuggestKey::Ip => PeerIp::new().key(entry.client),
             SuggestKey::Header(name) => match parts.headers.get(name) {
