@@ -150,6 +150,19 @@ impl Drop for Ticket {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_key_is_known_again_and_another_key_does_not_queue_behind_it() {
+        let (a, b) = (Key::from_part(1u32), Key::from_part(2u32));
+        assert_eq!(key_hash(&a), key_hash(&Key::from_part(1u32)));
+        let queue = Arc::new(Queue::new(8, Duration::from_secs(1)));
+        let _waiting = queue.enter(key_hash(&a)).expect("room");
+        assert!(queue.has_waiters(key_hash(&a)));
+        assert!(
+            !queue.has_waiters(key_hash(&b)),
+            "a request of another key checks at once"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn wakes_go_to_the_oldest_request_of_the_key_one_each() {
         let q = Arc::new(Queue::new(3, Duration::from_secs(1)));
