@@ -7,7 +7,9 @@
 //! simulate` runs. Prints lines, seconds and lines per second; the log is built before the
 //! clock starts, so only the replay (parsing included) is timed.
 //!
-//!   cargo run -p tollgate-bench --release --features rules --bin simulate_bench -- [LINES] [CLIENTS]
+//! Built as `tollgate-rules` is installed (`--profile dist`: one codegen unit, fat LTO):
+//!
+//!   cargo run -p tollgate-bench --profile dist --features rules --bin simulate_bench -- [LINES] [CLIENTS]
 
 use std::io::Write;
 use std::process::ExitCode;
