@@ -164,6 +164,17 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_wake_reaches_the_requests_notifier() {
+        let queue = Arc::new(Queue::new(2, Duration::from_secs(1)));
+        let ticket = queue.enter(7).expect("room");
+        let notifier = ticket.notifier();
+        queue.wake(7);
+        tokio::time::timeout(Duration::from_millis(1), notifier.notified())
+            .await
+            .expect("the wake reached the notifier the request waits on");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn wakes_go_to_the_oldest_request_of_the_key_one_each() {
         let q = Arc::new(Queue::new(3, Duration::from_secs(1)));
         let a = q.enter(1).unwrap();
