@@ -287,4 +287,38 @@ mod tests {
         assert_eq!(left(&store.in_flight_update_one(Op::Refund, &item, 0)), 1);
         assert_eq!(left(&store.in_flight_update_one(Op::Reset, &item, 0)), 3);
     }
+
+    /// At the key cap, new keys' units are held in the table's overflow entry. A release
+    /// of exactly what a key's own entry holds frees that entry, not the overflow's units
+    /// (which belong to other keys' requests).
+    #[test]
+    fn a_release_of_all_a_key_holds_frees_its_entry_not_the_overflow() {
+        use crate::algo::quota::Quota;
+        use crate::base::clock::FakeClock;
+        use crate::store::Store;
+        use crate::web::key::Key;
+        let store = MemoryStore::with_clock(FakeClock::at(std::time::Duration::from_secs(1)))
+            .max_keys(1);
+        let table = store.table("slots");
+        let item = |key: &str| {
+            Item::new(&table, Key::from_part(key), Quota::per_second(2), 1)
+                .algorithm(Algorithm::in_flight())
+        };
+        let (a, b, c) = (item("a"), item("b"), item("c"));
+        assert!(store.in_flight_check(&a, 0, 1, true).1, "a's own entry");
+        assert_eq!(store.len(), 1, "the cap");
+        assert!(store.in_flight_check(&b, 0, 1, true).1, "b in the overflow");
+        assert!(store.in_flight_check(&c, 0, 1, true).1, "c in the overflow");
+        assert!(!store.in_flight_check(&c, 0, 1, true).1, "the overflow is full");
+        store.in_flight_release(&a, store.slot(&a), 1);
+        assert_eq!(
+            store.in_flight_check(&a, 0, 0, false).0.remaining,
+            2,
+            "a holds nothing"
+        );
+        assert!(
+            !store.in_flight_check(&b, 0, 1, true).1,
+            "b's and c's units are still held"
+        );
+    }
 }
