@@ -277,6 +277,20 @@ mod tests {
         ResponseBody::with_after(inner, Some(Box::new(seen.clone())))
     }
 
+    /// `Follow` for `http_body_util::Empty` keeps what follows the body: it ends when
+    /// the body is read, not when the response is built.
+    #[tokio::test]
+    async fn an_empty_body_is_followed_to_its_end() {
+        let seen = Seen::default();
+        let body = <http_body_util::Empty<Bytes> as Follow>::follow(followed(
+            http_body_util::Empty::new(),
+            &seen,
+        ));
+        assert!(seen.0.lock().unwrap().is_empty(), "nothing ended yet");
+        body.collect().await.unwrap();
+        assert_eq!(*seen.0.lock().unwrap(), ["Complete"]);
+    }
+
     #[tokio::test]
     async fn a_complete_body_ends_once_with_its_trailers_first() {
         let seen = Seen::default();
