@@ -291,6 +291,35 @@ mod tests {
         assert_eq!(*seen.0.lock().unwrap(), ["Complete"]);
     }
 
+    /// axum's body stays axum's: as it is when nothing follows it, boxed with what
+    /// follows it otherwise; its bytes unchanged either way.
+    #[tokio::test]
+    async fn an_axum_body_keeps_its_bytes_and_is_followed_to_its_end() {
+        use axum_core::body::Body as AxumBody;
+        let plain = Follow::plain(AxumBody::from("plain"));
+        assert_eq!(plain.collect().await.unwrap().to_bytes(), "plain");
+        let seen = Seen::default();
+        let body = <AxumBody as Follow>::follow(followed(AxumBody::from("followed"), &seen));
+        assert!(seen.0.lock().unwrap().is_empty(), "nothing ended yet");
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "followed");
+        assert_eq!(*seen.0.lock().unwrap(), ["Complete"]);
+    }
+
+    /// tonic's body too (feature `grpc`).
+    #[cfg(feature = "grpc")]
+    #[tokio::test]
+    async fn a_tonic_body_keeps_its_bytes_and_is_followed_to_its_end() {
+        use tonic::body::Body as TonicBody;
+        let plain = Follow::plain(TonicBody::new(Full::new(Bytes::from("plain"))));
+        assert_eq!(plain.collect().await.unwrap().to_bytes(), "plain");
+        let seen = Seen::default();
+        let inner = TonicBody::new(Full::new(Bytes::from("followed")));
+        let body = <TonicBody as Follow>::follow(followed(inner, &seen));
+        assert!(seen.0.lock().unwrap().is_empty(), "nothing ended yet");
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "followed");
+        assert_eq!(*seen.0.lock().unwrap(), ["Complete"]);
+    }
+
     #[tokio::test]
     async fn a_complete_body_ends_once_with_its_trailers_first() {
         let seen = Seen::default();

@@ -297,8 +297,8 @@ mod tests {
         use crate::base::clock::FakeClock;
         use crate::store::Store;
         use crate::web::key::Key;
-        let store = MemoryStore::with_clock(FakeClock::at(std::time::Duration::from_secs(1)))
-            .max_keys(1);
+        let store =
+            MemoryStore::with_clock(FakeClock::at(std::time::Duration::from_secs(1))).max_keys(1);
         let table = store.table("slots");
         let item = |key: &str| {
             Item::new(&table, Key::from_part(key), Quota::per_second(2), 1)
@@ -309,7 +309,10 @@ mod tests {
         assert_eq!(store.len(), 1, "the cap");
         assert!(store.in_flight_check(&b, 0, 1, true).1, "b in the overflow");
         assert!(store.in_flight_check(&c, 0, 1, true).1, "c in the overflow");
-        assert!(!store.in_flight_check(&c, 0, 1, true).1, "the overflow is full");
+        assert!(
+            !store.in_flight_check(&c, 0, 1, true).1,
+            "the overflow is full"
+        );
         store.in_flight_release(&a, store.slot(&a), 1);
         assert_eq!(
             store.in_flight_check(&a, 0, 0, false).0.remaining,
