@@ -320,6 +320,17 @@ mod tests {
         assert_eq!(*seen.0.lock().unwrap(), ["Complete"]);
     }
 
+    /// A followed body ends where its inner body does (hyper reads no further).
+    #[tokio::test]
+    async fn a_body_ends_where_its_inner_body_does() {
+        let empty = ResponseBody::new(http_body_util::Empty::<Bytes>::new());
+        assert!(empty.is_end_stream());
+        let mut full = followed(Full::new(Bytes::from("x")), &Seen::default());
+        assert!(!full.is_end_stream());
+        full.frame().await.unwrap().unwrap();
+        assert!(full.is_end_stream());
+    }
+
     #[tokio::test]
     async fn a_complete_body_ends_once_with_its_trailers_first() {
         let seen = Seen::default();
