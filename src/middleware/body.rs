@@ -320,6 +320,17 @@ mod tests {
         assert_eq!(*seen.0.lock().unwrap(), ["Complete"]);
     }
 
+    #[test]
+    fn the_debug_form_says_whether_the_body_is_followed() {
+        let plain = ResponseBody::new(http_body_util::Empty::<Bytes>::new());
+        assert_eq!(
+            format!("{plain:?}"),
+            "ResponseBody { inner: Some(Empty), following: false }"
+        );
+        let body = followed(http_body_util::Empty::<Bytes>::new(), &Seen::default());
+        assert!(format!("{body:?}").ends_with("following: true }"));
+    }
+
     /// A followed body ends where its inner body does (hyper reads no further).
     #[tokio::test]
     async fn a_body_ends_where_its_inner_body_does() {
