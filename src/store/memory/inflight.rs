@@ -157,6 +157,15 @@ impl<C: Clock> MemoryStore<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algo::quota::Quota;
+    use crate::base::clock::FakeClock;
+    use crate::store::Store;
+    use crate::web::key::Key;
+
+    /// A store on a clock that stays at 1 s (nothing in flight frees with time).
+    fn store() -> MemoryStore<FakeClock> {
+        MemoryStore::with_clock(FakeClock::at(std::time::Duration::from_secs(1)))
+    }
 
     #[test]
     fn a_request_takes_units_while_they_fit() {
@@ -215,11 +224,7 @@ mod tests {
     /// costs no memory).
     #[test]
     fn only_a_taken_unit_makes_an_entry() {
-        use crate::algo::quota::Quota;
-        use crate::base::clock::FakeClock;
-        use crate::store::Store;
-        use crate::web::key::Key;
-        let store = MemoryStore::with_clock(FakeClock::at(std::time::Duration::from_secs(1)));
+        let store = store();
         let table = store.table("slots");
         let item = |key: u32, cost: u32| {
             Item::new(&table, Key::from_part(key), Quota::per_second(2), cost)
@@ -241,11 +246,7 @@ mod tests {
     /// is there and no more.
     #[test]
     fn a_released_unit_is_taken_again() {
-        use crate::algo::quota::Quota;
-        use crate::base::clock::FakeClock;
-        use crate::store::Store;
-        use crate::web::key::Key;
-        let store = MemoryStore::with_clock(FakeClock::at(std::time::Duration::from_secs(1)));
+        let store = store();
         let table = store.table("slots");
         let item = Item::new(&table, Key::from_part("k"), Quota::per_second(1), 1)
             .algorithm(Algorithm::in_flight());
@@ -274,11 +275,7 @@ mod tests {
     /// of the key's.
     #[test]
     fn a_refund_frees_units_and_a_reset_frees_all() {
-        use crate::algo::quota::Quota;
-        use crate::base::clock::FakeClock;
-        use crate::store::Store;
-        use crate::web::key::Key;
-        let store = MemoryStore::with_clock(FakeClock::at(std::time::Duration::from_secs(1)));
+        let store = store();
         let table = store.table("slots");
         let item = Item::new(&table, Key::from_part("k"), Quota::per_second(3), 1)
             .algorithm(Algorithm::in_flight());
@@ -293,12 +290,7 @@ mod tests {
     /// (which belong to other keys' requests).
     #[test]
     fn a_release_of_all_a_key_holds_frees_its_entry_not_the_overflow() {
-        use crate::algo::quota::Quota;
-        use crate::base::clock::FakeClock;
-        use crate::store::Store;
-        use crate::web::key::Key;
-        let store =
-            MemoryStore::with_clock(FakeClock::at(std::time::Duration::from_secs(1))).max_keys(1);
+        let store = store().max_keys(1);
         let table = store.table("slots");
         let item = |key: &str| {
             Item::new(&table, Key::from_part(key), Quota::per_second(2), 1)
