@@ -140,6 +140,7 @@ pub(super) fn run(
     };
     let mut lines = Lines::new(input, sim.max_line);
     let mut uris = Uris::default();
+    let mut parser = parse::Parser::new(&sim.format);
     // Each request's client, as its peer address (`peer_ip`, `client_ip`).
     let peer = Replaying::start();
     let mut start: Option<i64> = None;
@@ -165,7 +166,7 @@ pub(super) fn run(
             bad(&mut report, number, "empty line");
             continue;
         }
-        let entry = match parse::parse(&sim.format, text) {
+        let entry = match parser.parse(text) {
             Ok(entry) => entry,
             Err(reason) => {
                 bad(&mut report, number, reason);

@@ -86,6 +86,7 @@ pub(super) enum Item {
 pub(super) struct Events<'a, R> {
     lines: Lines<R>,
     uris: Uris,
+    parser: parse::Parser<'a>,
     format: &'a LogFormat,
     key: &'a SuggestKey,
     grouping: Grouping<'a>,
@@ -105,6 +106,7 @@ impl<'a, R: BufRead> Events<'a, R> {
         Self {
             lines: Lines::new(input, max_line),
             uris: Uris::default(),
+            parser: parse::Parser::new(format),
             format,
             key,
             grouping,
@@ -125,7 +127,7 @@ impl<'a, R: BufRead> Events<'a, R> {
         if text.iter().all(u8::is_ascii_whitespace) {
             return Ok(Some((number, Item::Bad("empty line"))));
         }
-        let entry = match parse::parse(self.format, text) {
+        let entry = match self.parser.parse(text) {
             Ok(entry) => entry,
             Err(reason) => return Ok(Some((number, Item::Bad(reason)))),
         };
