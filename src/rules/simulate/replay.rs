@@ -243,6 +243,7 @@ struct Names {
 }
 
 impl Names {
+    #[inline]
     fn tally(&mut self, tallies: &[Tally], name: &'static str) -> Option<usize> {
         let at = (name.as_ptr() as usize, name.len());
         if let Some(&(_, i)) = self.known.iter().find(|(a, _)| *a == at) {
