@@ -157,10 +157,10 @@ const CLF_TIME_LEN: usize = 26;
 
 /// A combined-format time field read through the memo of the last one.
 fn remembered_time(
-    field: &str,
+    field: &[u8],
     last: &mut Option<([u8; CLF_TIME_LEN], Option<i64>)>,
 ) -> Option<i64> {
-    let text: [u8; CLF_TIME_LEN] = field.as_bytes().try_into().ok()?;
+    let text: [u8; CLF_TIME_LEN] = field.try_into().ok()?;
     match last {
         Some((known, ns)) if *known == text => *ns,
         _ => {
@@ -171,39 +171,51 @@ fn remembered_time(
     }
 }
 
+/// A combined-format line. Only the fields it reads must be UTF-8 (anything after the
+/// status is ignored); a line that is not read, and is not UTF-8 either, is called that.
 fn combined<'a>(
     line: &'a [u8],
     last_time: &mut Option<([u8; CLF_TIME_LEN], Option<i64>)>,
 ) -> Result<Entry<'a>, &'static str> {
-    let line = std::str::from_utf8(line).map_err(|_| "not UTF-8")?;
-    // Byte searches (the line is UTF-8, and these delimiters are ASCII, so every index is
-    // a character boundary).
-    let find = |s: &str, b: u8| memchr::memchr(b, s.as_bytes());
-    let (client, rest) = match dotted_quad(line.as_bytes()) {
+    combined_fields(line, last_time).map_err(|reason| match std::str::from_utf8(line) {
+        Ok(_) => reason,
+        Err(_) => "not UTF-8",
+    })
+}
+
+fn combined_fields<'a>(
+    line: &'a [u8],
+    last_time: &mut Option<([u8; CLF_TIME_LEN], Option<i64>)>,
+) -> Result<Entry<'a>, &'static str> {
+    let find = |s: &[u8], b: u8| memchr::memchr(b, s);
+    let (client, rest) = match dotted_quad(line) {
         Some((client, end)) => (IpAddr::V4(client), &line[end + 1..]),
         None => {
             let space = find(line, b' ').ok_or("truncated")?;
-            let client: IpAddr = line[..space].parse().map_err(|_| "bad client address")?;
+            let client = std::str::from_utf8(&line[..space]).map_err(|_| "not UTF-8")?;
+            let client: IpAddr = client.parse().map_err(|_| "bad client address")?;
             (client, &line[space + 1..])
         }
     };
     let open = find(rest, b'[').ok_or("no time")?;
     let rest = &rest[open + 1..];
     // The field is of fixed width: its `]` is nearly always where it should be.
-    let close = match rest.as_bytes().get(CLF_TIME_LEN) {
+    let close = match rest.get(CLF_TIME_LEN) {
         Some(b']') => CLF_TIME_LEN,
         _ => find(rest, b']').ok_or("truncated time")?,
     };
     let time_ns = remembered_time(&rest[..close], last_time).ok_or("bad time")?;
-    let rest = rest[close + 1..].strip_prefix(" \"").ok_or("no request")?;
+    let rest = rest[close + 1..].strip_prefix(b" \"").ok_or("no request")?;
     let end = closing_quote(rest).ok_or("truncated request")?;
-    let request = &rest[..end];
+    // The request line is all that is kept: it is the one field that must be text.
+    let request = std::str::from_utf8(&rest[..end]).map_err(|_| "not UTF-8")?;
     let (method, path) = match request.bytes().position(|c| c == b' ') {
+        // The line is UTF-8 and a space is ASCII: every index is a character boundary.
         Some(i) => {
             let after = &request[i + 1..];
             (
                 &request[..i],
-                &after[..find(after, b' ').unwrap_or(after.len())],
+                &after[..find(after.as_bytes(), b' ').unwrap_or(after.len())],
             )
         }
         None => ("", ""),
@@ -213,9 +225,9 @@ fn combined<'a>(
         return Err("no request line");
     }
     let rest = &rest[end + 1..];
-    let status = rest.strip_prefix(' ').ok_or("no status")?;
+    let status = rest.strip_prefix(b" ").ok_or("no status")?;
     let status = status.get(..3).ok_or("no status")?;
-    let status = three_digit_status(status.as_bytes()).ok_or("bad status")?;
+    let status = three_digit_status(status).ok_or("bad status")?;
     Ok(Entry {
         time_ns,
         client,
@@ -272,8 +284,7 @@ fn three_digit_status(s: &[u8]) -> Option<u16> {
 }
 
 /// The closing `"` of a quoted field (`\"` escaped, as Apache writes it).
-fn closing_quote(s: &str) -> Option<usize> {
-    let bytes = s.as_bytes();
+fn closing_quote(bytes: &[u8]) -> Option<usize> {
     let mut i = 0;
     loop {
         // An escape at the very end leaves `i` past it: no closing quote.
@@ -291,8 +302,7 @@ fn status_code(s: &str) -> Option<u16> {
 }
 
 /// `10/Oct/2000:13:55:36 -0700` → Unix nanoseconds.
-fn clf_time(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
+fn clf_time(b: &[u8]) -> Option<i64> {
     if b.len() != 26 || b[2] != b'/' || b[6] != b'/' || b[11] != b':' || b[20] != b' ' {
         return None;
     }
@@ -302,19 +312,19 @@ fn clf_time(s: &str) -> Option<i64> {
         })
     };
     let day = num(0..2)?;
-    let month = match &s[3..6] {
-        "Jan" => 1,
-        "Feb" => 2,
-        "Mar" => 3,
-        "Apr" => 4,
-        "May" => 5,
-        "Jun" => 6,
-        "Jul" => 7,
-        "Aug" => 8,
-        "Sep" => 9,
-        "Oct" => 10,
-        "Nov" => 11,
-        "Dec" => 12,
+    let month = match &b[3..6] {
+        b"Jan" => 1,
+        b"Feb" => 2,
+        b"Mar" => 3,
+        b"Apr" => 4,
+        b"May" => 5,
+        b"Jun" => 6,
+        b"Jul" => 7,
+        b"Aug" => 8,
+        b"Sep" => 9,
+        b"Oct" => 10,
+        b"Nov" => 11,
+        b"Dec" => 12,
         _ => return None,
     };
     let year = num(7..11)?;
@@ -447,13 +457,13 @@ mod tests {
 
     #[test]
     fn a_quoted_field_ends_at_its_first_unescaped_quote() {
-        assert_eq!(closing_quote(r#"GET /a HTTP/1.1" 200"#), Some(15));
-        assert_eq!(closing_quote(r#"a\"b" c"#), Some(4));
-        assert_eq!(closing_quote(r#"a\\" b"#), Some(3));
-        assert_eq!(closing_quote(r#""#), None);
-        assert_eq!(closing_quote(r#"no quote"#), None);
-        assert_eq!(closing_quote(r#"escaped at the end\"#), None);
-        assert_eq!(closing_quote(r#"escaped quote at the end\""#), None);
+        assert_eq!(closing_quote(br#"GET /a HTTP/1.1" 200"#), Some(15));
+        assert_eq!(closing_quote(br#"a\"b" c"#), Some(4));
+        assert_eq!(closing_quote(br#"a\\" b"#), Some(3));
+        assert_eq!(closing_quote(br#""#), None);
+        assert_eq!(closing_quote(br#"no quote"#), None);
+        assert_eq!(closing_quote(br#"escaped at the end\"#), None);
+        assert_eq!(closing_quote(br#"escaped quote at the end\""#), None);
     }
 
     #[test]
@@ -531,17 +541,20 @@ mod tests {
         let mut last = None;
         let t = "10/Oct/2000:13:55:36 -0700";
         let ns = 971_211_336 * 1_000_000_000;
-        assert_eq!(remembered_time(t, &mut last), Some(ns));
+        assert_eq!(remembered_time(t.as_bytes(), &mut last), Some(ns));
         assert_eq!(last, Some((*b"10/Oct/2000:13:55:36 -0700", Some(ns))));
-        assert_eq!(remembered_time(t, &mut last), Some(ns));
+        assert_eq!(remembered_time(t.as_bytes(), &mut last), Some(ns));
         let next = "10/Oct/2000:13:55:37 -0700";
-        assert_eq!(remembered_time(next, &mut last), Some(ns + 1_000_000_000));
+        assert_eq!(
+            remembered_time(next.as_bytes(), &mut last),
+            Some(ns + 1_000_000_000)
+        );
         let bad = "31/Nov/2000:13:55:37 -0700";
-        assert_eq!(remembered_time(bad, &mut last), None);
-        assert_eq!(remembered_time(bad, &mut last), None);
-        assert_eq!(remembered_time(t, &mut last), Some(ns));
+        assert_eq!(remembered_time(bad.as_bytes(), &mut last), None);
+        assert_eq!(remembered_time(bad.as_bytes(), &mut last), None);
+        assert_eq!(remembered_time(t.as_bytes(), &mut last), Some(ns));
         // A field of another length is bad, and leaves the memo alone.
-        assert_eq!(remembered_time("10/Oct/2000:13:55:36", &mut last), None);
+        assert_eq!(remembered_time(b"10/Oct/2000:13:55:36", &mut last), None);
         assert_eq!(last, Some((*b"10/Oct/2000:13:55:36 -0700", Some(ns))));
         // Lines in a row: each keeps its own time.
         let mut parser = Parser::new(&LogFormat::Combined);
@@ -569,15 +582,40 @@ mod tests {
         assert_eq!(one(bad.as_bytes()).unwrap_err(), "bad status");
     }
 
+    /// Only the fields read must be text: bytes that are not UTF-8 after the status (or
+    /// in the ignored user field) do not make the line bad; in the request line they do,
+    /// and so does garbage that cannot be read at all.
+    #[test]
+    fn only_the_fields_read_must_be_utf8() {
+        let mut line = LINE.as_bytes().to_vec();
+        line.extend_from_slice(b" \xff\xfe");
+        assert_eq!(one(&line).unwrap().status, 200);
+        let user = LINE.replacen("frank", "fr\u{e9}nk", 1).into_bytes();
+        let mut latin1 = user.clone();
+        let at = latin1.iter().position(|&c| c == 0xc3).unwrap();
+        latin1.splice(at..at + 2, [0xe9]);
+        assert_eq!(one(&latin1).unwrap().path, "/apache_pb.gif?a=1");
+        let mut path = LINE.as_bytes().to_vec();
+        let at = LINE.find("gif").unwrap();
+        path[at] = 0xff;
+        assert_eq!(one(&path).unwrap_err(), "not UTF-8");
+        // A path of valid UTF-8 is kept as it is.
+        let accented = LINE.replacen("apache", "caf\u{e9}", 1);
+        assert_eq!(
+            one(accented.as_bytes()).unwrap().path,
+            "/caf\u{e9}_pb.gif?a=1"
+        );
+    }
+
     #[test]
     fn dates() {
-        assert_eq!(clf_time("01/Jan/1970:00:00:00 +0000"), Some(0));
+        assert_eq!(clf_time(b"01/Jan/1970:00:00:00 +0000"), Some(0));
         assert_eq!(
-            clf_time("29/Feb/2024:00:00:00 +0100"),
+            clf_time(b"29/Feb/2024:00:00:00 +0100"),
             Some((1_709_164_800 - 3600) * 1_000_000_000)
         );
-        assert_eq!(clf_time("29/Feb/2023:00:00:00 +0000"), None);
-        assert_eq!(clf_time("01/Jan/1970:24:00:00 +0000"), None);
+        assert_eq!(clf_time(b"29/Feb/2023:00:00:00 +0000"), None);
+        assert_eq!(clf_time(b"01/Jan/1970:24:00:00 +0000"), None);
     }
 
     #[test]
