@@ -19,6 +19,9 @@ pub(crate) struct Lines<R> {
     buf: Vec<u8>,
     /// The 1-based number of the line last returned.
     number: u64,
+    /// Bytes of the input the last line was read from in place, consumed on the next
+    /// call.
+    pending: usize,
 }
 
 impl<R: BufRead> Lines<R> {
@@ -28,11 +31,23 @@ impl<R: BufRead> Lines<R> {
             cap,
             buf: Vec::new(),
             number: 0,
+            pending: 0,
         }
     }
 
     /// The next line and its number; `None` at the end of the input.
     pub(crate) fn next_line(&mut self) -> io::Result<Option<(u64, Line<'_>)>> {
+        self.input.consume(std::mem::take(&mut self.pending));
+        // A whole line in the reader's buffer is read in place, not copied.
+        if let Some(end) = self.in_place()? {
+            self.number += 1;
+            self.pending = end + 1;
+            let mut line = &self.input.fill_buf()?[..end];
+            if let [rest @ .., b'\r'] = line {
+                line = rest;
+            }
+            return Ok(Some((self.number, Line::Text(line))));
+        }
         self.buf.clear();
         let mut too_long = false;
         let mut read_any = false;
@@ -74,6 +89,21 @@ impl<R: BufRead> Lines<R> {
             self.buf.pop();
         }
         Ok(Some((self.number, Line::Text(&self.buf))))
+    }
+}
+
+impl<R: BufRead> Lines<R> {
+    /// Where the next line ends in the reader's buffer, if it ends there and is within the
+    /// cap.
+    fn in_place(&mut self) -> io::Result<Option<usize>> {
+        let chunk = loop {
+            match self.input.fill_buf() {
+                Ok(chunk) => break chunk,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        Ok(memchr(chunk).filter(|&end| end <= self.cap))
     }
 }
 
