@@ -14,7 +14,8 @@ use crate::base::error::ConfigError;
 pub enum LogFormat {
     /// The combined format of nginx and Apache:
     /// `$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent
-    /// "$http_referer" "$http_user_agent"` (anything after the status is ignored).
+    /// "$http_referer" "$http_user_agent"` (anything after the status is ignored, and
+    /// need not be UTF-8).
     Combined,
     /// One JSON object per line, its fields named by the map.
     Json(JsonFields),
