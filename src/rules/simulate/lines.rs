@@ -116,7 +116,12 @@ mod tests {
     use super::*;
 
     fn all(input: &[u8], cap: usize) -> Vec<(u64, Option<Vec<u8>>)> {
-        let mut lines = Lines::new(io::BufReader::with_capacity(4, input), cap);
+        all_through(input, cap, 4)
+    }
+
+    /// Every line of `input`, read through a buffer of `capacity` bytes.
+    fn all_through(input: &[u8], cap: usize, capacity: usize) -> Vec<(u64, Option<Vec<u8>>)> {
+        let mut lines = Lines::new(io::BufReader::with_capacity(capacity, input), cap);
         let mut out = Vec::new();
         while let Some((n, line)) = lines.next_line().unwrap() {
             out.push((
@@ -143,6 +148,84 @@ mod tests {
         );
         assert_eq!(all(b"", 8), vec![]);
         assert_eq!(all(b"\n\n", 8), vec![(1, Some(vec![])), (2, Some(vec![]))]);
+        // The same through a buffer that holds them whole (read in place).
+        assert_eq!(got, all_through(b"ab\r\n0123456789abc\nxyz", 8, 4096));
+        assert_eq!(
+            all_through(b"12345678\n123456789\n", 8, 4096),
+            vec![(1, Some(b"12345678".to_vec())), (2, None)]
+        );
+    }
+
+    /// A line whole in the reader's buffer is read there: nothing is copied.
+    #[test]
+    fn a_line_in_the_buffer_is_read_in_place() {
+        let input = b"one\ntwo\r\nthree";
+        let mut lines = Lines::new(io::BufReader::new(&input[..]), 64);
+        assert_eq!(lines.next_line().unwrap(), Some((1, Line::Text(b"one"))));
+        assert_eq!(lines.next_line().unwrap(), Some((2, Line::Text(b"two"))));
+        assert_eq!(lines.buf.capacity(), 0, "nothing was copied");
+        // The last line has no newline: it is gathered.
+        assert_eq!(lines.next_line().unwrap(), Some((3, Line::Text(b"three"))));
+        assert_eq!(lines.next_line().unwrap(), None);
+    }
+
+    /// A reader whose reads fail: first `interruptions` times with `Interrupted`, then
+    /// for good with `error` (or, if `None`, it yields `data`).
+    struct Failing {
+        interruptions: usize,
+        error: Option<io::ErrorKind>,
+        data: &'static [u8],
+    }
+
+    impl io::Read for Failing {
+        fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+            unreachable!("read through fill_buf")
+        }
+    }
+
+    impl BufRead for Failing {
+        fn fill_buf(&mut self) -> io::Result<&[u8]> {
+            if self.interruptions > 0 {
+                self.interruptions -= 1;
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            match self.error {
+                Some(kind) => Err(kind.into()),
+                None => Ok(self.data),
+            }
+        }
+
+        fn consume(&mut self, n: usize) {
+            self.data = &self.data[n..];
+        }
+    }
+
+    /// An interrupted read is tried again; any other failure ends the reading with it.
+    #[test]
+    fn interrupted_reads_are_retried_and_failures_returned() {
+        let mut lines = Lines::new(
+            Failing {
+                interruptions: 3,
+                error: None,
+                data: b"a\nb",
+            },
+            64,
+        );
+        assert_eq!(lines.next_line().unwrap(), Some((1, Line::Text(b"a"))));
+        assert_eq!(lines.next_line().unwrap(), Some((2, Line::Text(b"b"))));
+        assert_eq!(lines.next_line().unwrap(), None);
+        let mut lines = Lines::new(
+            Failing {
+                interruptions: 1,
+                error: Some(io::ErrorKind::BrokenPipe),
+                data: b"",
+            },
+            64,
+        );
+        assert_eq!(
+            lines.next_line().unwrap_err().kind(),
+            io::ErrorKind::BrokenPipe
+        );
     }
 
     /// A line far over the cap never makes the buffer grow past it.
@@ -166,6 +249,7 @@ mod tests {
                 0..2000,
             ),
             cap in 1usize..64,
+            capacity in proptest::prop_oneof![proptest::strategy::Just(16usize), proptest::strategy::Just(4096)],
         ) {
             let expected: Vec<&[u8]> = {
                 let mut parts: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
@@ -174,7 +258,7 @@ mod tests {
                 }
                 parts
             };
-            let mut lines = Lines::new(io::BufReader::with_capacity(16, &bytes[..]), cap);
+            let mut lines = Lines::new(io::BufReader::with_capacity(capacity, &bytes[..]), cap);
             let mut n = 0;
             while let Some((number, line)) = lines.next_line().unwrap() {
                 let want = expected[n];
@@ -182,7 +266,10 @@ mod tests {
                 n += 1;
                 proptest::prop_assert_eq!(number, n as u64);
                 match line {
-                    Line::Text(t) => proptest::prop_assert_eq!(t, want),
+                    Line::Text(t) => {
+                        proptest::prop_assert_eq!(t, want);
+                        proptest::prop_assert!(expected[n - 1].len() <= cap);
+                    }
                     Line::TooLong => proptest::prop_assert!(expected[n - 1].len() > cap),
                 }
                 proptest::prop_assert!(lines.buf.capacity() <= 2 * cap + 16);

@@ -554,6 +554,9 @@ mod tests {
         assert_eq!(remembered_time(bad.as_bytes(), &mut last), None);
         assert_eq!(remembered_time(bad.as_bytes(), &mut last), None);
         assert_eq!(remembered_time(t.as_bytes(), &mut last), Some(ns));
+        // What the memo holds is what the same text reads as: it is not parsed again.
+        let mut planted = Some((*b"10/Oct/2000:13:55:36 -0700", Some(42)));
+        assert_eq!(remembered_time(t.as_bytes(), &mut planted), Some(42));
         // A field of another length is bad, and leaves the memo alone.
         assert_eq!(remembered_time(b"10/Oct/2000:13:55:36", &mut last), None);
         assert_eq!(last, Some((*b"10/Oct/2000:13:55:36 -0700", Some(ns))));
