@@ -39,7 +39,8 @@ impl<R: BufRead> Lines<R> {
     pub(crate) fn next_line(&mut self) -> io::Result<Option<(u64, Line<'_>)>> {
         self.input.consume(std::mem::take(&mut self.pending));
         // A whole line in the reader's buffer is read in place, not copied.
-        if let Some(end) = self.in_place()? {
+        let cap = self.cap;
+        if let Some(end) = memchr(fill(&mut self.input)?).filter(|&end| end <= cap) {
             self.number += 1;
             self.pending = end + 1;
             let mut line = &self.input.fill_buf()?[..end];
@@ -52,11 +53,7 @@ impl<R: BufRead> Lines<R> {
         let mut too_long = false;
         let mut read_any = false;
         loop {
-            let chunk = match self.input.fill_buf() {
-                Ok(chunk) => chunk,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
+            let chunk = fill(&mut self.input)?;
             if chunk.is_empty() {
                 if !read_any {
                     return Ok(None);
@@ -92,19 +89,18 @@ impl<R: BufRead> Lines<R> {
     }
 }
 
-impl<R: BufRead> Lines<R> {
-    /// Where the next line ends in the reader's buffer, if it ends there and is within the
-    /// cap.
-    fn in_place(&mut self) -> io::Result<Option<usize>> {
-        let chunk = loop {
-            match self.input.fill_buf() {
-                Ok(chunk) => break chunk,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        };
-        Ok(memchr(chunk).filter(|&end| end <= self.cap))
+/// The reader's buffered bytes (empty at the end), read again after an interrupted read.
+fn fill<R: BufRead>(input: &mut R) -> io::Result<&[u8]> {
+    loop {
+        match input.fill_buf() {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
     }
+    // Asked again, a filled buffer is given as it is (the borrow checker cannot yet
+    // return the first answer from inside the loop).
+    input.fill_buf()
 }
 
 fn memchr(bytes: &[u8]) -> Option<usize> {

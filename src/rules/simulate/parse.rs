@@ -132,8 +132,7 @@ pub(crate) struct Entry<'a> {
 /// it is parsed once).
 pub(crate) struct Parser<'f> {
     format: &'f LogFormat,
-    /// The last combined-format time field and what it read as.
-    last_time: Option<([u8; CLF_TIME_LEN], Option<i64>)>,
+    last_time: LastTime,
 }
 
 impl<'f> Parser<'f> {
@@ -156,11 +155,11 @@ impl<'f> Parser<'f> {
 /// The length of a combined-format time field: `10/Oct/2000:13:55:36 -0700`.
 const CLF_TIME_LEN: usize = 26;
 
+/// The last combined-format time field read, and what it read as.
+type LastTime = Option<([u8; CLF_TIME_LEN], Option<i64>)>;
+
 /// A combined-format time field read through the memo of the last one.
-fn remembered_time(
-    field: &[u8],
-    last: &mut Option<([u8; CLF_TIME_LEN], Option<i64>)>,
-) -> Option<i64> {
+fn remembered_time(field: &[u8], last: &mut LastTime) -> Option<i64> {
     let text: [u8; CLF_TIME_LEN] = field.try_into().ok()?;
     match last {
         Some((known, ns)) if *known == text => *ns,
@@ -174,10 +173,7 @@ fn remembered_time(
 
 /// A combined-format line. Only the fields it reads must be UTF-8 (anything after the
 /// status is ignored); a line that is not read, and is not UTF-8 either, is called that.
-fn combined<'a>(
-    line: &'a [u8],
-    last_time: &mut Option<([u8; CLF_TIME_LEN], Option<i64>)>,
-) -> Result<Entry<'a>, &'static str> {
+fn combined<'a>(line: &'a [u8], last_time: &mut LastTime) -> Result<Entry<'a>, &'static str> {
     combined_fields(line, last_time).map_err(|reason| match std::str::from_utf8(line) {
         Ok(_) => reason,
         Err(_) => "not UTF-8",
@@ -186,7 +182,7 @@ fn combined<'a>(
 
 fn combined_fields<'a>(
     line: &'a [u8],
-    last_time: &mut Option<([u8; CLF_TIME_LEN], Option<i64>)>,
+    last_time: &mut LastTime,
 ) -> Result<Entry<'a>, &'static str> {
     let find = |s: &[u8], b: u8| memchr::memchr(b, s);
     let (client, rest) = match dotted_quad(line) {
@@ -274,14 +270,17 @@ fn dotted_quad(b: &[u8]) -> Option<(std::net::Ipv4Addr, usize)> {
 
 /// A status of three ASCII digits, 100 to 999.
 fn three_digit_status(s: &[u8]) -> Option<u16> {
-    let mut n = 0u16;
+    if s.len() != 3 {
+        return None;
+    }
+    let mut n = 0;
     for &c in s {
         if !c.is_ascii_digit() {
             return None;
         }
-        n = n * 10 + u16::from(c - b'0');
+        n = n * 10 + u64::from(c - b'0');
     }
-    (s.len() == 3 && n >= 100).then_some(n)
+    status_code(n)
 }
 
 /// The closing `"` of a quoted field (`\"` escaped, as Apache writes it).
@@ -297,9 +296,9 @@ fn closing_quote(bytes: &[u8]) -> Option<usize> {
     }
 }
 
-fn status_code(s: &str) -> Option<u16> {
-    let n: u16 = s.parse().ok()?;
-    (100..=999).contains(&n).then_some(n)
+/// A response status: 100 to 999.
+fn status_code(n: u64) -> Option<u16> {
+    u16::try_from(n).ok().filter(|n| (100..=999).contains(n))
 }
 
 /// `10/Oct/2000:13:55:36 -0700` → Unix nanoseconds.
@@ -394,12 +393,8 @@ fn json<'a>(fields: &JsonFields, line: &'a [u8]) -> Result<Entry<'a>, &'static s
         _ => return Err("no path"),
     };
     let status = match take(&fields.status) {
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .and_then(|n| u16::try_from(n).ok())
-            .and_then(|n| status_code(&n.to_string()))
-            .ok_or("bad status")?,
-        Some(Value::String(s)) => status_code(&s).ok_or("bad status")?,
+        Some(Value::Number(n)) => n.as_u64().and_then(status_code).ok_or("bad status")?,
+        Some(Value::String(s)) => s.parse().ok().and_then(status_code).ok_or("bad status")?,
         _ => return Err("no status"),
     };
     let mut headers = Vec::new();
