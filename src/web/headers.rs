@@ -343,6 +343,10 @@ impl Fields {
 
     /// Adds the fields to a response's headers.
     pub(crate) fn apply(self, headers: &mut http::HeaderMap) {
+        // Headers off, or nothing to say: the map is not touched.
+        if self.items.is_empty() {
+            return;
+        }
         headers.reserve(self.items.len());
         for (name, value) in self.items {
             if self.append {
