@@ -74,15 +74,17 @@
 //!
 //! # Where to put the layer
 //!
-//! - `Router::route_layer` (or a layer on one route): only requests that match a route are
-//!   checked, and axum's `MatchedPath` is there: a route table entry
-//!   ([`route`](RateLimitBuilder::route)) applies when its template is the matched one,
-//!   and `key::Route` works.
-//! - `Router::layer`: every request is checked, 404s included, before routing, so there is
-//!   no `MatchedPath`: route table entries are found by matching the request path against
-//!   their templates, as axum's router does (`/users/7` gets `/users/{id}`). `key::Route`
-//!   finds no key there.
-//! - Plain hyper or tower: as with `Router::layer`.
+//! - `Router::route_layer` (or a layer on one route): only requests that match one of the
+//!   app's routes are checked; a 404 never touches a limit.
+//! - `Router::layer`: every request is checked, 404s (axum's fallback) included.
+//! - Plain hyper or tower: every request the service gets.
+//!
+//! A route table entry ([`route`](RateLimitBuilder::route)) means the same in all three,
+//! and in `tollgate-rules simulate`: its pattern is matched against the path the client
+//! sent, as axum's router matches its routes (`/users/7` gets `/users/{id}`, `/api/items`
+//! gets `/api/{*rest}`). `key::Route` reads axum's `MatchedPath`, which axum 0.8 gives the
+//! requests of a matched route under both `route_layer` and `layer`; a 404 and plain hyper
+//! have none.
 //!
 //! # The algorithm
 //!

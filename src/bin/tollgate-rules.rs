@@ -109,6 +109,12 @@ fn check(path: &Path) -> ExitCode {
     match load(path) {
         Ok(doc) => {
             print!("{doc}");
+            for route in doc.unmet_routes().unwrap_or_default() {
+                println!(
+                    "warning: the route `{route}` can meet none of settings.app_routes: \
+                     its limits apply only to requests no route serves"
+                );
+            }
             println!("{}: {} limits, valid", path.display(), doc.limits.len());
             ExitCode::SUCCESS
         }

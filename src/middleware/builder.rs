@@ -109,20 +109,22 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     /// A limit checked on the requests of one route, in addition to those of
     /// [`limit`](Self::limit).
     ///
-    /// `route` is a route template in axum's syntax (`/login`, `/users/{id}`,
-    /// `/files/{*rest}`), optionally preceded by a method: `"POST /login"`. Which entry a
-    /// request gets depends on where the layer sits:
-    ///
-    /// - after axum's router has matched (`Router::route_layer`, or a layer on a route), the
-    ///   request carries axum's `MatchedPath`: the entry whose template is exactly that
-    ///   path applies (in a nested router, the full template, e.g. `/api/users/{id}`);
-    /// - before routing (`Router::layer`, which also sees requests that match no route) and
-    ///   on plain hyper or tower, there is no `MatchedPath`: the request path is matched
-    ///   against the templates as axum matches it, so `/users/7` gets the `/users/{id}`
-    ///   entry (a static template such as `/users/me` wins over a parameter).
+    /// `route` is a pattern in axum's syntax (`/login`, `/users/{id}`, `/files/{*rest}`),
+    /// optionally preceded by a method: `"POST /login"`. It is matched against the path
+    /// the client sent, as axum's router matches its routes, wherever the layer sits
+    /// (`Router::route_layer`, `Router::layer`, plain hyper or tower) and in `tollgate-rules
+    /// simulate`: `/users/7` gets the `/users/{id}` entry, a static pattern such as
+    /// `/users/me` wins over a parameter, and `/api/{*rest}` covers everything under
+    /// `/api/`. The patterns need not be the app's own routes. In a router nested with
+    /// `Router::nest`, the path is the full one the client sent (axum's `OriginalUri`), not
+    /// the part the nested router sees. Give the app's routes to
+    /// [`app_routes`](Self::app_routes) to have an entry that can never meet them logged.
     ///
     /// A method-specific entry wins over a method-less one for the same template; `HEAD`
-    /// requests use the `GET` entry when there is no `HEAD` entry. Call it several times to
+    /// requests use the `GET` entry when there is no `HEAD` entry. The path chooses the
+    /// template first, as in axum's router: with entries `GET /users/me` and
+    /// `/users/{id}`, a `POST /users/me` meets neither (axum, too, would answer it 405
+    /// rather than try `/users/{id}`). Call it several times to
     /// put several limits on a route. A template axum's router would refuse (bad syntax,
     /// or two templates that conflict, such as `/users/{id}` and `/users/{name}`) is a
     /// [`ConfigError`] naming the route, and so is an entry no request could match:
@@ -138,6 +140,33 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     ///   takes literally: write `/users/{id}` and `/files/{*rest}`.
     pub fn route(mut self, route: impl Into<String>, limit: Limit) -> Self {
         self.settings.routes.push((route.into(), limit));
+        self
+    }
+
+    /// The app's own route templates (as given to axum's `Router::route`, each optionally
+    /// with a method: `"POST /login"`), so that the layer can tell a route entry that can
+    /// never meet them: each such entry is logged once, when the layer is built, as a
+    /// warning (target `tollgate::routes`). Nothing else changes: entries match request
+    /// paths whether or not the app's routes are known. A route here that no request could
+    /// match is a [`ConfigError`] naming it (`app_routes["..."]`).
+    ///
+    /// ```
+    /// use tollgate::{Limit, Quota, RateLimitLayer, store::MemoryStore};
+    ///
+    /// // Logs that `/v1/{*rest}` meets none of the app's routes (they are under `/api`).
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .route("/v1/{*rest}", Limit::new("v1", Quota::per_second(10)))
+    ///     .route("/api/{*rest}", Limit::new("api", Quota::per_second(10)))
+    ///     .app_routes(["/api/items", "/api/items/{id}", "GET /health"])
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn app_routes<I>(mut self, routes: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.settings.app_routes = Some(routes.into_iter().map(Into::into).collect());
         self
     }
 

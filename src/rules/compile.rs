@@ -23,11 +23,12 @@ use crate::model::lease::Lease;
 use crate::model::policy::{FailurePolicy, MissingKey, Mode};
 use crate::rules::document::{CostSpec, Document, LeaseSpec, LimitRule};
 use crate::store::Store;
+use crate::web::compile::never_met;
 use crate::web::cost::Cost;
 use crate::web::headers::{HeaderStyle, ResetFormat};
 use crate::web::key::{ClientIp, Global, KeyExtractor, TrustedProxies};
 use crate::web::limit::Limit;
-use crate::web::routes::parse_route;
+use crate::web::routes::{RouteTable, parse_route};
 
 /// A document, checked: what it adds to a [`RateLimitBuilder`].
 pub(crate) struct Compiled {
@@ -37,6 +38,7 @@ pub(crate) struct Compiled {
     allow: Vec<String>,
     deny: Vec<String>,
     shadow_headers: bool,
+    app_routes: Option<Vec<String>>,
 }
 
 impl Compiled {
@@ -66,6 +68,9 @@ impl Compiled {
             .deny_cidrs(self.deny);
         if let Some(client) = self.client {
             b = b.client_ip(client);
+        }
+        if let Some(app) = self.app_routes {
+            b = b.app_routes(app);
         }
         b
     }
@@ -180,7 +185,32 @@ pub(crate) fn compile_maybe_empty(
         allow: s.allow.clone().unwrap_or_default(),
         deny: s.deny.clone().unwrap_or_default(),
         shadow_headers: s.shadow_headers.unwrap_or(false),
+        app_routes: s.app_routes.clone(),
     })
+}
+
+/// The document's route entries that meet none of `settings.app_routes` (see
+/// [`Document::unmet_routes`]); errors named by the document's paths.
+pub(crate) fn unmet_routes(doc: &Document) -> Result<Vec<String>, ConfigError> {
+    let Some(app) = &doc.settings.app_routes else {
+        return Ok(Vec::new());
+    };
+    let mut table = RouteTable::default();
+    for rule in &doc.limits {
+        for route in rule.routes.iter().flatten() {
+            let (method, path) = parse_route(route).map_err(|e| rebase(doc, e))?;
+            let entries = table.entries_mut(path).map_err(|e| {
+                rebase(
+                    doc,
+                    ConfigError::new(format!("routes[{route:?}]"), format!("`{path}`: {e}")),
+                )
+            })?;
+            if !entries.iter().any(|(m, _)| *m == method) {
+                entries.push((method, 0));
+            }
+        }
+    }
+    never_met(&table, app).map_err(|e| rebase(doc, e))
 }
 
 /// An error of the crate's builder (`limits["a"].cost`, `routes["POST /x"]`, `allow[1]`)
@@ -205,6 +235,19 @@ pub(crate) fn rebase(doc: &Document, err: ConfigError) -> ConfigError {
                 .strip_prefix(".on_limit.")
                 .map_or_else(|| rest.to_owned(), |field| format!(".{field}"));
             return err.with_field(format!("limits[{i}]{rest}"));
+        }
+    }
+    if let Some(spec) = field
+        .strip_prefix("app_routes[")
+        .and_then(|r| r.strip_suffix(']'))
+    {
+        let routes = doc.settings.app_routes.as_ref();
+        if let Some(i) = routes
+            .into_iter()
+            .flatten()
+            .position(|r| format!("{r:?}") == spec)
+        {
+            return err.with_field(format!("settings.app_routes[{i}]"));
         }
     }
     if field.starts_with("allow[") || field.starts_with("deny[") {

@@ -71,6 +71,10 @@ pub struct Settings {
     pub deny: Option<Vec<String>>,
     /// `shadow_headers`: whether shadow limits appear in the rate-limit fields.
     pub shadow_headers: Option<bool>,
+    /// `app_routes`: the app's own route templates (`"/api/items"`, `"POST /login"`), so
+    /// that a limit's `routes` entry that can meet none of them is logged at each load and
+    /// listed by `tollgate-rules check`.
+    pub app_routes: Option<Vec<String>>,
 }
 
 /// One `[[limits]]` entry of a rules document.

@@ -118,6 +118,30 @@ impl Document {
         self.layer(crate::store::MemoryStore::new()).map(drop)
     }
 
+    /// The limits' `routes` entries (`"POST /login"`, `"/api/{*rest}"`) that can meet none
+    /// of the app's routes listed in `settings.app_routes`, each once, in the document's
+    /// order; none without that list. These are what a load logs, and what `tollgate-rules
+    /// check` prints as warnings.
+    ///
+    /// ```
+    /// use tollgate::rules::Document;
+    ///
+    /// let doc = Document::from_toml(r#"
+    ///     [settings]
+    ///     app_routes = ["/api/items", "/api/items/{id}"]
+    ///
+    ///     [[limits]]
+    ///     name = "api"
+    ///     quota = "10/s"
+    ///     routes = ["/api/{*rest}", "/v1/{*rest}"]
+    /// "#)?;
+    /// assert_eq!(doc.unmet_routes()?, ["/v1/{*rest}"]);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn unmet_routes(&self) -> Result<Vec<String>, ConfigError> {
+        compile::unmet_routes(self)
+    }
+
     /// A [`RateLimitLayer`] with these rules over `store`, for rules read once, without
     /// reloading.
     pub fn layer<St: Store>(&self, store: St) -> Result<RateLimitLayer<St>, ConfigError> {

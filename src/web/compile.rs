@@ -15,6 +15,7 @@ use crate::web::headers;
 use crate::web::hooks::{HookSettings, Hooks};
 use crate::web::limit::Limit;
 use crate::web::lists::{Address, Lists, Predicate};
+use crate::web::overlap;
 use crate::web::policy::{Group, Options, Policy, PolicyLimit};
 use crate::web::routes::{RouteTable, parse_route};
 
@@ -37,6 +38,9 @@ pub(crate) struct Settings {
     pub(crate) no_limits_ok: bool,
     /// The most limits the layer takes.
     pub(crate) max_limits: usize,
+    /// The app's own routes, when the builder was told them: route-table entries that
+    /// none of them can meet are logged.
+    pub(crate) app_routes: Option<Vec<String>>,
 }
 
 impl Default for Settings {
@@ -54,8 +58,38 @@ impl Default for Settings {
             wait_counts: None,
             no_limits_ok: false,
             max_limits: DEFAULT_MAX_LIMITS,
+            app_routes: None,
         }
     }
+}
+
+/// The route-table entries (`"POST /login"`, `"/api/{*rest}"`) that no request routed to
+/// one of `app` (the app's routes, each with or without a method) can meet; an app route
+/// that could never match a request is a [`ConfigError`] naming it.
+pub(crate) fn never_met(routes: &RouteTable, app: &[String]) -> Result<Vec<String>, ConfigError> {
+    let app = app
+        .iter()
+        .map(|spec| {
+            parse_route(spec).map_err(|e| {
+                ConfigError::new(format!("app_routes[{spec:?}]"), e.reason().to_owned())
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut unmet = Vec::new();
+    for (template, entries) in routes.routes() {
+        for (method, _) in entries {
+            let met = app.iter().any(|(m, a)| {
+                overlap::routes_overlap((method.as_ref(), template), (m.as_ref(), a))
+            });
+            if !met {
+                unmet.push(match method {
+                    Some(m) => format!("{m} {template}"),
+                    None => template.to_owned(),
+                });
+            }
+        }
+    }
+    Ok(unmet)
 }
 
 /// Checks a configuration and compiles it into an engine and its HTTP policy.
@@ -115,6 +149,18 @@ pub(crate) fn compile<St: Store>(
         };
         let index = bind(limit).map_err(|e| e.within(format!("routes[{spec:?}]")))?;
         group_limits[group].push(index);
+    }
+    if let Some(app) = &s.app_routes {
+        for entry in never_met(&routes, app)? {
+            tracing::warn!(
+                target: "tollgate::routes",
+                route = %entry,
+                "the route entry `{entry}` can meet none of the app's routes (`app_routes`): \
+                 its limits apply only to requests no route serves (404s, under \
+                 `Router::layer`); patterns match the request path, e.g. `/api/{{*rest}}` \
+                 for everything under `/api/`"
+            );
+        }
     }
     let shadow_headers = s.options.shadow_headers;
     let groups = group_limits

@@ -15,6 +15,7 @@ pub mod key;
 pub(crate) mod limit;
 pub(crate) mod lists;
 pub(crate) mod numbers;
+pub(crate) mod overlap;
 pub(crate) mod policy;
 pub mod response;
 pub(crate) mod routes;

@@ -11,14 +11,19 @@ use crate::base::error::ConfigError;
 /// A route's entries: (method, or any method; group of limits).
 pub(crate) type Entries = SmallVec<[(Option<Method>, usize); 2]>;
 
-/// The routes of a layer: found by their template (axum's `MatchedPath`), or by matching a
-/// request path against the templates, with axum's syntax and priorities (`matchit`).
+/// The routes of a layer: a request's path matched against the templates, with axum's
+/// syntax and priorities (`matchit`), wherever the layer sits. axum's `MatchedPath` is
+/// not used: it names the app's route, not the table's, and a table's pattern (such as
+/// `/api/{*rest}`) must decide the same requests in `Router::route_layer`, in
+/// `Router::layer`, in plain hyper, and in `tollgate-rules simulate`, which sees paths.
 #[derive(Default)]
 pub(crate) struct RouteTable {
-    /// Template to its index in `entries`.
+    /// Template to its index in `entries` (each template once).
     by_template: HashMap<Box<str>, usize>,
     /// The same templates, for request paths.
     matcher: matchit::Router<usize>,
+    /// The templates, by index.
+    templates: Vec<Box<str>>,
     entries: Vec<Entries>,
 }
 
@@ -32,9 +37,9 @@ impl RouteTable {
         self.entries.is_empty()
     }
 
-    /// The entries of the route whose template is `template` (a router's matched path).
-    pub(crate) fn for_template(&self, template: &str) -> Option<&Entries> {
-        self.by_template.get(template).map(|&i| &self.entries[i])
+    /// The templates and their entries, in the order they were added.
+    pub(crate) fn routes(&self) -> impl Iterator<Item = (&str, &Entries)> {
+        self.templates.iter().map(|t| &**t).zip(&self.entries)
     }
 
     /// The entries of the route whose template matches the request path `path`.
@@ -54,6 +59,7 @@ impl RouteTable {
                 let i = self.entries.len();
                 self.matcher.insert(template, i)?;
                 self.by_template.insert(template.into(), i);
+                self.templates.push(template.into());
                 self.entries.push(Entries::new());
                 i
             }
@@ -66,13 +72,8 @@ impl RouteTable {
         if self.is_empty() {
             return 0;
         }
-        // After axum's router, its matched template names the route; elsewhere (`Router::layer`,
-        // plain hyper) the request path is matched against the templates.
-        let entries = match matched_path(parts) {
-            Some(template) => self.for_template(template),
-            None => self.for_path(parts.uri.path()),
-        };
-        let Some(entries) = entries else {
+        // The path the client sent, wherever the layer sits: one meaning for a pattern.
+        let Some(entries) = self.for_path(request_path(parts)) else {
             return 0;
         };
         let with = |m: &Method| entries.iter().find(|(em, _)| em.as_ref() == Some(m));
@@ -183,15 +184,27 @@ fn check_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The path a request was sent to, as the client (and an access log) sees it: in a router
+/// nested with axum's `Router::nest`, the path before the prefix was stripped (axum's
+/// `OriginalUri`), elsewhere the request's own.
+#[inline]
+pub(crate) fn request_path(parts: &Parts) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
+        return original.path();
+    }
+    parts.uri.path()
+}
+
 /// The route of a request in logs and audit records: axum's matched template, else the
 /// path.
 pub(crate) fn logged_route(parts: &Parts) -> &str {
-    matched_path(parts).unwrap_or_else(|| parts.uri.path())
+    matched_path(parts).unwrap_or_else(|| request_path(parts))
 }
 
 /// The route template axum's router matched for this request (`/users/{id}`, its
-/// `MatchedPath`): `None` before a router has matched a route (`Router::layer`), on plain
-/// hyper or tower, and without the `axum` feature. The one place that reads it.
+/// `MatchedPath`): `None` for a request no route serves (axum's fallback), on plain hyper
+/// or tower, and without the `axum` feature. The one place that reads it.
 #[inline]
 pub(crate) fn matched_path(parts: &Parts) -> Option<&str> {
     #[cfg(feature = "axum")]

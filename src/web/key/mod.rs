@@ -317,10 +317,11 @@ impl<T: KeyPart + Send + Sync + 'static> KeyExtractor for Extension<T> {
 
 /// The matched route and the method, e.g. `GET /users/{id}`: one bucket per endpoint.
 ///
-/// Reads axum's `MatchedPath`, which exists once the router has matched a route (so it
-/// works in layers added with `Router::route_layer` or on a route, not with
-/// `Router::layer`, where it is [`KeyError::Missing`]). Never the raw path: one bucket per
-/// distinct URL would let a client make unbounded keys.
+/// Reads axum's `MatchedPath`, which axum 0.8 gives each request its router matched to a
+/// route, under `Router::route_layer`, a route's own layer and `Router::layer` alike; a
+/// request no route serves (a 404 under `Router::layer`), plain hyper and a replay in
+/// `tollgate-rules simulate` have none: [`KeyError::Missing`]. Never the raw path: one
+/// bucket per distinct URL would let a client make unbounded keys.
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug, Clone, Copy, Default)]
