@@ -13,6 +13,9 @@
 //! - [Common questions](faq): a per-key limit on one route, the remaining quota in a
 //!   handler, what was refused, `Limit` or `LimitSpec`, `route_layer` or `layer`, Redis
 //!   down.
+//! - [Recipes](recipes): nine common wants, each a rules file and the axum code: per-IP
+//!   limits, a stricter login, plans per API key, a token budget, concurrency per key,
+//!   bans, a monthly quota, Redis, a rehearsal on an access log.
 //! - [Use it from code](limiter): the `Limiter` handle (failed logins), limits that count
 //!   only some outcomes, allow and deny lists.
 //!
@@ -76,6 +79,7 @@ macro_rules! chapter {
 
 chapter!(overview);
 chapter!(faq if all(feature = "axum", feature = "redis"));
+chapter!(recipes if all(feature = "axum", feature = "rules", feature = "redis"));
 chapter!(limiter);
 chapter!(algorithms);
 chapter!(calendar if feature = "calendar");
