@@ -187,6 +187,7 @@ pub use web::charge::Charge;
 pub use web::cost::Cost;
 pub use web::hooks::RefusalLog;
 pub use web::limit::Limit;
+pub use web::plan::Plan;
 pub use web::settle::{ActualCost, Settle};
 
 /// The README's Rust blocks, compiled (and run, unless marked `no_run`) as doctests, so

@@ -14,6 +14,7 @@ use http::StatusCode;
 
 pub(crate) use self::keys::CustomKeys;
 use self::keys::{Composite, One, Source, key_part, source, unknown};
+pub use self::plans::MAX_PLAN_KEYS;
 use self::plans::{Gated, parse_quota, plans_table};
 use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::{Quota, parse_period};
@@ -387,7 +388,7 @@ fn limit(
             } else {
                 limit.key(One(key))
             };
-            if !plans.rule_ids.is_empty() {
+            if plans.has_rule_ids {
                 let table = plans.clone();
                 limit.rule_id_by = Some(Arc::new(move |parts| table.rule_id(parts)));
             }

@@ -227,19 +227,53 @@ impl<'de> Deserialize<'de> for LeaseSpec {
     }
 }
 
-/// `[limits.plans]`: a quota per plan, the plan read from each request.
+/// `[limits.plans]`: a quota per plan, the plan of each request read from it (`from`) or
+/// looked up by its API key (`by` and `keys`).
 ///
-/// `from` and `default` are reserved; every other entry is a plan name and its quota.
+/// `from`, `by`, `default` and `keys` are reserved; every other entry is a plan name and
+/// its quota. Exactly one of `from` and `by` is given.
+///
+/// ```
+/// use tollgate::rules::Document;
+///
+/// let doc = Document::from_toml(r#"
+///     [[limits]]
+///     name = "per-key"
+///     key = "header:x-api-key"
+///     [limits.plans]
+///     by = "header:x-api-key"
+///     default = "free"
+///     free = "10/min"
+///     pro = "10/s; burst=50"
+///     [limits.plans.keys]
+///     "key-abc" = "pro"
+/// "#)?;
+/// doc.check()?;
+/// let plans = doc.limits[0].plans.as_ref().unwrap();
+/// assert_eq!(plans.by.as_deref(), Some("header:x-api-key"));
+/// assert_eq!(plans.keys["key-abc"], "pro");
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plans {
-    /// `from`: `"header:<name>"` or `"query:<name>"`.
-    pub from: String,
+    /// `from`: where the plan's name is read: `"extension"` (the request's
+    /// [`Plan`](crate::Plan) extension, set by your authentication), `"header:<name>"` or
+    /// `"query:<name>"` (a value the client sends: only a header your gateway sets is to
+    /// be trusted). Not with `by`.
+    pub from: Option<String>,
+    /// `by`: where the request's API key is read (`"header:<name>"` or
+    /// `"query:<name>"`); its plan is its entry in `keys` (a key not listed has the
+    /// default plan). Not with `from`.
+    pub by: Option<String>,
     /// `default`: the plan of requests without a plan, or with one not listed. Left out,
     /// those requests are not limited by this limit (which then needs
     /// `on_missing_key = "skip"`: they are skipped as requests without a key are).
     pub default: Option<String>,
     /// Plan name → quota string.
     pub quotas: BTreeMap<String, String>,
+    /// `[limits.plans.keys]`, with `by`: API key → plan name; at most
+    /// [`MAX_PLAN_KEYS`](crate::rules::MAX_PLAN_KEYS) keys.
+    pub keys: BTreeMap<String, String>,
     /// Plan name → the rule id of violations of requests of that plan (e.g. one
     /// `RateLimitRule` row per plan); a plan not listed has the limit's `rule_id`. Not
     /// read from files (every other entry of the table is a plan): set by code, such as
@@ -322,31 +356,38 @@ impl<'de> Deserialize<'de> for Plans {
         impl<'de> Visitor<'de> for V {
             type Value = Plans;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a table with `from`, an optional `default` and one quota per plan")
+                f.write_str(
+                    "a table with `from` or `by`, an optional `default`, one quota per plan \
+                     and, with `by`, a `keys` table",
+                )
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Plans, A::Error> {
-                let (mut from, mut default) = (None, None);
-                let mut quotas = BTreeMap::new();
+                let mut plans = Plans::default();
+                let mut keys = false;
                 while let Some(name) = map.next_key::<String>()? {
-                    let value = map.next_value::<String>()?;
                     let slot = match name.as_str() {
-                        "from" => &mut from,
-                        "default" => &mut default,
+                        "from" => &mut plans.from,
+                        "by" => &mut plans.by,
+                        "default" => &mut plans.default,
+                        "keys" => {
+                            if std::mem::replace(&mut keys, true) {
+                                return Err(de::Error::duplicate_field("keys"));
+                            }
+                            plans.keys = map.next_value()?;
+                            continue;
+                        }
                         _ => {
-                            quotas.insert(name, value);
+                            let value = map.next_value::<String>()?;
+                            plans.quotas.insert(name, value);
                             continue;
                         }
                     };
-                    if slot.replace(value).is_some() {
+                    if slot.replace(map.next_value::<String>()?).is_some() {
                         return Err(de::Error::duplicate_field("plans entry"));
                     }
                 }
-                Ok(Plans {
-                    from: from.ok_or_else(|| de::Error::missing_field("from"))?,
-                    default,
-                    quotas,
-                    rule_ids: BTreeMap::new(),
-                })
+                // Neither `from` nor `by`: refused when the document is checked.
+                Ok(plans)
             }
         }
         d.deserialize_map(V)
@@ -420,69 +461,6 @@ impl Document {
             reason
         };
         Err(ConfigError::new(field, reason).located(file, line))
-    }
-}
-
-impl fmt::Display for Document {
-    /// One line per limit: name, quota (or plans), key, algorithm, mode and routes.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for rule in &self.limits {
-            write!(f, "{}: ", rule.name)?;
-            match (&rule.quota, &rule.plans) {
-                (Some(q), _) => write!(f, "{q}")?,
-                (None, Some(p)) => {
-                    match &p.default {
-                        Some(default) => write!(f, "plans from {} (default {default}):", p.from)?,
-                        None => write!(f, "plans from {} (no default):", p.from)?,
-                    }
-                    for (i, (name, q)) in p.quotas.iter().enumerate() {
-                        write!(f, "{} {name} = {q}", if i == 0 { "" } else { "," })?;
-                        if let Some(id) = p.rule_ids.get(name) {
-                            write!(f, " (rule {id})")?;
-                        }
-                    }
-                }
-                (None, None) => write!(f, "(no quota)")?,
-            }
-            let key = rule
-                .key
-                .as_ref()
-                .map_or_else(|| "global".to_owned(), |k| k.0.join(" + "));
-            write!(f, " per {key}")?;
-            write!(f, ", {}", rule.algorithm.as_deref().unwrap_or("gcra"))?;
-            if let Some(mode) = &rule.mode {
-                write!(f, ", {mode}")?;
-            }
-            match &rule.cost {
-                Some(CostSpec::Fixed(n)) => write!(f, ", cost {n}")?,
-                Some(CostSpec::From(s)) => write!(f, ", cost from {s}")?,
-                None => {}
-            }
-            if let Some(id) = rule.rule_id {
-                write!(f, ", rule {id}")?;
-            }
-            match &rule.lease {
-                Some(LeaseSpec::Auto) => write!(f, ", leased (auto)")?,
-                Some(LeaseSpec::Tokens(n)) => write!(f, ", leased (up to {n})")?,
-                None => {}
-            }
-            if rule.on_limit.as_deref() == Some("delay") {
-                let wait = rule.max_wait.as_deref().unwrap_or("?");
-                let waiters = rule.max_waiters.unwrap_or(100);
-                write!(f, ", delay up to {wait} ({waiters} waiters)")?;
-            }
-            if let Some(settle) = &rule.settle {
-                write!(f, ", settled from {settle}")?;
-                if let Some(debt) = rule.max_debt {
-                    write!(f, " (debt up to {debt})")?;
-                }
-            }
-            match &rule.routes {
-                Some(routes) => writeln!(f, ", routes: {}", routes.join(", "))?,
-                None => writeln!(f, ", every request")?,
-            }
-        }
-        Ok(())
     }
 }
 

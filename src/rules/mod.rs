@@ -87,10 +87,12 @@ mod locate;
 mod read;
 mod reload;
 mod simulate;
+mod summary;
 mod watch;
 
 #[cfg(feature = "rules-sql")]
 pub(crate) use compile::CustomKeys;
+pub use compile::MAX_PLAN_KEYS;
 pub use document::{
     BanRule, CostSpec, Document, Factor, KeySpec, LeaseSpec, LimitRule, Plans, Settings,
 };

@@ -292,7 +292,7 @@ fn plan_quotas(
 ) -> Result<(), ConfigError> {
     let mut default: Option<&SqlRuleRow> = None;
     let mut plans = Plans {
-        from: format!("header:{plan_header}"),
+        from: Some(format!("header:{plan_header}")),
         ..Plans::default()
     };
     for row in &group.rows {

@@ -16,6 +16,7 @@ pub(crate) mod limit;
 pub(crate) mod lists;
 pub(crate) mod numbers;
 pub(crate) mod overlap;
+pub(crate) mod plan;
 pub(crate) mod policy;
 pub mod response;
 pub(crate) mod routes;
