@@ -167,11 +167,13 @@ fn the_example_file_reads_every_field() {
     assert_eq!(search.default_cost, Some(2));
     let plans = per_key.plans.as_ref().unwrap();
     assert_eq!(
-        (plans.from.as_str(), plans.default.as_deref()),
-        ("header:x-plan", Some("free"))
+        (plans.by.as_deref(), plans.default.as_deref()),
+        (Some("header:x-api-key"), Some("free"))
     );
     assert_eq!(plans.quotas.len(), 2);
     assert_eq!(plans.quotas["pro"], "100/s; burst=500");
+    assert_eq!(plans.keys.len(), 2);
+    assert_eq!(plans.keys["key-pro-1"], "pro");
     assert_eq!(smooth.on_limit.as_deref(), Some("delay"));
     assert_eq!(smooth.max_wait.as_deref(), Some("1s"));
     assert_eq!(smooth.max_waiters, Some(50));
@@ -464,6 +466,156 @@ async fn plans_without_a_default_leave_other_plans_unlimited() {
     );
 }
 
+/// Plans by API key: requests of `k-pro` get the pro quota, unknown keys the default;
+/// a plan the client names in a header changes nothing.
+const PLANS_BY_KEY: &str = r#"
+[[limits]]
+name = "per-key"
+key = "header:x-api-key"
+[limits.plans]
+by = "header:x-api-key"
+default = "free"
+free = "2/min"
+pro = "5/min"
+[limits.plans.keys]
+"k-pro" = "pro"
+"k-free" = "free"
+"#;
+
+fn with_key(key: &'static str) -> impl Fn() -> Request<Body> {
+    move || {
+        req(
+            "GET",
+            "/",
+            "192.0.2.1",
+            &[("x-api-key", key), ("x-plan", "pro")],
+        )
+    }
+}
+
+#[tokio::test]
+async fn plans_by_api_key_come_from_the_key_table_not_from_the_client() {
+    let rules = from_text(PLANS_BY_KEY);
+    let app = router(&rules);
+    assert_eq!(
+        count(&statuses(&app, 6, with_key("k-pro")).await, StatusCode::OK),
+        5
+    );
+    let r = send(&app, with_key("k-pro")()).await;
+    let policy = header(r.headers(), "ratelimit-policy").unwrap();
+    assert_eq!(sf_param(&policy, "per-key", "q"), Some(5));
+    // A listed free key, and a key not in the table, have the default plan, whatever
+    // their `x-plan` says.
+    for key in ["k-free", "k-unknown"] {
+        assert_eq!(
+            count(&statuses(&app, 4, with_key(key)).await, StatusCode::OK),
+            2,
+            "{key}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_key_table_is_reloaded_with_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, PLANS_BY_KEY).unwrap();
+    let rules = Rules::builder(store())
+        .file(&path)
+        .watch(false)
+        .sighup(false)
+        .build()
+        .unwrap();
+    let app = router(&rules);
+    assert_eq!(
+        count(
+            &statuses(&app, 3, with_key("k-unknown")).await,
+            StatusCode::OK
+        ),
+        2
+    );
+    // `k-new` is added to the table as a pro key; `k-free` is dropped (the default plan).
+    std::fs::write(
+        &path,
+        PLANS_BY_KEY.replace("\"k-free\" = \"free\"", "\"k-new\" = \"pro\""),
+    )
+    .unwrap();
+    rules.reload_file().unwrap();
+    assert_eq!(
+        rules.document().limits[0].plans.as_ref().unwrap().keys["k-new"],
+        "pro"
+    );
+    // A key of the old table would have had 2 requests; `k-new` has the pro plan's 5.
+    assert_eq!(
+        count(&statuses(&app, 6, with_key("k-new")).await, StatusCode::OK),
+        5
+    );
+    // A table naming a plan that does not exist is refused whole; the old table stays.
+    std::fs::write(
+        &path,
+        PLANS_BY_KEY.replace("\"k-free\" = \"free\"", "\"k-x\" = \"gold\""),
+    )
+    .unwrap();
+    let err = rules.reload_file().unwrap_err();
+    assert_eq!(
+        (err.field(), err.line()),
+        ("limits[0].plans.keys.k-x", Some(12))
+    );
+    assert_eq!(
+        rules.document().limits[0].plans.as_ref().unwrap().keys["k-new"],
+        "pro"
+    );
+}
+
+#[tokio::test]
+async fn plans_from_an_extension_set_by_authentication() {
+    let rules = from_text(
+        r#"
+        [[limits]]
+        name = "per-key"
+        key = "header:x-api-key"
+        on_missing_key = "skip"
+        [limits.plans]
+        from = "extension"
+        free = "2/min"
+        pro = "5/min"
+        "#,
+    );
+    // The application's authentication: a known key's plan as an extension.
+    async fn auth(
+        mut request: axum::extract::Request,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        let plan = match request.headers().get("x-api-key").map(|k| k.as_bytes()) {
+            Some(b"k-pro") => Some(tollgate::Plan::from_static("pro")),
+            Some(b"k-free") => Some(tollgate::Plan::new(String::from("free"))),
+            _ => None,
+        };
+        if let Some(plan) = plan {
+            request.extensions_mut().insert(plan);
+        }
+        next.run(request).await
+    }
+    let app = router(&rules).route_layer(axum::middleware::from_fn(auth));
+    assert_eq!(
+        count(&statuses(&app, 6, with_key("k-pro")).await, StatusCode::OK),
+        5
+    );
+    assert_eq!(
+        count(&statuses(&app, 3, with_key("k-free")).await, StatusCode::OK),
+        2
+    );
+    // No plan from the authentication (an `x-plan` header is not read): without a
+    // default plan, the limit does not apply.
+    assert_eq!(
+        count(
+            &statuses(&app, 6, with_key("k-other")).await,
+            StatusCode::OK
+        ),
+        6
+    );
+}
+
 #[tokio::test]
 async fn a_missing_key_challenge_is_the_401s_www_authenticate() {
     let rules = from_text(
@@ -568,6 +720,9 @@ fn every_error_names_file_line_and_field() {
         (format!("{base}[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = \"1/s\"\n"), 3, "limits[0].quota", "each plan has its quota"),
         ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"cookie:p\"\ndefault = \"x\"\nx = \"1/s\"\n".into(), 4, "limits[0].plans.from", "header:<name>"),
         ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"y\"\nx = \"1/s\"\n".into(), 5, "limits[0].plans.default", "not a plan"),
+        ("[[limits]]\nname = \"a\"\n[limits.plans]\nby = \"header:k\"\ndefault = \"x\"\nx = \"1/s\"\n[limits.plans.keys]\nk1 = \"x\"\nk2 = \"y\"\n".into(), 9, "limits[0].plans.keys.k2", "`y` is not a plan"),
+        ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\nby = \"header:k\"\nx = \"1/s\"\n".into(), 5, "limits[0].plans.by", "not both"),
+        ("[[limits]]\nname = \"a\"\n[limits.plans]\nby = \"header:k\"\nx = \"1/s\"\nkeys = 3\n".into(), 6, "limits[0].plans.keys", "expected a map"),
         ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = \"1/eon\"\n".into(), 6, "limits[0].plans.x", "unknown unit"),
         ("[[limits]]\nname = \"a\"\n[limits.plans]\nfrom = \"header:p\"\ndefault = \"x\"\nx = 1\n".into(), 6, "limits[0].plans.x", "expected a string"),
         ("[[limits]]\nname = \"a\"\non_missing_key = \"shared\"\n[limits.plans]\nfrom = \"header:p\"\nx = \"1/s\"\n".into(), 3, "limits[0].on_missing_key", "`on_missing_key = \"skip\"`"),
@@ -1040,6 +1195,157 @@ fn the_check_tool_prints_the_limits_or_the_error() {
         )
     );
     assert_eq!(run(&[]).status.code(), Some(2));
+}
+
+#[test]
+fn the_check_tool_prints_every_kind_of_limit_and_its_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kinds.toml");
+    std::fs::write(
+        &path,
+        r#"
+        [[limits]]
+        name = "login"
+        key = "peer_ip"
+        quota = "5/min"
+        mode = "shadow"
+        on_store_failure = "deny"
+        routes = ["POST /login"]
+        ban = { after = 3, for = "10m", escalate = 2, max = "1d" }
+
+        [[limits]]
+        name = "conns"
+        key = "header:x-api-key"
+        in_flight = 10
+
+        [[limits]]
+        name = "monthly"
+        key = "header:x-api-key"
+        algorithm = "calendar"
+        quota = "10000/month"
+        time_zone = "Europe/Berlin"
+
+        [[limits]]
+        name = "tokens"
+        quota = "1000/min; burst=5000"
+        cost = "header:x-estimate"
+        settle = "header:x-usage"
+
+        [[limits]]
+        name = "leased"
+        quota = "1000/s"
+        lease = 50
+        on_store_failure = "fallback"
+
+        [[limits]]
+        name = "smooth"
+        quota = "10/s; burst=5"
+        on_limit = "delay"
+        max_wait = "1s"
+
+        [[limits]]
+        name = "per-key"
+        key = "header:x-api-key"
+        [limits.plans]
+        by = "header:x-api-key"
+        default = "free"
+        free = "10/min"
+        pro = "10/s; burst=50"
+        [limits.plans.keys]
+        "secret-key-1" = "pro"
+        "#,
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-rules-under-test"))
+        .arg("check")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    // A limit's lines: `name: ...` and the indented lines after it.
+    let block = |name: &str| -> String {
+        let lines: Vec<&str> = stdout.lines().collect();
+        let start = lines
+            .iter()
+            .position(|l| l.starts_with(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no {name} in:\n{stdout}"));
+        let n = lines[start + 1..]
+            .iter()
+            .take_while(|l| l.starts_with("  "))
+            .count();
+        lines[start..=start + n].join("\n")
+    };
+    let expect = |name: &str, lines: &[&str]| {
+        let got = block(name);
+        for line in lines {
+            assert!(
+                got.lines().any(|l| l == *line),
+                "no line {line:?} in:\n{got}"
+            );
+        }
+    };
+    expect(
+        "login",
+        &[
+            "login: 5/min per peer_ip",
+            "  kind: rate (gcra)",
+            "  mode: shadow",
+            "  ban: after 3 refusals within 1m, for 10m, escalating x2, at most 1d, forgotten after 1d; status 403",
+            "  on store failure: deny",
+            "  routes: POST /login",
+        ],
+    );
+    expect(
+        "conns",
+        &[
+            "conns: at most 10 in flight per header:x-api-key",
+            "  kind: in-flight (retry after 1s)",
+            "  mode: enforce",
+            "  on store failure: share",
+        ],
+    );
+    expect(
+        "monthly",
+        &[
+            "monthly: 10000/month per header:x-api-key",
+            "  kind: calendar (windows of month in Europe/Berlin)",
+        ],
+    );
+    expect(
+        "tokens",
+        &[
+            "  cost: from header:x-estimate (default 1)",
+            "  settled from header:x-usage (debt up to the burst)",
+        ],
+    );
+    expect(
+        "leased",
+        &[
+            "  leased (up to 50), spent within 1s",
+            "  on store failure: fallback",
+        ],
+    );
+    expect("smooth", &["  on limit: delay up to 1s (100 waiters)"]);
+    expect(
+        "per-key",
+        &[
+            "per-key: a quota per plan per header:x-api-key",
+            "  plans: by header:x-api-key, 1 key (default free): free = 10/min, pro = 10/s; burst=50",
+            "  on limit: reject",
+            "  missing key: shared",
+        ],
+    );
+    // The table's keys are secrets: only their number is printed.
+    assert!(!stdout.contains("secret-key-1"), "{stdout}");
+    assert!(
+        stdout.ends_with(&format!("{}: 7 limits, valid\n", path.display())),
+        "{stdout}"
+    );
 }
 
 #[test]

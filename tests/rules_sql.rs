@@ -241,7 +241,7 @@ fn rows_of_one_pattern_with_plans_are_one_limit_and_inactive_rows_are_left_out()
     assert_eq!(user.quota, None);
     assert_eq!(user.rule_id, Some(3), "the NULL plan's row");
     let plans = user.plans.as_ref().unwrap();
-    assert_eq!(plans.from, "header:x-plan");
+    assert_eq!(plans.from.as_deref(), Some("header:x-plan"));
     assert_eq!(plans.default.as_deref(), Some(DEFAULT_PLAN));
     let quotas: Vec<_> = plans
         .quotas
