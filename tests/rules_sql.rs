@@ -20,8 +20,8 @@ use tollgate::audit::AuditLog;
 use tollgate::key::{KeyBuilder, KeyPart};
 use tollgate::rules::{Document, Rules, Settings};
 use tollgate::sql::{
-    self, DEFAULT_PLAN, SqlPoller, SqlPool, SqlRuleRow, SqlRulesError, SqlSourceOptions,
-    SqlViolationSink, UserKey, rules_document,
+    self, DEFAULT_PLAN, SqlPlanKeyRow, SqlPoller, SqlPool, SqlRuleRow, SqlRulesError,
+    SqlSourceOptions, SqlViolationSink, UserKey, rules_document, rules_document_with_keys,
 };
 use tollgate::store::MemoryStore;
 
@@ -497,6 +497,163 @@ async fn the_user_key_can_be_a_request_extension() {
     assert_eq!(
         passes(&app, 3, || req("GET", "/", "192.0.2.1", &[])).await,
         3
+    );
+}
+
+#[test]
+fn plans_by_key_give_each_limit_the_keys_of_its_plans_and_bad_key_tables_are_refused() {
+    let options = SqlSourceOptions::default()
+        .user_key(UserKey::header("x-api-key"))
+        .plan_by_key("x-api-key");
+    let rows = [
+        planned(1, "user", 0.01, 2, "free"),
+        planned(2, "user", 0.01, 5, "pro"),
+        row(3, "user", "user", 0.01, 1),
+        planned(4, "search", 0.01, 9, "pro"),
+    ];
+    let keys = [
+        SqlPlanKeyRow::new("k-free", "free"),
+        SqlPlanKeyRow::new("k-pro", "pro"),
+        SqlPlanKeyRow::new("k-gold", "gold"),
+    ];
+    let doc = rules_document_with_keys(&rows, &keys, &options).unwrap();
+    let keys_of = |i: usize| {
+        let plans = doc.limits[i].plans.as_ref().unwrap();
+        assert_eq!(plans.by.as_deref(), Some("header:x-api-key"));
+        assert_eq!(plans.from, None);
+        plans
+            .keys
+            .iter()
+            .map(|(k, p)| (k.as_str(), p.as_str()))
+            .collect::<Vec<_>>()
+    };
+    // A key of a plan the limit has no row for has its default plan: not in its table.
+    assert_eq!(keys_of(0), [("k-free", "free"), ("k-pro", "pro")]);
+    assert_eq!(keys_of(1), [("k-pro", "pro")]);
+    // Without keys: every key has the default plan.
+    let doc = rules_document(&rows, &options).unwrap();
+    assert!(doc.limits[0].plans.as_ref().unwrap().keys.is_empty());
+    // Other options leave the keys out.
+    let doc = rules_document_with_keys(&rows, &keys, &SqlSourceOptions::default()).unwrap();
+    assert!(doc.limits[0].plans.as_ref().unwrap().keys.is_empty());
+
+    let err = rules_document_with_keys(&rows, &[SqlPlanKeyRow::new("secret ", "pro")], &options)
+        .unwrap_err();
+    assert_eq!(err.field(), "RateLimitPlanKey.api_key");
+    assert!(
+        !err.to_string().contains("secret"),
+        "the key is not shown: {err}"
+    );
+    let many: Vec<_> = (0..=tollgate::rules::MAX_PLAN_KEYS)
+        .map(|i| SqlPlanKeyRow::new(format!("k{i}"), "pro"))
+        .collect();
+    let err = rules_document_with_keys(&rows, &many, &options).unwrap_err();
+    assert_eq!(err.field(), "RateLimitPlanKey");
+    assert!(err.reason().contains("at most 100000"), "{err}");
+    let err = rules_document(&rows, &SqlSourceOptions::default().plan_by_key("x key")).unwrap_err();
+    assert_eq!(err.field(), "plan_key_header");
+}
+
+#[tokio::test]
+async fn plans_by_key_come_from_the_key_table_and_follow_its_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(
+        &dir,
+        "(1, 'user', 'user', 0.01, 2, NULL), (2, 'user', 'user', 0.01, 5, 'pro')",
+    )
+    .await;
+    exec(
+        &pool,
+        "INSERT INTO RateLimitPlanKey (api_key, plan) VALUES ('k-pro', 'pro'); \
+         INSERT INTO RateLimitPlanKey (api_key, plan, is_active) VALUES ('k-off', 'pro', FALSE)",
+    )
+    .await;
+    let (rules, poller) = polled(
+        &pool,
+        SqlSourceOptions::default()
+            .user_key(UserKey::header("x-api-key"))
+            .plan_by_key("x-api-key"),
+    )
+    .await;
+    let app = router(&rules);
+    // The client's `x-plan` is not read.
+    let call = |key: &'static str| {
+        move || {
+            req(
+                "GET",
+                "/",
+                "192.0.2.1",
+                &[("x-api-key", key), ("x-plan", "pro")],
+            )
+        }
+    };
+    assert_eq!(passes(&app, 6, call("k-pro")).await, 5);
+    assert_eq!(
+        passes(&app, 3, call("k-off")).await,
+        2,
+        "inactive: the default plan"
+    );
+    assert_eq!(
+        passes(&app, 3, call("k-new")).await,
+        2,
+        "not listed: the default plan"
+    );
+    // A key added to the table is picked up at the next poll.
+    exec(
+        &pool,
+        "INSERT INTO RateLimitPlanKey (api_key, plan) VALUES ('k-new2', 'pro')",
+    )
+    .await;
+    poller.poll_now();
+    eventually("the new key", || rules.status().reloads == 1).await;
+    assert_eq!(passes(&app, 6, call("k-new2")).await, 5);
+    assert!(
+        rules
+            .document()
+            .to_string()
+            .contains("by header:x-api-key, 2 keys (default *)"),
+        "{}",
+        rules.document()
+    );
+}
+
+#[tokio::test]
+async fn plans_from_the_extension_of_the_applications_authentication() {
+    let options = SqlSourceOptions::default()
+        .user_key(UserKey::header("x-api-key"))
+        .plan_from_extension();
+    let doc = rules_document(
+        &[
+            row(1, "user", "user", 0.01, 2),
+            planned(2, "user", 0.01, 5, "pro"),
+        ],
+        &options,
+    )
+    .unwrap();
+    assert_eq!(
+        doc.limits[0].plans.as_ref().unwrap().from.as_deref(),
+        Some("extension")
+    );
+    let app = router(&rules_of(doc));
+    let call = |key: &'static str, plan: Option<&'static str>| {
+        move || {
+            let mut r = req(
+                "GET",
+                "/",
+                "192.0.2.1",
+                &[("x-api-key", key), ("x-plan", "pro")],
+            );
+            if let Some(plan) = plan {
+                r.extensions_mut().insert(tollgate::Plan::from_static(plan));
+            }
+            r
+        }
+    };
+    assert_eq!(passes(&app, 6, call("a", Some("pro"))).await, 5);
+    assert_eq!(
+        passes(&app, 3, call("b", None)).await,
+        2,
+        "no extension: the NULL row"
     );
 }
 

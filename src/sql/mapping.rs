@@ -7,11 +7,11 @@ use std::time::Duration;
 use http::HeaderName;
 use sha2::{Digest, Sha256};
 
-use super::SqlRuleRow;
-use super::options::{SqlSourceOptions, UserKeyRepr};
+use super::options::{PlanSource, SqlSourceOptions, UserKeyRepr};
+use super::{SqlPlanKeyRow, SqlRuleRow};
 use crate::algo::quota::Quota;
 use crate::base::error::ConfigError;
-use crate::rules::{CustomKeys, Document, KeySpec, LimitRule, Plans};
+use crate::rules::{CustomKeys, Document, KeySpec, LimitRule, MAX_PLAN_KEYS, Plans};
 
 /// The plan name of a row whose `plan` is `NULL`: the default quota of its limit.
 pub const DEFAULT_PLAN: &str = "*";
@@ -44,7 +44,8 @@ const USER_KEY: &str = "user";
 ///   the decimal it is written as (`0.5` is 1 token per 2 s, `2.5` is 5 per 2 s, `0.1`
 ///   1 per 10 s).
 /// - `plan`: rows of one pattern with a plan become one limit with plans, the plan read
-///   from the options' plan header; the row with a `NULL` plan is the quota of requests
+///   where the options say (a header, default `x-plan`; the [`Plan`](crate::Plan)
+///   extension; or by API key, see [`rules_document_with_keys`]); the row with a `NULL` plan is the quota of requests
 ///   of any other plan or of none (its plan name is [`DEFAULT_PLAN`]). Without such a
 ///   row, requests of no listed plan are not limited by that pattern. Each plan carries
 ///   its row's `rule_id` into violations.
@@ -84,7 +85,22 @@ pub fn rules_document(
     rows: &[SqlRuleRow],
     options: &SqlSourceOptions,
 ) -> Result<Document, ConfigError> {
-    let mapped = map(rows, options)?;
+    rules_document_with_keys(rows, &[], options)
+}
+
+/// [`rules_document`], with the plan of each API key (the active rows of
+/// `RateLimitPlanKey`) for options that read plans by key
+/// ([`SqlSourceOptions::plan_by_key`]): each limit with plans gets the keys of its own
+/// plans as its `[limits.plans.keys]`. More than
+/// [`MAX_PLAN_KEYS`](crate::rules::MAX_PLAN_KEYS) keys, or a key that is empty or begins
+/// or ends with whitespace, refuses the set (the error names `RateLimitPlanKey`, never
+/// the key). With other options the keys are not used.
+pub fn rules_document_with_keys(
+    rows: &[SqlRuleRow],
+    keys: &[SqlPlanKeyRow],
+    options: &SqlSourceOptions,
+) -> Result<Document, ConfigError> {
+    let mapped = map(rows, keys, options)?;
     mapped
         .document
         .check_with(&custom_keys(options))
@@ -151,13 +167,43 @@ struct Group<'a> {
     rows: Vec<&'a SqlRuleRow>,
 }
 
-fn map(rows: &[SqlRuleRow], options: &SqlSourceOptions) -> Result<Mapped, ConfigError> {
-    let plan_header = HeaderName::try_from(options.plan_header.as_str()).map_err(|_| {
-        ConfigError::new(
-            "plan_header",
-            format!("`{}` is not a header name", options.plan_header),
-        )
-    })?;
+fn map(
+    rows: &[SqlRuleRow],
+    keys: &[SqlPlanKeyRow],
+    options: &SqlSourceOptions,
+) -> Result<Mapped, ConfigError> {
+    let header = |field: &'static str, name: &str| {
+        HeaderName::try_from(name)
+            .map_err(|_| ConfigError::new(field, format!("`{name}` is not a header name")))
+    };
+    let source = match &options.plan {
+        PlanSource::Header(name) => {
+            PlanFrom::From(format!("header:{}", header("plan_header", name)?))
+        }
+        PlanSource::Extension => PlanFrom::From("extension".to_owned()),
+        PlanSource::ByKey(name) => {
+            if keys.len() > MAX_PLAN_KEYS {
+                return Err(ConfigError::new(
+                    "RateLimitPlanKey",
+                    format!("more than {MAX_PLAN_KEYS} active keys: at most {MAX_PLAN_KEYS}"),
+                ));
+            }
+            if let Some(bad) = keys
+                .iter()
+                .find(|k| k.api_key.is_empty() || k.api_key.trim() != k.api_key)
+            {
+                return Err(ConfigError::new(
+                    "RateLimitPlanKey.api_key",
+                    format!(
+                        "a key of plan `{}` is empty or begins or ends with whitespace: keys \
+                         are compared with a header's value, trimmed",
+                        bad.plan
+                    ),
+                ));
+            }
+            PlanFrom::By(format!("header:{}", header("plan_key_header", name)?), keys)
+        }
+    };
     let user_key = match &options.user_key.0 {
         UserKeyRepr::Header(name) => {
             let name = HeaderName::try_from(name.as_str()).map_err(|_| {
@@ -271,7 +317,7 @@ fn map(rows: &[SqlRuleRow], options: &SqlSourceOptions) -> Result<Mapped, Config
                 ),
             ));
         }
-        plan_quotas(group, &plan_header, &mut limit)?;
+        plan_quotas(group, &source, &mut limit)?;
         limits.push(limit);
         ids.push(group.rows.iter().map(|r| r.rule_id).collect());
     }
@@ -284,17 +330,22 @@ fn map(rows: &[SqlRuleRow], options: &SqlSourceOptions) -> Result<Mapped, Config
     })
 }
 
+/// Where the limits with plans read a request's plan.
+enum PlanFrom<'a> {
+    /// `from`: a header or the extension.
+    From(String),
+    /// `by` a header, and the keys.
+    By(String, &'a [SqlPlanKeyRow]),
+}
+
 /// The quota (one row) or the plans (rows with a plan) of a group, and its rule ids.
 fn plan_quotas(
     group: &Group<'_>,
-    plan_header: &HeaderName,
+    source: &PlanFrom<'_>,
     limit: &mut LimitRule,
 ) -> Result<(), ConfigError> {
     let mut default: Option<&SqlRuleRow> = None;
-    let mut plans = Plans {
-        from: Some(format!("header:{plan_header}")),
-        ..Plans::default()
-    };
+    let mut plans = Plans::default();
     for row in &group.rows {
         let quota = quota(row)?;
         match row.plan.as_deref() {
@@ -323,6 +374,18 @@ fn plan_quotas(
         // One row without a plan: a plain quota.
         limit.quota = plans.quotas.remove(DEFAULT_PLAN);
         return Ok(());
+    }
+    match source {
+        PlanFrom::From(from) => plans.from = Some(from.clone()),
+        PlanFrom::By(by, keys) => {
+            plans.by = Some(by.clone());
+            // The keys of this limit's plans; others have its default plan.
+            plans.keys = keys
+                .iter()
+                .filter(|k| k.plan != DEFAULT_PLAN && plans.rule_ids.contains_key(&k.plan))
+                .map(|k| (k.api_key.clone(), k.plan.clone()))
+                .collect();
+        }
     }
     plans.default = default.map(|_| DEFAULT_PLAN.to_owned());
     if plans.default.is_none() {

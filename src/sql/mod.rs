@@ -7,9 +7,9 @@
 //! them and polls the table for changes ([`SqlPoller`]). PostgreSQL with
 //! `rules-postgres`.
 //!
-//! The migration files ship with the crate (`migrations/sqlite/0001_tollgate.sql`,
-//! `migrations/postgres/0001_tollgate.sql`) for any migration tool; [`migrate`] runs the
-//! right one, creating what is missing (`CREATE … IF NOT EXISTS`: running it again changes
+//! The migration files ship with the crate (`migrations/sqlite/0001_tollgate.sql` and
+//! `0002_plan_keys.sql`, the same in `migrations/postgres/`) for any migration tool;
+//! [`migrate`] runs the right ones, creating what is missing (`CREATE … IF NOT EXISTS`: running it again changes
 //! nothing). Queries are plain strings checked at run time: nothing needs a database at
 //! build time.
 //!
@@ -51,16 +51,21 @@ mod mapping;
 #[cfg(feature = "rules-sql")]
 mod options;
 #[cfg(feature = "rules-sql")]
+mod plan_keys;
+#[cfg(feature = "rules-sql")]
 mod rules;
 #[cfg(feature = "rules-sql")]
 mod source;
 
 #[cfg(feature = "rules-sql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
-pub use mapping::{DEFAULT_PLAN, rules_document};
+pub use mapping::{DEFAULT_PLAN, rules_document, rules_document_with_keys};
 #[cfg(feature = "rules-sql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
 pub use options::{SqlSourceOptions, UserKey};
+#[cfg(feature = "rules-sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
+pub use plan_keys::{SqlPlanKeyRow, fetch_plan_keys};
 #[cfg(feature = "rules-sql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rules-sql")))]
 pub use rules::{SqlRuleRow, fetch_rules};
@@ -73,10 +78,21 @@ pub use sqlx;
 /// The SQLite migration: both tables and their indexes.
 pub const SQLITE_MIGRATION: &str = include_str!("../../migrations/sqlite/0001_tollgate.sql");
 
+/// The second SQLite migration: the `RateLimitPlanKey` table (the plan of each API key).
+pub const SQLITE_PLAN_KEYS_MIGRATION: &str =
+    include_str!("../../migrations/sqlite/0002_plan_keys.sql");
+
 /// The PostgreSQL migration: both tables and their indexes.
 #[cfg(feature = "rules-postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rules-postgres")))]
 pub const POSTGRES_MIGRATION: &str = include_str!("../../migrations/postgres/0001_tollgate.sql");
+
+/// The second PostgreSQL migration: the `RateLimitPlanKey` table (the plan of each API
+/// key).
+#[cfg(feature = "rules-postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rules-postgres")))]
+pub const POSTGRES_PLAN_KEYS_MIGRATION: &str =
+    include_str!("../../migrations/postgres/0002_plan_keys.sql");
 
 /// A connection pool of a supported database.
 #[derive(Debug, Clone)]
@@ -103,16 +119,23 @@ impl From<sqlx::PgPool> for SqlPool {
     }
 }
 
-/// Creates the `RateLimitRule` and `RateLimitViolation` tables and their indexes where
-/// they are missing (the migration of the pool's database, in one batch of statements).
+/// Creates the `RateLimitRule`, `RateLimitViolation` and `RateLimitPlanKey` tables and
+/// their indexes where they are missing (the migrations of the pool's database, in order,
+/// each in one batch of statements).
 pub async fn migrate(pool: &SqlPool) -> Result<(), sqlx::Error> {
     match pool {
         SqlPool::Sqlite(pool) => {
             sqlx::raw_sql(SQLITE_MIGRATION).execute(pool).await?;
+            sqlx::raw_sql(SQLITE_PLAN_KEYS_MIGRATION)
+                .execute(pool)
+                .await?;
         }
         #[cfg(feature = "rules-postgres")]
         SqlPool::Postgres(pool) => {
             sqlx::raw_sql(POSTGRES_MIGRATION).execute(pool).await?;
+            sqlx::raw_sql(POSTGRES_PLAN_KEYS_MIGRATION)
+                .execute(pool)
+                .await?;
         }
     }
     Ok(())

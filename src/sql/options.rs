@@ -68,9 +68,11 @@ impl fmt::Debug for UserKey {
 }
 
 /// How the SQL source maps and polls the `RateLimitRule` table: the poll interval
-/// (default 60 s), the user key of `user` rules (default the `x-user-id` header), the
-/// header naming a request's plan (default `x-plan`), and the document's
-/// [`Settings`] (trusted proxies for `ip` rules, header style, allow and deny lists).
+/// (default 60 s), the user key of `user` rules (default the `x-user-id` header), where a
+/// request's plan comes from (default the `x-plan` header; better, from your
+/// authentication: [`plan_from_extension`](Self::plan_from_extension), or by API key:
+/// [`plan_by_key`](Self::plan_by_key)), and the document's [`Settings`] (trusted proxies
+/// for `ip` rules, header style, allow and deny lists).
 ///
 /// ```
 /// use std::time::Duration;
@@ -91,8 +93,19 @@ impl fmt::Debug for UserKey {
 pub struct SqlSourceOptions {
     pub(crate) poll: Duration,
     pub(crate) user_key: UserKey,
-    pub(crate) plan_header: String,
+    pub(crate) plan: PlanSource,
     pub(crate) settings: Settings,
+}
+
+/// Where rules with a `plan` find a request's plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PlanSource {
+    /// The value of this header names the plan.
+    Header(String),
+    /// The request's [`Plan`](crate::Plan) extension.
+    Extension,
+    /// The value of this header is an API key, whose plan `RateLimitPlanKey` gives.
+    ByKey(String),
 }
 
 impl Default for SqlSourceOptions {
@@ -100,7 +113,7 @@ impl Default for SqlSourceOptions {
         Self {
             poll: Duration::from_secs(60),
             user_key: UserKey::header("x-user-id"),
-            plan_header: "x-plan".into(),
+            plan: PlanSource::Header("x-plan".into()),
             settings: Settings::default(),
         }
     }
@@ -121,9 +134,44 @@ impl SqlSourceOptions {
     }
 
     /// The header naming a request's plan, for rules with a `plan` (default `x-plan`).
-    /// Only trust a header your own gateway sets (and strips from clients).
+    /// Only trust a header your own gateway sets (and strips from clients): prefer
+    /// [`plan_from_extension`](Self::plan_from_extension) or
+    /// [`plan_by_key`](Self::plan_by_key).
     pub fn plan_header(mut self, name: impl Into<String>) -> Self {
-        self.plan_header = name.into();
+        self.plan = PlanSource::Header(name.into());
+        self
+    }
+
+    /// Rules with a `plan` read it from the request's [`Plan`](crate::Plan) extension,
+    /// inserted by your authentication (`[limits.plans] from = "extension"`).
+    pub fn plan_from_extension(mut self) -> Self {
+        self.plan = PlanSource::Extension;
+        self
+    }
+
+    /// Rules with a `plan` read the API key in the header `name` and find its plan in
+    /// the `RateLimitPlanKey` table (its active rows, at most
+    /// [`MAX_PLAN_KEYS`](crate::rules::MAX_PLAN_KEYS); polled with the rules): a key not
+    /// listed, inactive, or of a plan the rules of a `key_pattern` do not name has that
+    /// pattern's default plan (its row whose `plan` is `NULL`). The table is created by
+    /// [`migrate`](crate::sql::migrate) (`migrations/*/0002_plan_keys.sql`).
+    ///
+    /// ```
+    /// use tollgate::sql::{SqlPlanKeyRow, SqlRuleRow, SqlSourceOptions, rules_document_with_keys};
+    ///
+    /// let options = SqlSourceOptions::default().plan_by_key("x-api-key");
+    /// let mut pro = SqlRuleRow::new(2, "user:{user_id}", "user", 100.0, 500);
+    /// pro.plan = Some("pro".into());
+    /// let rows = [SqlRuleRow::new(1, "user:{user_id}", "user", 1.0, 10), pro];
+    /// let keys = [SqlPlanKeyRow::new("key-abc", "pro")];
+    /// let doc = rules_document_with_keys(&rows, &keys, &options)?;
+    /// let plans = doc.limits[0].plans.as_ref().unwrap();
+    /// assert_eq!(plans.by.as_deref(), Some("header:x-api-key"));
+    /// assert_eq!(plans.keys["key-abc"], "pro");
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn plan_by_key(mut self, name: impl Into<String>) -> Self {
+        self.plan = PlanSource::ByKey(name.into());
         self
     }
 

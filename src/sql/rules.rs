@@ -140,7 +140,9 @@ fn bad(index: String, why: String) -> sqlx::Error {
 /// as a failed query.
 pub(crate) fn row_error(e: &sqlx::Error) -> Option<ConfigError> {
     match e {
-        sqlx::Error::ColumnDecode { index, source } if index.starts_with("RateLimitRule") => {
+        sqlx::Error::ColumnDecode { index, source }
+            if index.starts_with("RateLimitRule") || index.starts_with("RateLimitPlanKey") =>
+        {
             Some(ConfigError::new(index.clone(), source.to_string()))
         }
         _ => None,

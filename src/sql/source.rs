@@ -11,10 +11,10 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use super::file::DbFile;
-use super::mapping::{custom_keys, rules_document};
-use super::options::SqlSourceOptions;
+use super::mapping::{custom_keys, rules_document_with_keys};
+use super::options::{PlanSource, SqlSourceOptions};
 use super::rules::row_error;
-use super::{SqlPool, fetch_rules};
+use super::{SqlPlanKeyRow, SqlPool, SqlRuleRow, fetch_plan_keys, fetch_rules};
 use crate::base::error::ConfigError;
 use crate::rules::{Document, Rules, RulesBuilder, Trigger, WeakRules};
 use crate::store::Store;
@@ -176,7 +176,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
             )
         })?;
         let pool = pool.into();
-        let rows = tokio::time::timeout(QUERY_TIMEOUT, fetch_rules(&pool))
+        let (rows, keys) = tokio::time::timeout(QUERY_TIMEOUT, fetch(&pool, &options))
             .await
             .map_err(|_| ConfigError::new("RateLimitRule", "the query timed out (30 s)"))?
             .map_err(|e| match row_error(&e) {
@@ -187,7 +187,7 @@ impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
         let file = DbFile::of(&pool);
         // Mapping and compiling grow with the table: on a blocking thread.
         let (document, rules, options) = blocking(move || {
-            let document = rules_document(&rows, &options)?;
+            let document = rules_document_with_keys(&rows, &keys, &options)?;
             let mut builder = self.document(document.clone());
             // The key parts the check registered (`custom:user`), for every version.
             for (name, key) in custom_keys(&options) {
@@ -262,19 +262,21 @@ impl<St: Store, R: Clone + Send + Sync + 'static> Poll<St, R> {
                 self.failed(&rules, reason);
                 continue;
             }
-            let fetched = tokio::time::timeout(QUERY_TIMEOUT, fetch_rules(&self.pool)).await;
+            let fetched =
+                tokio::time::timeout(QUERY_TIMEOUT, fetch(&self.pool, &self.options)).await;
             let Some(rules) = self.rules.upgrade() else {
                 return;
             };
             match fetched {
-                Ok(Ok(rows)) => {
+                Ok(Ok((rows, keys))) => {
                     // Mapping the rows and compiling the rules is CPU work that grows with
                     // the table: on a blocking thread, never on the runtime's workers.
                     let recovering = self.query_failed.take().is_some();
                     let (options, last) = (self.options.clone(), self.last.take());
                     let on = rules.clone();
                     let settled = blocking(move || {
-                        settle(&on, last, recovering, rules_document(&rows, &options))
+                        let document = rules_document_with_keys(&rows, &keys, &options);
+                        settle(&on, last, recovering, document)
                     })
                     .await;
                     match settled {
@@ -353,6 +355,20 @@ fn settle<St: Store, R: Clone + Send + Sync + 'static>(
         }
     };
     Some(Attempt { outcome, accepted })
+}
+
+/// The rule rows and, where plans are read by key, the key rows (one query each; the
+/// keys' bounded).
+async fn fetch(
+    pool: &SqlPool,
+    options: &SqlSourceOptions,
+) -> Result<(Vec<SqlRuleRow>, Vec<SqlPlanKeyRow>), sqlx::Error> {
+    let rows = fetch_rules(pool).await?;
+    let keys = match options.plan {
+        PlanSource::ByKey(_) => fetch_plan_keys(pool).await?,
+        PlanSource::Header(_) | PlanSource::Extension => Vec::new(),
+    };
+    Ok((rows, keys))
 }
 
 /// Runs `work` on the runtime's blocking threads, with the caller's `tracing` dispatcher
