@@ -7,14 +7,16 @@
 //!
 //! From SQLite instead (feature `rules-sql`): the file and the tables are created when
 //! missing, an empty `RateLimitRule` gets demonstration rows (a global rule, one per
-//! client address, `POST /login` for the whole app, a user rule with plans `free` and
-//! `pro`), the table is read every `RULES_POLL_SECS` (default 60), and refusals are
-//! written to `RateLimitViolation` in the same database:
+//! client address, `POST /login` for the whole app, a rule per API key with plans `free`
+//! and `pro`, each key's plan in `RateLimitPlanKey`: the plan comes from the key, never
+//! from the client), the tables are read every `RULES_POLL_SECS` (default 60), and
+//! refusals are written to `RateLimitViolation` in the same database:
 //!
 //! ```text
 //! RULES_DB=sqlite://rules.db RULES_POLL_SECS=5 cargo run -p tollgate --example rules_server --features rules-sql
-//! curl -i -H 'x-user-id: 7' -H 'x-plan: free' http://127.0.0.1:3000/   # 4th in a second: 429
+//! curl -i -H 'x-api-key: key-free-1' http://127.0.0.1:3000/   # 4th in a second: 429
 //! sqlite3 rules.db "UPDATE RateLimitRule SET burst_capacity = 20 WHERE plan = 'free'"   # next poll
+//! sqlite3 rules.db "INSERT INTO RateLimitPlanKey (api_key, plan) VALUES ('key-pro-2', 'pro')"
 //! sqlite3 rules.db "UPDATE RateLimitRule SET is_active = FALSE WHERE key_pattern = 'ip:{ip}'"
 //! sqlite3 rules.db "SELECT rule_id, limit_name, ip_address, endpoint, requested_at FROM RateLimitViolation"
 //! ```
@@ -175,7 +177,7 @@ async fn from_database<St: Store>(
 
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
     use tollgate::audit::AuditLog;
-    use tollgate::sql::{self, SqlPool, SqlSourceOptions, SqlViolationSink};
+    use tollgate::sql::{self, SqlPool, SqlSourceOptions, SqlViolationSink, UserKey};
 
     let options = SqliteConnectOptions::from_str(url)?.create_if_missing(true);
     let pool = SqlitePoolOptions::new().connect_with(options).await?;
@@ -190,12 +192,15 @@ async fn from_database<St: Store>(
                 ('global', 'global', 100, 200, NULL, 'every request: 100/s, bursts of 200'),
                 ('ip:{ip}', 'ip', 5, 10, NULL, 'per client address: 5/s, bursts of 10'),
                 ('endpoint:POST /login', 'endpoint', 0.2, 3, NULL, 'logins, whole app: one every 5 s, bursts of 3'),
-                ('user:{user_id}', 'user', 1, 3, 'free', 'per user (x-user-id) on plan free (x-plan)'),
-                ('user:{user_id}', 'user', 10, 20, 'pro', 'per user on plan pro; other plans: not limited')",
+                ('user:{user_id}', 'user', 1, 3, 'free', 'per API key (x-api-key) on plan free'),
+                ('user:{user_id}', 'user', 10, 20, 'pro', 'per API key on plan pro; keys of no plan: not limited');
+             INSERT OR IGNORE INTO RateLimitPlanKey (api_key, plan) VALUES
+                ('key-free-1', 'free'),
+                ('key-pro-1', 'pro')",
         )
         .execute(&pool)
         .await?;
-        println!("RateLimitRule was empty: inserted 5 demonstration rows");
+        println!("RateLimitRule was empty: inserted 5 demonstration rows and 2 API keys");
     }
     let poll: u64 = match std::env::var("RULES_POLL_SECS") {
         Ok(secs) => secs.parse()?,
@@ -207,11 +212,18 @@ async fn from_database<St: Store>(
         .configure(move |builder| builder.audit(audit.clone()))
         .build_sql(
             db,
-            SqlSourceOptions::default().poll_every(Duration::from_secs(poll)),
+            SqlSourceOptions::default()
+                .poll_every(Duration::from_secs(poll))
+                // `user` rules count per API key; its plan is its row of RateLimitPlanKey.
+                .user_key(UserKey::header("x-api-key"))
+                .plan_by_key("x-api-key"),
         )
         .await?;
     // The poller runs until the rules are dropped (dropping its handle does not stop it).
-    Ok((rules, format!("{url} (RateLimitRule, read every {poll} s)")))
+    Ok((
+        rules,
+        format!("{url} (RateLimitRule and RateLimitPlanKey, read every {poll} s)"),
+    ))
 }
 
 #[cfg(not(feature = "rules-sql"))]

@@ -256,18 +256,38 @@ impl Limit {
     /// at once; after a downgrade the client may have to wait for the smaller bucket to
     /// have room).
     ///
+    /// Read the plan from what your authentication found (a [`Plan`](crate::Plan), or a
+    /// type of your own, in the request's extensions), never only from a header the
+    /// client sends: a client could name any plan.
+    ///
+    /// ```
+    /// use tollgate::{Limit, Plan, Quota, key::Header};
+    ///
+    /// // Your authentication middleware, once it knows the key:
+    /// // `request.extensions_mut().insert(Plan::from_static("pro"))`.
+    /// let per_key = Limit::new("per-key", Quota::per_minute(60))
+    ///     .key(Header::new("x-api-key"))
+    ///     .quota_by(|parts| match Plan::of(parts)? {
+    ///         "pro" => Some(Quota::per_second(10).burst(50)),
+    ///         "enterprise" => Some(Quota::per_second(100).burst(500)),
+    ///         _ => None, // free, or no plan: the limit's own quota
+    ///     });
+    /// # let _ = per_key;
+    /// ```
+    ///
+    /// A type of your own works the same way:
+    ///
     /// ```
     /// use tollgate::{Limit, Quota, key::Header};
     ///
     /// #[derive(Clone, Copy)]
-    /// enum Plan { Free, Pro, Enterprise }
+    /// enum Tier { Free, Pro }
     ///
     /// let per_key = Limit::new("per-key", Quota::per_minute(60))
     ///     .key(Header::new("x-api-key"))
-    ///     .quota_by(|parts| match parts.extensions.get::<Plan>()? {
-    ///         Plan::Free => None, // the limit's own quota
-    ///         Plan::Pro => Some(Quota::per_second(10).burst(50)),
-    ///         Plan::Enterprise => Some(Quota::per_second(100).burst(500)),
+    ///     .quota_by(|parts| match parts.extensions.get::<Tier>()? {
+    ///         Tier::Free => None,
+    ///         Tier::Pro => Some(Quota::per_second(10).burst(50)),
     ///     });
     /// # let _ = per_key;
     /// ```
