@@ -252,9 +252,15 @@ impl<'de> Deserialize<'de> for LeaseSpec {
 /// let plans = doc.limits[0].plans.as_ref().unwrap();
 /// assert_eq!(plans.by.as_deref(), Some("header:x-api-key"));
 /// assert_eq!(plans.keys["key-abc"], "pro");
+/// // Logging the document shows no key.
+/// assert!(!format!("{doc:?}").contains("key-abc"));
+/// assert!(format!("{plans:?}").contains("keys: <1 keys>"));
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// Its `Debug` shows how many keys there are, never the keys (they are secrets, and a
+/// document is often logged).
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Plans {
     /// `from`: where the plan's name is read: `"extension"` (the request's
     /// [`Plan`](crate::Plan) extension, set by your authentication), `"header:<name>"` or
@@ -279,6 +285,19 @@ pub struct Plans {
     /// read from files (every other entry of the table is a plan): set by code, such as
     /// the SQL source.
     pub rule_ids: BTreeMap<String, u64>,
+}
+
+impl fmt::Debug for Plans {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plans")
+            .field("from", &self.from)
+            .field("by", &self.by)
+            .field("default", &self.default)
+            .field("quotas", &self.quotas)
+            .field("keys", &format_args!("<{} keys>", self.keys.len()))
+            .field("rule_ids", &self.rule_ids)
+            .finish()
+    }
 }
 
 /// A limit's `key`: one part, or several (a composite key, e.g.

@@ -98,9 +98,11 @@ impl SqlPoller {
 }
 
 impl<St: Store, R: Clone + Send + Sync + 'static> RulesBuilder<St, R> {
-    /// Builds the rules from the `RateLimitRule` table (see [`rules_document`] for how
-    /// rows become limits) and starts a task on the current Tokio runtime that reads the
-    /// table every [`poll`](SqlSourceOptions::poll_every) interval.
+    /// Builds the rules from the `RateLimitRule` table (see
+    /// [`rules_document`](super::rules_document) for how rows become limits; with
+    /// [`plan_by_key`](SqlSourceOptions::plan_by_key), the `RateLimitPlanKey` table too) and
+    /// starts a task on the current Tokio runtime that reads the tables every
+    /// [`poll`](SqlSourceOptions::poll_every) interval.
     ///
     /// An error at start (the table cannot be read, a row is invalid) is returned. Later,
     /// the rules are reloaded only when the rows map to different rules (edits of
