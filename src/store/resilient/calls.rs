@@ -1,0 +1,157 @@
+//! A call to the backend: its timeout (sized by the round trips observed), the breaker
+//! glue (when a failure or a timeout counts against it), and its answer settled into
+//! statuses (the deny cache, the write-back list and held units updated).
+
+use std::future::Future;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::deny::quota_salt;
+use super::{Part, Resilient};
+use crate::base::clock::Clock;
+use crate::model::decision::Status;
+use crate::model::policy::Mode;
+use crate::store::{Backend, Op, Statuses, StoreError};
+
+/// A backend silent this long (no call answered) is failing: timeouts count against the
+/// breaker from then on.
+const QUIET_NS: u64 = 1_000_000_000;
+
+impl<B: Backend> Resilient<B> {
+    pub(super) async fn run<F>(self, op: Op, parts: SmallVec<[Part; 4]>, call: F) -> Statuses
+    where
+        F: Future<Output = Result<Statuses, StoreError>>,
+    {
+        let inner = &*self.inner;
+        let sent_at = inner.clock.now();
+        let timeout = self.call_timeout();
+        let (result, late) = match tokio::time::timeout(timeout, call).await {
+            Ok(result) => {
+                if result.is_ok() {
+                    self.answered(sent_at);
+                }
+                (result, false)
+            }
+            Err(_) => (
+                Err(StoreError::new(format!("no answer within {timeout:?}"))),
+                true,
+            ),
+        };
+        {
+            use crate::observe::probe::ErrorKind;
+            let m = &inner.metrics;
+            m.duration(inner.clock.now().saturating_sub(sent_at));
+            match &result {
+                Err(_) if late => m.error(ErrorKind::Timeout),
+                Err(_) => m.error(ErrorKind::Backend),
+                Ok(s) if s.len() != parts.len() => m.error(ErrorKind::Protocol),
+                Ok(_) => {}
+            }
+        }
+        let name = inner.backend.name();
+        if matches!(op, Op::Refund | Op::Credit | Op::Reset)
+            && let Some(cache) = &inner.deny_cache
+        {
+            // Applied (or not): checks sent until now may have been decided before it.
+            for p in &parts {
+                if let Some(table) = &p.deny {
+                    self.given_back(cache, table, &p.key, quota_salt(&p.quota));
+                }
+            }
+        }
+        let statuses = self.settle(op, &parts, sent_at, result, late, name);
+        inner.metrics.breaker(inner.breaker.is_open());
+        statuses
+    }
+
+    /// A call sent at `sent_at` was answered now: a round trip observed, and the backend
+    /// answers.
+    pub(super) fn answered(&self, sent_at: u64) {
+        let inner = &*self.inner;
+        let now = inner.clock.now();
+        inner.rtt.observe(now.saturating_sub(sent_at));
+        inner
+            .answered_at
+            .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the backend has been silent for `QUIET` (no call answered, nor since the
+    /// store was made): only then does a timeout count against the breaker. A timeout
+    /// while calls are answered is this side being slow (a busy instance, a queue of
+    /// calls), not a backend that does not answer; and a store that has not heard from its
+    /// backend yet gives it the time to answer a first call and its own probe (whose round
+    /// trip sizes the timeout) before it calls it failing.
+    pub(super) fn silent(&self) -> bool {
+        let inner = &*self.inner;
+        let heard = inner.answered_at.load(std::sync::atomic::Ordering::Relaxed);
+        inner.clock.now().saturating_sub(heard) >= QUIET_NS
+    }
+
+    /// How long the next call may take: the configured timeout, or what the round trips
+    /// observed (and the backend's own, e.g. Redis's probe) say when that is longer.
+    pub(super) fn call_timeout(&self) -> Duration {
+        let inner = &*self.inner;
+        inner.rtt.timeout(inner.timeout, inner.backend.round_trip())
+    }
+
+    /// The statuses of a call's answer (`late`: it timed out; the request follows its
+    /// policy, and the timeout counts against the breaker only if no call was answered
+    /// since this one was sent).
+    fn settle(
+        &self,
+        op: Op,
+        parts: &[Part],
+        sent_at: u64,
+        result: Result<Statuses, StoreError>,
+        late: bool,
+        name: &'static str,
+    ) -> Statuses {
+        let inner = &*self.inner;
+        match result {
+            Ok(statuses) if statuses.len() == parts.len() => {
+                inner.breaker.success(name);
+                self.repay();
+                match op {
+                    Op::Check => {
+                        self.hold_granted(parts, &statuses);
+                        for (p, s) in parts.iter().zip(&statuses) {
+                            if let Status::Checked(o) = s
+                                && p.mode == Mode::Enforce
+                            {
+                                if !o.is_allowed() {
+                                    self.remember_denial(p, sent_at, o);
+                                }
+                                // Refused, or granted its last token: spent.
+                                self.remember_refusal(p, sent_at, o);
+                            }
+                        }
+                    }
+                    // Only once applied: a block the backend did not make must not refuse
+                    // a key the backend lets pass.
+                    Op::Block(d) => {
+                        for p in parts {
+                            self.remember_block(p, sent_at, d);
+                        }
+                    }
+                    _ => {}
+                }
+                statuses
+            }
+            Ok(statuses) => {
+                let error = format!("{} statuses for {} items", statuses.len(), parts.len());
+                tracing::debug!(%error, "tollgate: {name} answered wrongly");
+                inner.breaker.failure(inner.clock.now(), name, &error);
+                self.on_failure(op, parts, false)
+            }
+            Err(error) => {
+                tracing::debug!(%error, "tollgate: {name} call failed");
+                if !late || self.silent() {
+                    inner.breaker.failure(inner.clock.now(), name, &error);
+                }
+                // A call that timed out may have been applied: nothing is owed for it.
+                self.on_failure_busy(op, parts, !late, late)
+            }
+        }
+    }
+}

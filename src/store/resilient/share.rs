@@ -1,0 +1,245 @@
+//! When the backend does not answer: each limit's failure policy (`Allow`, `Deny`,
+//! `Fallback`, `Share`: 1/N of the quota, starting spent for keys seen spent), and the
+//! charge-back (`repay`) of what `Share` granted once the backend answers again (the
+//! debts are kept in `owed.rs`).
+
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::{Part, Resilient, owed, refuses};
+use crate::algo::algorithm::Algorithm;
+use crate::base::clock::Clock;
+use crate::model::decision::{Outcome, Status};
+use crate::model::policy::{FailurePolicy, Mode};
+use crate::store::memory::MemoryTable;
+use crate::store::{Backend, Checked, Item, Op, Statuses, Store};
+
+/// An in-flight limit's refusal when this instance could not learn in time whether a
+/// unit is free: no unit left, retry after the limit's `retry_after`.
+fn in_flight_refusal(p: &Part) -> Outcome {
+    let retry_after = p.algorithm.retry_after().unwrap_or(Duration::from_secs(1));
+    let retry_us = u64::try_from(retry_after.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    Outcome::window(
+        crate::algo::window::Report {
+            verdict: crate::algo::gcra::Admission::Denied {
+                retry_after: retry_us,
+            },
+            remaining: 0,
+            reset_after: 0,
+            next_after: None,
+            wait: 0,
+        },
+        1_000,
+    )
+}
+
+impl<B: Backend> Resilient<B> {
+    /// The statuses of a call the backend did not answer: each item's policy. `owe`: the
+    /// call surely changed nothing in the backend (it was not made, or failed with an
+    /// error), so what `Share` grants here is charged to the shared bucket later.
+    pub(super) fn on_failure(&self, op: Op, parts: &[Part], owe: bool) -> Statuses {
+        self.on_failure_busy(op, parts, owe, false)
+    }
+
+    /// [`on_failure`](Self::on_failure); `busy`: the call timed out (this instance or the
+    /// backend is slow, or the backend is gone: a timeout cannot tell). An in-flight limit
+    /// then refuses (its `retry_after`) instead of granting a local share: the call may
+    /// have taken a unit in the backend, and a local grant beside the backend's count would
+    /// let more than `n` run. Its share is for a backend known to fail: a call that failed
+    /// with an error, or an open breaker.
+    pub(super) fn on_failure_busy(
+        &self,
+        op: Op,
+        parts: &[Part],
+        owe: bool,
+        busy: bool,
+    ) -> Statuses {
+        let busy_in_flight = |p: &Part| {
+            busy && op == Op::Check
+                && p.algorithm.is_in_flight()
+                && matches!(p.policy, FailurePolicy::Share | FailurePolicy::Fallback)
+        };
+        let mut statuses: Statuses = parts
+            .iter()
+            .map(|p| match p.policy {
+                _ if busy_in_flight(p) => Status::Checked(in_flight_refusal(p)),
+                FailurePolicy::Allow => Status::FailedOpen,
+                FailurePolicy::Deny => Status::FailedClosed,
+                _ => Status::Unchecked, // the fallback, below
+            })
+            .collect();
+        let refused =
+            op == Op::Check && statuses.iter().zip(parts).any(|(s, p)| refuses(s, p.mode));
+        let fallback: SmallVec<[usize; 4]> = (0..parts.len())
+            .filter(|&i| {
+                matches!(
+                    parts[i].policy,
+                    FailurePolicy::Fallback | FailurePolicy::Share
+                ) && !busy_in_flight(&parts[i])
+            })
+            .collect();
+        if fallback.is_empty() || refused {
+            // A refused check consumes nothing, not even locally.
+            return statuses;
+        }
+        // This instance's share of a shared limit: 1/n of it, n the live instances.
+        let instances = self.inner.backend.instances();
+        let items: SmallVec<[Item<'_, MemoryTable>; 4]> = fallback
+            .iter()
+            .map(|&i| {
+                let p = &parts[i];
+                let quota = match p.policy {
+                    FailurePolicy::Share => p.quota.share(instances, p.algorithm.is_window()),
+                    _ => p.quota,
+                };
+                Item::new(&p.fallback, p.key.clone(), quota, p.cost)
+                    .mode(p.mode)
+                    .algorithm(p.algorithm)
+                    .max_wait(p.max_wait)
+            })
+            .collect();
+        if op == Op::Check {
+            self.share_as_spent(&fallback, parts, &items);
+        }
+        let Checked::Ready(local) = self.inner.fallback.apply(op, &items) else {
+            unreachable!("the memory store answers at once")
+        };
+        for (&i, s) in fallback.iter().zip(local) {
+            statuses[i] = match s {
+                Status::Checked(o) => Status::Fallback(o),
+                other => other,
+            };
+        }
+        let passed = !statuses.iter().zip(parts).any(|(s, p)| refuses(s, p.mode));
+        if owe && op == Op::Check && passed {
+            for (&i, item) in fallback.iter().zip(&items) {
+                let p = &parts[i];
+                let counted = p.policy == FailurePolicy::Share
+                    && p.mode == Mode::Enforce
+                    && p.algorithm == Algorithm::Gcra
+                    && p.cost > 0;
+                let debt = || owed::Debt {
+                    remote: p.remote.clone(),
+                    key: p.key.clone(),
+                    quota: p.quota,
+                    local: p.fallback.clone(),
+                    share: item.quota,
+                };
+                if counted && !self.inner.owed.add(debt()) {
+                    self.inner.writeback_dropped.increment(1);
+                }
+            }
+        }
+        statuses
+    }
+
+    /// The backend answers: what the shares of the keys `Share` granted while it could not
+    /// be reached still lack is charged to the shared buckets (`Op::Penalize`), in the
+    /// background (see `owed`).
+    pub(super) fn repay(&self) {
+        let debts = self.inner.owed.take();
+        if debts.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        tracing::info!(
+            keys = debts.len(),
+            "tollgate: charging {} with what was granted on this instance's share while it failed",
+            self.inner.backend.name()
+        );
+        let timeout = self.call_timeout();
+        for d in debts {
+            // What the share lacks now: the tokens spent on it and not refilled yet.
+            let look = [Item::new(&d.local, d.key.clone(), d.share, 0)];
+            let Checked::Ready(s) = self.inner.fallback.apply(Op::Check, &look) else {
+                unreachable!("the memory store answers at once")
+            };
+            let left = s
+                .first()
+                .and_then(Status::outcome)
+                .map_or(0, Outcome::remaining);
+            let lacks = d.share.burst_size().saturating_sub(left);
+            if lacks == 0 {
+                continue;
+            }
+            let cost = u32::try_from(lacks).unwrap_or(u32::MAX);
+            let call = d.remote.remote.call(
+                Op::Penalize,
+                &d.key,
+                d.quota,
+                Algorithm::Gcra,
+                cost,
+                Duration::ZERO,
+            );
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(timeout, call).await;
+            });
+        }
+    }
+
+    /// A key this instance saw spent (in the write-back list) starts its share as spent as
+    /// the shared bucket was: a share is of what the limit has left, not a fresh burst on
+    /// top of what the shared bucket gives back once it answers again. GCRA; a restore
+    /// only ever moves the local bucket forward, so repeating it changes nothing.
+    fn share_as_spent(&self, fallback: &[usize], parts: &[Part], items: &[Item<'_, MemoryTable>]) {
+        let now = self.inner.clock.now();
+        for (&i, item) in fallback.iter().zip(items) {
+            let p = &parts[i];
+            if p.policy != FailurePolicy::Share || p.algorithm.is_window() {
+                continue;
+            }
+            let until = {
+                let list = self.inner.refused.lock().unwrap_or_else(|e| e.into_inner());
+                list.until(&p.remote, &p.key)
+            };
+            if let Some(until) = until.filter(|&u| u > now) {
+                let restore = [Item::new(item.table, p.key.clone(), item.quota, 1)];
+                let _ = self
+                    .inner
+                    .fallback
+                    .apply(Op::Restore(Duration::from_nanos(until - now)), &restore);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::quota::Quota;
+    use crate::model::key::Key;
+    use crate::store::resilient::tests::{Down, Silent};
+
+    async fn in_flight_check<B: Backend>(store: &Resilient<B>) -> Status {
+        let table = store.table("jobs");
+        let item = Item::new(&table, Key::from_part("k"), Quota::per_second(4), 1)
+            .algorithm(Algorithm::in_flight())
+            .on_failure(FailurePolicy::Share);
+        match store.apply(Op::Check, &[item]) {
+            Checked::Ready(s) => s[0],
+            Checked::Pending(f) => f.await[0],
+        }
+    }
+
+    /// The two-process flood's bug: an in-flight check that timed out got the local share
+    /// beside the units the backend counted (12 in flight for 8). It refuses now; a
+    /// backend that fails with an error gets the share.
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_out_in_flight_check_refuses_and_a_failed_one_gets_the_share() {
+        let silent = Resilient::new(Silent).timeout(Duration::from_millis(10));
+        let s = in_flight_check(&silent).await;
+        assert!(matches!(s, Status::Checked(o) if !o.is_allowed()), "{s:?}");
+        assert_eq!(
+            s.outcome().and_then(|o| o.retry_after()),
+            Some(Duration::from_secs(1))
+        );
+        let down = Resilient::new(Down);
+        let s = in_flight_check(&down).await;
+        assert!(matches!(s, Status::Fallback(o) if o.is_allowed()), "{s:?}");
+    }
+}

@@ -1,0 +1,260 @@
+//! The write-back list: the keys the backend left with nothing, one entry per (limit,
+//! key), written back (blocked until they were spent to) when the backend loses its
+//! buckets (its reset count moves).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::lease::LeaseTable;
+use super::{Part, Resilient};
+use crate::algo::algorithm::Algorithm;
+use crate::algo::quota::Quota;
+use crate::base::clock::Clock;
+use crate::model::decision::Outcome;
+use crate::model::key::Key;
+use crate::store::{Backend, Op};
+
+/// Keys remembered for a write-back, at most.
+const REMEMBERED_REFUSALS: usize = 10_000;
+
+/// A key the backend left with nothing (refused, or granted its last token), remembered
+/// to be written back if the backend loses its buckets: a GCRA bucket full again at
+/// `until`, a fixed window full until `until` (its end), on the store's clock.
+struct Refused {
+    remote: Arc<LeaseTable>,
+    key: Key,
+    quota: Quota,
+    algorithm: Algorithm,
+    until: u64,
+}
+
+/// The keys to write back if the backend loses its buckets: one entry per (limit, key),
+/// the most spent state seen, kept until that state has passed (a write-back does not
+/// empty it, so a second loss restores again), at most [`REMEMBERED_REFUSALS`].
+#[derive(Default)]
+pub(super) struct WriteBack {
+    keys: std::collections::HashMap<(usize, Key), Refused, foldhash::fast::RandomState>,
+    /// When entries that have passed were last dropped (at most once a second when full,
+    /// so a full list costs a lookup per new key, not a scan).
+    purged_at: u64,
+}
+
+impl WriteBack {
+    /// Remembers `r` at `now`: `false` if the list is full of live entries (`r` is
+    /// dropped).
+    fn remember(&mut self, r: Refused, now: u64) -> bool {
+        let id = (Arc::as_ptr(&r.remote) as usize, r.key.clone());
+        if let Some(known) = self.keys.get_mut(&id) {
+            if r.until >= known.until {
+                *known = r;
+            }
+            return true;
+        }
+        if self.keys.len() >= REMEMBERED_REFUSALS
+            && now.saturating_sub(self.purged_at) >= 1_000_000_000
+        {
+            self.purged_at = now;
+            self.keys.retain(|_, k| k.until > now);
+        }
+        if self.keys.len() >= REMEMBERED_REFUSALS {
+            return false;
+        }
+        self.keys.insert(id, r);
+        true
+    }
+
+    /// When the bucket of `key` (of the limit `remote` leases for) is full again, if
+    /// remembered.
+    pub(super) fn until(&self, remote: &Arc<LeaseTable>, key: &Key) -> Option<u64> {
+        let id = (Arc::as_ptr(remote) as usize, key.clone());
+        self.keys.get(&id).map(|k| k.until)
+    }
+
+    /// The entries still to restore at `now` (those that have passed are dropped).
+    fn live(&mut self, now: u64) -> Vec<(Arc<LeaseTable>, Key, Quota, Algorithm, u64)> {
+        self.keys.retain(|_, k| k.until > now);
+        self.keys
+            .values()
+            .map(|k| {
+                (
+                    k.remote.clone(),
+                    k.key.clone(),
+                    k.quota,
+                    k.algorithm,
+                    k.until,
+                )
+            })
+            .collect()
+    }
+}
+
+impl<B: Backend> Resilient<B> {
+    /// Remembers a key the backend refused with nothing left (GCRA, or a fixed window),
+    /// until it could pass a request of cost 1: what a write-back restores if the backend
+    /// loses its buckets.
+    pub(super) fn remember_refusal(&self, part: &Part, sent_at: u64, o: &Outcome) {
+        self.remember(
+            &part.remote,
+            &part.key,
+            part.quota,
+            part.algorithm,
+            sent_at,
+            o,
+        );
+    }
+
+    /// [`remember_refusal`](Self::remember_refusal) for any refused call about `key`.
+    pub(super) fn remember(
+        &self,
+        remote: &Arc<LeaseTable>,
+        key: &Key,
+        quota: Quota,
+        algorithm: Algorithm,
+        sent_at: u64,
+        o: &Outcome,
+    ) {
+        // (a calendar window's block fills the window it is in: the same as a fixed one's)
+        let restorable = algorithm == Algorithm::Gcra || algorithm.is_fixed();
+        if !restorable || o.remaining() > 0 {
+            return;
+        }
+        // Until the bucket is full again (GCRA), or the window ends: counted from the
+        // send, so never later than the backend's own.
+        let full = u64::try_from(o.reset_after().as_nanos()).unwrap_or(u64::MAX);
+        let until = sent_at.saturating_add(full);
+        let now = self.inner.clock.now();
+        let kept = self
+            .inner
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remember(
+                Refused {
+                    remote: remote.clone(),
+                    key: key.clone(),
+                    quota,
+                    algorithm,
+                    until,
+                },
+                now,
+            );
+        if !kept {
+            self.inner.writeback_dropped.increment(1);
+        }
+    }
+
+    /// The backend lost its buckets (its reset count moved): blocks every remembered key
+    /// until it was refused, in the background. A block only moves a bucket's state
+    /// forward, so keys that other instances wrote back, or that requests used since, lose
+    /// nothing; an exhausted key stays exhausted.
+    pub(super) fn write_back_after_reset(&self) {
+        let inner = &*self.inner;
+        let resets = inner.backend.resets();
+        let seen = inner.seen_resets.load(std::sync::atomic::Ordering::Acquire);
+        if resets == seen
+            || inner
+                .seen_resets
+                .compare_exchange(
+                    seen,
+                    resets,
+                    std::sync::atomic::Ordering::AcqRel,
+                    std::sync::atomic::Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let now = inner.clock.now();
+        let live = inner
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .live(now);
+        tracing::info!(
+            keys = live.len(),
+            "tollgate: writing back the spent keys {} lost",
+            inner.backend.name()
+        );
+        let timeout = self.call_timeout();
+        for (remote, key, quota, algorithm, until) in live {
+            let left = Duration::from_nanos(until - now);
+            // GCRA: the bucket as spent as it was (full again at `until`); a fixed window:
+            // full until its end.
+            let op = if algorithm.is_window() {
+                Op::Block(left)
+            } else {
+                Op::Restore(left)
+            };
+            let call = remote
+                .remote
+                .call(op, &key, quota, algorithm, 1, Duration::ZERO);
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(timeout, call).await;
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::resilient::tests::Down;
+
+    fn spent(table: &Arc<LeaseTable>, key: &str, until: u64) -> Refused {
+        Refused {
+            remote: table.clone(),
+            key: Key::from_part(key),
+            quota: Quota::per_second(10),
+            algorithm: Algorithm::Gcra,
+            until,
+        }
+    }
+
+    /// Issue "shared limits under stress", item 8: one entry per key, the most spent
+    /// state seen, kept through a write-back (a second loss restores it again) until it
+    /// has passed.
+    #[test]
+    fn the_write_back_list_keeps_one_entry_per_key_the_most_spent_until_it_passes() {
+        let store = Resilient::new(Down);
+        let (api, other) = (store.lease_table("api"), store.lease_table("other"));
+        let mut list = WriteBack::default();
+        for until in [100, 50, 300, 200] {
+            assert!(list.remember(spent(&api, "a", until), 0));
+        }
+        assert!(
+            list.remember(spent(&other, "a", 10), 0),
+            "another limit's key"
+        );
+        assert_eq!(list.keys.len(), 2);
+        assert_eq!(list.until(&api, &Key::from_part("a")), Some(300));
+        assert_eq!(list.live(20).len(), 1, "the other limit's entry has passed");
+        assert_eq!(
+            list.live(20).len(),
+            1,
+            "a write-back does not empty the list"
+        );
+        assert!(list.live(300).is_empty());
+        assert_eq!(list.until(&api, &Key::from_part("a")), None);
+    }
+
+    /// The list is bounded: a new key finds no room while every entry is live; entries
+    /// that have passed make room, looked for at most once a second.
+    #[test]
+    fn a_full_write_back_list_refuses_new_keys_and_makes_room_from_passed_entries() {
+        let store = Resilient::new(Down);
+        let api = store.lease_table("api");
+        let mut list = WriteBack::default();
+        for i in 0..REMEMBERED_REFUSALS {
+            assert!(list.remember(spent(&api, &i.to_string(), 5_000_000_000), 0));
+        }
+        assert!(!list.remember(spent(&api, "new", 9_000_000_000), 1));
+        // A known key still moves forward when the list is full.
+        assert!(list.remember(spent(&api, "7", 6_000_000_000), 1));
+        // Passed, and more than a second since the last look: room again.
+        assert!(list.remember(spent(&api, "new", 9_000_000_000), 5_500_000_000));
+        assert_eq!(list.keys.len(), 2);
+    }
+}
