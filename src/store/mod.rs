@@ -64,7 +64,7 @@ use crate::model::policy::{FailurePolicy, Mode};
 /// | `Block(d)` | a request of cost 1 is refused until `d` from now, whatever the tokens; then one token is there and the bucket refills from it |
 /// | `Reset` | a full bucket, unblocked (the key is forgotten) |
 /// | `Restore(d)` | GCRA: the bucket at least as spent as one that is full again in `d` (what a write-back after a state loss restores; it only ever moves a bucket forward); window limits: unchanged |
-/// | `Debit { max_debt }` | a settled cost's excess: `cost` tokens taken whatever is left, but the bucket at most `max_debt` tokens below empty (the rest is forgiven; [`gcra::debit`](crate::gcra::debit)); never moves a bucket back. GCRA; window limits: unchanged. Remote stores send it with the checks |
+/// | `Debit { max_debt }` | a settled cost's excess: `cost` tokens taken whatever is left, but the bucket at most `max_debt` tokens below empty (the rest is forgiven; `u64::MAX`: no cap; [`gcra::debit`](crate::gcra::debit)); never moves a bucket back. GCRA; window limits: unchanged. Remote stores send it with the checks |
 /// | `Credit` | a settled cost's overestimate: `Refund`, sent with the checks |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -85,7 +85,8 @@ pub enum Op {
     /// Take each item's cost, into debt of at most `max_debt` tokens (a settle that costs
     /// more than its estimate).
     Debit {
-        /// The most tokens the bucket may owe afterwards.
+        /// The most tokens the bucket may owe afterwards (`u64::MAX`: no cap, the whole
+        /// cost is taken).
         max_debt: u64,
     },
     /// Give each item's cost back, as [`Op::Refund`] (a settle that costs less than its
