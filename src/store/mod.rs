@@ -144,6 +144,12 @@ pub struct Item<'a, T> {
     /// Lease mode: a store that asks a remote one ([`Resilient`]) may spend leased tokens
     /// locally (see [`Lease`]). Other stores ignore it.
     pub lease: Option<Lease>,
+    /// The limit bans the keys it refuses too often ([`Limit::ban`](crate::Limit::ban)):
+    /// a store that shares bans ([`Store::ban`]) says, in the outcome of a check it
+    /// refuses, whether the key is banned and for how long (a ban begun by another
+    /// instance blocks the bucket, so that instance's first refusal is the ban's). Other
+    /// stores ignore it.
+    pub bans: bool,
 }
 
 impl<'a, T> Item<'a, T> {
@@ -173,6 +179,7 @@ impl<'a, T> Item<'a, T> {
             algorithm: Algorithm::Gcra,
             max_wait: Duration::ZERO,
             lease: None,
+            bans: false,
         }
     }
 
@@ -189,7 +196,14 @@ impl<'a, T> Item<'a, T> {
             algorithm: self.algorithm,
             max_wait: self.max_wait,
             lease: self.lease,
+            bans: self.bans,
         }
+    }
+
+    /// Sets whether the item's limit bans (see [`Item::bans`](Item#structfield.bans)).
+    pub fn bans(mut self, bans: bool) -> Self {
+        self.bans = bans;
+        self
     }
 
     /// Sets the item's lease mode (see [`Item::lease`](Item#structfield.lease)).

@@ -112,6 +112,7 @@ mod tests {
             span: None,
             held: None,
             settle: Settle::of(debit, algorithm),
+            ban: None,
         };
         let gcra = Settle::look_at_windows(debit)(part(Algorithm::Gcra));
         assert_eq!((gcra.settle, gcra.cost), (Some(Settle::Debit(300_000)), 7));
