@@ -77,8 +77,10 @@ pub(super) fn needed_down(n: usize, share: f64) -> usize {
 }
 
 /// A key is an outlier when its peak in some window is more than this many times the
-/// largest peak of every other key covered: the share then rounds down rather than up
-/// to leave it out (see [`choose`]).
+/// largest peak of every other key covered: when the share does not come to a whole
+/// number of keys, and the one key more that rounding it up would take in is an outlier,
+/// the share rounds down rather than up, leaving it out
+/// ([`GroupSuggestion::outliers`](super::GroupSuggestion::outliers)).
 pub const OUTLIER_RATIO: u64 = 4;
 
 /// The keys covered for `share` of the keys whose values are `values` (at least one), and
@@ -112,19 +114,17 @@ fn outlier<const W: usize>(values: &[[u64; W]], covered: &[usize]) -> Option<usi
     }
     // (its value, the others' largest, place): compared as ratios without division.
     let mut most: Option<(u64, u64, usize)> = None;
+    let column = |w: usize| covered.iter().map(move |&i| values[i][w]);
     for w in 0..W {
-        let mut top = 0;
-        for (at, &i) in covered.iter().enumerate() {
-            if values[i][w] > values[covered[top]][w] {
-                top = at;
-            }
-        }
-        let value = values[covered[top]][w];
-        let others = covered
-            .iter()
+        let (top, value) =
+            column(w).enumerate().fold(
+                (0, 0),
+                |best, (at, v)| if v > best.1 { (at, v) } else { best },
+            );
+        let others = column(w)
             .enumerate()
             .filter(|&(at, _)| at != top)
-            .map(|(_, &i)| values[i][w])
+            .map(|(_, v)| v)
             .max()
             .unwrap_or(0)
             .max(1);
