@@ -38,7 +38,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 2. The quickstart's limits.
     let limits = RateLimitLayer::builder(MemoryStore::new())
-        .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))
+        .limit(Limit::new("per-ip", Quota::per_minute(10)).key(PeerIp::new()))
         .limit(Limit::new("global", Quota::per_second(100).burst(200)))
         .build()?;
 

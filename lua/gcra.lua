@@ -25,7 +25,8 @@ Then per request: n, its number of limits (its next n KEYS), and five arguments 
            max_wait), taking them now; the bucket goes into debt.
            A settle (GCRA only, never refuses): "d:<max_debt>" takes `cost` tokens
            into debt of at most max_debt microseconds (TAT := max(TAT, min(max(TAT, now)
-           + cost * t, now + burst * t + max_debt)), `gcra::debit`); "c" gives `cost`
+           + cost * t, now + burst * t + max_debt, 2^53 - 1)), `gcra::debit`; a limit
+           without a debt cap sends 2^53 - 1); "c" gives `cost`
            back, never beyond a full bucket (TAT := max(now, TAT - cost * t); an absent
            key stays absent)
   kind     "" for GCRA; a window limit's kind (window.lua)
@@ -107,7 +108,9 @@ local function decide(k0, a0, n)
       if kind ~= '' then
         after = now -- window limits are unchanged (the client never sends them here)
       elseif enforce == 'd' then
-        local cap = now + burst * t + max_wait
+        -- at most 2^53 - 1, the last exact double: a settle without a debt cap sends
+        -- d:<2^53 - 1>, and the TAT must stay an integer both sides read alike
+        local cap = math.min(now + burst * t + max_wait, 9007199254740991)
         local new_tat = math.max(tat, math.min(after + cost * t, cap))
         if new_tat > tat then
           writes[i] = new_tat

@@ -9,7 +9,7 @@
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let limits = RateLimitLayer::builder(MemoryStore::new())
-//!     .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))
+//!     .limit(Limit::new("per-ip", Quota::per_minute(10)).key(PeerIp::new()))
 //!     .limit(Limit::new("global", Quota::per_second(100).burst(200)))
 //!     .build()?;
 //!
@@ -29,8 +29,8 @@
 //! `application/problem+json` body:
 //!
 //! ```text
-//! RateLimit-Policy: "per-ip";q=10;w=2, "global";q=200;w=2
-//! RateLimit: "per-ip";r=9;t=1, "global";r=199;t=1
+//! RateLimit-Policy: "per-ip";q=10;w=60, "global";q=200;w=2
+//! RateLimit: "per-ip";r=9;t=6, "global";r=199;t=1
 //! ```
 //!
 //! # The pieces

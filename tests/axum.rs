@@ -25,7 +25,8 @@ fn store() -> (FakeClock, MemoryStore<FakeClock>) {
     (clock.clone(), MemoryStore::with_clock(clock))
 }
 
-/// The quickstart's limits: `per-ip` 5/s burst 10, `global` 100/s burst 200.
+/// Two limits like the quickstart's, `per-ip` refilled faster (5/s, burst 10: a token every
+/// 200 ms) so that a token coming back is seen; `global` 100/s burst 200.
 fn quickstart(store: MemoryStore<FakeClock>) -> Router {
     let limits = RateLimitLayer::builder(store)
         .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))

@@ -12,6 +12,7 @@ use axum::Router;
 use axum::routing::post;
 use http::StatusCode;
 use support::{Lines, body_json, header, send, with_peer};
+use tollgate::audit::{AuditLog, Violation};
 use tollgate::clock::FakeClock;
 use tollgate::key::PeerIp;
 use tollgate::store::{BanCall, BanFuture, Checked, Item, MemoryStore, MemoryTable, Op, Store};
@@ -319,6 +320,86 @@ mod redis {
             .map_or(0, |n| n.parse().unwrap())
     }
 
+    /// Issue 45: a key banned on instance A got, on instance B's first request, an
+    /// ordinary 429 with its bucket's wait (here 30 s: two requests of a 2/min bucket),
+    /// not the ban's (10 s); the ban showed only from B's next request. B's first refusal
+    /// is now the ban's: the ban's status (403), its remaining time as `Retry-After`, its
+    /// problem body, and B knows the ban at once (later requests are refused before the
+    /// store).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_banned_on_one_instance_is_answered_as_banned_by_the_others_first_refusal() {
+        let server = RedisServer::start();
+        let clock_a = FakeClock::at(Duration::from_secs(1_000));
+        let clock_b = FakeClock::at(Duration::from_secs(1_000));
+        let (a, limiter_a) = app(store(&server, &clock_a).await, StatusCode::FORBIDDEN);
+        // B records its refusals in an audit log: the first is a banned request's.
+        let violations = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = violations.clone();
+        let audit = AuditLog::builder(move |batch: Vec<Violation>| {
+            kept.lock().unwrap().extend(batch);
+            async { Ok::<(), tollgate::audit::BoxError>(()) }
+        })
+        .flush_interval(Duration::from_millis(5))
+        .build()
+        .unwrap();
+        let layer = RateLimitLayer::builder(store(&server, &clock_b).await)
+            .limit(
+                Limit::new("login", Quota::per_minute(2))
+                    .key(PeerIp::new())
+                    .ban(login_ban()),
+            )
+            .audit(audit)
+            .build()
+            .unwrap();
+        let limiter_b = layer.limiter();
+        let b = Router::new()
+            .route("/login", post(|| async { "ok" }))
+            .route_layer(layer);
+        let ip = "192.0.2.51";
+        assert_eq!(status(&a, ip).await, StatusCode::OK);
+        assert_eq!(status(&a, ip).await, StatusCode::OK);
+        for _ in 0..3 {
+            assert_eq!(status(&a, ip).await, StatusCode::TOO_MANY_REQUESTS);
+        }
+        // The third refusal began the ban, in Redis (A learns it in the background).
+        until(|| !limiter_a.bans("login").unwrap().is_empty()).await;
+        assert!(limiter_b.bans("login").unwrap().is_empty());
+
+        let first = send(&b, login(ip)).await;
+        assert_eq!(first.status(), StatusCode::FORBIDDEN, "the ban's status");
+        assert_eq!(
+            header(first.headers(), "retry-after").unwrap(),
+            "10",
+            "the ban's time, not the bucket's 30 s"
+        );
+        assert!(first.headers().get("ratelimit").is_none());
+        let body = body_json(first).await;
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("banned for a while by rate limit \"login\""),
+            "{body}"
+        );
+        until(|| !violations.lock().unwrap().is_empty()).await;
+        {
+            let seen = violations.lock().unwrap();
+            assert_eq!(seen.len(), 1);
+            assert!(seen[0].banned, "{:?}", seen[0]);
+            assert_eq!(seen[0].limit, "login");
+        }
+        // B knows the ban now: no wait for a background call.
+        let bans = limiter_b.bans("login").unwrap();
+        assert_eq!(bans.len(), 1);
+        assert!(bans[0].remaining > Duration::from_secs(9), "{bans:?}");
+        // And refuses the next requests itself, without a store call.
+        let calls = evalsha_calls(&server).await;
+        for _ in 0..100 {
+            assert_eq!(status(&b, ip).await, StatusCode::FORBIDDEN);
+        }
+        assert!(evalsha_calls(&server).await - calls <= 4);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_instances_share_a_ban() {
         let server = RedisServer::start();
@@ -366,9 +447,10 @@ mod redis {
         // (Each store's probe may run its heartbeat script meanwhile: once a second.)
         let more = evalsha_calls(&server).await - calls;
         assert!(more <= 4, "{more} calls for 1,000 banned requests");
-        // A learns the ban at its first request: the bucket is blocked for the ban.
-        assert_ne!(status(&a, ip).await, StatusCode::OK);
-        until(|| !limiter_a.bans("login").unwrap().is_empty()).await;
+        // A learns the ban at its first request, refused as banned: the bucket is
+        // blocked for the ban, and Redis says the key is banned.
+        assert_eq!(status(&a, ip).await, StatusCode::FORBIDDEN);
+        assert!(!limiter_a.bans("login").unwrap().is_empty());
         assert_eq!(status(&a, ip).await, StatusCode::FORBIDDEN);
         // Lifted on A: in Redis at once, and on B at its first request after the
         // re-check interval.

@@ -186,15 +186,7 @@ async fn the_refusal_body_of_the_readme_is_what_the_quickstart_answers() {
         .unwrap_or_else(|e| panic!("README.md line {line}: not JSON: {e}"));
 
     // The README's limits, on a clock that does not move: ten pass, the eleventh is refused.
-    let store = MemoryStore::with_clock(FakeClock::at(Duration::from_secs(1_000)));
-    let layer = RateLimitLayer::builder(store)
-        .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))
-        .limit(Limit::new("global", Quota::per_second(100).burst(200)))
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "hello" }))
-        .route_layer(layer);
+    let app = quickstart(&FakeClock::at(Duration::from_secs(1_000)));
     for _ in 0..10 {
         assert_eq!(
             send(&app, req("/", "192.0.2.1")).await.status(),
@@ -204,4 +196,133 @@ async fn the_refusal_body_of_the_readme_is_what_the_quickstart_answers() {
     let refused = send(&app, req("/", "192.0.2.1")).await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(body_json(refused).await, shown, "README.md line {line}");
+}
+
+/// The `per-ip` limit of the quickstart, as the README, the crate's docs and
+/// `examples/quickstart/` write it: the same line in all three (read here, not copied).
+fn quickstart_per_ip() -> Quota {
+    let example = include_str!("../examples/quickstart/examples/quickstart.rs");
+    let crate_docs = include_str!("../src/lib.rs");
+    let line = |text: &str, page: &str| -> String {
+        let found: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(r#"Limit::new("per-ip", "#))
+            .collect();
+        assert_eq!(found.len(), 1, "{page}: one `per-ip` limit: {found:?}");
+        let at = found[0].find("Quota::").unwrap();
+        let end = found[0][at..].find(").key(").unwrap();
+        found[0][at..at + end + 1].to_owned()
+    };
+    let shown = line(README, "README.md");
+    assert_eq!(
+        line(example, "quickstart.rs"),
+        shown,
+        "the quickstart runs what the README shows"
+    );
+    assert_eq!(
+        line(crate_docs, "src/lib.rs"),
+        shown,
+        "the crate's docs show the README's"
+    );
+    parse_quota(&shown)
+}
+
+/// `Quota::per_second(5).burst(10)`, `Quota::per_minute(10)`, ... as a `Quota`.
+fn parse_quota(code: &str) -> Quota {
+    let number = |s: &str| -> u64 {
+        s.trim_end_matches(')')
+            .replace('_', "")
+            .parse()
+            .unwrap_or_else(|e| panic!("{code}: {e}"))
+    };
+    let mut calls = code.trim_start_matches("Quota::").split(").");
+    let first = calls.next().unwrap();
+    let (unit, rate) = first.split_once('(').unwrap();
+    let rate = number(rate);
+    let mut quota = match unit {
+        "per_second" => Quota::per_second(rate),
+        "per_minute" => Quota::per_minute(rate),
+        "per_hour" => Quota::per_hour(rate),
+        other => panic!("{code}: {other} is not read here"),
+    };
+    for call in calls {
+        let burst = call
+            .strip_prefix("burst(")
+            .unwrap_or_else(|| panic!("{code}: {call}"));
+        quota = quota.burst(number(burst));
+    }
+    quota
+}
+
+/// The quickstart's two limits on `clock`, on its route.
+fn quickstart(clock: &FakeClock) -> Router {
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(clock.clone()))
+        .limit(Limit::new("per-ip", quickstart_per_ip()).key(PeerIp::new()))
+        .limit(Limit::new("global", Quota::per_second(100).burst(200)))
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .route_layer(layer)
+}
+
+/// Issue 45: the README promised ten `200`s then `429`s for `for i in $(seq 12); do curl
+/// ...; done`, and a user got eleven: at 5/s a token came back every 200 ms, and a loop of
+/// 12 curls takes longer than that. The quickstart's `per-ip` (read from the README) gives
+/// back one request every 6 s: any loop of 12 requests over less than 6 s, however its
+/// requests are spread (here: all at once, one every 100 ms, one every 500 ms, and 5.9 s
+/// between the first and the last), gets exactly ten `200`s, then two `429`s; the
+/// README's figure (6 s) is the one the quota gives: a twelfth request 6 s after the first
+/// passes.
+#[tokio::test]
+async fn a_loop_of_12_requests_shows_exactly_ten_200s_then_429s() {
+    assert_eq!(
+        quickstart_per_ip().burst_size(),
+        10,
+        "the README promises ten 200s"
+    );
+    let shown = Duration::from_secs(6);
+    let mut spreads: Vec<Vec<Duration>> = [0, 100, 500]
+        .into_iter()
+        .map(|ms| vec![Duration::from_millis(ms); 11])
+        .collect();
+    // Ten at once, then the 11th and the 12th 5.9 s after the first.
+    let mut late = vec![Duration::ZERO; 11];
+    late[9] = shown - Duration::from_millis(100);
+    spreads.push(late);
+    for gaps in spreads {
+        let clock = FakeClock::at(Duration::from_secs(1_000));
+        let app = quickstart(&clock);
+        let mut codes = vec![send(&app, req("/", "192.0.2.1")).await.status().as_u16()];
+        for gap in &gaps {
+            clock.advance(*gap);
+            codes.push(send(&app, req("/", "192.0.2.1")).await.status().as_u16());
+        }
+        let mut expected = vec![200; 10];
+        expected.extend([429, 429]);
+        assert_eq!(codes, expected, "gaps {gaps:?}");
+    }
+    // The figure is exact: 6 s after the first request of a full bucket, one more passes.
+    assert!(
+        README.contains("gives back one request every 6 s"),
+        "the README says how fast a token comes back"
+    );
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let app = quickstart(&clock);
+    for _ in 0..10 {
+        assert_eq!(
+            send(&app, req("/", "192.0.2.1")).await.status(),
+            StatusCode::OK
+        );
+    }
+    clock.advance(shown - Duration::from_nanos(1));
+    assert_eq!(
+        send(&app, req("/", "192.0.2.1")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    clock.advance(Duration::from_nanos(1));
+    assert_eq!(
+        send(&app, req("/", "192.0.2.1")).await.status(),
+        StatusCode::OK
+    );
 }

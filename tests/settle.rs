@@ -384,6 +384,45 @@ async fn memory_is_flat_after_100_000_dropped_bodies() {
 /// Through the `Limiter` handle on a real Redis, with the caller's fake clock: the same
 /// buckets as the memory store step by step, and settles sent with concurrent checks
 /// (batched in one `gcra.lua` call) counted exactly.
+/// Issue 45: `max_debt` defaulted to the burst, so an estimate of 1 that used 1,100 tokens
+/// of a 100-token bucket was charged 200 and the other 900 forgiven. Without `max_debt`
+/// the whole usage is charged: the bucket owes 1,000 tokens (10 s at 100/s) and refuses
+/// the key until they are paid, and 10 ms more for the next token. `limiter`'s limit
+/// `tokens` is `100/s; burst=100` without `max_debt`, on `clock`.
+async fn the_whole_usage_is_charged(limiter: &Limiter, clock: &FakeClock) {
+    let call = limiter.admit("tokens", "k", 1).await.unwrap();
+    assert!(call.is_allowed());
+    let after = call.settle(1_100).await.unwrap().expect("settled");
+    assert_eq!(after.remaining(), Some(0));
+    let look = limiter.peek("tokens", "k").await.unwrap();
+    let o = look.outcome().unwrap();
+    assert_eq!(
+        o.reset_after(),
+        Duration::from_secs(11),
+        "1,100 tokens of 10 ms"
+    );
+    assert_eq!(o.next_after(), Some(Duration::from_millis(10_010)));
+    clock.advance(Duration::from_millis(10_009));
+    assert!(!limiter.check("tokens", "k", 1).await.unwrap().allowed());
+    clock.advance(Duration::from_millis(1));
+    assert!(limiter.check("tokens", "k", 1).await.unwrap().allowed());
+}
+
+fn uncapped() -> LimitSpec {
+    LimitSpec::new("tokens", Quota::per_second(100).burst(100))
+}
+
+#[tokio::test]
+async fn an_estimate_of_1_that_used_1100_tokens_is_charged_in_full_by_default() {
+    let _one = lock();
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let memory = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+        .limit(uncapped())
+        .build()
+        .unwrap();
+    the_whole_usage_is_charged(&memory, &clock).await;
+}
+
 #[cfg(feature = "redis")]
 mod redis {
     use super::*;
@@ -403,6 +442,54 @@ mod redis {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap();
         FakeClock::at(Duration::from_secs(now.as_secs()))
+    }
+
+    /// Issue 45 on Redis: `gcra.lua` takes the whole usage without `max_debt`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_charges_an_1100_token_usage_on_an_estimate_of_1_in_full_by_default() {
+        let _one = lock();
+        let server = RedisServer::start();
+        let clock = epoch_clock();
+        let redis = redis_limiter(&server, clock.clone(), uncapped()).await;
+        the_whole_usage_is_charged(&redis, &clock).await;
+    }
+
+    /// Without a debt cap, the largest usage at the slowest refill overflows nothing:
+    /// `u32::MAX` tokens of one hour each. Memory saturates its TAT (`u64::MAX` ns);
+    /// `gcra.lua` keeps it at 2^53 − 1 µs, an integer both sides read (a settled TAT past
+    /// it would be a float Redis writes in exponent form).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_uncapped_debt_overflows_nothing() {
+        let _one = lock();
+        let server = RedisServer::start();
+        let clock = epoch_clock();
+        let spec = || LimitSpec::new("huge", Quota::per_hour(1));
+        let redis = redis_limiter(&server, clock.clone(), spec()).await;
+        let memory = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+            .limit(spec())
+            .build()
+            .unwrap();
+        let century = Duration::from_secs(100 * 365 * 86_400);
+        for limiter in [&redis, &memory] {
+            let call = limiter.admit("huge", "k", 1).await.unwrap();
+            call.settle(u32::MAX).await.unwrap().expect("settled");
+            let look = limiter.peek("huge", "k").await.unwrap();
+            assert!(look.outcome().unwrap().reset_after() > 2 * century);
+            assert!(!limiter.check("huge", "k", 1).await.unwrap().allowed());
+        }
+        let mut conn = server.connection().await;
+        let keys: Vec<String> = ::redis::cmd("KEYS")
+            .arg("*huge*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        let tat: String = ::redis::cmd("GET")
+            .arg(&keys[0])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(tat.parse::<u64>(), Ok((1 << 53) - 1), "{tat}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

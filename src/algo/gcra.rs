@@ -247,7 +247,8 @@ pub fn refund_amount(cost_time: u64, written_tat: u64, now: u64) -> u64 {
 ///
 /// An empty bucket's TAT is `now + tau`; `max_debt` tokens of debt push it
 /// `max_debt * T` further. The part of `cost` beyond that is forgiven, so over any
-/// interval of length `d` a key is charged at most `burst + d / T + max_debt` tokens. A
+/// interval of length `d` a key is charged at most `burst + d / T + max_debt` tokens;
+/// `max_debt = u64::MAX` caps nothing (the arithmetic saturates). A
 /// TAT already past the cap (a block) is left where it is: settling never moves a bucket
 /// back.
 ///

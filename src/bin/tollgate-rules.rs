@@ -54,7 +54,9 @@ the most refused keys and the refusals over time.
 const SUGGEST_HELP: &str =
     "suggest: reads an access log (FILE; read 5 times, so not -) and prints, per key,
 the distribution of its peak requests in any 1 s, 1 min and 1 h, and the [[limits]] (GCRA quotas,
-per window) that at least PERCENT of the keys would never have been refused by, as a rules file.
+per window) that at least PERCENT of the keys would never have been refused by, as a rules file
+(PERCENT of few keys rounds up to whole keys, unless the key that takes in is an outlier: a peak
+more than 4 times every other key's; then it rounds down, and the outlier is refused).
 
   --key ip             per client address (peer_ip)
   --key header:NAME    per value of header NAME (with --format json and --header NAME=FIELD)

@@ -6,7 +6,9 @@
 //! [`Store::ban`]) the store counts and bans, and the table is this instance's cache of
 //! the bans it learned: from its own refusals (the store answers "banned, N ms left"), and
 //! from the bucket, which a shared ban blocks for its length, so that another instance's
-//! first request of a banned key is refused by the store and learns the ban. A cached ban
+//! first request of a banned key is refused by the store, which says the key is banned
+//! and for how long ([`Item::bans`](crate::store::Item)): that request is refused as
+//! banned, and the table learns the ban ([`Engine::banned_by_store`]). A cached ban
 //! is asked about again at most once per [`RECHECK`] while its key keeps coming (in the
 //! background; the request is refused at once), so a ban lifted elsewhere stays cached
 //! here for at most [`RECHECK`] plus a round trip.
@@ -347,6 +349,19 @@ impl<St: Store> Engine<St> {
             self.ask(index, key.clone(), BanCall::Remaining);
         }
         Some(remaining)
+    }
+
+    /// A request the shared store refused because `key` is banned in limit `index` for
+    /// `remaining` (a ban begun by another instance): this table learns the ban (the
+    /// key's next requests are refused before the store; its level comes with the next
+    /// re-check), and the banned request is counted in the metrics.
+    pub(crate) fn banned_by_store(&self, index: usize, key: &Key, remaining: Duration) {
+        let Some(bans) = &self.bounds[index].bans else {
+            return;
+        };
+        let table = &bans.table;
+        table.set(key, table.now(), remaining, None);
+        table.metrics.refused();
     }
 
     /// A refusal of `key` by limit `index`: counted (here, or in the shared store).

@@ -1,5 +1,6 @@
-//! Settling a cost admitted on an estimate: the difference taken into debt (at most the
-//! limit's `max_debt`) or given back, once, as one store operation.
+//! Settling a cost admitted on an estimate: the difference taken, into debt if need be (at
+//! most the limit's `max_debt`, if it has one), or given back, once, as one store
+//! operation.
 
 use std::cmp::Ordering;
 
@@ -31,7 +32,7 @@ impl<St: Store> Engine<St> {
         estimate: u32,
         actual: u32,
     ) -> Option<Checked<St::Future>> {
-        let max_debt = self.bounds[index].spec.debt_cap(&quota);
+        let max_debt = self.bounds[index].spec.debt_cap();
         let (op, cost) = settle_op(estimate, actual, max_debt)?;
         self.count_settle(index, matches!(op, Op::Debit { .. }), cost);
         let item = self.item(index, key, quota, cost);
@@ -124,5 +125,38 @@ mod tests {
             Some(std::time::Duration::from_secs(5 * 360))
         );
         assert!(engine.settle(i, key, q, 6, 6).is_none());
+    }
+
+    /// Issue 45: without `max_debt` the debt was capped at the burst, so an estimate of 1
+    /// that used 1,100 tokens of a 100-token bucket was charged 200 (the burst, then 100
+    /// of debt) and the other 900 forgiven. By default the whole usage is charged now.
+    #[test]
+    fn an_estimate_of_1_that_used_1100_tokens_is_charged_in_full_by_default() {
+        let q = crate::Quota::per_second(100).burst(100); // T = 10 ms
+        let mut engine = Engine::new(
+            MemoryStore::with_clock(crate::clock::FakeClock::new()),
+            WaitCounts::default(),
+            1,
+        );
+        let i = engine.bind(LimitSpec::new("tokens", q)).unwrap();
+        let key = Key::from_part("k");
+        let admit = engine.item(i, key.clone(), q, 1);
+        assert_eq!(remaining(engine.store.check(&[admit])), 99);
+        assert_eq!(
+            remaining(engine.settle(i, key.clone(), q, 1, 1_100).unwrap()),
+            0
+        );
+        let look = engine.item(i, key, q, 0);
+        let Checked::Ready(s) = engine.store.check(&[look]) else {
+            unreachable!()
+        };
+        let o = s[0].outcome().unwrap();
+        // 1,100 tokens of 10 ms: full again in 11 s; the debt is the 1,000 beyond the
+        // bucket, and the next request's token comes 10 ms after it is paid.
+        assert_eq!(o.reset_after(), std::time::Duration::from_secs(11));
+        assert_eq!(
+            o.next_after(),
+            Some(std::time::Duration::from_millis(10_010))
+        );
     }
 }

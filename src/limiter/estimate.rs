@@ -16,12 +16,12 @@ impl Limiter {
     /// answers an [`Estimate`] to [`settle`](Estimate::settle) at the actual cost.
     ///
     /// The limit must count with GCRA and spend no lease
-    /// ([`LimiterError::CannotSettle`] otherwise, before anything is taken). A settle may
-    /// leave the bucket in debt of at most the limit's
-    /// [`max_debt`](crate::LimitSpec::max_debt) tokens (default: its burst): the next
-    /// requests of the key wait until it is paid. So over any interval of length `d` a
-    /// key is charged at most `burst + rate·d + max_debt` tokens, each estimate counted
-    /// once: settling moves the bucket by the difference only.
+    /// ([`LimiterError::CannotSettle`] otherwise, before anything is taken). A settle
+    /// charges the whole usage, leaving the bucket in debt if need be (the next requests
+    /// of the key wait until it is paid); the limit's
+    /// [`max_debt`](crate::LimitSpec::max_debt), if set, caps that debt, and then over any
+    /// interval of length `d` a key is charged at most `burst + rate·d + max_debt` tokens.
+    /// Each estimate is counted once: settling moves the bucket by the difference only.
     ///
     /// ```
     /// use tollgate::{store::MemoryStore, LimitSpec, Limiter, Quota};
@@ -102,7 +102,8 @@ impl Estimate {
     }
 
     /// Settles at the `actual` cost: the tokens beyond the estimate are taken, into debt
-    /// of at most the limit's `max_debt` (what goes beyond is forgiven), or those it
+    /// if need be (of at most the limit's `max_debt` if it has one: what goes beyond is
+    /// forgiven), or those it
     /// overestimated given back (never beyond a full bucket). Answers the bucket's state
     /// afterwards, or `None` when there was nothing to settle (a refused estimate, or
     /// `actual` equal to the estimate).

@@ -232,7 +232,7 @@ impl<St: Store> Handle for Engine<St> {
                 self.can_settle(name)?;
                 if let Op::Debit { .. } = op {
                     op = Op::Debit {
-                        max_debt: limit.debt_cap(&limit.quota),
+                        max_debt: limit.debt_cap(),
                     };
                 }
                 self.count_settle(index, matches!(op, Op::Debit { .. }), cost);

@@ -144,6 +144,13 @@ where
 {
     let shared = &version.shared;
     let policy = &shared.policy;
+    // A key another instance banned: refused by its blocked bucket, answered as the ban
+    // it is (as a ban this instance knew is, before the store).
+    if let Some(rejection) =
+        policy.banned_by_store(&shared.engine, prepared, &statuses, parts, keys)
+    {
+        return Err(shared.early(&rejection));
+    }
     // Settled costs: the limits whose estimate was taken (read before `finish` takes the
     // statuses).
     let settle = prepared.settle_keys.as_deref().and_then(|keys| {

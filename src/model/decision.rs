@@ -27,6 +27,9 @@ pub struct Outcome {
     /// window reported lazily: `limit << 32 | cur << 16 | prev`.
     burst: u64,
     kind: Kind,
+    /// A denial by a shared ban (see [`Outcome::banned_for`]): `retry_after_ns` is the
+    /// time the ban has left.
+    banned: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +116,7 @@ impl Outcome {
             t_ns: ns(params.t()),
             burst: params.burst(),
             kind: Kind::Bucket,
+            banned: false,
         }
     }
 
@@ -147,6 +151,7 @@ impl Outcome {
                 .map_or(u64::MAX, |n| ns(n).min(u64::MAX - 1)),
             burst: report.remaining,
             kind: Kind::Window,
+            banned: false,
         }
     }
 
@@ -168,6 +173,7 @@ impl Outcome {
             t_ns: g.len,
             burst: g.limit << 32 | cur << 16 | prev,
             kind: Kind::Sliding,
+            banned: false,
         }
     }
 
@@ -178,6 +184,25 @@ impl Outcome {
             verdict: Code::Denied,
             ..self
         }
+    }
+
+    /// This denial as a shared ban's: the key is banned for `remaining` in a store that
+    /// shares bans (another instance banned it, and the ban blocks its bucket), so the
+    /// request is refused as banned, with the ban's time rather than the bucket's.
+    pub(crate) fn banned_for(self, remaining: Duration) -> Self {
+        Outcome {
+            verdict: Code::Denied,
+            retry_after_ns: u64::try_from(remaining.as_nanos()).unwrap_or(u64::MAX),
+            banned: true,
+            ..self
+        }
+    }
+
+    /// The time a shared ban has left, if this denial is one ([`Outcome::banned_for`]).
+    #[inline]
+    pub(crate) fn ban(&self) -> Option<Duration> {
+        self.banned
+            .then(|| Duration::from_nanos(self.retry_after_ns))
     }
 
     /// How long a request that passed waits before it may proceed: zero for a check,
@@ -455,5 +480,30 @@ impl Decision {
     pub fn never(&self) -> bool {
         self.violated()
             .any(|l| l.outcome().is_some_and(Outcome::is_never))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shared ban's denial (issue 45): the ban's time, not the bucket's, and said so.
+    #[test]
+    fn a_denial_as_a_bans_tells_the_bans_time() {
+        let params = gcra::Params::new(30_000_000, 2); // 2/min in µs
+        let bucket = Outcome::new(
+            gcra::Admission::Denied {
+                retry_after: 30_000_000,
+            },
+            60_000_000,
+            params,
+            1_000,
+        );
+        assert_eq!(bucket.ban(), None);
+        let banned = bucket.banned_for(Duration::from_secs(10));
+        assert_eq!(banned.ban(), Some(Duration::from_secs(10)));
+        assert_eq!(banned.retry_after(), Some(Duration::from_secs(10)));
+        assert!(!banned.is_allowed());
+        assert_eq!(banned.reset_after(), bucket.reset_after());
     }
 }

@@ -122,8 +122,9 @@ impl LimitSpec {
         self
     }
 
-    /// Settled costs: how far below empty a settle may leave a key's bucket, in tokens
-    /// (default: the burst); see [`Limit::settle`](crate::Limit::settle) and
+    /// Settled costs: caps how far below empty a settle may leave a key's bucket, in
+    /// tokens; what a usage would take beyond it is forgiven. By default there is no cap:
+    /// the whole usage is charged. See [`Limit::settle`](crate::Limit::settle) and
     /// [`Limiter::admit`](crate::Limiter::admit). GCRA without lease only.
     pub fn max_debt(mut self, tokens: u64) -> Self {
         self.max_debt = Some(tokens);

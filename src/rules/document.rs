@@ -143,8 +143,8 @@ pub struct LimitRule {
     /// ([`Limit::settle`](crate::Limit::settle)); absent or invalid in a response, the
     /// estimate stands. GCRA without `lease` only.
     pub settle: Option<String>,
-    /// `max_debt`: with `settle`, how far below empty a key's bucket may go, in tokens
-    /// (default: the burst).
+    /// `max_debt`: with `settle`, caps how far below empty a key's bucket may go, in
+    /// tokens (default: no cap, the whole usage is charged).
     pub max_debt: Option<u64>,
     /// `ban`: bans that escalate ([`Limit::ban`](crate::Limit::ban)), an inline table
     /// `{ after, within, for, escalate, max, forget }`.

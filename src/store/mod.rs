@@ -64,7 +64,7 @@ use crate::model::policy::{FailurePolicy, Mode};
 /// | `Block(d)` | a request of cost 1 is refused until `d` from now, whatever the tokens; then one token is there and the bucket refills from it |
 /// | `Reset` | a full bucket, unblocked (the key is forgotten) |
 /// | `Restore(d)` | GCRA: the bucket at least as spent as one that is full again in `d` (what a write-back after a state loss restores; it only ever moves a bucket forward); window limits: unchanged |
-/// | `Debit { max_debt }` | a settled cost's excess: `cost` tokens taken whatever is left, but the bucket at most `max_debt` tokens below empty (the rest is forgiven; [`gcra::debit`](crate::gcra::debit)); never moves a bucket back. GCRA; window limits: unchanged. Remote stores send it with the checks |
+/// | `Debit { max_debt }` | a settled cost's excess: `cost` tokens taken whatever is left, but the bucket at most `max_debt` tokens below empty (the rest is forgiven; `u64::MAX`: no cap; [`gcra::debit`](crate::gcra::debit)); never moves a bucket back. GCRA; window limits: unchanged. Remote stores send it with the checks |
 /// | `Credit` | a settled cost's overestimate: `Refund`, sent with the checks |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -85,7 +85,8 @@ pub enum Op {
     /// Take each item's cost, into debt of at most `max_debt` tokens (a settle that costs
     /// more than its estimate).
     Debit {
-        /// The most tokens the bucket may owe afterwards.
+        /// The most tokens the bucket may owe afterwards (`u64::MAX`: no cap, the whole
+        /// cost is taken).
         max_debt: u64,
     },
     /// Give each item's cost back, as [`Op::Refund`] (a settle that costs less than its
@@ -143,6 +144,12 @@ pub struct Item<'a, T> {
     /// Lease mode: a store that asks a remote one ([`Resilient`]) may spend leased tokens
     /// locally (see [`Lease`]). Other stores ignore it.
     pub lease: Option<Lease>,
+    /// The limit bans the keys it refuses too often ([`Limit::ban`](crate::Limit::ban)):
+    /// a store that shares bans ([`Store::ban`]) says, in the outcome of a check it
+    /// refuses, whether the key is banned and for how long (a ban begun by another
+    /// instance blocks the bucket, so that instance's first refusal is the ban's). Other
+    /// stores ignore it.
+    pub bans: bool,
 }
 
 impl<'a, T> Item<'a, T> {
@@ -172,6 +179,7 @@ impl<'a, T> Item<'a, T> {
             algorithm: Algorithm::Gcra,
             max_wait: Duration::ZERO,
             lease: None,
+            bans: false,
         }
     }
 
@@ -188,7 +196,14 @@ impl<'a, T> Item<'a, T> {
             algorithm: self.algorithm,
             max_wait: self.max_wait,
             lease: self.lease,
+            bans: self.bans,
         }
+    }
+
+    /// Sets whether the item's limit bans (see [`Item::bans`](Item#structfield.bans)).
+    pub fn bans(mut self, bans: bool) -> Self {
+        self.bans = bans;
+        self
     }
 
     /// Sets the item's lease mode (see [`Item::lease`](Item#structfield.lease)).

@@ -217,8 +217,8 @@ impl Limit {
     /// Settled costs: the request is admitted on its [`cost`](Self::cost), an estimate,
     /// and when its response ends the actual cost is read from `settle` (a header, a
     /// trailer, the handler's [`ActualCost`](crate::ActualCost), a function) and the
-    /// difference taken, into debt of at most [`max_debt`](Self::max_debt) tokens, or given
-    /// back. Absent or invalid, or a response body dropped before its end with no value
+    /// difference taken (all of it, into debt if need be, unless
+    /// [`max_debt`](Self::max_debt) caps the debt), or given back. Absent or invalid, or a response body dropped before its end with no value
     /// known from its head: the estimate stands. GCRA without lease only (a
     /// [`ConfigError`] naming `settle` otherwise).
     ///
@@ -237,8 +237,9 @@ impl Limit {
         self
     }
 
-    /// How far below empty a settle may leave a key's bucket, in tokens (default: the
-    /// burst): see [`settle`](Self::settle).
+    /// Caps how far below empty a settle may leave a key's bucket, in tokens (what goes
+    /// beyond is forgiven); by default there is no cap, the whole usage is charged: see
+    /// [`settle`](Self::settle).
     pub fn max_debt(mut self, tokens: u64) -> Self {
         self.spec = self.spec.max_debt(tokens);
         self

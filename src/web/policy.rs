@@ -300,6 +300,10 @@ impl Policy {
                 key_hash,
             });
             let mut item = engine.item(index, key, quota, cost);
+            if g.banned && engine.bounds[index].bans.is_some() {
+                // A store that shares bans says whether a key it refuses is banned.
+                item = item.bans(true);
+            }
             if let Some(w) = &engine.bounds[index].waiters
                 && w.has_room()
                 && tokio::runtime::Handle::try_current().is_ok()
@@ -402,6 +406,46 @@ impl Policy {
             }
         }
         (!at.is_empty()).then_some(at)
+    }
+
+    /// A request the store refused as banned: a key banned in the shared store (by
+    /// another instance, whose ban blocks the bucket) that this instance did not know
+    /// of ([`Outcome::banned_for`](crate::Outcome)). The first enforcing limit whose
+    /// outcome is a ban refuses it as [`Rejection::Banned`], with the ban's time, as a
+    /// ban known here refuses before the store; the limit's ban table learns the ban, so
+    /// the key's next requests are refused before the store. `None`: no limit's outcome
+    /// is a ban (the store shares none, or the key is not banned).
+    pub(crate) fn banned_by_store<St: Store>(
+        &self,
+        engine: &Engine<St>,
+        prepared: &Prepared,
+        statuses: &Statuses,
+        parts: &Parts,
+        keys: &(impl crate::web::hooks::Keys + ?Sized),
+    ) -> Option<Rejection<'static>> {
+        if !self.groups[prepared.group].banned {
+            return None;
+        }
+        for (i, (p, s)) in prepared.plan.iter().zip(statuses).enumerate() {
+            let bound = &engine.bounds[p.bound];
+            let Some(remaining) = s.outcome().and_then(|o| o.ban()) else {
+                continue;
+            };
+            if bound.spec.mode != Mode::Enforce {
+                continue;
+            }
+            if let Some(key) = keys.key(i) {
+                engine.banned_by_store(p.bound, key, remaining);
+                self.hooks
+                    .banned(p.bound, bound.name, key, parts, remaining);
+            }
+            return Some(Rejection::Banned {
+                limit: bound.name,
+                status: self.limits[p.bound].limit.ban_status,
+                retry_after: remaining,
+            });
+        }
+        None
     }
 
     /// Builds the decision from the store's answer and decides what happens to the request.

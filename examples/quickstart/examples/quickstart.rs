@@ -2,7 +2,8 @@
 //!
 //! `GET /` has two limits, checked together (a refused request consumes from neither):
 //!
-//! - `per-ip`: 5 requests per second per client address, bursts of up to 10;
+//! - `per-ip`: 10 requests per minute per client address, all 10 at once if they come
+//!   at once (one comes back every 6 s);
 //! - `global`: 100 requests per second over all clients, bursts of up to 200.
 //!
 //! Run it:
@@ -12,13 +13,15 @@
 //! ```
 //!
 //! Then, in another terminal, send 12 requests in a row: the first 10 (the burst) get
-//! `200`, then `429` (an 11th may pass if the loop is slow: a token comes back every 200 ms).
+//! `200`, the last two `429` (an 11th would pass only if the loop took more than 6 s: a
+//! token comes back every 6 s; `tests/readme.rs` checks it).
 //!
 //! ```text
 //! for i in $(seq 12); do curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:3000/; done
 //! ```
 //!
-//! See the headers (after a second or two, when the bucket has refilled):
+//! See the headers (right after the loop they come with a `429`; a minute later, with the
+//! bucket full again, as here):
 //!
 //! ```text
 //! curl -i http://127.0.0.1:3000/
@@ -26,8 +29,8 @@
 //!
 //! ```text
 //! HTTP/1.1 200 OK
-//! ratelimit-policy: "per-ip";q=10;w=2, "global";q=200;w=2
-//! ratelimit: "per-ip";r=9;t=1, "global";r=199;t=1
+//! ratelimit-policy: "per-ip";q=10;w=60, "global";q=200;w=2
+//! ratelimit: "per-ip";r=9;t=6, "global";r=199;t=1
 //!
 //! hello, you have 9 requests left
 //! ```
@@ -52,7 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Two limits, one layer. `build` checks the configuration (names, costs, quotas).
     let limits = RateLimitLayer::builder(MemoryStore::new())
-        .limit(Limit::new("per-ip", Quota::per_second(5).burst(10)).key(PeerIp::new()))
+        .limit(Limit::new("per-ip", Quota::per_minute(10)).key(PeerIp::new()))
         // No `.key(..)`: one bucket shared by every request.
         .limit(Limit::new("global", Quota::per_second(100).burst(200)))
         .build()?;

@@ -2,14 +2,19 @@
 
 use super::LimitSpec;
 use crate::algo::algorithm::Algorithm;
-use crate::algo::quota::Quota;
+
+/// The debt cap of a limit without `max_debt`: none. A settle takes the whole usage: the
+/// stores' arithmetic saturates (the memory store's TAT at `u64::MAX` ns, the Redis
+/// store's at 2^53 − 1 µs, past which `gcra.lua` would lose exactness), so even a cost of
+/// `u32::MAX` tokens at a quota of one token per 100 years overflows nothing.
+pub(crate) const NO_DEBT_CAP: u64 = u64::MAX;
 
 impl LimitSpec {
-    /// The most tokens a settle may leave a key owing under `quota`: `max_debt`, or the
-    /// burst.
+    /// The most tokens a settle may leave a key owing: `max_debt`, or [`NO_DEBT_CAP`]
+    /// (the whole usage is charged).
     #[inline]
-    pub(crate) fn debt_cap(&self, quota: &Quota) -> u64 {
-        self.max_debt.unwrap_or_else(|| quota.burst_size())
+    pub(crate) fn debt_cap(&self) -> u64 {
+        self.max_debt.unwrap_or(NO_DEBT_CAP)
     }
 
     /// Why this limit cannot settle costs, if it cannot.
@@ -39,12 +44,14 @@ impl LimitSpec {
 mod tests {
     use crate::{Algorithm, Lease, LimitSpec, Quota};
 
+    /// Issue 45: the debt was capped at the burst by default, so an estimate of 1 that
+    /// used 1,100 tokens of a 100-token burst was charged 200 at most. No cap by default.
     #[test]
-    fn max_debt_defaults_to_the_burst_and_needs_gcra_without_lease() {
+    fn max_debt_defaults_to_no_cap_and_needs_gcra_without_lease() {
         let q = Quota::per_minute(60_000).burst(60_000);
         let spec = LimitSpec::new("tokens", q);
-        assert_eq!(spec.debt_cap(&q), 60_000);
-        assert_eq!(spec.clone().max_debt(20_000).debt_cap(&q), 20_000);
+        assert_eq!(spec.debt_cap(), u64::MAX);
+        assert_eq!(spec.clone().max_debt(20_000).debt_cap(), 20_000);
         spec.clone().max_debt(0).validate().unwrap();
         let err = spec
             .clone()

@@ -39,9 +39,14 @@ fn ms_ceil(d: std::time::Duration) -> u64 {
 impl RedisBackend {
     /// Runs `ban.lua` for `key` of `table`.
     pub(super) fn ban_call(&self, table: &RedisTable, key: &Key, call: BanCall) -> BanFuture {
-        let bucket = keys::bucket_key(&table.prefix, key);
+        self.ban_call_on(&keys::bucket_key(&table.prefix, key), call)
+    }
+
+    /// Runs `ban.lua` for the key whose bucket is `bucket` (its Redis key, without a
+    /// calendar window).
+    pub(super) fn ban_call_on(&self, bucket: &[u8], call: BanCall) -> BanFuture {
         let mut cmd = evalsha(&BAN, 3);
-        for k in ban_keys(&bucket) {
+        for k in ban_keys(bucket) {
             cmd.arg(k);
         }
         match call {

@@ -304,6 +304,7 @@ mod tests {
             span: None,
             held: None,
             settle: None,
+            ban: None,
         };
         Request {
             parts: Arc::from(vec![part]),

@@ -485,6 +485,9 @@ struct Part {
     held: Option<(u64, Arc<str>)>,
     /// A settle sent with the checks instead of a check (see `settle.rs`).
     settle: Option<settle::Settle>,
+    /// A check of a limit that bans ([`Item::bans`]): its bucket key (without a calendar
+    /// window), whose ban keys a refusal looks at (see [`RedisBackend::bans`]).
+    ban: Option<Vec<u8>>,
 }
 
 impl Part {
@@ -730,7 +733,7 @@ impl RedisBackend {
         if !refused {
             self.hold_granted(&parts, &answers);
         }
-        Ok(parts
+        let statuses = parts
             .iter()
             .zip(&answers)
             .enumerate()
@@ -757,7 +760,37 @@ impl RedisBackend {
                 };
                 Status::Checked(Outcome::new(verdict, reset_after, p.params(), 1_000))
             })
-            .collect())
+            .collect();
+        Ok(match refused {
+            true => self.bans(&parts, statuses).await,
+            false => statuses,
+        })
+    }
+
+    /// A refused request's limits that ban: whether their keys are banned. A ban begun by
+    /// another instance blocks the key's bucket, so this instance's first request of the
+    /// key is refused by the bucket; `lua/ban.lua` then says for how long the key is
+    /// banned, and the outcome says so ([`Outcome::banned_for`]): the request is refused
+    /// as banned, with the ban's time. One more call, only for a refusal by a limit that
+    /// bans (those of a key this instance knows as banned never reach the store); a
+    /// failed call leaves the refusal as it was.
+    async fn bans(&self, parts: &[Part], mut statuses: Statuses) -> Statuses {
+        for (p, status) in parts.iter().zip(statuses.iter_mut()) {
+            let (Some(bucket), Status::Checked(o)) = (&p.ban, &*status) else {
+                continue;
+            };
+            if p.mode != Mode::Enforce || o.retry_after().is_none() {
+                continue;
+            }
+            if let Ok(reply) = self
+                .ban_call_on(bucket, crate::store::BanCall::Remaining)
+                .await
+                && let Some(remaining) = reply.remaining
+            {
+                *status = Status::Checked(o.banned_for(remaining));
+            }
+        }
+        statuses
     }
 
     /// Applies an operation other than a check: one `ops.lua` call per slot.
@@ -979,6 +1012,8 @@ impl Backend for RedisBackend {
                     (self.in_flight_deadline_us, members)
                 }),
                 settle: settle::Settle::of(op, item.algorithm),
+                ban: (item.bans && op == Op::Check)
+                    .then(|| keys::bucket_key(&item.table.prefix, &item.key)),
             })
             .map(settle::Settle::look_at_windows(op))
             .collect();

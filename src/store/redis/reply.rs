@@ -172,6 +172,7 @@ mod tests {
             span: None,
             held: None,
             settle: None,
+            ban: None,
         };
         let parts = [part(2, Mode::Enforce), part(1, Mode::Shadow)];
         let now = 1_700_000_000_000_000i64;

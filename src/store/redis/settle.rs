@@ -4,7 +4,8 @@
 //! flight.
 //!
 //! A GCRA limit's settle is its `enforce` argument `d:<max_debt in µs>` (take, into debt
-//! of at most that) or `c` (give back); it never refuses. A window limit is unchanged by a
+//! of at most that; a limit without `max_debt` sends 2^53 − 1, and the script keeps the
+//! TAT at most that: no cap, and every value exact) or `c` (give back); it never refuses. A window limit is unchanged by a
 //! settle: it is sent as a look (cost 0), which reports it as it stands.
 
 use super::*;
@@ -111,10 +112,15 @@ mod tests {
             span: None,
             held: None,
             settle: Settle::of(debit, algorithm),
+            ban: None,
         };
         let gcra = Settle::look_at_windows(debit)(part(Algorithm::Gcra));
         assert_eq!((gcra.settle, gcra.cost), (Some(Settle::Debit(300_000)), 7));
         let window = Settle::look_at_windows(debit)(part(Algorithm::fixed_window()));
         assert_eq!((window.settle, window.cost), (None, 0), "a look");
+        // No `max_debt` (the default): the largest debt the script holds exactly.
+        let uncapped = Op::Debit { max_debt: u64::MAX };
+        let gcra = Settle::look_at_windows(uncapped)(part(Algorithm::Gcra));
+        assert_eq!(gcra.settle, Some(Settle::Debit(MAX_EXACT)));
     }
 }

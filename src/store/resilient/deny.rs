@@ -56,9 +56,15 @@ impl<B: Backend> Resilient<B> {
         items: &[Item<'_, ResilientTable<B::Table>>],
     ) -> Option<Statuses> {
         let cache = self.inner.deny_cache.as_ref()?;
-        // A reservation may pass where a check is refused: the store decides.
+        // A reservation may pass where a check is refused: the store decides. So it does
+        // for a limit that bans: its refusal says whether the key is banned (`Item::bans`),
+        // which another instance may have done since the denial was remembered (and each
+        // of its refusals counts towards a ban in the store anyway).
         fn remembered<'a, T>(item: &'a Item<'_, ResilientTable<T>>) -> Option<&'a MemoryTable> {
-            let speaks = item.mode == Mode::Enforce && item.cost > 0 && item.max_wait.is_zero();
+            let speaks = item.mode == Mode::Enforce
+                && item.cost > 0
+                && item.max_wait.is_zero()
+                && !item.bans;
             item.table.deny.as_ref().filter(|_| speaks)
         }
         let refuse = |at: usize, wait: u64| -> Statuses {

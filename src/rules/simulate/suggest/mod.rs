@@ -17,7 +17,7 @@ use std::time::Duration;
 
 pub use self::bucket::{min_burst, peak};
 pub use self::events::SuggestKey;
-pub use self::pick::{Distribution, PERCENTILES};
+pub use self::pick::{Distribution, OUTLIER_RATIO, PERCENTILES};
 
 use self::bucket::{Interval, MinBurst};
 use self::events::{Events, Grouping, Item};
@@ -92,7 +92,11 @@ impl Window {
 /// How the quota is chosen: first the keys to cover, the share of them, over the three
 /// windows together (a key's peak in a window is its most requests in any interval of
 /// the window's length; the keys left out are, one by one, the one whose peak is the most
-/// out of line in some window, relative to that window's peak at the share). Per window `W`,
+/// out of line in some window, relative to that window's peak at the share). The share
+/// is rounded up to whole keys, except that the one key more rounding up takes in is left
+/// out when it is an outlier: a peak more than [`OUTLIER_RATIO`] times every other covered
+/// key's in some window ([`GroupSuggestion::outliers`]; 99.9 % of five keys, one a
+/// flooder, covers the other four). Per window `W`,
 /// the rate is the largest peak among them. The burst is exact for GCRA: a key whose
 /// requests all pass at `T = W / rate` needs a bucket of
 /// `max over i ≤ j of ⌈(j − i + 1) − (t_j − t_i) / T⌉` ([`min_burst`]; computed per key in
@@ -302,7 +306,8 @@ impl Suggestion {
         let mut groups = Vec::with_capacity(group_count);
         for (g, members) in by_group.iter().enumerate().skip(1) {
             let peaks: Vec<[u64; 3]> = members.iter().map(|&i| table.slots[i].peak).collect();
-            covered[g] = pick::cover(&peaks, pick::needed(members.len(), self.share).max(1));
+            let (chosen_keys, outlier) = pick::choose(&peaks, self.share);
+            covered[g] = chosen_keys;
             let top = pick::largest(&peaks, &covered[g]);
             let windows: Vec<WindowSuggestion> = Window::ALL
                 .iter()
@@ -326,6 +331,7 @@ impl Suggestion {
                 keys: members.len() as u64,
                 requests: group_requests[g],
                 never_refused: 0,
+                outliers: u64::from(outlier.is_some()),
                 windows,
             });
         }
@@ -521,8 +527,14 @@ pub struct GroupSuggestion {
     pub keys: u64,
     /// Their requests (those of keys beyond the cap included).
     pub requests: u64,
-    /// The keys the three suggested limits would never have refused (at least the share).
+    /// The keys the three suggested limits would never have refused: at least the share
+    /// (rounded up), less the [`outliers`](Self::outliers).
     pub never_refused: u64,
+    /// Keys left out beyond the share (0 or 1): when the share does not come to a whole
+    /// number of keys (99.9 % of 5), the one key more that rounding up would take in, if
+    /// its peak in some window is more than [`OUTLIER_RATIO`] times every other covered
+    /// key's (a flooder among few keys).
+    pub outliers: u64,
     /// Per window (1 s, 1 min, 1 h): distributions and the suggested quota.
     pub windows: Vec<WindowSuggestion>,
 }

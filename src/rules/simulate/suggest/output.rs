@@ -99,7 +99,7 @@ impl Suggested {
     ///  "overall": [{"window": "1s", "seconds": 1,
     ///               "peaks": {"p50": N, "p90": N, "p99": N, "p99.9": N, "max": N}}, ...],
     ///  "groups": [{"route": null | "GET /users/{id}", "keys": N, "requests": N,
-    ///              "never_refused": N,
+    ///              "never_refused": N, "outliers": 0 | 1,
     ///              "windows": [{"window": "1s", "seconds": 1, "limit": "suggest-1s",
     ///                           "rate": N, "burst": N, "quota": "N/s; burst=N",
     ///                           "peaks": {...}, "bursts": {...}}, ...]}, ...],
@@ -143,6 +143,7 @@ impl Suggested {
                     "keys": g.keys,
                     "requests": g.requests,
                     "never_refused": g.never_refused,
+                    "outliers": g.outliers,
                     "windows": windows,
                 })
             })
@@ -265,13 +266,22 @@ impl fmt::Display for Suggested {
             for w in &g.windows {
                 table_row(f, &format!("{}/{}", w.rate, w.window.unit()), &w.bursts)?;
             }
-            writeln!(
+            write!(
                 f,
-                "# these limits never refuse {} of the {} keys ({:.3} %; asked: {share} %)\n",
+                "# these limits never refuse {} of the {} keys ({:.3} %; asked: {share} %",
                 g.never_refused,
                 g.keys,
                 g.never_refused as f64 * 100.0 / g.keys as f64,
             )?;
+            if g.outliers > 0 {
+                write!(
+                    f,
+                    "; {} outlier left out: a peak more than {} times every other key's",
+                    g.outliers,
+                    super::OUTLIER_RATIO
+                )?;
+            }
+            writeln!(f, ")\n")?;
             for w in &g.windows {
                 writeln!(f, "[[limits]]")?;
                 writeln!(f, "name = {}", quoted(&g.limit_name(w.window, i)))?;

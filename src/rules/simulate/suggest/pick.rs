@@ -69,6 +69,76 @@ pub(super) fn needed(n: usize, share: f64) -> usize {
     ((exact - 1e-6).ceil().max(0.0) as usize).min(n)
 }
 
+/// How many of `n` keys make up `share` of them, rounded down (the same slack as
+/// [`needed`]).
+pub(super) fn needed_down(n: usize, share: f64) -> usize {
+    let exact = share.clamp(0.0, 1.0) * n as f64;
+    ((exact + 1e-6).floor().max(0.0) as usize).min(n)
+}
+
+/// A key is an outlier when its peak in some window is more than this many times the
+/// largest peak of every other key covered: when the share does not come to a whole
+/// number of keys, and the one key more that rounding it up would take in is an outlier,
+/// the share rounds down rather than up, leaving it out
+/// ([`GroupSuggestion::outliers`](super::GroupSuggestion::outliers)).
+pub const OUTLIER_RATIO: u64 = 4;
+
+/// The keys covered for `share` of the keys whose values are `values` (at least one), and
+/// the outlier left out, if any: the share rounded up ([`cover`] of [`needed`]), except
+/// when it does not come to a whole number of keys and the one key more that rounding up
+/// takes in is an outlier ([`OUTLIER_RATIO`]): then the share rounded down, without it.
+/// (With 5 keys, 99.9 % rounds up to all 5, flooder included; the flooder is the key the
+/// fraction brought in.)
+pub(super) fn choose<const W: usize>(
+    values: &[[u64; W]],
+    share: f64,
+) -> (Vec<usize>, Option<usize>) {
+    let n = values.len();
+    let up = needed(n, share).max(1);
+    let mut covered = cover(values, up);
+    if needed_down(n, share) < up
+        && let Some(at) = outlier(values, &covered)
+    {
+        let left_out = covered.remove(at);
+        return (covered, Some(left_out));
+    }
+    (covered, None)
+}
+
+/// The place in `covered` (at least two keys) of the key whose value in some window is
+/// more than [`OUTLIER_RATIO`] times the largest of the others' in that window (the one
+/// most out of line, if several); `None` if no key is.
+fn outlier<const W: usize>(values: &[[u64; W]], covered: &[usize]) -> Option<usize> {
+    if covered.len() < 2 {
+        return None;
+    }
+    // (its value, the others' largest, place): compared as ratios without division.
+    let mut most: Option<(u64, u64, usize)> = None;
+    let column = |w: usize| covered.iter().map(move |&i| values[i][w]);
+    for w in 0..W {
+        let (top, value) =
+            column(w).enumerate().fold(
+                (0, 0),
+                |best, (at, v)| if v > best.1 { (at, v) } else { best },
+            );
+        let others = column(w)
+            .enumerate()
+            .filter(|&(at, _)| at != top)
+            .map(|(_, v)| v)
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let out_of_line = u128::from(value) > u128::from(others) * u128::from(OUTLIER_RATIO);
+        let more = most.is_none_or(|(v, o, _)| {
+            u128::from(value) * u128::from(o) > u128::from(v) * u128::from(others)
+        });
+        if out_of_line && more {
+            most = Some((value, others, top));
+        }
+    }
+    most.map(|(_, _, at)| at)
+}
+
 /// The `m` keys covered, chosen over all windows together, greedily: while more than `m`
 /// are left, the key leaves whose value is the largest in some window relative to that
 /// window's scale (its value at rank `m`), so that each window's largest value, which
@@ -132,6 +202,42 @@ mod tests {
         assert_eq!(needed(10, 1.0), 10);
         assert_eq!(needed(10, 0.5), 5);
         assert_eq!(needed(0, 0.9), 0);
+    }
+
+    #[test]
+    fn needed_down_rounds_down_with_slack() {
+        assert_eq!(needed_down(5, 0.999), 4);
+        assert_eq!(needed_down(2000, 0.999), 1998);
+        assert_eq!(needed_down(10, 1.0), 10);
+        assert_eq!(needed_down(10, 0.5), 5);
+        assert_eq!(needed_down(1, 0.999), 0);
+    }
+
+    /// Issue 45: the example log's five keys (peaks per 1 s, 1 min, 1 h), one a flooder:
+    /// 99.9 % of 5 keys rounded up to all 5, and the suggestion let the flooder through.
+    #[test]
+    fn a_share_of_few_keys_leaves_out_the_outlier_the_rounding_would_take_in() {
+        let peaks = [
+            [1, 11, 30],
+            [1, 9, 28],
+            [1, 6, 15],
+            [6, 110, 110],
+            [1, 7, 12],
+        ];
+        let (mut covered, out) = choose(&peaks, 0.999);
+        covered.sort();
+        assert_eq!((covered, out), (vec![0, 1, 2, 4], Some(3)));
+        // Asked for every key, every key it is.
+        assert_eq!(choose(&peaks, 1.0), (vec![0, 1, 2, 3, 4], None));
+        // A whole number of keys: the share's, outlier or not (80 % of 5 is 4: the
+        // flooder is left out by the share itself).
+        assert_eq!(choose(&peaks, 0.8).1, None);
+        assert_eq!(choose(&peaks, 0.8).0.len(), 4);
+        // No outlier: the fraction rounds up, as before. (4 times the others' is not more.)
+        let close = [[1, 11, 30], [1, 9, 28], [4, 44, 120], [1, 7, 12]];
+        assert_eq!(choose(&close, 0.999), (vec![0, 1, 2, 3], None));
+        // One key: nothing to compare it with.
+        assert_eq!(choose(&[[50, 50, 50]], 0.999), (vec![0], None));
     }
 
     #[test]
