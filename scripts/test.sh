@@ -86,6 +86,7 @@ cargo check -p tollgate --no-default-features --features audit-sql
 cargo check -p tollgate --no-default-features --features rules-sql
 cargo check -p tollgate --no-default-features --features rules
 cargo check -p tollgate --no-default-features --features calendar
+cargo check -p tollgate --no-default-features --features testing
 
 step "build every target (the benchmarks and comparisons of benches/ too)"
 cargo build --workspace --all-targets --all-features

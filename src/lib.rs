@@ -109,6 +109,7 @@
 //! | `rules-sql` | no | rules from the `RateLimitRule` table, polled and reloaded on change (`RulesBuilder::build_sql`, `sql::fetch_rules`, `sql::rules_document`; enables `rules` and `audit-sql`) |
 //! | `rules-postgres` | no | `rules-sql` on PostgreSQL too, for the rules and the audit sink |
 //! | `rules` | no | limits from a TOML or JSON file, errors with file, line and field, hot reload on file change, `SIGHUP` or call (`rules` module when enabled; the `tollgate-rules check` tool) |
+//! | `testing` | no | a simulation kit for your tests: a shared store with latency and faults (outages, black holes, late answers, wipes, older snapshots), instances over it, tokio's paused clock (`testing` module when enabled) |
 //!
 //! Without `axum` the layer works with any tower/hyper stack: peer addresses come from a
 //! [`key::PeerAddr`] extension and route templates are matched against the request path.
@@ -141,6 +142,9 @@ pub mod rules;
 #[cfg_attr(docsrs, doc(cfg(feature = "audit-sql")))]
 pub mod sql;
 pub mod store;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod web;
 
 #[cfg(feature = "calendar")]

@@ -454,6 +454,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("HTTP policy", &["web", "audit::record"]),
     ("tower middleware", &["middleware"]),
     ("configuration", &["rules", "sql"]),
+    // The simulation kit (feature `testing`): a backend and instances for users' tests,
+    // over the stores; nothing imports it.
+    ("testing kit", &["testing"]),
     // The guide's chapters (`guide/*.md`) as modules: docs only, no code, no imports.
     ("guide", &["guide"]),
 ];

@@ -7,257 +7,39 @@
 //!
 //! The property tests check the bounds over all of these; the named tests pin each way the
 //! bound broke before (issue "Shared limits that hold under stress").
+//!
+//! The simulated backend and the clock are the public kit of feature `testing`
+//! (`tollgate::testing`); this file adds the runs, the faults as data and the bounds.
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::clock::Clock;
-use tollgate::key::Key;
-use tollgate::store::{
-    Backend, Checked, Item, MemoryStore, MemoryTable, Op, Resilient, Statuses, Store, StoreError,
-};
-use tollgate::{Algorithm, FailurePolicy, Lease, LimitSpec, Limiter, Mode, Quota};
-
-/// Tokio's clock (paused in these tests), from 1,000 s on.
-#[derive(Clone)]
-struct TokioClock {
-    origin: tokio::time::Instant,
-}
-
-impl TokioClock {
-    fn new() -> Self {
-        Self {
-            origin: tokio::time::Instant::now(),
-        }
-    }
-}
-
-impl Clock for TokioClock {
-    fn now(&self) -> u64 {
-        1_000_000_000_000 + u64::try_from(self.origin.elapsed().as_nanos()).unwrap()
-    }
-}
-
-/// A store's state: a memory store and its tables (held, so the buckets live).
-struct Buckets {
-    store: MemoryStore<TokioClock>,
-    tables: HashMap<String, MemoryTable>,
-}
-
-impl Buckets {
-    fn new(clock: &TokioClock) -> Self {
-        Self {
-            store: MemoryStore::with_clock(clock.clone()).unbounded(),
-            tables: HashMap::new(),
-        }
-    }
-
-    fn apply(&mut self, op: Op, calls: &[Call]) -> Statuses {
-        for c in calls {
-            if !self.tables.contains_key(&c.table) {
-                let t = self.store.table(&c.table);
-                self.tables.insert(c.table.clone(), t);
-            }
-        }
-        let items: Vec<Item<'_, MemoryTable>> = calls
-            .iter()
-            .map(|c| {
-                Item::new(&self.tables[&c.table], c.key.clone(), c.quota, c.cost)
-                    .mode(c.mode)
-                    .algorithm(c.algorithm)
-                    .max_wait(c.max_wait)
-            })
-            .collect();
-        let Checked::Ready(s) = self.store.apply(op, &items) else {
-            unreachable!("a memory store answers at once")
-        };
-        s
-    }
-}
-
-/// What one item of a call carries to the server.
-#[derive(Clone)]
-struct Call {
-    table: String,
-    key: Key,
-    quota: Quota,
-    cost: u32,
-    mode: Mode,
-    algorithm: Algorithm,
-    max_wait: Duration,
-}
-
-/// The world's conditions and the server's state.
-struct State {
-    live: Buckets,
-    /// A copy kept in step with `live` until frozen: the snapshot a restore brings back.
-    snapshot: Option<Buckets>,
-    frozen: bool,
-    /// Each way.
-    one_way: Duration,
-    failing: bool,
-    black_hole: bool,
-    /// When the server lost its state (wipes, restores); an instance notices each one
-    /// `NOTICED_AFTER` later (as Redis's probe does within its period).
-    losses: Vec<u64>,
-    instances: u64,
-    calls: u64,
-}
-
-const NOTICED_AFTER: u64 = 500_000_000;
+use tollgate::store::Resilient;
+use tollgate::testing::{SimBackend, TokioClock};
+use tollgate::{Algorithm, FailurePolicy, Lease, LimitSpec, Limiter, Quota};
 
 /// The shared backend of the instances.
-#[derive(Clone)]
-struct World {
-    clock: TokioClock,
-    state: Arc<Mutex<State>>,
+type World = SimBackend;
+
+/// A world of `instances`, on `clock`.
+fn world(clock: &TokioClock, instances: u64) -> World {
+    SimBackend::builder()
+        .clock(*clock)
+        .instances(instances)
+        .build()
 }
 
-impl World {
-    fn new(clock: &TokioClock, instances: u64) -> Self {
-        Self {
-            clock: clock.clone(),
-            state: Arc::new(Mutex::new(State {
-                live: Buckets::new(clock),
-                snapshot: Some(Buckets::new(clock)),
-                frozen: false,
-                one_way: Duration::from_micros(200),
-                failing: false,
-                black_hole: false,
-                losses: Vec::new(),
-                instances,
-                calls: 0,
-            })),
-        }
-    }
-
-    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
-        f(&mut self.state.lock().unwrap())
-    }
-
-    /// The server restarts empty.
-    fn wipe(&self) {
-        let now = self.clock.now();
-        self.with(|s| {
-            s.live = Buckets::new(&self.clock);
-            s.snapshot = None;
-            s.losses.push(now);
-        });
-    }
-
-    /// The snapshot is taken now (the copy stops following).
-    fn save(&self) {
-        self.with(|s| s.frozen = true);
-    }
-
-    /// The server restarts from the snapshot taken at `save`.
-    fn restore(&self) {
-        let now = self.clock.now();
-        self.with(|s| {
-            if let Some(snap) = s.snapshot.take() {
-                s.live = snap;
-            }
-            s.losses.push(now);
-        });
-    }
-
-    /// The tokens `key` of `table` has now (on `rt`'s clock), under `quota`.
-    fn remaining(&self, rt: &tokio::runtime::Runtime, table: &str, key: &str, quota: Quota) -> u64 {
-        rt.block_on(async { self.remaining_now(table, key, quota) })
-    }
-
-    fn remaining_now(&self, table: &str, key: &str, quota: Quota) -> u64 {
-        let call = Call {
-            table: table.into(),
-            key: Key::from_part(key),
-            quota,
-            cost: 0,
-            mode: Mode::Enforce,
-            algorithm: Algorithm::Gcra,
-            max_wait: Duration::ZERO,
-        };
-        self.with(|s| s.live.apply(Op::Check, &[call]))[0]
-            .outcome()
-            .unwrap()
-            .remaining()
-    }
-}
-
-impl Backend for World {
-    type Table = String;
-    type Future = Pin<Box<dyn Future<Output = Result<Statuses, StoreError>> + Send>>;
-
-    fn table(&self, name: &str) -> String {
-        name.to_owned()
-    }
-
-    fn apply(&self, op: Op, items: &[Item<'_, String>]) -> Self::Future {
-        let calls: Vec<Call> = items
-            .iter()
-            .map(|i| Call {
-                table: i.table.clone(),
-                key: i.key.clone(),
-                quota: i.quota,
-                cost: i.cost,
-                mode: i.mode,
-                algorithm: i.algorithm,
-                max_wait: i.max_wait,
-            })
-            .collect();
-        let world = self.clone();
-        Box::pin(async move {
-            let one_way = world.with(|s| {
-                s.calls += 1;
-                s.one_way
-            });
-            tokio::time::sleep(one_way).await;
-            let (failing, hole) = world.with(|s| (s.failing, s.black_hole));
-            if hole {
-                std::future::pending::<()>().await;
-            }
-            if failing {
-                return Err(StoreError::new("connection refused"));
-            }
-            let statuses = world.with(|s| {
-                if !s.frozen
-                    && let Some(snap) = &mut s.snapshot
-                {
-                    snap.apply(op, &calls);
-                }
-                s.live.apply(op, &calls)
-            });
-            // The answer takes its time back, whether or not the caller still waits.
-            tokio::time::sleep(one_way).await;
-            Ok(statuses)
-        })
-    }
-
-    fn name(&self) -> &'static str {
-        "the world"
-    }
-
-    fn resets(&self) -> u64 {
-        let now = self.clock.now();
-        self.with(|s| {
-            s.losses
-                .iter()
-                .filter(|&&at| at + NOTICED_AFTER <= now)
-                .count() as u64
-        })
-    }
-
-    fn instances(&self) -> u64 {
-        self.with(|s| s.instances)
-    }
-
-    /// What Redis's own probe measures: the round trip as it stands.
-    fn round_trip(&self) -> Option<Duration> {
-        Some(self.with(|s| s.one_way * 2))
-    }
+/// The tokens `key` of `table` has now (on `rt`'s clock), under `quota`.
+fn remaining(
+    rt: &tokio::runtime::Runtime,
+    world: &World,
+    table: &str,
+    key: &str,
+    quota: Quota,
+) -> u64 {
+    rt.block_on(async { world.remaining(table, key, quota) })
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -277,7 +59,7 @@ struct Instance {
 fn fleet(world: &World, n: usize, specs: &[LimitSpec]) -> Vec<Instance> {
     (0..n)
         .map(|_| {
-            let store = Resilient::new(world.clone()).clock(world.clock.clone());
+            let store = world.store();
             let plans = specs
                 .iter()
                 .map(|spec| {
@@ -344,11 +126,11 @@ fn play_grants(
     let mut faults = faults.into_iter().peekable();
     let mut tasks = Vec::new();
     let apply = |f: Fault| match f {
-        Fault::Latency(d) => world.with(|s| s.one_way = d),
-        Fault::Failing(on) => world.with(|s| s.failing = on),
-        Fault::BlackHole(on) => world.with(|s| s.black_hole = on),
+        Fault::Latency(d) => world.set_latency(d),
+        Fault::Failing(on) => world.outage(on),
+        Fault::BlackHole(on) => world.black_hole(on),
         Fault::Wipe => world.wipe(),
-        Fault::Save => world.save(),
+        Fault::Save => world.snapshot(),
         Fault::Restore => world.restore(),
     };
     let d = rt.block_on(async {
@@ -370,7 +152,7 @@ fn play_grants(
             }
             let i = &fleet[r.instance % fleet.len()];
             let limiter = i.plans[r.plan % i.plans.len()].clone();
-            let (granted, clock) = (granted.clone(), world.clock.clone());
+            let (granted, clock) = (granted.clone(), *world.clock());
             let cost = r.cost;
             tasks.push(tokio::spawn(async move {
                 if limiter.check("api", "k", cost).await.unwrap().allowed() {
@@ -423,7 +205,7 @@ fn a_flooded_instance_whose_calls_answer_late_never_opens_the_breaker() {
     for lease in [Some(Lease::auto()), None] {
         let rt = runtime();
         let clock = rt.block_on(async { TokioClock::new() });
-        let world = World::new(&clock, 4);
+        let world = world(&clock, 4);
         let quota = Quota::per_second(1_000).burst(100);
         let mut spec = LimitSpec::new("api", quota);
         if let Some(l) = lease {
@@ -471,7 +253,7 @@ fn an_outage_spends_a_share_not_a_copy() {
     ] {
         let rt = runtime();
         let clock = rt.block_on(async { TokioClock::new() });
-        let world = World::new(&clock, 4);
+        let world = world(&clock, 4);
         let quota = Quota::per_second(1_000).burst(100);
         let mut spec = LimitSpec::new("api", quota).on_store_failure(policy);
         if let Some(l) = lease {
@@ -506,7 +288,7 @@ fn an_outage_spends_a_share_not_a_copy() {
 fn alternating_plans_never_refill_a_leased_bucket() {
     let rt = runtime();
     let clock = rt.block_on(async { TokioClock::new() });
-    let world = World::new(&clock, 1);
+    let world = world(&clock, 1);
     let free = Quota::per_second(10);
     let pro = Quota::per_second(100);
     let specs = [
@@ -535,7 +317,7 @@ fn alternating_plans_never_refill_a_leased_bucket() {
 fn idle_leases_go_back_after_max_age_without_a_request() {
     let rt = runtime();
     let clock = rt.block_on(async { TokioClock::new() });
-    let world = World::new(&clock, 1);
+    let world = world(&clock, 1);
     let quota = Quota::per_hour(100); // nothing refills during the test
     let spec =
         LimitSpec::new("api", quota).lease(Lease::tokens(20).max_age(Duration::from_secs(1)));
@@ -548,7 +330,7 @@ fn idle_leases_go_back_after_max_age_without_a_request() {
         "a lease was held: {stats:?}"
     );
     assert_eq!(
-        world.remaining(&rt, "api", "k", quota),
+        remaining(&rt, &world, "api", "k", quota),
         100 - granted,
         "every unspent token is back: {stats:?}"
     );
@@ -561,7 +343,7 @@ fn idle_leases_go_back_after_max_age_without_a_request() {
 fn a_key_refused_before_a_long_outage_is_written_back() {
     let rt = runtime();
     let clock = rt.block_on(async { TokioClock::new() });
-    let world = World::new(&clock, 1);
+    let world = world(&clock, 1);
     let quota = Quota::per_minute(10).burst(5); // T = 6 s
     let spec = LimitSpec::new("api", quota);
     let fleet = fleet(&world, 1, &[spec]);
@@ -592,7 +374,7 @@ fn a_key_refused_before_a_long_outage_is_written_back() {
     // At most what refilled since the key was spent (2 tokens in 13 s; the request at
     // 12 s may reach the empty bucket before the write-back, which then restores the
     // state as it was), not a fresh burst (4 left).
-    let left = world.remaining(&rt, "api", "k", quota);
+    let left = remaining(&rt, &world, "api", "k", quota);
     let refilled = d.as_secs() / 6;
     assert!(
         left <= refilled,
@@ -606,7 +388,7 @@ fn a_key_refused_before_a_long_outage_is_written_back() {
 fn a_restart_from_an_older_snapshot_writes_back_what_was_spent_since() {
     let rt = runtime();
     let clock = rt.block_on(async { TokioClock::new() });
-    let world = World::new(&clock, 1);
+    let world = world(&clock, 1);
     let quota = Quota::per_hour(5);
     let fleet = fleet(&world, 1, &[LimitSpec::new("api", quota)]);
     let mut requests = even(10, 1, 1, 1);
@@ -631,7 +413,7 @@ fn a_restart_from_an_older_snapshot_writes_back_what_was_spent_since() {
     );
     assert!(granted <= 6, "{granted} granted");
     assert_eq!(
-        world.remaining(&rt, "api", "k", quota),
+        remaining(&rt, &world, "api", "k", quota),
         0,
         "spent, as before the restart"
     );
@@ -643,7 +425,7 @@ fn a_restart_from_an_older_snapshot_writes_back_what_was_spent_since() {
 fn two_limits_with_the_same_name_lease_one_key_once() {
     let rt = runtime();
     let clock = rt.block_on(async { TokioClock::new() });
-    let world = World::new(&clock, 1);
+    let world = world(&clock, 1);
     let quota = Quota::per_hour(1_000).burst(80); // a lease of at most 10
     let spec = LimitSpec::new("api", quota).lease(Lease::tokens(10));
     let fleet = fleet(&world, 1, &[spec.clone(), spec]);
@@ -656,7 +438,7 @@ fn two_limits_with_the_same_name_lease_one_key_once() {
         })
         .collect();
     let (granted, _) = play(&rt, &world, &fleet, &requests, &[], Duration::ZERO);
-    let taken = 80 - world.remaining(&rt, "api", "k", quota);
+    let taken = 80 - remaining(&rt, &world, "api", "k", quota);
     assert!(
         taken <= granted + 10,
         "{taken} taken from the bucket for {granted} granted: more than one lease held"
@@ -732,7 +514,7 @@ proptest! {
     fn shared_grants_stay_inside_the_bound_whatever_the_world_does(run in runs()) {
         let rt = runtime();
     let clock = rt.block_on(async { TokioClock::new() });
-        let world = World::new(&clock, run.n as u64);
+        let world = world(&clock, run.n as u64);
         let generous = Quota::per_second(run.rate * 2).burst(run.burst);
         let plain = Quota::per_second(run.rate).burst(run.burst);
         let lease = Lease::auto();
@@ -798,7 +580,7 @@ proptest! {
 fn a_fixed_windows_give_back_never_lands_in_the_next_window() {
     let rt = runtime();
     let clock = rt.block_on(async { TokioClock::new() });
-    let world = World::new(&clock, 3);
+    let world = world(&clock, 3);
     let window = Duration::from_millis(100);
     let specs: Vec<LimitSpec> = [10, 9]
         .iter()

@@ -1,0 +1,447 @@
+//! `SimBackend`: a shared store simulated in the test's process, with its faults.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::algo::algorithm::Algorithm;
+use crate::algo::quota::Quota;
+use crate::base::clock::Clock;
+use crate::model::key::{IntoKey, Key};
+use crate::model::policy::Mode;
+use crate::store::{
+    Backend, Checked, Item, MemoryStore, MemoryTable, Op, Resilient, Statuses, Store, StoreError,
+};
+
+use super::clock::TokioClock;
+
+/// The latency each way unless set: a store in the same data centre.
+const DEFAULT_LATENCY: Duration = Duration::from_micros(200);
+
+/// How long after a loss of state the instances notice it unless set: Redis's probe
+/// looks once a second, so within half a second on average.
+const DEFAULT_NOTICED_AFTER: Duration = Duration::from_millis(500);
+
+/// A shared store (Redis, say) simulated in the test's process, on tokio's clock: each
+/// call takes its time each way, and the test makes it fail, go silent, lose its state or
+/// come back from an older snapshot at the instant it chooses.
+///
+/// It is a [`Backend`]: [`store`](Self::store) makes an instance's
+/// [`Resilient`] store over it (the same timeout, breaker, failure policies, deny cache
+/// and leases as a `RedisStore`), and every instance made from one `SimBackend` (or its
+/// clones) shares its buckets. With tokio's clock paused (`#[tokio::test(start_paused =
+/// true)]`) a test of seconds of traffic runs in milliseconds and gives the same figures
+/// every time.
+///
+/// What a call does, on the backend's [`TokioClock`]:
+///
+/// 1. it travels [`latency`](SimBackendBuilder::latency) to the server;
+/// 2. there, while [`black_hole`](Self::black_hole) is on, it never answers; while
+///    [`outage`](Self::outage) is on, it fails (`connection refused`); otherwise the
+///    server applies it to its buckets (a memory store's, so every algorithm a
+///    `MemoryStore` keeps is kept);
+/// 3. the answer travels `latency` back. A caller that gave up meanwhile (its timeout)
+///    gets no answer, but the operation *was* applied: a late answer, as a real server's.
+///
+/// A [`wipe`](Self::wipe) (a restart without persistence) and a
+/// [`restore`](Self::restore) (a restart from an older snapshot) are losses of state,
+/// which the instances notice [`loss_noticed_after`](SimBackendBuilder::loss_noticed_after)
+/// later (as a `RedisStore`'s probe does): their `Resilient` store then writes back what
+/// it remembers of the keys it saw spent.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::testing::SimBackend;
+/// use tollgate::{LimitSpec, Limiter, Quota};
+///
+/// #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// async fn main() {
+///     let backend = SimBackend::builder()
+///         .latency(Duration::from_millis(1))
+///         .instances(2)
+///         .build();
+///     let spec = LimitSpec::new("api", Quota::per_hour(10));
+///     let [a, b] = [backend.store(), backend.store()]
+///         .map(|store| Limiter::builder(store).limit(spec.clone()).build().unwrap());
+///
+///     // Both instances spend one shared bucket.
+///     for _ in 0..5 {
+///         assert!(a.check("api", "alice", 1).await.unwrap().allowed());
+///         assert!(b.check("api", "alice", 1).await.unwrap().allowed());
+///     }
+///     assert!(!a.check("api", "alice", 1).await.unwrap().allowed());
+///     assert_eq!(backend.remaining("api", "alice", Quota::per_hour(10)), 0);
+///     assert_eq!(backend.calls(), 11);
+/// }
+/// ```
+#[derive(Clone)]
+pub struct SimBackend {
+    clock: TokioClock,
+    state: Arc<Mutex<State>>,
+}
+
+/// The settings of a [`SimBackend`]: [`SimBackend::builder`].
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct SimBackendBuilder {
+    latency: Duration,
+    instances: u64,
+    noticed_after: Duration,
+    clock: Option<TokioClock>,
+}
+
+impl Default for SimBackendBuilder {
+    fn default() -> Self {
+        Self {
+            latency: DEFAULT_LATENCY,
+            instances: 1,
+            noticed_after: DEFAULT_NOTICED_AFTER,
+            clock: None,
+        }
+    }
+}
+
+impl SimBackendBuilder {
+    /// The time a call takes each way (default 200 µs): a round trip is twice this. A
+    /// `Resilient` store's timeout is 50 ms unless set, so a latency of 25 ms or more
+    /// makes every call late. Change it mid-test with [`SimBackend::set_latency`].
+    pub fn latency(mut self, one_way: Duration) -> Self {
+        self.latency = one_way;
+        self
+    }
+
+    /// How many instances share the backend (default 1): what
+    /// [`Backend::instances`] answers (a limit whose failure policy is
+    /// [`Share`](crate::FailurePolicy::Share) spends `1/n` of its quota on each instance
+    /// while the backend fails), and how many stores [`SimBackend::stores`] makes.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0.
+    pub fn instances(mut self, n: u64) -> Self {
+        assert!(n > 0, "a backend has at least one instance");
+        self.instances = n;
+        self
+    }
+
+    /// How long after a [`wipe`](SimBackend::wipe) or a [`restore`](SimBackend::restore)
+    /// the instances notice it (default 500 ms, a `RedisStore`'s probe on average).
+    pub fn loss_noticed_after(mut self, d: Duration) -> Self {
+        self.noticed_after = d;
+        self
+    }
+
+    /// The clock the backend and its stores read (default: a [`TokioClock`] created by
+    /// [`build`](Self::build)).
+    pub fn clock(mut self, clock: TokioClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The backend, answering (no fault), its buckets empty. Call it inside the runtime
+    /// (tokio's clock is read).
+    pub fn build(self) -> SimBackend {
+        let clock = self.clock.unwrap_or_default();
+        SimBackend {
+            state: Arc::new(Mutex::new(State {
+                live: Buckets::new(&clock),
+                snapshot: Some(Buckets::new(&clock)),
+                frozen: false,
+                latency: self.latency,
+                failing: false,
+                black_hole: false,
+                losses: Vec::new(),
+                noticed_after: u64::try_from(self.noticed_after.as_nanos()).unwrap_or(u64::MAX),
+                instances: self.instances,
+                calls: 0,
+            })),
+            clock,
+        }
+    }
+}
+
+/// The server's state and the conditions of the network.
+struct State {
+    live: Buckets,
+    /// A copy kept in step with `live` until frozen: the snapshot a restore brings back.
+    snapshot: Option<Buckets>,
+    frozen: bool,
+    /// Each way.
+    latency: Duration,
+    failing: bool,
+    black_hole: bool,
+    /// When the server lost its state (wipes, restores), on the clock.
+    losses: Vec<u64>,
+    noticed_after: u64,
+    instances: u64,
+    calls: u64,
+}
+
+/// A server's buckets: a memory store and its tables (held, so the buckets live).
+struct Buckets {
+    store: MemoryStore<TokioClock>,
+    tables: HashMap<String, MemoryTable>,
+}
+
+impl Buckets {
+    fn new(clock: &TokioClock) -> Self {
+        Self {
+            store: MemoryStore::with_clock(*clock).unbounded(),
+            tables: HashMap::new(),
+        }
+    }
+
+    fn apply(&mut self, op: Op, calls: &[Call]) -> Statuses {
+        for c in calls {
+            if !self.tables.contains_key(&c.table) {
+                let t = self.store.table(&c.table);
+                self.tables.insert(c.table.clone(), t);
+            }
+        }
+        let items: Vec<Item<'_, MemoryTable>> = calls
+            .iter()
+            .map(|c| {
+                Item::new(&self.tables[&c.table], c.key.clone(), c.quota, c.cost)
+                    .mode(c.mode)
+                    .algorithm(c.algorithm)
+                    .max_wait(c.max_wait)
+            })
+            .collect();
+        match self.store.apply(op, &items) {
+            Checked::Ready(s) => s,
+            Checked::Pending(_) => unreachable!("a memory store answers at once"),
+        }
+    }
+}
+
+/// What one item of a call carries to the server.
+#[derive(Clone)]
+struct Call {
+    table: String,
+    key: Key,
+    quota: Quota,
+    cost: u32,
+    mode: Mode,
+    algorithm: Algorithm,
+    max_wait: Duration,
+}
+
+impl Default for SimBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SimBackend {
+    /// A backend with the default settings (one instance, 200 µs each way); see
+    /// [`builder`](Self::builder). Call it inside the runtime.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// The settings: latency, instances, when a loss is noticed, the clock.
+    pub fn builder() -> SimBackendBuilder {
+        SimBackendBuilder::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The clock the backend reads, and its stores.
+    pub fn clock(&self) -> &TokioClock {
+        &self.clock
+    }
+
+    /// One instance's store: a [`Resilient`] store over this backend with the defaults
+    /// (50 ms timeout, a breaker of 3 failures and 1 s), on the backend's clock. Set
+    /// others with `Resilient`'s own methods (`backend.store().timeout(..)`). Each call
+    /// is a new instance (its own breaker, leases, fallback and deny cache); they all
+    /// share the backend's buckets.
+    pub fn store(&self) -> Resilient<Self> {
+        Resilient::new(self.clone()).clock(self.clock)
+    }
+
+    /// One [`store`](Self::store) for each of the [`instances`](SimBackendBuilder::instances).
+    pub fn stores(&self) -> Vec<Resilient<Self>> {
+        let n = self.state().instances;
+        (0..n).map(|_| self.store()).collect()
+    }
+
+    /// Sets the latency each way from now on (calls on their way keep theirs).
+    pub fn set_latency(&self, one_way: Duration) {
+        self.state().latency = one_way;
+    }
+
+    /// Sets how many instances the backend says share it ([`Backend::instances`]).
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0.
+    pub fn set_instances(&self, n: u64) {
+        assert!(n > 0, "a backend has at least one instance");
+        self.state().instances = n;
+    }
+
+    /// While on, every call that reaches the server fails (`connection refused`) after
+    /// one way's latency, changing nothing: a server that is down.
+    pub fn outage(&self, on: bool) {
+        self.state().failing = on;
+    }
+
+    /// While on, every call that reaches the server never answers: a network that drops
+    /// packets, or a server that hangs. The callers' timeouts end the calls. Calls that
+    /// reached the server before stay as they are (their answers come back).
+    pub fn black_hole(&self, on: bool) {
+        self.state().black_hole = on;
+    }
+
+    /// The server restarts empty (no persistence): every bucket is full again, and the
+    /// snapshot is lost too. A loss of state, noticed by the instances
+    /// [`loss_noticed_after`](SimBackendBuilder::loss_noticed_after) from now.
+    pub fn wipe(&self) {
+        let now = self.clock.now();
+        let mut s = self.state();
+        s.live = Buckets::new(&self.clock);
+        s.snapshot = None;
+        s.losses.push(now);
+    }
+
+    /// Takes the snapshot [`restore`](Self::restore) brings back: the server's buckets as
+    /// they are now. Until then the snapshot follows the buckets (a restore brings back
+    /// the state as it is); there is one snapshot in the backend's life, and later calls
+    /// change nothing.
+    pub fn snapshot(&self) {
+        self.state().frozen = true;
+    }
+
+    /// The server restarts from its snapshot (see [`snapshot`](Self::snapshot)): what
+    /// was spent since comes back. The snapshot is used up: after it (or a
+    /// [`wipe`](Self::wipe)) a restore keeps the buckets as they are. A loss of state all
+    /// the same, noticed by the instances
+    /// [`loss_noticed_after`](SimBackendBuilder::loss_noticed_after) from now.
+    pub fn restore(&self) {
+        let now = self.clock.now();
+        let mut s = self.state();
+        if let Some(snap) = s.snapshot.take() {
+            s.live = snap;
+        }
+        s.losses.push(now);
+    }
+
+    /// The tokens the bucket `key` of limit `limit` has on the server now, under `quota`
+    /// (GCRA), whatever the faults: what the instances would see if they asked. Call it
+    /// inside the runtime (tokio's clock is read).
+    pub fn remaining(&self, limit: &str, key: impl IntoKey, quota: Quota) -> u64 {
+        let call = Call {
+            table: limit.to_owned(),
+            key: key.into_key(),
+            quota,
+            cost: 0,
+            mode: Mode::Enforce,
+            algorithm: Algorithm::Gcra,
+            max_wait: Duration::ZERO,
+        };
+        let statuses = self.state().live.apply(Op::Check, &[call]);
+        statuses[0].outcome().map_or(0, |o| o.remaining())
+    }
+
+    /// How many calls the instances made so far (each reaching the server or not).
+    pub fn calls(&self) -> u64 {
+        self.state().calls
+    }
+}
+
+impl fmt::Debug for SimBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.state();
+        f.debug_struct("SimBackend")
+            .field("latency", &s.latency)
+            .field("outage", &s.failing)
+            .field("black_hole", &s.black_hole)
+            .field("losses", &s.losses.len())
+            .field("instances", &s.instances)
+            .field("calls", &s.calls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend for SimBackend {
+    type Table = String;
+    type Future = Pin<Box<dyn Future<Output = Result<Statuses, StoreError>> + Send>>;
+
+    fn table(&self, name: &str) -> String {
+        name.to_owned()
+    }
+
+    fn apply(&self, op: Op, items: &[Item<'_, String>]) -> Self::Future {
+        let calls: Vec<Call> = items
+            .iter()
+            .map(|i| Call {
+                table: i.table.clone(),
+                key: i.key.clone(),
+                quota: i.quota,
+                cost: i.cost,
+                mode: i.mode,
+                algorithm: i.algorithm,
+                max_wait: i.max_wait,
+            })
+            .collect();
+        let backend = self.clone();
+        Box::pin(async move {
+            let latency = {
+                let mut s = backend.state();
+                s.calls += 1;
+                s.latency
+            };
+            tokio::time::sleep(latency).await;
+            let (failing, hole) = {
+                let s = backend.state();
+                (s.failing, s.black_hole)
+            };
+            if hole {
+                std::future::pending::<()>().await;
+            }
+            if failing {
+                return Err(StoreError::new("connection refused"));
+            }
+            let statuses = {
+                let mut s = backend.state();
+                if !s.frozen
+                    && let Some(snap) = &mut s.snapshot
+                {
+                    snap.apply(op, &calls);
+                }
+                s.live.apply(op, &calls)
+            };
+            // The answer takes its time back, whether or not the caller still waits.
+            tokio::time::sleep(latency).await;
+            Ok(statuses)
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "simulated"
+    }
+
+    fn resets(&self) -> u64 {
+        let now = self.clock.now();
+        let s = self.state();
+        s.losses
+            .iter()
+            .filter(|&&at| at.saturating_add(s.noticed_after) <= now)
+            .count() as u64
+    }
+
+    fn instances(&self) -> u64 {
+        self.state().instances
+    }
+
+    /// What a `RedisStore`'s own probe measures: the round trip as it stands.
+    fn round_trip(&self) -> Option<Duration> {
+        Some(self.state().latency * 2)
+    }
+}
