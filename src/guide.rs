@@ -41,6 +41,9 @@
 //! - [Sharing limits across instances (Redis)](redis): failure policies, the outage bound,
 //!   RESP3, pools, Sentinel, lost state.
 //! - [Leases](leases): shared limits without a call per request.
+//! - [Testing your limits](testing): a simulated shared store with latency, outages and
+//!   restarts, instances over it and tokio's paused clock (feature `testing`), for
+//!   deterministic tests of your limits and failure policy.
 //!
 //! # Watching
 //!
@@ -97,4 +100,5 @@ chapter!(metrics);
 chapter!(operations);
 chapter!(audit);
 chapter!(grpc if feature = "grpc");
+chapter!(testing if all(feature = "testing", feature = "axum"));
 chapter!(benchmarks);

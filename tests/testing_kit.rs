@@ -89,6 +89,16 @@ async fn a_login_limit_shares_its_quota_across_instances_through_an_outage() {
     // Over the run, the instances charge the store with what their shares spent, so bob
     // stays within the limit plus at most one burst for the outage (guide/redis.md).
     assert!(bob.total() <= 2 * 5, "{bob:?}");
+    // The figures guide/testing.md quotes: the first instance back spends what the store
+    // shows before the two others (their breakers open until 5 s) charge their shares.
+    assert_eq!(
+        bob,
+        Granted {
+            before: 0,
+            during: 3,
+            after: 4
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -266,12 +266,56 @@ impl SimBackend {
     }
 
     /// One [`store`](Self::store) for each of the [`instances`](SimBackendBuilder::instances).
+    ///
+    /// ```
+    /// use tollgate::testing::SimBackend;
+    /// use tollgate::{LimitSpec, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let backend = SimBackend::builder().instances(3).build();
+    /// let fleet: Vec<Limiter> = backend
+    ///     .stores()
+    ///     .into_iter()
+    ///     .map(|store| {
+    ///         Limiter::builder(store)
+    ///             .limit(LimitSpec::new("api", Quota::per_hour(10)))
+    ///             .build()
+    ///             .unwrap()
+    ///     })
+    ///     .collect();
+    /// assert_eq!(fleet.len(), 3);
+    /// # }
+    /// ```
     pub fn stores(&self) -> Vec<Resilient<Self>> {
         let n = self.state().instances;
         (0..n).map(|_| self.store()).collect()
     }
 
     /// Sets the latency each way from now on (calls on their way keep theirs).
+    ///
+    /// A call slower than the caller's timeout is a late answer: the caller gives up and
+    /// decides on its failure policy, the server applies the operation all the same.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::testing::SimBackend;
+    /// use tollgate::{LimitSpec, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let backend = SimBackend::new();
+    /// let limiter = Limiter::builder(backend.store())
+    ///     .limit(LimitSpec::new("api", Quota::per_hour(10)))
+    ///     .build()
+    ///     .unwrap();
+    /// backend.set_latency(Duration::from_millis(40)); // 80 ms round trips, 50 ms timeout
+    /// limiter.check("api", "k", 1).await.unwrap();
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// // Given up by the caller, applied on the server.
+    /// assert_eq!(backend.remaining("api", "k", Quota::per_hour(10)), 9);
+    /// # }
+    /// ```
     pub fn set_latency(&self, one_way: Duration) {
         self.state().latency = one_way;
     }
@@ -287,7 +331,25 @@ impl SimBackend {
     }
 
     /// While on, every call that reaches the server fails (`connection refused`) after
-    /// one way's latency, changing nothing: a server that is down.
+    /// one way's latency, changing nothing: a server that is down. The instances apply
+    /// each limit's [`FailurePolicy`](crate::FailurePolicy), and their breakers open after
+    /// 3 failures.
+    ///
+    /// ```
+    /// use tollgate::testing::SimBackend;
+    /// use tollgate::{FailurePolicy, LimitSpec, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let backend = SimBackend::new();
+    /// let spec = LimitSpec::new("api", Quota::per_hour(10)).on_store_failure(FailurePolicy::Deny);
+    /// let limiter = Limiter::builder(backend.store()).limit(spec).build().unwrap();
+    /// backend.outage(true);
+    /// assert!(!limiter.check("api", "k", 1).await.unwrap().allowed());
+    /// backend.outage(false);
+    /// assert!(limiter.check("api", "k", 1).await.unwrap().allowed());
+    /// # }
+    /// ```
     pub fn outage(&self, on: bool) {
         self.state().failing = on;
     }
@@ -295,6 +357,27 @@ impl SimBackend {
     /// While on, every call that reaches the server never answers: a network that drops
     /// packets, or a server that hangs. The callers' timeouts end the calls. Calls that
     /// reached the server before stay as they are (their answers come back).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::testing::SimBackend;
+    /// use tollgate::{LimitSpec, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let backend = SimBackend::new();
+    /// let limiter = Limiter::builder(backend.store().timeout(Duration::from_millis(20)))
+    ///     .limit(LimitSpec::new("api", Quota::per_hour(10)))
+    ///     .build()
+    ///     .unwrap();
+    /// backend.black_hole(true);
+    /// let start = tokio::time::Instant::now();
+    /// // Decided on this instance's share once the call timed out.
+    /// assert!(limiter.check("api", "k", 1).await.unwrap().allowed());
+    /// assert_eq!(start.elapsed(), Duration::from_millis(20));
+    /// assert_eq!(backend.remaining("api", "k", Quota::per_hour(10)), 10);
+    /// # }
+    /// ```
     pub fn black_hole(&self, on: bool) {
         self.state().black_hole = on;
     }
@@ -302,6 +385,24 @@ impl SimBackend {
     /// The server restarts empty (no persistence): every bucket is full again, and the
     /// snapshot is lost too. A loss of state, noticed by the instances
     /// [`loss_noticed_after`](SimBackendBuilder::loss_noticed_after) from now.
+    ///
+    /// ```
+    /// use tollgate::testing::SimBackend;
+    /// use tollgate::{LimitSpec, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let quota = Quota::per_hour(10);
+    /// let backend = SimBackend::new();
+    /// let limiter = Limiter::builder(backend.store())
+    ///     .limit(LimitSpec::new("api", quota))
+    ///     .build()
+    ///     .unwrap();
+    /// limiter.check("api", "k", 4).await.unwrap();
+    /// backend.wipe();
+    /// assert_eq!(backend.remaining("api", "k", quota), 10);
+    /// # }
+    /// ```
     pub fn wipe(&self) {
         let now = self.clock.now();
         let mut s = self.state();
@@ -323,6 +424,27 @@ impl SimBackend {
     /// [`wipe`](Self::wipe)) a restore keeps the buckets as they are. A loss of state all
     /// the same, noticed by the instances
     /// [`loss_noticed_after`](SimBackendBuilder::loss_noticed_after) from now.
+    ///
+    /// ```
+    /// use tollgate::testing::SimBackend;
+    /// use tollgate::{LimitSpec, Limiter, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let quota = Quota::per_hour(10);
+    /// let backend = SimBackend::new();
+    /// let limiter = Limiter::builder(backend.store())
+    ///     .limit(LimitSpec::new("api", quota))
+    ///     .build()
+    ///     .unwrap();
+    /// limiter.check("api", "k", 2).await.unwrap();
+    /// backend.snapshot();
+    /// limiter.check("api", "k", 3).await.unwrap();
+    /// assert_eq!(backend.remaining("api", "k", quota), 5);
+    /// backend.restore(); // the 3 spent since the snapshot come back
+    /// assert_eq!(backend.remaining("api", "k", quota), 8);
+    /// # }
+    /// ```
     pub fn restore(&self) {
         let now = self.clock.now();
         let mut s = self.state();
