@@ -119,7 +119,8 @@
 //! The [`guide`] has the rest, one chapter per module: [common questions](guide::faq),
 //! [rules files](guide::rules), [Redis](guide::redis), [leases](guide::leases), the
 //! [algorithms](guide::algorithms), [metrics](guide::metrics), the [audit
-//! log](guide::audit), [gRPC](guide::grpc), the [benchmarks](guide::benchmarks), and more.
+//! log](guide::audit), [gRPC](guide::grpc), the [benchmarks](guide::benchmarks), [testing
+//! your limits](guide::testing) against a simulated shared store, and more.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 

@@ -567,3 +567,105 @@ impl Backend for SimBackend {
         Some(self.state().latency * 2)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const Q: Quota = Quota::per_hour(10);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loss_is_reported_once_it_is_noticed() {
+        let backend = SimBackend::builder()
+            .loss_noticed_after(Duration::from_millis(300))
+            .build();
+        assert_eq!(backend.resets(), 0);
+        backend.wipe();
+        tokio::time::sleep(Duration::from_millis(299)).await;
+        assert_eq!(backend.resets(), 0);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(backend.resets(), 1);
+        backend.restore(); // no snapshot after a wipe: the buckets stay, a loss all the same
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(backend.resets(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_take_their_latency_each_way_and_fail_or_hang_as_told() {
+        let backend = SimBackend::builder()
+            .latency(Duration::from_millis(5))
+            .build();
+        let table = backend.table("api");
+        let item = |cost| Item::new(&table, Key::from_part("k"), Q, cost);
+        let start = tokio::time::Instant::now();
+        let statuses = backend.apply(Op::Check, &[item(2)]).await.unwrap();
+        assert!(statuses[0].outcome().unwrap().is_allowed());
+        assert_eq!(start.elapsed(), Duration::from_millis(10));
+        assert_eq!(backend.remaining("api", "k", Q), 8);
+
+        backend.outage(true);
+        assert!(backend.apply(Op::Check, &[item(1)]).await.is_err());
+        assert_eq!(
+            backend.remaining("api", "k", Q),
+            8,
+            "a failed call changes nothing"
+        );
+        backend.outage(false);
+
+        backend.black_hole(true);
+        let hung =
+            tokio::time::timeout(Duration::from_secs(5), backend.apply(Op::Check, &[item(1)]));
+        assert!(hung.await.is_err());
+        assert_eq!(backend.remaining("api", "k", Q), 8);
+        backend.black_hole(false);
+        assert_eq!(backend.calls(), 3);
+        assert_eq!(backend.round_trip(), Some(Duration::from_millis(10)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_given_up_on_the_way_back_is_applied() {
+        let backend = SimBackend::builder()
+            .latency(Duration::from_millis(30))
+            .build();
+        let table = backend.table("api");
+        let call = backend.apply(Op::Check, &[Item::new(&table, Key::from_part("k"), Q, 3)]);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), call)
+                .await
+                .is_err()
+        );
+        assert_eq!(backend.remaining("api", "k", Q), 7);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_snapshot_follows_the_buckets_until_taken() {
+        let backend = SimBackend::new();
+        let table = backend.table("api");
+        let item = |cost| Item::new(&table, Key::from_part("k"), Q, cost);
+        backend.apply(Op::Check, &[item(2)]).await.unwrap();
+        backend.restore(); // no snapshot taken: it followed, nothing changes
+        assert_eq!(backend.remaining("api", "k", Q), 8);
+
+        let backend = SimBackend::new();
+        let table = backend.table("api");
+        let item = |cost| Item::new(&table, Key::from_part("k"), Q, cost);
+        backend.apply(Op::Check, &[item(2)]).await.unwrap();
+        backend.snapshot();
+        backend.apply(Op::Check, &[item(5)]).await.unwrap();
+        assert_eq!(backend.remaining("api", "k", Q), 3);
+        backend.restore();
+        assert_eq!(backend.remaining("api", "k", Q), 8);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stores_are_one_per_instance_and_debug_names_the_faults() {
+        let backend = SimBackend::builder().instances(4).build();
+        assert_eq!(backend.stores().len(), 4);
+        assert_eq!(backend.instances(), 4);
+        backend.set_instances(2);
+        assert_eq!(backend.instances(), 2);
+        backend.outage(true);
+        let debug = format!("{backend:?}");
+        assert!(debug.contains("outage: true"), "{debug}");
+    }
+}

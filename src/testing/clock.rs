@@ -31,6 +31,8 @@ const START: u64 = 1_000_000_000_000;
 ///     assert_eq!(clock.now(), 1_000_000_000_000);
 ///     tokio::time::sleep(Duration::from_secs(60)).await; // at once: the clock is paused
 ///     assert_eq!(clock.now(), 1_060_000_000_000);
+///     tokio::time::sleep_until(clock.instant(1_090_000_000_000)).await;
+///     assert_eq!(clock.now(), 1_090_000_000_000);
 /// }
 /// ```
 #[derive(Clone, Copy, Debug)]
