@@ -146,6 +146,7 @@ impl Follow for Replayed {
 
 /// Ends a replayed response's body: its frames read (the trailers told to the settled
 /// limits, if it has any), then dropped, which gives back what it held.
+#[inline]
 pub(super) fn end(mut body: ResponseBody<Replayed>, cx: &mut Context<'_>) {
     while !body.is_end_stream() {
         match Pin::new(&mut body).poll_frame(cx) {

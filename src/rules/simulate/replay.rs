@@ -210,15 +210,18 @@ pub(super) fn run(
             report.refused += 1;
         }
         let body = response.into_body();
-        match entry.duration_ns {
-            // Held only if its end gives something back (an in-flight unit, a settle).
-            Some(duration) if body.follows() => {
-                report.held += 1;
-                if let Some(early) = held.hold(since.saturating_add(duration), body) {
-                    answer::end(early, &mut cx);
+        // A body whose end gives nothing back (no in-flight unit, no settle) is dropped
+        // as it is; the others are held for their duration, or ended now.
+        if body.follows() {
+            match entry.duration_ns {
+                Some(duration) => {
+                    report.held += 1;
+                    if let Some(early) = held.hold(since.saturating_add(duration), body) {
+                        answer::end(early, &mut cx);
+                    }
                 }
+                None => answer::end(body, &mut cx),
             }
-            _ => answer::end(body, &mut cx),
         }
         for name in seen.checked.drain(..) {
             if let Some(i) = names.tally(&tallies, name) {
@@ -231,9 +234,11 @@ pub(super) fn run(
                 report.timeline.refusal(i, bucket);
             }
         }
-        for (name, level) in seen.began.drain(..) {
-            if let Some(i) = names.tally(&tallies, name) {
-                tallies[i].ban_began(level);
+        if !seen.began.is_empty() {
+            for (name, level) in seen.began.drain(..) {
+                if let Some(i) = names.tally(&tallies, name) {
+                    tallies[i].ban_began(level);
+                }
             }
         }
     }
