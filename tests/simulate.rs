@@ -640,7 +640,7 @@ fn run_as(format: LogFormat, rules: &str, log: &str) -> Report {
 
 /// A token budget admitted on an estimate of 100 and settled to the logged usage when
 /// the response ends (10 ms after each line). 1,000 tokens a minute (one every 60 ms), a
-/// burst of 1,000, debt up to the burst; a line a second. Usage 400 each: 600 left after
+/// burst of 1,000; a line a second. Usage 400 each: 600 left after
 /// the first, 216 after the second (17 came back), the third is admitted on its estimate
 /// and settles into a debt of 167, the fourth and fifth find the bucket in debt (150,
 /// 133): refused. On the estimate alone, five requests take 500: none refused. A line
