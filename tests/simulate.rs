@@ -731,6 +731,17 @@ fn in_flight_limits_hold_each_response_for_its_duration() {
         (report.held, report.most_held, report.released_early),
         (7, 4, 0)
     );
+    assert!(
+        report
+            .to_string()
+            .contains("7 responses held for their duration, at most 4 at once\n")
+    );
+    assert_eq!(report.to_json()["most_held"], 4);
+    assert!(
+        report
+            .to_html(None, "streams")
+            .contains(r#"data-held="7" data-most-held="4" data-released-early="0""#)
+    );
     assert_eq!(
         run_as(LogFormat::Combined, IN_FLIGHT, &log).limits[0].refused,
         0
@@ -745,6 +756,7 @@ fn in_flight_limits_hold_each_response_for_its_duration() {
         .unwrap();
     assert_eq!(capped.limits[0].refused, 0);
     assert_eq!((capped.most_held, capped.released_early), (1, 6));
+    assert!(capped.to_string().contains("; 6 let go early"));
 
     // JSON lines: the duration by name, seconds as a number or a string.
     let mut fields = JsonFields::default();

@@ -96,8 +96,8 @@ pub const DEFAULT_MAX_HELD: usize = 1_000_000;
 /// the memory store on one instance, so Redis (its failure policies, `Share`, lease
 /// mode's local decisions, bans shared between instances) is not rehearsed, and a lease
 /// decides as the memory store's bucket would; the application's own use of the
-/// `Limiter` (`reserve`, `acquire`, `penalize`, bans by hand) is not in the log; a rules
-/// reload happens never during a replay. See the guide's "Limits of the rehearsal".
+/// `Limiter` (`reserve`, `acquire`, `penalize`, bans by hand) is not in the log; the rules
+/// are not reloaded during a replay. See the guide's "Limits of the rehearsal".
 #[derive(Debug, Clone)]
 pub struct Simulation {
     format: LogFormat,
