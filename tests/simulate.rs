@@ -13,7 +13,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::clock::FakeClock;
 use tollgate::key::PeerAddr;
-use tollgate::rules::{Document, JsonFields, LogFormat, Report, Simulation};
+use tollgate::rules::{CombinedFields, Document, JsonFields, LogFormat, Report, Simulation};
 use tollgate::store::MemoryStore;
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -384,7 +384,11 @@ fn random_bytes_never_panic() {
         })
         .collect();
     let newlines = bytes.iter().filter(|&&b| b == b'\n').count() as u64;
-    for format in [LogFormat::Combined, LogFormat::Json(JsonFields::default())] {
+    for format in [
+        LogFormat::Combined,
+        appended(),
+        LogFormat::Json(JsonFields::default()),
+    ] {
         let report = Simulation::new(format).run(&doc, &bytes[..]).unwrap();
         assert!(report.lines >= newlines && report.lines <= newlines + 1);
         assert_eq!(report.bad_lines, report.lines);
@@ -608,4 +612,262 @@ fn a_closed_pipe_ends_the_output_quietly() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
+}
+
+/// `line` with fields appended after the user agent, as an nginx `log_format` that ends
+/// `... "$http_user_agent" $request_time "$upstream_http_x_usage"` writes them.
+fn line_with(ip: &str, secs: u32, appended: &str) -> String {
+    let mut l = line(ip, secs, "POST", "/v1/chat", 200);
+    l.pop();
+    l.push(' ');
+    l.push_str(appended);
+    l.push('\n');
+    l
+}
+
+/// The combined format with the duration first and the usage second after the user agent.
+fn appended() -> LogFormat {
+    let mut fields = CombinedFields::default();
+    fields.set("duration=1").unwrap();
+    fields.set("usage=2").unwrap();
+    LogFormat::CombinedWith(fields)
+}
+
+fn run_as(format: LogFormat, rules: &str, log: &str) -> Report {
+    let doc = Document::from_toml(rules).unwrap();
+    Simulation::new(format).run(&doc, log.as_bytes()).unwrap()
+}
+
+/// A token budget admitted on an estimate of 100 and settled to the logged usage when
+/// the response ends (10 ms after each line). 1,000 tokens a minute (one every 60 ms), a
+/// burst of 1,000; a line a second. Usage 400 each: 600 left after
+/// the first, 216 after the second (17 came back), the third is admitted on its estimate
+/// and settles into a debt of 167, the fourth and fifth find the bucket in debt (150,
+/// 133): refused. On the estimate alone, five requests take 500: none refused. A line
+/// whose usage is `-` keeps its estimate, as live when the application reports nothing.
+#[test]
+fn settled_costs_follow_the_usage_field() {
+    for source in ["header:x-usage", "trailer:x-usage"] {
+        let rules = format!(
+            "[[limits]]\nname = \"tokens\"\nkey = \"peer_ip\"\nquota = \"1000/min; burst=1000\"\n\
+             cost = 100\nsettle = \"{source}\"\n"
+        );
+        let mut log = String::new();
+        for t in 0..5 {
+            log.push_str(&line_with("192.0.2.1", t, "0.010 \"400\""));
+        }
+        let report = run_as(appended(), &rules, &log);
+        assert_eq!(report.with_usage, 5, "{source}");
+        assert_eq!(
+            (report.limits[0].requests, report.limits[0].refused),
+            (5, 2),
+            "{source}"
+        );
+        // The same log read without the field: the estimate stands.
+        let report = run_as(LogFormat::Combined, &rules, &log);
+        assert_eq!((report.with_usage, report.limits[0].refused), (0, 0));
+        // Lines without a usage (`-`, or no field at all) keep the estimate.
+        let mut log = String::new();
+        for _ in 0..5 {
+            log.push_str(&line_with("192.0.2.1", 0, "0.010 -"));
+        }
+        log.push_str(&line("192.0.2.1", 0, "POST", "/v1/chat", 200));
+        let report = run_as(appended(), &rules, &log);
+        assert_eq!((report.with_usage, report.limits[0].refused), (0, 0));
+        // A settle comes at the response's end: five requests in one second, each
+        // lasting 10 ms, are all admitted on their estimate before the first settles.
+        let mut log = String::new();
+        for _ in 0..5 {
+            log.push_str(&line_with("192.0.2.1", 0, "0.010 \"400\""));
+        }
+        let report = run_as(appended(), &rules, &log);
+        assert_eq!((report.held, report.limits[0].refused), (5, 0));
+    }
+    // JSON lines: the usage field by name, a number or a string; without a duration each
+    // response ends at once, so in one second the third settles into debt before the
+    // fourth comes.
+    let mut fields = JsonFields::default();
+    fields.set("usage=tokens").unwrap();
+    let mut log = String::new();
+    for usage in ["400", "\"400\"", "400", "400", "400"] {
+        log.push_str(&format!(
+            "{{\"remote_addr\":\"192.0.2.1\",\"time\":1795687200,\"method\":\"POST\",\"path\":\"/\",\"status\":200,\"tokens\":{usage}}}\n"
+        ));
+    }
+    let rules = "[[limits]]\nname = \"tokens\"\nkey = \"peer_ip\"\nquota = \"1000/min; burst=1000\"\n\
+                 cost = 100\nsettle = \"header:x-usage\"\n";
+    let report = run_as(LogFormat::Json(fields), rules, &log);
+    assert_eq!((report.with_usage, report.limits[0].refused), (5, 2));
+}
+
+const IN_FLIGHT: &str = "[[limits]]\nname = \"streams\"\nkey = \"peer_ip\"\nin_flight = 2\n";
+
+/// Two in flight per client. At 0 s and 1 s two requests of 5 s begin (ending at 5 s and
+/// 6 s): the one at 2 s is refused. At 5 s the first has ended: one more is admitted
+/// (ending at 6 s), and the next at 5 s is refused. At 6 s all have ended. Another
+/// client is never refused. Without the duration every request ends at once: none
+/// refused.
+#[test]
+fn in_flight_limits_hold_each_response_for_its_duration() {
+    let mut log = String::new();
+    for (ip, t, duration) in [
+        ("192.0.2.1", 0, "5.000"),
+        ("192.0.2.1", 1, "5.000"),
+        ("192.0.2.2", 1, "5.000"),
+        ("192.0.2.1", 2, "1.000"),
+        ("192.0.2.2", 2, "0.250"),
+        ("192.0.2.1", 5, "1.000"),
+        ("192.0.2.1", 5, "1.000"),
+        ("192.0.2.1", 6, "0.100"),
+        ("192.0.2.1", 6, "0.100"),
+    ] {
+        log.push_str(&line_with(ip, t, &format!("{duration} \"-\"")));
+    }
+    let report = run_as(appended(), IN_FLIGHT, &log);
+    let streams = &report.limits[0];
+    assert_eq!((streams.requests, streams.refused), (9, 2));
+    assert_eq!(streams.top_refused, [("@192.0.2.1".to_owned(), 2)]);
+    assert_eq!(
+        (report.held, report.most_held, report.released_early),
+        (7, 4, 0)
+    );
+    assert!(
+        report
+            .to_string()
+            .contains("7 responses held for their duration, at most 4 at once\n")
+    );
+    assert_eq!(report.to_json()["most_held"], 4);
+    assert!(
+        report
+            .to_html(None, "streams")
+            .contains(r#"data-held="7" data-most-held="4" data-released-early="0""#)
+    );
+    assert_eq!(
+        run_as(LogFormat::Combined, IN_FLIGHT, &log).limits[0].refused,
+        0
+    );
+
+    // Held at most one at a time: each hold past the first lets the one held go early
+    // (but at 5 s and 6 s, where it had ended): A is never refused.
+    let doc = Document::from_toml(IN_FLIGHT).unwrap();
+    let capped = Simulation::new(appended())
+        .max_held(1)
+        .run(&doc, log.as_bytes())
+        .unwrap();
+    assert_eq!(capped.limits[0].refused, 0);
+    assert_eq!((capped.most_held, capped.released_early), (1, 6));
+    assert!(capped.to_string().contains("; 6 let go early"));
+
+    // JSON lines: the duration by name, seconds as a number or a string.
+    let mut fields = JsonFields::default();
+    fields.set("duration=request_time").unwrap();
+    let mut log = String::new();
+    for (t, d) in [(0, "5"), (1, "\"5.0\""), (2, "1")] {
+        log.push_str(&format!(
+            "{{\"remote_addr\":\"192.0.2.1\",\"time\":{},\"method\":\"GET\",\"path\":\"/\",\"status\":200,\"request_time\":{d}}}\n",
+            1_795_687_200 + t
+        ));
+    }
+    let report = run_as(LogFormat::Json(fields), IN_FLIGHT, &log);
+    assert_eq!(report.limits[0].refused, 1);
+}
+
+/// One request a minute, and 2 refusals within a minute ban for 10 s, doubled for a
+/// repeat within an hour. A at 0 s is admitted; at 1 s and 2 s refused, which bans it
+/// until 12 s (level 0); at 3 s and 4 s refused by the ban. At 13 s its bucket (full
+/// until 60 s) refuses it again, at 14 s too: a repeat, level 1, 20 s; at 15 s refused
+/// by the ban. The report says so in text, JSON and HTML.
+#[test]
+fn bans_are_reported_apart_with_their_levels() {
+    let rules = "[[limits]]\nname = \"login\"\nkey = \"peer_ip\"\nquota = \"1/min\"\n\
+                 ban = { after = 2, within = \"1m\", for = \"10s\", escalate = 2, max = \"1h\", forget = \"1h\" }\n";
+    let mut log = String::new();
+    for t in [0, 1, 2, 3, 4, 13, 14, 15] {
+        log.push_str(&line("192.0.2.9", t, "POST", "/login", 200));
+    }
+    let report = run(rules, &log);
+    let login = &report.limits[0];
+    assert_eq!((login.requests, login.refused), (8, 7));
+    assert_eq!((login.banned_refused, login.bans), (3, 2));
+    assert_eq!(login.bans_by_level, [1, 1]);
+
+    let text = report.to_string();
+    assert!(
+        text.contains("3 refused by a ban; 2 bans began: 1 first, 1 at level 1"),
+        "{text}"
+    );
+    let json = report.to_json();
+    let l = &json["limits"][0];
+    assert_eq!(
+        (&l["banned_refused"], &l["bans"], &l["bans_by_level"]),
+        (
+            &serde_json::json!(3),
+            &serde_json::json!(2),
+            &serde_json::json!([1, 1])
+        )
+    );
+    let html = report.to_html(None, "bans");
+    assert!(
+        html.contains(r#"data-banned-refused="3" data-bans="2" data-bans-by-level="1,1""#),
+        "{html}"
+    );
+    assert!(html.contains("3 refused by a ban; 2 bans began: 1 first, 1 at level 1."));
+
+    // A limit without bans says nothing of them.
+    let quiet = run(RULES, &log);
+    assert_eq!(
+        (quiet.limits[0].bans, quiet.limits[0].banned_refused),
+        (0, 0)
+    );
+    assert!(quiet.limits[0].bans_by_level.is_empty());
+    assert!(!quiet.to_string().contains("by a ban"));
+}
+
+/// The CLI reads the usage and the duration by position in the combined format, or by
+/// name in JSON lines; a position that is not one is a bad command line.
+#[test]
+fn cli_reads_usage_and_duration_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(&rules, IN_FLIGHT).unwrap();
+    let log = dir.path().join("access.log");
+    let mut text = String::new();
+    for t in [0, 0, 0] {
+        text.push_str(&line_with("192.0.2.1", t, "1.5 \"7\""));
+    }
+    std::fs::write(&log, text).unwrap();
+    let (rules, log) = (rules.to_str().unwrap(), log.to_str().unwrap());
+    let out = simulate_cli(&[
+        rules,
+        "--log",
+        log,
+        "--json",
+        "--field",
+        "duration=1",
+        "--field",
+        "usage=2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["bad_lines"], 0);
+    assert_eq!(json["with_usage"], 3);
+    assert_eq!(json["held"], 2);
+    assert_eq!(json["limits"][0]["refused"], 1);
+    let out = simulate_cli(&[rules, "--log", log, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&json["held"], &json["limits"][0]["refused"]),
+        (&0.into(), &0.into())
+    );
+    for bad in ["duration=0", "usage=99", "speed=1"] {
+        let out = simulate_cli(&[rules, "--log", log, "--format", "combined", "--field", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+    }
+    let help = simulate_cli(&["--help"]);
+    let help = String::from_utf8(help.stdout).unwrap() + &String::from_utf8(help.stderr).unwrap();
+    assert!(help.contains("--field duration=FIELD") && help.contains("--max-held"));
 }

@@ -24,12 +24,14 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use tollgate::rules::suggest::{SuggestKey, Suggestion};
-use tollgate::rules::{Document, Format, JsonFields, LogFormat, Report, Simulation};
+use tollgate::rules::{
+    CombinedFields, Document, Format, JsonFields, LogFormat, Report, Simulation,
+};
 
 const USAGE: &str = "usage: tollgate-rules check FILE
        tollgate-rules simulate RULES --log FILE [--json] [--format combined|json]
                       [--field ROLE=FIELD]... [--header NAME=FIELD]... [--against OLD_RULES]
-                      [--max-line BYTES] [--top N] [--html OUT.html]
+                      [--max-line BYTES] [--max-held N] [--top N] [--html OUT.html]
        tollgate-rules suggest --log FILE --key ip|header:NAME [--route] [--share PERCENT]
                       [--json] [--html OUT.html] [--format combined|json] [--field ROLE=FIELD]...
                       [--header NAME=FIELD]... [--max-keys N] [--max-routes N] [--max-line BYTES]";
@@ -43,13 +45,28 @@ the most refused keys and the refusals over time.
   --format json        one JSON object per line; fields named by --field and --header
   --field ROLE=FIELD   ROLE one of client, time, method, path, status (defaults: remote_addr,
                        time, method, path, status); time is RFC 3339 or Unix seconds
+  --field usage=FIELD  the request's actual usage: limits with `settle` settle to it (as
+                       the header or trailer they read); without it the estimate stands
+  --field duration=FIELD
+                       the request's duration in seconds ($request_time, e.g. 0.250): its
+                       response is held that long, so in-flight limits count it; without
+                       it every request ends at once and in-flight limits never refuse
+                       (in the combined format, FIELD of usage and duration is a position
+                       after the user agent: 1 is the first field appended to it; a name
+                       that is not a number implies --format json)
   --header NAME=FIELD  the request gets header NAME from FIELD (for header keys)
   --against OLD_RULES  also replays through OLD_RULES and lists the keys refused by one only
   --json               the report as JSON
   --html OUT.html      also writes the report as one HTML page with charts (no script,
                        nothing loaded from the network)
   --max-line BYTES     longer lines are counted as bad and skipped (default 65536)
-  --top N              the most refused keys shown per limit (default 10)";
+  --max-held N         the most responses held at once for their duration (default
+                       1000000); past it the first to end is let go early (reported)
+  --top N              the most refused keys shown per limit (default 10)
+
+Bans are counted apart: refusals by a ban, and the bans that began by repeat level.
+Not rehearsed: delay mode waits for real; calendar quotas follow the wall clock; the store
+is one memory store (no Redis failure policies, leases or shared bans).";
 
 const SUGGEST_HELP: &str =
     "suggest: reads an access log (FILE; read 5 times, so not -) and prints, per key,
@@ -161,6 +178,7 @@ impl SimulateArgs {
         let mut html = None;
         let mut log_format = LogArgs::default();
         let mut max_line = None;
+        let mut max_held = None;
         let mut top = None;
         let mut args = args.iter();
         while let Some(arg) = args.next() {
@@ -179,6 +197,7 @@ impl SimulateArgs {
                     log_format.set(flag, value(flag)?)?;
                 }
                 "--max-line" => max_line = Some(number("--max-line", &value("--max-line")?)?),
+                "--max-held" => max_held = Some(number("--max-held", &value("--max-held")?)?),
                 "--top" => top = Some(number("--top", &value("--top")?)?),
                 flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
                 file if rules.is_none() => rules = Some(file.to_owned()),
@@ -189,6 +208,9 @@ impl SimulateArgs {
         let mut simulation = Simulation::new(format);
         if let Some(n) = max_line {
             simulation = simulation.max_line(n);
+        }
+        if let Some(n) = max_held {
+            simulation = simulation.max_held(n);
         }
         if let Some(n) = top {
             simulation = simulation.top(n);
@@ -209,14 +231,23 @@ impl SimulateArgs {
 struct LogArgs {
     format: Option<String>,
     fields: JsonFields,
-    /// Whether a field was mapped: `--field` or `--header` imply JSON lines.
+    /// Whether a field was mapped: `--field` (but `usage` and `duration`) or `--header`
+    /// imply JSON lines.
     mapped: bool,
+    /// `--field usage=...` and `--field duration=...`: a JSON field's name, or a
+    /// position after the user agent in the combined format (read once the format is
+    /// known).
+    either: Vec<String>,
 }
 
 impl LogArgs {
     fn set(&mut self, flag: &str, value: String) -> Result<(), String> {
         match flag {
             "--format" => self.format = Some(value),
+            "--field" if value.starts_with("usage=") || value.starts_with("duration=") => {
+                self.either.push(value);
+                return Ok(());
+            }
             "--field" => self.fields.set(&value).map_err(|e| e.to_string())?,
             _ => self.fields.header(&value).map_err(|e| e.to_string())?,
         }
@@ -224,16 +255,39 @@ impl LogArgs {
         Ok(())
     }
 
-    fn format(self) -> Result<LogFormat, String> {
-        match self.format.as_deref() {
-            Some("json") => Ok(LogFormat::Json(self.fields)),
-            None if self.mapped => Ok(LogFormat::Json(self.fields)),
-            Some("combined") if self.mapped => {
-                Err("--field and --header apply to --format json".into())
+    fn format(mut self) -> Result<LogFormat, String> {
+        let json = match self.format.as_deref() {
+            Some("json") => true,
+            // A field named, not a position: JSON lines.
+            None => {
+                self.mapped
+                    || self.either.iter().any(|spec| {
+                        let (_, field) = spec.split_once('=').unwrap_or_default();
+                        !field.bytes().all(|c| c.is_ascii_digit())
+                    })
             }
-            None | Some("combined") => Ok(LogFormat::Combined),
-            Some(other) => Err(format!("unknown --format {other}: combined or json")),
+            Some("combined") if self.mapped => {
+                return Err(
+                    "--header and --field (but usage and duration) apply to --format json".into(),
+                );
+            }
+            Some("combined") => false,
+            Some(other) => return Err(format!("unknown --format {other}: combined or json")),
+        };
+        if json {
+            for spec in &self.either {
+                self.fields.set(spec).map_err(|e| e.to_string())?;
+            }
+            return Ok(LogFormat::Json(self.fields));
         }
+        if self.either.is_empty() {
+            return Ok(LogFormat::Combined);
+        }
+        let mut fields = CombinedFields::default();
+        for spec in &self.either {
+            fields.set(spec).map_err(|e| e.to_string())?;
+        }
+        Ok(LogFormat::CombinedWith(fields))
     }
 }
 

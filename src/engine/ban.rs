@@ -364,17 +364,17 @@ impl<St: Store> Engine<St> {
         table.metrics.refused();
     }
 
-    /// A refusal of `key` by limit `index`: counted (here, or in the shared store).
-    pub(crate) fn offended(&self, index: usize, key: &Key) {
-        let Some(bans) = &self.bounds[index].bans else {
-            return;
-        };
-        if !self.ask(index, key.clone(), BanCall::Offend(bans.table.ban)) {
-            let now = bans.table.now();
-            if let Some(began) = bans.table.offend(key, now) {
-                bans.table.began(key, began, false);
-            }
+    /// A refusal of `key` by limit `index`: counted (here, or in the shared store). The
+    /// ban it began, if this table decided (a shared store answers later).
+    pub(crate) fn offended(&self, index: usize, key: &Key) -> Option<Began> {
+        let bans = self.bounds[index].bans.as_ref()?;
+        if self.ask(index, key.clone(), BanCall::Offend(bans.table.ban)) {
+            return None;
         }
+        let now = bans.table.now();
+        let began = bans.table.offend(key, now)?;
+        bans.table.began(key, began, false);
+        Some(began)
     }
 
     /// Bans `key` in limit `index` for `length` by hand; `None` lifts its ban.

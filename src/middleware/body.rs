@@ -87,6 +87,12 @@ impl<B> ResponseBody<B> {
         }
     }
 
+    /// Whether something is told of this body's end (an in-flight unit, a cost to
+    /// settle): a body that holds nothing may be dropped at any time.
+    pub(crate) fn follows(&self) -> bool {
+        self.after.is_some()
+    }
+
     /// `inner`, with `after` told of its end.
     pub(crate) fn with_after(inner: B, after: Option<Box<dyn AfterBody>>) -> Self {
         Self {

@@ -197,7 +197,7 @@ where
                 // Bans count the refusals of their limits (never a banned request's:
                 // those are refused before the store).
                 if policy.groups[prepared.group].banned {
-                    offended(&shared.engine, &decision, prepared, keys);
+                    offended(&shared.engine, &policy.hooks, &decision, prepared, keys);
                 }
                 policy.hooks.refused(
                     prepared.plan.iter().map(|p| p.bound),
@@ -230,10 +230,12 @@ where
     }
 }
 
-/// Counts the refusals of a request's limits that ban (see [`Engine::offended`]).
+/// Counts the refusals of a request's limits that ban (see [`Engine::offended`]); a ban
+/// that began is told to the hooks.
 #[inline(never)]
 fn offended<St: Store>(
     engine: &Engine<St>,
+    hooks: &crate::web::hooks::Hooks,
     decision: &Decision,
     prepared: &Prepared,
     keys: &(impl Keys + ?Sized),
@@ -241,8 +243,9 @@ fn offended<St: Store>(
     for (i, (l, p)) in decision.limits().zip(&prepared.plan).enumerate() {
         if l.denies()
             && let Some(key) = keys.key(i)
+            && let Some(began) = engine.offended(p.bound, key)
         {
-            engine.offended(p.bound, key);
+            hooks.ban_began(l.name, key, began.level);
         }
     }
 }

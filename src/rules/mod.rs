@@ -103,8 +103,9 @@ pub(crate) use reload::{Trigger, WeakRules};
 /// `tollgate-rules suggest`: limits suggested from an access log ([`suggest::Suggestion`]).
 pub use simulate::suggest;
 pub use simulate::{
-    BadLine, DEFAULT_MAX_KEYS, DEFAULT_MAX_LINE, Difference, JsonFields, LimitReport, LogFormat,
-    MAX_MINUTES, Report, SimulateError, Simulation, TIMELINE_BUCKETS, Timeline,
+    BadLine, CombinedFields, DEFAULT_MAX_HELD, DEFAULT_MAX_KEYS, DEFAULT_MAX_LINE, Difference,
+    JsonFields, LimitReport, LogFormat, MAX_BAN_LEVELS, MAX_MINUTES, Report, SimulateError,
+    Simulation, TIMELINE_BUCKETS, Timeline,
 };
 
 use crate::base::error::ConfigError;

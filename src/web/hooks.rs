@@ -99,6 +99,9 @@ pub(crate) enum Refusal {
     Shadow,
     /// The key was banned by the limit.
     Banned,
+    /// Not a refusal of its own: the limit's refusal (tapped as `Enforced` too) began a
+    /// ban of the key, at this repeat level (0: a first ban).
+    BanBegan(u32),
 }
 
 /// A crate-private observer of refusals with their keys: `(limit, key, how)`.
@@ -306,6 +309,15 @@ impl Hooks {
         }
         if let Some(tap) = &self.settings.tap {
             tap(limit, Some(key), Refusal::Banned);
+        }
+    }
+
+    /// A refusal by limit `limit` began a ban of `key` at repeat `level` (the engine logs
+    /// it): told to the tap.
+    #[inline]
+    pub(crate) fn ban_began(&self, limit: &'static str, key: &Key, level: u32) {
+        if let Some(tap) = &self.settings.tap {
+            tap(limit, Some(key), Refusal::BanBegan(level));
         }
     }
 

@@ -120,6 +120,16 @@ impl Settle {
         }
     }
 
+    /// The header or trailer the value is read from (`true`: a trailer); `None` for an
+    /// extension or a function (what a replay cannot give).
+    pub(crate) fn field(&self) -> Option<(&HeaderName, bool)> {
+        match &self.source {
+            Source::Header(name) => Some((name, false)),
+            Source::Trailer(name) => Some((name, true)),
+            Source::Extension | Source::Fn(_) => None,
+        }
+    }
+
     /// The actual cost the trailers give, if the value comes from a trailer.
     pub fn from_trailers(&self, trailers: &HeaderMap) -> Option<u32> {
         match &self.source {

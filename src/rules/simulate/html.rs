@@ -50,8 +50,10 @@ impl Report {
     /// was replayed (e.g. the rules and the log's names).
     ///
     /// The page has no script and loads nothing; its numbers are also in `data-*`
-    /// attributes: `data-limit`, `data-requests`, `data-refused`, `data-keys-refused` on
-    /// each limit's `<section>`, `data-key` and `data-refused` on each refused key's bar,
+    /// attributes: `data-limit`, `data-requests`, `data-refused`, `data-banned-refused`,
+    /// `data-bans`, `data-bans-by-level` (counts by repeat level, comma-separated),
+    /// `data-keys-refused` on each limit's `<section>`; `data-with-usage`, `data-held`,
+    /// `data-most-held`, `data-released-early` on the summary table; `data-key` and `data-refused` on each refused key's bar,
     /// `data-start` and `data-refused` on each bucket of the refusals over time
     /// ([`Report::timeline`]).
     ///
@@ -96,22 +98,28 @@ impl Report {
         let _ = writeln!(
             out,
             "<table class=\"summary\" data-lines=\"{}\" data-bad-lines=\"{}\" data-late-lines=\"{}\" \
-             data-requests=\"{}\" data-refused=\"{}\"><tr><td>lines read</td><td class=\"n\">{}</td></tr>\
+             data-requests=\"{}\" data-refused=\"{}\" data-with-usage=\"{}\" data-held=\"{}\" \
+             data-most-held=\"{}\" data-released-early=\"{}\"><tr><td>lines read</td><td class=\"n\">{}</td></tr>\
              <tr><td>bad lines</td><td class=\"n\">{}</td></tr>\
              <tr><td>late lines (replayed at the latest time seen)</td><td class=\"n\">{}</td></tr>\
              <tr><td>requests replayed</td><td class=\"n\">{}</td></tr>\
              <tr><td>requests refused</td><td class=\"n\">{}</td></tr>\
-             <tr><td>time span</td><td class=\"n\">{}</td></tr></table>",
+             {}<tr><td>time span</td><td class=\"n\">{}</td></tr></table>",
             self.lines,
             self.bad_lines,
             self.late_lines,
             self.requests,
             self.refused,
+            self.with_usage,
+            self.held,
+            self.most_held,
+            self.released_early,
             self.lines,
             self.bad_lines,
             self.late_lines,
             self.requests,
             self.refused,
+            self.rehearsal_rows(),
             escape(&span),
         );
         out.push_str(
@@ -133,6 +141,34 @@ impl Report {
         out.push_str("</table>\n");
     }
 
+    /// The summary's rows for the log's usage and duration fields, where they were read.
+    fn rehearsal_rows(&self) -> String {
+        let mut rows = String::new();
+        if self.with_usage > 0 {
+            let _ = write!(
+                rows,
+                "<tr><td>requests with an actual usage</td><td class=\"n\">{}</td></tr>",
+                self.with_usage
+            );
+        }
+        if self.held > 0 {
+            let _ = write!(
+                rows,
+                "<tr><td>responses held for their duration</td><td class=\"n\">{}</td></tr>\
+                 <tr><td>most held at once</td><td class=\"n\">{}</td></tr>",
+                self.held, self.most_held
+            );
+        }
+        if self.released_early > 0 {
+            let _ = write!(
+                rows,
+                "<tr><td>let go early (more than the most held at once)</td><td class=\"n\">{}</td></tr>",
+                self.released_early
+            );
+        }
+        rows
+    }
+
     /// Limit `i`'s section: numbers, refusals over time, the most refused keys.
     fn limit(&self, out: &mut String, i: usize, color: &'static str) {
         let l = &self.limits[i];
@@ -140,11 +176,19 @@ impl Report {
         let _ = write!(
             out,
             "<section class=\"limit\" data-limit=\"{name}\" data-requests=\"{}\" data-refused=\"{}\" \
-             data-shadow-refused=\"{}\" data-keys-refused=\"{}\" data-keys-capped=\"{}\">\
-             <h2>limit {name}</h2><p>{} requests, {} refused ({:.1} %){}, {}{} keys refused.</p>",
+             data-shadow-refused=\"{}\" data-banned-refused=\"{}\" data-bans=\"{}\" \
+             data-bans-by-level=\"{}\" data-keys-refused=\"{}\" data-keys-capped=\"{}\">\
+             <h2>limit {name}</h2><p>{} requests, {} refused ({:.1} %){}, {}{} keys refused.</p>{}",
             l.requests,
             l.refused,
             l.shadow_refused,
+            l.banned_refused,
+            l.bans,
+            l.bans_by_level
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
             l.keys_refused,
             l.keys_capped,
             l.requests,
@@ -157,6 +201,14 @@ impl Report {
             },
             if l.keys_capped { "at least " } else { "" },
             l.keys_refused,
+            if l.bans > 0 || l.banned_refused > 0 {
+                format!(
+                    "<p class=\"bans\">{}.</p>",
+                    escape(&super::report::ban_line(l))
+                )
+            } else {
+                String::new()
+            },
         );
         let t = &self.timeline;
         if !t.is_empty() {

@@ -2,6 +2,8 @@
 //! simulate`): the log's lines (`lines`, `parse`), the replay through the real layer
 //! (`replay`) and what it found (`report`). See [`Simulation`].
 
+mod answer;
+mod held;
 mod html;
 mod lines;
 mod parse;
@@ -15,8 +17,8 @@ mod uris;
 use std::fmt;
 use std::io::BufRead;
 
-pub use self::parse::{JsonFields, LogFormat};
-pub use self::report::{BadLine, Difference, LimitReport, MAX_MINUTES, Report};
+pub use self::parse::{CombinedFields, JsonFields, LogFormat};
+pub use self::report::{BadLine, Difference, LimitReport, MAX_BAN_LEVELS, MAX_MINUTES, Report};
 pub use self::timeline::{TIMELINE_BUCKETS, Timeline};
 
 use crate::base::error::ConfigError;
@@ -27,6 +29,11 @@ pub const DEFAULT_MAX_LINE: usize = 64 * 1024;
 
 /// The most refused keys a limit's report remembers by default.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// The most responses held at once for their logged duration by default (about 100
+/// bytes each, with what their end gives back): past it, the one that ends first is let
+/// go early ([`Report::released_early`]).
+pub const DEFAULT_MAX_HELD: usize = 1_000_000;
 
 /// A replay of an access log through rules before deploying them (`tollgate-rules
 /// simulate`): what would these rules have refused, whom, and when? It holds the log's
@@ -68,12 +75,34 @@ pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
+/// Three kinds of limit need a field more than the combined format has (named with
+/// [`JsonFields`], or by position after the user agent with [`CombinedFields`]):
+///
+/// - **Settled costs** (`settle`): a line's actual usage (`usage` field) is answered in
+///   the header or trailer the limit's `settle` names, so the limit settles to it at the
+///   response's end, as live. A line without it (or `-`) leaves the estimate (`cost`) as
+///   the cost, as live when the application reports nothing.
+/// - **In-flight limits** (`in_flight`): a line's duration in seconds (`duration` field,
+///   nginx's `$request_time`) holds its response, and the unit it holds, until the
+///   simulated clock passes the line's time plus the duration. At most
+///   [`max_held`](Self::max_held) are held at once (the one ending first is let go early,
+///   counted in [`Report::released_early`]). A line without it ends at once: without the
+///   field, in-flight limits never refuse.
+/// - **Bans** need no field: refusals by a ban and the bans that began, by repeat level,
+///   are counted per limit ([`LimitReport::banned_refused`], [`LimitReport::bans_by_level`]).
+///
 /// Not simulated: delay mode waits for real (keep such logs short or switch the limit to
-/// refusing), calendar quotas follow the wall clock, not the log's.
+/// refusing); calendar quotas follow the wall clock, not the log's; the store is always
+/// the memory store on one instance, so Redis (its failure policies, `Share`, lease
+/// mode's local decisions, bans shared between instances) is not rehearsed, and a lease
+/// decides as the memory store's bucket would; the application's own use of the
+/// `Limiter` (`reserve`, `acquire`, `penalize`, bans by hand) is not in the log; the rules
+/// are not reloaded during a replay. See the guide's "Limits of the rehearsal".
 #[derive(Debug, Clone)]
 pub struct Simulation {
     format: LogFormat,
     max_line: usize,
+    max_held: usize,
     max_keys: usize,
     max_bad: usize,
     top: usize,
@@ -81,12 +110,14 @@ pub struct Simulation {
 
 impl Simulation {
     /// A replay of logs in `format`, with lines of at most [`DEFAULT_MAX_LINE`] bytes, at
-    /// most [`DEFAULT_MAX_KEYS`] refused keys remembered per limit, the first 100 bad
-    /// lines listed and the top 10 refused keys reported.
+    /// most [`DEFAULT_MAX_KEYS`] refused keys remembered per limit, at most
+    /// [`DEFAULT_MAX_HELD`] responses held for their duration, the first 100 bad lines
+    /// listed and the top 10 refused keys reported.
     pub fn new(format: LogFormat) -> Self {
         Self {
             format,
             max_line: DEFAULT_MAX_LINE,
+            max_held: DEFAULT_MAX_HELD,
             max_keys: DEFAULT_MAX_KEYS,
             max_bad: 100,
             top: 10,
@@ -96,6 +127,13 @@ impl Simulation {
     /// The longest line read, in bytes (at least 1); longer ones are bad lines.
     pub fn max_line(mut self, bytes: usize) -> Self {
         self.max_line = bytes.max(1);
+        self
+    }
+
+    /// The most responses held at once for their logged duration (in-flight limits); past
+    /// it, the one that ends first is let go early ([`Report::released_early`]).
+    pub fn max_held(mut self, responses: usize) -> Self {
+        self.max_held = responses;
         self
     }
 

@@ -17,8 +17,80 @@ pub enum LogFormat {
     /// "$http_referer" "$http_user_agent"` (anything after the status is ignored, and
     /// need not be UTF-8).
     Combined,
+    /// The combined format with fields appended after the user agent (nginx's
+    /// `... "$http_user_agent" $request_time "$upstream_http_x_usage"`), some of them read
+    /// by position: [`CombinedFields`].
+    CombinedWith(CombinedFields),
     /// One JSON object per line, its fields named by the map.
     Json(JsonFields),
+}
+
+/// Which fields after the user agent of a combined-format line hold what, by position: 1
+/// is the first field after the user agent. A field is quoted (`"..."`, `\"` escaped) or
+/// runs to the next space; `-`, or a line with fewer fields, is a line without it.
+///
+/// ```
+/// use tollgate::rules::{CombinedFields, LogFormat};
+///
+/// // log_format main '... "$http_user_agent" $request_time "$upstream_http_x_usage"';
+/// let mut fields = CombinedFields::default();
+/// fields.set("duration=1")?;
+/// fields.set("usage=2")?;
+/// assert_eq!((fields.duration, fields.usage), (Some(1), Some(2)));
+/// assert!(fields.set("usage=0").is_err());
+/// let format = LogFormat::CombinedWith(fields);
+/// # let _ = format;
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CombinedFields {
+    /// The position of the request's actual usage (a settled limit's actual cost, see
+    /// [`Simulation`](super::Simulation)).
+    pub usage: Option<usize>,
+    /// The position of the request's duration in seconds (nginx's `$request_time`, such as
+    /// `0.250`): its response is held that long (in-flight limits).
+    pub duration: Option<usize>,
+}
+
+/// The most fields after the user agent a position may name.
+const MAX_POSITION: usize = 64;
+
+impl CombinedFields {
+    /// Sets one role from `ROLE=N`, `ROLE` one of `usage`, `duration`, and `N` the
+    /// position after the user agent (1 to 64).
+    pub fn set(&mut self, spec: &str) -> Result<(), ConfigError> {
+        let (role, position) = split(spec, "--field")?;
+        let slot = match role {
+            "usage" => &mut self.usage,
+            "duration" => &mut self.duration,
+            _ => {
+                return Err(ConfigError::new(
+                    "--field",
+                    format!(
+                        "unknown role `{role}` for the combined format: expected usage or duration"
+                    ),
+                ));
+            }
+        };
+        match position.parse::<usize>() {
+            Ok(n @ 1..=MAX_POSITION) => *slot = Some(n),
+            _ => {
+                return Err(ConfigError::new(
+                    "--field",
+                    format!(
+                        "`{spec}`: in the combined format, {role} is read by the position of a field after the user agent, 1 to {MAX_POSITION}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The furthest position read (0: none).
+    fn last(&self) -> usize {
+        self.usage.unwrap_or(0).max(self.duration.unwrap_or(0))
+    }
 }
 
 /// Which fields of a JSON log line hold what: top-level field names.
@@ -51,6 +123,12 @@ pub struct JsonFields {
     /// Request headers and the fields they are read from (a line without the field has
     /// no such header).
     pub headers: Vec<(HeaderName, String)>,
+    /// The request's actual usage, a string or a number (a settled limit's actual cost,
+    /// see [`Simulation`](super::Simulation)); none by default.
+    pub usage: Option<String>,
+    /// The request's duration in seconds, a number or a string such as `"0.250"` (its
+    /// response is held that long: in-flight limits); none by default.
+    pub duration: Option<String>,
 }
 
 impl Default for JsonFields {
@@ -62,17 +140,30 @@ impl Default for JsonFields {
             path: "path".into(),
             status: "status".into(),
             headers: Vec::new(),
+            usage: None,
+            duration: None,
         }
     }
 }
 
-const ROLES: &[&str] = &["client", "time", "method", "path", "status"];
+const ROLES: &[&str] = &[
+    "client", "time", "method", "path", "status", "usage", "duration",
+];
 
 impl JsonFields {
     /// Sets one role from `ROLE=FIELD`, with `ROLE` one of `client`, `time`, `method`,
-    /// `path`, `status`.
+    /// `path`, `status`, `usage`, `duration`.
     pub fn set(&mut self, spec: &str) -> Result<(), ConfigError> {
         let (role, field) = split(spec, "--field")?;
+        let optional = match role {
+            "usage" => Some(&mut self.usage),
+            "duration" => Some(&mut self.duration),
+            _ => None,
+        };
+        if let Some(slot) = optional {
+            *slot = Some(field.to_owned());
+            return Ok(());
+        }
         let slot = match role {
             "client" => &mut self.client,
             "time" => &mut self.time,
@@ -125,6 +216,10 @@ pub(crate) struct Entry<'a> {
     pub(crate) status: u16,
     /// Header values by index into [`JsonFields::headers`].
     pub(crate) headers: Vec<(usize, String)>,
+    /// The actual usage field's text, if the line has one (not `-`).
+    pub(crate) usage: Option<Cow<'a, [u8]>>,
+    /// The request's duration in nanoseconds, if the line has a readable one above 0.
+    pub(crate) duration_ns: Option<u64>,
 }
 
 /// A reader of log lines: parses one line at a time, and remembers the last time field
@@ -133,6 +228,74 @@ pub(crate) struct Entry<'a> {
 pub(crate) struct Parser<'f> {
     format: &'f LogFormat,
     last_time: LastTime,
+}
+
+/// An [`Entry`] with its trailing fields read.
+fn with_trailing<'a>(mut entry: Entry<'a>, fields: &CombinedFields, rest: &'a [u8]) -> Entry<'a> {
+    let mut read = [None; 2];
+    trailing(rest, fields.last(), |position, value| {
+        if Some(position) == fields.usage {
+            read[0] = Some(value);
+        }
+        if Some(position) == fields.duration {
+            read[1] = Some(value);
+        }
+    });
+    entry.usage = read[0].map(Cow::Borrowed);
+    entry.duration_ns = read[1].and_then(seconds_ns);
+    entry
+}
+
+/// The fields after the user agent of a combined line, `rest` being what follows the
+/// status: `f(position, value)` for positions 1 to `last` that are there and not `-`.
+fn trailing<'a>(rest: &'a [u8], last: usize, mut f: impl FnMut(usize, &'a [u8])) {
+    // Body bytes, referer, user agent: three fields to skip.
+    let mut rest = rest;
+    for position in 0..3 + last {
+        rest = rest.trim_ascii_start();
+        if rest.is_empty() {
+            return;
+        }
+        let (value, after) = if let Some(quoted) = rest.strip_prefix(b"\"") {
+            match closing_quote(quoted) {
+                Some(end) => (&quoted[..end], &quoted[end + 1..]),
+                None => return,
+            }
+        } else {
+            let end = memchr::memchr(b' ', rest).unwrap_or(rest.len());
+            (&rest[..end], &rest[end..])
+        };
+        if position >= 3 && value != b"-" {
+            f(position - 2, value);
+        }
+        rest = after;
+    }
+}
+
+/// A duration in decimal seconds (`0.250`, `12`, `1.5`) in nanoseconds; `None` for
+/// anything else, 0, or more than a year.
+fn seconds_ns(text: &[u8]) -> Option<u64> {
+    const YEAR_S: u64 = 366 * 86_400;
+    let text = text.trim_ascii();
+    let (whole, fraction) = match memchr::memchr(b'.', text) {
+        Some(dot) => (&text[..dot], &text[dot + 1..]),
+        None => (text, &b""[..]),
+    };
+    if (whole.is_empty() && fraction.is_empty())
+        || whole.len() > 8
+        || !whole.iter().chain(fraction).all(u8::is_ascii_digit)
+    {
+        return None;
+    }
+    let secs = whole.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    let mut ns = 0u64;
+    let mut scale = 100_000_000u64;
+    for d in fraction.iter().take(9) {
+        ns += u64::from(d - b'0') * scale;
+        scale /= 10;
+    }
+    let total = secs.checked_mul(1_000_000_000)? + ns;
+    (total > 0 && secs <= YEAR_S).then_some(total)
 }
 
 impl<'f> Parser<'f> {
@@ -146,7 +309,9 @@ impl<'f> Parser<'f> {
     /// Parses one line; the error says what is wrong with it.
     pub(crate) fn parse<'a>(&mut self, line: &'a [u8]) -> Result<Entry<'a>, &'static str> {
         match self.format {
-            LogFormat::Combined => combined(line, &mut self.last_time),
+            LogFormat::Combined => combined(line, &mut self.last_time).map(|(entry, _)| entry),
+            LogFormat::CombinedWith(fields) => combined(line, &mut self.last_time)
+                .map(|(entry, rest)| with_trailing(entry, fields, rest)),
             LogFormat::Json(fields) => json(fields, line),
         }
     }
@@ -171,9 +336,15 @@ fn remembered_time(field: &[u8], last: &mut LastTime) -> Option<i64> {
     }
 }
 
-/// A combined-format line. Only the fields it reads must be UTF-8 (anything after the
-/// status is ignored); a line that is not read, and is not UTF-8 either, is called that.
-fn combined<'a>(line: &'a [u8], last_time: &mut LastTime) -> Result<Entry<'a>, &'static str> {
+/// A combined-format line, and what follows its status. Only the fields it reads must be
+/// UTF-8 (anything after the status is ignored); a line that is not read, and is not
+/// UTF-8 either, is called that. Inlined into each way of reading a line, so that the
+/// plain format does not pay for what follows the status.
+#[inline(always)]
+fn combined<'a>(
+    line: &'a [u8],
+    last_time: &mut LastTime,
+) -> Result<(Entry<'a>, &'a [u8]), &'static str> {
     combined_fields(line, last_time).map_err(|reason| match std::str::from_utf8(line) {
         Ok(_) => reason,
         Err(_) => "not UTF-8",
@@ -183,7 +354,7 @@ fn combined<'a>(line: &'a [u8], last_time: &mut LastTime) -> Result<Entry<'a>, &
 fn combined_fields<'a>(
     line: &'a [u8],
     last_time: &mut LastTime,
-) -> Result<Entry<'a>, &'static str> {
+) -> Result<(Entry<'a>, &'a [u8]), &'static str> {
     let find = |s: &[u8], b: u8| memchr::memchr(b, s);
     let (client, rest) = match dotted_quad(line) {
         Some((client, end)) => (IpAddr::V4(client), &line[end + 1..]),
@@ -223,16 +394,22 @@ fn combined_fields<'a>(
     }
     let rest = &rest[end + 1..];
     let status = rest.strip_prefix(b" ").ok_or("no status")?;
+    let after = status.get(3..).unwrap_or_default();
     let status = status.get(..3).ok_or("no status")?;
     let status = three_digit_status(status).ok_or("bad status")?;
-    Ok(Entry {
-        time_ns,
-        client,
-        method: Cow::Borrowed(method),
-        path: Cow::Borrowed(path),
-        status,
-        headers: Vec::new(),
-    })
+    Ok((
+        Entry {
+            time_ns,
+            client,
+            method: Cow::Borrowed(method),
+            path: Cow::Borrowed(path),
+            status,
+            headers: Vec::new(),
+            usage: None,
+            duration_ns: None,
+        },
+        after,
+    ))
 }
 
 /// An IPv4 address in dotted-quad form at the start of `b` and ended by a space, and
@@ -405,6 +582,25 @@ fn json<'a>(fields: &JsonFields, line: &'a [u8]) -> Result<Entry<'a>, &'static s
             _ => {}
         }
     }
+    let usage = fields
+        .usage
+        .as_ref()
+        .and_then(|field| match obj.get(field) {
+            Some(Value::String(s)) if s != "-" => Some(s.clone().into_bytes()),
+            Some(Value::Number(n)) => Some(n.to_string().into_bytes()),
+            _ => None,
+        })
+        .map(Cow::Owned);
+    let duration_ns = fields
+        .duration
+        .as_ref()
+        .and_then(|field| match obj.get(field) {
+            Some(Value::String(s)) => seconds_ns(s.as_bytes()),
+            Some(Value::Number(n)) => unix_ns(n.as_f64())
+                .and_then(|ns| u64::try_from(ns).ok())
+                .filter(|&ns| ns > 0 && ns <= 366 * 86_400 * 1_000_000_000),
+            _ => None,
+        });
     Ok(Entry {
         time_ns,
         client,
@@ -412,6 +608,8 @@ fn json<'a>(fields: &JsonFields, line: &'a [u8]) -> Result<Entry<'a>, &'static s
         path: Cow::Owned(path),
         status,
         headers,
+        usage,
+        duration_ns,
     })
 }
 
@@ -434,7 +632,7 @@ mod tests {
 
     /// One combined-format line, read with nothing remembered.
     fn one(line: &[u8]) -> Result<Entry<'_>, &'static str> {
-        combined(line, &mut None)
+        combined(line, &mut None).map(|(entry, _)| entry)
     }
 
     const LINE: &str = r#"203.0.113.7 - frank [10/Oct/2000:13:55:36 -0700] "GET /apache_pb.gif?a=1 HTTP/1.0" 200 2326 "http://www.example.com/start.html" "Mozilla/4.08 [en] (Win98; I ;Nav)""#;
@@ -643,5 +841,113 @@ mod tests {
                 .unwrap_err(),
             "bad time"
         );
+    }
+
+    /// Fields after the user agent, by position: quoted or bare, `-` or missing is none;
+    /// the plain combined format reads none of them.
+    #[test]
+    fn fields_after_the_user_agent_are_read_by_position() {
+        let mut fields = CombinedFields::default();
+        fields.set("duration=1").unwrap();
+        fields.set("usage=3").unwrap();
+        let f = LogFormat::CombinedWith(fields);
+        let mut parser = Parser::new(&f);
+        let line = format!(r#"{LINE} 0.250 "upstream" "8\"12" tail"#);
+        let e = parser.parse(line.as_bytes()).unwrap();
+        assert_eq!(e.duration_ns, Some(250_000_000));
+        assert_eq!(e.usage.as_deref(), Some(&br#"8\"12"#[..]));
+        let line = format!("{LINE} 1.5 - 812");
+        let e = parser.parse(line.as_bytes()).unwrap();
+        assert_eq!(
+            (e.duration_ns, e.usage.as_deref()),
+            (Some(1_500_000_000), Some(&b"812"[..]))
+        );
+        let line = format!("{LINE} - x -");
+        let e = parser.parse(line.as_bytes()).unwrap();
+        assert_eq!((e.duration_ns, e.usage), (None, None));
+        // Fewer fields, an unclosed quote: what is not there is not read.
+        let line = format!("{LINE} 2");
+        let e = parser.parse(line.as_bytes()).unwrap();
+        assert_eq!((e.duration_ns, e.usage), (Some(2_000_000_000), None));
+        let line = format!("{LINE} 2 x \"40");
+        let e = parser.parse(line.as_bytes()).unwrap();
+        assert_eq!(e.usage, None);
+        let e = parser.parse(LINE.as_bytes()).unwrap();
+        assert_eq!((e.duration_ns, e.usage), (None, None));
+        let mut plain = Parser::new(&LogFormat::Combined);
+        let line = format!("{LINE} 1.5 - 812");
+        let e = plain.parse(line.as_bytes()).unwrap();
+        assert_eq!((e.duration_ns, e.usage), (None, None));
+        // Whatever follows the status, reading it never panics.
+        let mut x: u32 = 11;
+        for _ in 0..2_000 {
+            let tail: Vec<u8> = (0..(x % 40))
+                .map(|_| {
+                    x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    b" \"-0.1x"[(x >> 16) as usize % 7]
+                })
+                .collect();
+            let mut line = LINE.as_bytes()[..LINE.find(" 2326").unwrap() + 5].to_vec();
+            line.extend_from_slice(&tail);
+            let _ = parser.parse(&line);
+            x = x.wrapping_add(1);
+        }
+        // Positions are 1 to 64, and only usage and duration.
+        let mut fields = CombinedFields::default();
+        for bad in ["usage=0", "usage=65", "usage=x", "status=1", "usage"] {
+            assert_eq!(fields.set(bad).unwrap_err().field(), "--field", "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations_are_decimal_seconds() {
+        assert_eq!(seconds_ns(b"0.250"), Some(250_000_000));
+        assert_eq!(seconds_ns(b"12"), Some(12_000_000_000));
+        assert_eq!(seconds_ns(b".5"), Some(500_000_000));
+        assert_eq!(seconds_ns(b"3."), Some(3_000_000_000));
+        assert_eq!(seconds_ns(b"0.0000000019"), Some(1));
+        assert_eq!(seconds_ns(b" 1.000 "), Some(1_000_000_000));
+        for bad in [
+            &b""[..],
+            b".",
+            b"0",
+            b"0.000",
+            b"-1",
+            b"1e3",
+            b"1.2.3",
+            b"abc",
+            b"99999999",
+            b"123456789",
+        ] {
+            assert_eq!(seconds_ns(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn json_usage_and_duration_fields() {
+        let mut fields = JsonFields::default();
+        fields.set("usage=tokens").unwrap();
+        fields.set("duration=rt").unwrap();
+        let f = LogFormat::Json(fields);
+        let mut parser = Parser::new(&f);
+        let base = r#"{"remote_addr":"::1","time":1,"method":"GET","path":"/","status":200"#;
+        let line = format!(r#"{base},"tokens":812,"rt":0.25}}"#);
+        let e = parser.parse(line.as_bytes()).unwrap();
+        assert_eq!(
+            (e.usage.as_deref(), e.duration_ns),
+            (Some(&b"812"[..]), Some(250_000_000))
+        );
+        let line = format!(r#"{base},"tokens":"9","rt":"1.5"}}"#);
+        let e = parser.parse(line.as_bytes()).unwrap();
+        assert_eq!(
+            (e.usage.as_deref(), e.duration_ns),
+            (Some(&b"9"[..]), Some(1_500_000_000))
+        );
+        let line = format!(r#"{base},"tokens":"-","rt":-1}}"#);
+        let e = parser.parse(line.as_bytes()).unwrap();
+        assert_eq!((e.usage, e.duration_ns), (None, None));
+        let line = format!("{base}}}");
+        let e = parser.parse(line.as_bytes()).unwrap();
+        assert_eq!((e.usage, e.duration_ns), (None, None));
     }
 }

@@ -2,8 +2,7 @@
 //! sent through its service at the logged time, answered by an inner service with the
 //! logged status; refusals and their keys told by the layer's hooks.
 
-use std::convert::Infallible;
-use std::future::{Future, Ready, ready};
+use std::future::Future;
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::pin::pin;
@@ -13,11 +12,13 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Request};
 use http_body_util::Full;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::answer::{self, Answer, Places, Silent, Usage};
+use super::held::Held;
 use super::lines::{Line, Lines};
 use super::parse::{self, Entry, LogFormat};
 use super::report::{BadLine, Report, Tally};
@@ -33,51 +34,20 @@ use crate::store::MemoryStore;
 use crate::web::headers::HeaderStyle;
 use crate::web::hooks::{Refusal, RefusalLog};
 use crate::web::key::Replaying;
-use crate::web::response::Rejection;
 
 /// Where the replay's clock starts: the first request's time is this far from the fake
 /// clock's origin.
 const ORIGIN: Duration = Duration::from_secs(86_400);
-
-/// The application behind the layer: answers every request with the logged status.
-#[derive(Clone)]
-struct Answer {
-    status: Arc<AtomicU16>,
-}
-
-impl<B> Service<Request<B>> for Answer {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<B>) -> Self::Future {
-        let mut response = Response::new(Full::default());
-        *response.status_mut() =
-            StatusCode::from_u16(self.status.load(Ordering::Relaxed)).unwrap_or(StatusCode::OK);
-        ready(Ok(response))
-    }
-}
-
-/// The refusals' answers: their status, without a body (nobody reads it).
-type Silent = fn(&Rejection<'_>) -> Response<Full<Bytes>>;
-
-fn silent(rejection: &Rejection<'_>) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::default());
-    *response.status_mut() = rejection.status();
-    response
-}
 
 /// What the hooks saw during one request.
 #[derive(Default)]
 struct Seen {
     /// The limits checked.
     checked: Vec<&'static str>,
-    /// The refusals: limit, key, whether by a shadow limit.
-    refused: Vec<(&'static str, Option<Key>, bool)>,
+    /// The refusals: limit, key, how (enforced, shadow, by a ban).
+    refused: Vec<(&'static str, Option<Key>, Refusal)>,
+    /// The bans that began: limit, repeat level.
+    began: Vec<(&'static str, u32)>,
 }
 
 pub(super) fn run(
@@ -96,7 +66,7 @@ pub(super) fn run(
         .refusal_log(RefusalLog::off())
         // Nobody reads the answers' headers or a refusal's body: they decide nothing.
         .headers(HeaderStyle::None)
-        .on_rejection(silent as Silent)
+        .on_rejection(answer::silent as Silent)
         .decision_extension(false)
         .bare_refusals()
         .on_decision(move |decision, _| {
@@ -105,19 +75,30 @@ pub(super) fn run(
         })
         .tap(Arc::new(move |limit, key, how| {
             let mut seen = on_refusal.lock().unwrap_or_else(PoisonError::into_inner);
-            seen.refused
-                .push((limit, key.cloned(), how == Refusal::Shadow));
-            if how == Refusal::Banned {
-                // A banned request is refused before its limits are checked.
-                seen.checked.push(limit);
+            match how {
+                Refusal::BanBegan(level) => seen.began.push((limit, level)),
+                Refusal::Banned => {
+                    // A banned request is refused before its limits are checked.
+                    seen.checked.push(limit);
+                    seen.refused.push((limit, key.cloned(), how));
+                }
+                Refusal::Enforced | Refusal::Shadow => {
+                    seen.refused.push((limit, key.cloned(), how));
+                }
             }
         }))
         .build()
         .map_err(|e| compile::rebase(doc, e))?;
     let status = Arc::new(AtomicU16::new(200));
+    let places = Arc::new(Places::of(doc));
+    // A line's usage is carried only where a limit reads it.
+    let settles = places.any();
     let mut service = layer.layer(Answer {
         status: status.clone(),
+        places,
     });
+    // The responses held for their logged duration, by end (ns since the origin).
+    let mut held = Held::new(sim.max_held);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -133,6 +114,10 @@ pub(super) fn run(
         late_lines: 0,
         requests: 0,
         refused: 0,
+        with_usage: 0,
+        held: 0,
+        most_held: 0,
+        released_early: 0,
         span: None,
         limits: Vec::new(),
         timeline: Timeline::new(tallies.len()),
@@ -173,13 +158,19 @@ pub(super) fn run(
                 continue;
             }
         };
-        let request = match request(&sim.format, &entry, &mut uris) {
+        let mut request = match request(&sim.format, &entry, &mut uris) {
             Ok(request) => request,
             Err(reason) => {
                 bad(&mut report, number, reason);
                 continue;
             }
         };
+        if let Some(usage) = &entry.usage {
+            report.with_usage += 1;
+            if settles && let Ok(value) = HeaderValue::from_bytes(usage) {
+                request.extensions_mut().insert(Usage(value));
+            }
+        }
         let mut at = entry.time_ns;
         if at < latest {
             report.late_lines += 1;
@@ -188,6 +179,11 @@ pub(super) fn run(
         latest = at;
         let first = *start.get_or_insert(at);
         let since = u64::try_from(at - first).unwrap_or(0);
+        // The responses that ended by now end first, each at its own time.
+        while let Some((end, body)) = held.due(since) {
+            clock.set(ORIGIN + Duration::from_nanos(end));
+            answer::end(body, &mut cx);
+        }
         clock.set(ORIGIN + Duration::from_nanos(since));
         status.store(entry.status, Ordering::Relaxed);
         peer.set(SocketAddr::new(entry.client, 0));
@@ -210,22 +206,49 @@ pub(super) fn run(
         });
         let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
         // A shadow limit's refusal is no refusal.
-        if seen.refused.iter().any(|r| !r.2) {
+        if seen.refused.iter().any(|r| r.2 != Refusal::Shadow) {
             report.refused += 1;
         }
-        drop(response);
+        let body = response.into_body();
+        // A body whose end gives nothing back (no in-flight unit, no settle) is dropped
+        // as it is; the others are held for their duration, or ended now.
+        if body.follows() {
+            match entry.duration_ns {
+                Some(duration) => {
+                    report.held += 1;
+                    if let Some(early) = held.hold(since.saturating_add(duration), body) {
+                        answer::end(early, &mut cx);
+                    }
+                }
+                None => answer::end(body, &mut cx),
+            }
+        }
         for name in seen.checked.drain(..) {
             if let Some(i) = names.tally(&tallies, name) {
                 tallies[i].requests += 1;
             }
         }
-        for (name, key, shadow) in seen.refused.drain(..) {
+        for (name, key, how) in seen.refused.drain(..) {
             if let Some(i) = names.tally(&tallies, name) {
-                tallies[i].refusal(key.as_ref(), secs, shadow, sim.max_keys);
+                tallies[i].refusal(key.as_ref(), secs, how, sim.max_keys);
                 report.timeline.refusal(i, bucket);
             }
         }
+        if !seen.began.is_empty() {
+            for (name, level) in seen.began.drain(..) {
+                if let Some(i) = names.tally(&tallies, name) {
+                    tallies[i].ban_began(level);
+                }
+            }
+        }
     }
+    // What is still held ends in order, after the last line.
+    while let Some((end, body)) = held.due(u64::MAX) {
+        clock.set(ORIGIN + Duration::from_nanos(end));
+        answer::end(body, &mut cx);
+    }
+    report.most_held = held.most as u64;
+    report.released_early = held.released_early;
     let keys = &mut report.keys;
     report.limits = tallies
         .into_iter()

@@ -7,6 +7,7 @@ use std::fmt;
 use super::timeline::Timeline;
 use crate::model::key::Key;
 use crate::observe::offenders;
+use crate::web::hooks::Refusal;
 
 /// A line of the log that was not replayed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +30,15 @@ pub struct LimitReport {
     pub refused: u64,
     /// Refusals by a shadow limit (reported, never enforced), among `refused`.
     pub shadow_refused: u64,
+    /// Refusals because the key was banned by this limit (before its bucket was asked),
+    /// among `refused`.
+    pub banned_refused: u64,
+    /// Bans this limit began.
+    pub bans: u64,
+    /// The bans that began at each repeat level: `bans_by_level[0]` first bans,
+    /// `[1]` first repeats, ...; empty without bans, at most [`MAX_BAN_LEVELS`] entries
+    /// (the last counts that level and the ones above).
+    pub bans_by_level: Vec<u64>,
     /// The distinct keys refused at least once (at most the report's key cap: see
     /// [`keys_capped`](Self::keys_capped)).
     pub keys_refused: u64,
@@ -45,6 +55,10 @@ pub struct LimitReport {
     /// are counted in `refused` and the timeline, not here.
     pub per_minute_capped: bool,
 }
+
+/// The most repeat levels a [`LimitReport`] counts apart (levels 0 to 63; a ban's length
+/// stops growing by then).
+pub const MAX_BAN_LEVELS: usize = 64;
 
 /// The most minutes with refusals a [`LimitReport`] lists one by one (31 days' worth): a
 /// log of any length takes bounded memory.
@@ -77,6 +91,17 @@ pub struct Report {
     pub requests: u64,
     /// Requests the rules answered with a refusal (429, or a ban's status).
     pub refused: u64,
+    /// Requests whose line carried an actual usage (the log's usage field).
+    pub with_usage: u64,
+    /// Responses held for their logged duration (the log's duration field) because their
+    /// end gives something back (an in-flight unit, a settled cost).
+    pub held: u64,
+    /// The most responses held at once.
+    pub most_held: u64,
+    /// Held responses let go before their end because
+    /// [`max_held`](super::Simulation::max_held) were held: with any, in-flight limits
+    /// refused fewer than they would have.
+    pub released_early: u64,
     /// The Unix time (seconds) of the first and the last replayed request.
     pub span: Option<(i64, i64)>,
     /// Per limit, in the document's order.
@@ -139,6 +164,8 @@ pub(crate) struct Tally {
     pub(crate) requests: u64,
     pub(crate) refused: u64,
     pub(crate) shadow: u64,
+    banned: u64,
+    levels: Vec<u64>,
     keys: hashbrown::HashMap<Key, u64, foldhash::fast::RandomState>,
     capped: bool,
     minutes: BTreeMap<i64, u64>,
@@ -152,6 +179,8 @@ impl Tally {
             requests: 0,
             refused: 0,
             shadow: 0,
+            banned: 0,
+            levels: Vec::new(),
             keys: hashbrown::HashMap::default(),
             capped: false,
             minutes: BTreeMap::new(),
@@ -160,9 +189,10 @@ impl Tally {
     }
 
     /// A refusal of `key` at Unix time `secs`.
-    pub(crate) fn refusal(&mut self, key: Option<&Key>, secs: i64, shadow: bool, max_keys: usize) {
+    pub(crate) fn refusal(&mut self, key: Option<&Key>, secs: i64, how: Refusal, max_keys: usize) {
         self.refused += 1;
-        self.shadow += u64::from(shadow);
+        self.shadow += u64::from(how == Refusal::Shadow);
+        self.banned += u64::from(how == Refusal::Banned);
         let minute = secs.div_euclid(60) * 60;
         if let Some(n) = self.minutes.get_mut(&minute) {
             *n += 1;
@@ -181,6 +211,15 @@ impl Tally {
         }
     }
 
+    /// A ban that began at repeat `level`.
+    pub(crate) fn ban_began(&mut self, level: u32) {
+        let i = (level as usize).min(MAX_BAN_LEVELS - 1);
+        if self.levels.len() <= i {
+            self.levels.resize(i + 1, 0);
+        }
+        self.levels[i] += 1;
+    }
+
     /// The limit's report; its refused keys added to `all`.
     pub(crate) fn finish(self, top: usize, all: &mut BTreeMap<String, u64>) -> LimitReport {
         for (k, &n) in &self.keys {
@@ -197,6 +236,9 @@ impl Tally {
             requests: self.requests,
             refused: self.refused,
             shadow_refused: self.shadow,
+            banned_refused: self.banned,
+            bans: self.levels.iter().sum(),
+            bans_by_level: self.levels,
             keys_refused: self.keys.len() as u64,
             keys_capped: self.capped,
             top_refused: keys
@@ -231,8 +273,10 @@ impl Report {
     }
 
     /// The report as JSON: `{"lines", "bad_lines", "bad": [{"line", "reason"}],
-    /// "late_lines", "requests", "refused", "limits": [{"name", "requests", "refused",
-    /// "shadow_refused", "keys_refused", "keys_capped", "top_refused": [{"key",
+    /// "late_lines", "requests", "refused", "with_usage", "held", "most_held",
+    /// "released_early", "limits": [{"name", "requests", "refused", "shadow_refused",
+    /// "banned_refused", "bans", "bans_by_level": [N, ...], "keys_refused",
+    /// "keys_capped", "top_refused": [{"key",
     /// "refused"}], "per_minute": [{"minute", "refused"}], "timeline": [N, ...]}],
     /// "timeline": {"start", "width", "requests": [N, ...]}}` (`minute`, `start`: Unix
     /// seconds; `width`: seconds; a limit's `timeline`: its refusals in the same buckets as
@@ -246,6 +290,10 @@ impl Report {
             "late_lines": self.late_lines,
             "requests": self.requests,
             "refused": self.refused,
+            "with_usage": self.with_usage,
+            "held": self.held,
+            "most_held": self.most_held,
+            "released_early": self.released_early,
             "timeline": json!({
                 "start": self.timeline.start,
                 "width": self.timeline.width,
@@ -256,6 +304,9 @@ impl Report {
                 "requests": l.requests,
                 "refused": l.refused,
                 "shadow_refused": l.shadow_refused,
+                "banned_refused": l.banned_refused,
+                "bans": l.bans,
+                "bans_by_level": l.bans_by_level,
                 "keys_refused": l.keys_refused,
                 "keys_capped": l.keys_capped,
                 "top_refused": l.top_refused.iter().map(|(k, n)| json!({"key": k, "refused": n})).collect::<Vec<_>>(),
@@ -287,6 +338,25 @@ impl fmt::Display for Report {
                 self.bad_lines - self.bad.len() as u64
             )?;
         }
+        if self.with_usage > 0 {
+            writeln!(f, "{} requests with an actual usage", self.with_usage)?;
+        }
+        if self.held > 0 {
+            writeln!(
+                f,
+                "{} responses held for their duration, at most {} at once{}",
+                self.held,
+                self.most_held,
+                if self.released_early > 0 {
+                    format!(
+                        "; {} let go early (more than the most held at once)",
+                        self.released_early
+                    )
+                } else {
+                    String::new()
+                }
+            )?;
+        }
         for l in &self.limits {
             writeln!(f)?;
             let at_least = if l.keys_capped { "at least " } else { "" };
@@ -304,6 +374,9 @@ impl fmt::Display for Report {
                 },
                 l.keys_refused,
             )?;
+            if l.bans > 0 || l.banned_refused > 0 {
+                writeln!(f, "  {}", ban_line(l))?;
+            }
             for (key, n) in &l.top_refused {
                 writeln!(f, "  {n:>8}  {key}")?;
             }
@@ -315,6 +388,30 @@ impl fmt::Display for Report {
         }
         Ok(())
     }
+}
+
+/// `12 refused by a ban; 3 bans began: 2 first, 1 at level 1`.
+pub(super) fn ban_line(l: &LimitReport) -> String {
+    let levels: Vec<String> = l
+        .bans_by_level
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(level, n)| match level {
+            0 => format!("{n} first"),
+            l if l == MAX_BAN_LEVELS - 1 => format!("{n} at level {l} or above"),
+            l => format!("{n} at level {l}"),
+        })
+        .collect();
+    let mut line = format!(
+        "{} refused by a ban; {} bans began",
+        l.banned_refused, l.bans
+    );
+    if !levels.is_empty() {
+        line.push_str(": ");
+        line.push_str(&levels.join(", "));
+    }
+    line
 }
 
 /// Refusals over the log's span in at most [`BARS`] buckets of whole minutes.
@@ -356,9 +453,14 @@ mod tests {
     fn refused_keys_are_capped() {
         let mut tally = Tally::new("l");
         for i in 0..100u32 {
-            tally.refusal(Some(&Key::from_part(i)), 60 * i64::from(i % 3), false, 10);
+            tally.refusal(
+                Some(&Key::from_part(i)),
+                60 * i64::from(i % 3),
+                Refusal::Enforced,
+                10,
+            );
         }
-        tally.refusal(Some(&Key::from_part(0u32)), 0, true, 10);
+        tally.refusal(Some(&Key::from_part(0u32)), 0, Refusal::Shadow, 10);
         let mut all = BTreeMap::new();
         let report = tally.finish(3, &mut all);
         assert_eq!((report.refused, report.shadow_refused), (101, 1));
@@ -376,10 +478,10 @@ mod tests {
         let mut tally = Tally::new("l");
         let n = MAX_MINUTES as i64 + 5;
         for m in 0..n {
-            tally.refusal(None, m * 60, false, 10);
+            tally.refusal(None, m * 60, Refusal::Enforced, 10);
         }
         // A minute already listed still counts past the cap.
-        tally.refusal(None, 0, false, 10);
+        tally.refusal(None, 0, Refusal::Enforced, 10);
         let report = tally.finish(3, &mut BTreeMap::new());
         assert_eq!(report.refused, n as u64 + 1);
         assert_eq!(report.per_minute.len(), MAX_MINUTES);
@@ -389,5 +491,32 @@ mod tests {
             report.per_minute.last().unwrap().0,
             (MAX_MINUTES as i64 - 1) * 60
         );
+    }
+
+    /// Bans are counted by repeat level, the levels at the top together; refusals by a
+    /// ban apart from the others.
+    #[test]
+    fn bans_are_counted_by_level() {
+        let mut tally = Tally::new("l");
+        for level in [0, 0, 1, 200, 63] {
+            tally.ban_began(level);
+        }
+        tally.refusal(None, 0, Refusal::Banned, 10);
+        tally.refusal(None, 0, Refusal::Enforced, 10);
+        let report = tally.finish(3, &mut BTreeMap::new());
+        assert_eq!(
+            (report.refused, report.banned_refused, report.bans),
+            (2, 1, 5)
+        );
+        assert_eq!(report.bans_by_level.len(), MAX_BAN_LEVELS);
+        assert_eq!(report.bans_by_level[..2], [2, 1]);
+        assert_eq!(report.bans_by_level[MAX_BAN_LEVELS - 1], 2);
+        assert_eq!(
+            ban_line(&report),
+            "1 refused by a ban; 5 bans began: 2 first, 1 at level 1, 2 at level 63 or above"
+        );
+        let quiet = Tally::new("q").finish(3, &mut BTreeMap::new());
+        assert!(quiet.bans_by_level.is_empty());
+        assert_eq!(ban_line(&quiet), "0 refused by a ban; 0 bans began");
     }
 }

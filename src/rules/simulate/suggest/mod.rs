@@ -386,7 +386,7 @@ impl Suggestion {
         };
         let mapped = match &self.format {
             LogFormat::Json(fields) => fields.headers.iter().any(|(h, _)| h == name),
-            LogFormat::Combined => false,
+            LogFormat::Combined | LogFormat::CombinedWith(_) => false,
         };
         if mapped {
             return Ok(());
