@@ -189,6 +189,7 @@ impl Outcome {
     /// This denial as a shared ban's: the key is banned for `remaining` in a store that
     /// shares bans (another instance banned it, and the ban blocks its bucket), so the
     /// request is refused as banned, with the ban's time rather than the bucket's.
+    #[cfg(any(test, feature = "redis"))]
     pub(crate) fn banned_for(self, remaining: Duration) -> Self {
         Outcome {
             verdict: Code::Denied,
