@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 source scripts/middleware_requests.sh
 
 declare -A per
-configs=(bare noop_layer tollgate tollgate_no_extensions tower_governor tollgate_denied tollgate_denied_constant tower_governor_denied)
+configs=(bare noop_layer tollgate tollgate_no_extensions tollgate_routes tower_governor tollgate_denied tollgate_denied_constant tower_governor_denied)
 for config in "${configs[@]}"; do
   low=$(instructions "$config" 20000)
   high=$(instructions "$config" 60000)
@@ -29,7 +29,7 @@ printf '%-24s %12s %10s %12s %16s\n' config instr/request "÷ bare" "÷ no-op" "
 for config in "${configs[@]}"; do
   anchor=""
   case "$config" in
-    tollgate|tollgate_no_extensions) anchor=$(ratio "${per[$config]}" "${per[tower_governor]}") ;;
+    tollgate|tollgate_no_extensions|tollgate_routes) anchor=$(ratio "${per[$config]}" "${per[tower_governor]}") ;;
     tollgate_denied|tollgate_denied_constant) anchor=$(ratio "${per[$config]}" "${per[tower_governor_denied]}") ;;
   esac
   printf '%-24s %12s %10s %12s %16s\n' "$config" "${per[$config]}" \

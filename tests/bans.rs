@@ -12,7 +12,6 @@ use axum::Router;
 use axum::routing::post;
 use http::StatusCode;
 use support::{Lines, body_json, header, send, with_peer};
-use tollgate::audit::{AuditLog, Violation};
 use tollgate::clock::FakeClock;
 use tollgate::key::PeerIp;
 use tollgate::store::{BanCall, BanFuture, Checked, Item, MemoryStore, MemoryTable, Op, Store};
@@ -287,6 +286,7 @@ fn the_issues_login_rule_is_accepted() {
 mod redis {
     use super::*;
     use support::redis::RedisServer;
+    use tollgate::audit::{AuditLog, Violation};
     use tollgate::store::RedisStore;
 
     async fn store(server: &RedisServer, clock: &FakeClock) -> RedisStore {

@@ -89,6 +89,7 @@ impl<B> ResponseBody<B> {
 
     /// Whether something is told of this body's end (an in-flight unit, a cost to
     /// settle): a body that holds nothing may be dropped at any time.
+    #[cfg(feature = "rules")]
     pub(crate) fn follows(&self) -> bool {
         self.after.is_some()
     }

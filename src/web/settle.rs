@@ -122,6 +122,7 @@ impl Settle {
 
     /// The header or trailer the value is read from (`true`: a trailer); `None` for an
     /// extension or a function (what a replay cannot give).
+    #[cfg(feature = "rules")]
     pub(crate) fn field(&self) -> Option<(&HeaderName, bool)> {
         match &self.source {
             Source::Header(name) => Some((name, false)),

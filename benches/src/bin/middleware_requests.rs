@@ -13,6 +13,8 @@
 //! - `tollgate`: `RateLimitLayer` keyed by the peer IP, a quota that never runs out (the
 //!   default options: the `Decision` extension, not the `Limiter`'s);
 //! - `tollgate_no_extensions`: the same without the `Decision` and `Limiter` extensions;
+//! - `tollgate_routes`: `tollgate` with a route table of six entries (`/` among them),
+//!   the request's entry found by matching its path;
 //! - `tower_governor`: its layer with headers, never running out;
 //! - `tollgate_denied`, `tower_governor_denied`: one token a day, spent by a first request
 //!   before the others (every other response is a 429);
@@ -97,6 +99,23 @@ fn router(config: &str) -> Option<(Router, StatusCode)> {
             ),
             StatusCode::FORBIDDEN,
         ),
+        "tollgate_routes" => {
+            // `tollgate` with a route table of six entries: the request's route found by
+            // its path among them.
+            let layer = ["POST /login", "/users/{id}", "/api/{*rest}", "GET /health"]
+                .into_iter()
+                .fold(RateLimitLayer::builder(MemoryStore::new()), |b, route| {
+                    b.route(route, Limit::new(route, plenty).key(PeerIp::new()))
+                })
+                .route(
+                    "/orders/{id}/items",
+                    Limit::new("items", plenty).key(PeerIp::new()),
+                )
+                .route("/", Limit::new("default", plenty).key(PeerIp::new()))
+                .build()
+                .expect("a valid layer");
+            (bare().route_layer(layer), ok)
+        }
         "tower_governor_denied" => (tower_governor(Duration::from_secs(86_400), 1), refused),
         _ => return None,
     })
