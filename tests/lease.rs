@@ -597,3 +597,74 @@ fn while_the_backend_fails_leased_keys_follow_the_failure_policy() {
         );
     });
 }
+
+/// [`grant_times`] with a cost per request: `script`'s arrivals, the `i`th of cost
+/// `costs[i % costs.len()]`; the instant and cost of each grant.
+fn costed_grant_times(
+    n: usize,
+    spec: &LimitSpec,
+    script: &[Arrival],
+    costs: &[u32],
+) -> (u64, Vec<(u64, u32)>) {
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let start = clock.now();
+    let shared = Shared::new(&clock);
+    let fleet = instances(n, &shared, &clock, spec);
+    let mut grants = Vec::new();
+    runtime().block_on(async {
+        for (i, a) in script.iter().enumerate() {
+            clock.advance(Duration::from_micros(a.after_us));
+            let (_, limiter) = &fleet[a.instance % n];
+            let cost = costs[i % costs.len()];
+            if limiter.check("api", "k", cost).await.unwrap().allowed() {
+                grants.push((clock.now(), cost));
+            }
+            settle(a.steps).await;
+        }
+    });
+    (start, grants)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Issue 41: with costs up to twice the lease's cap (requests the lease cannot hold go
+    /// to the shared bucket), the tokens granted over any interval of length d stay within
+    /// `burst + d/T + N·L`, and those granted up to any instant within `burst + d/T`.
+    #[test]
+    fn gcra_leases_with_costs_above_the_cap_keep_the_bound(
+        n in 1usize..=4,
+        lease in 1u32..=8,
+        rate in 1u64..=200,
+        burst in 2u64..=40,
+        costs in prop::collection::vec(0u32..=16, 1..8),
+        script in arrivals(4),
+    ) {
+        let lease = lease.min(burst as u32);
+        let most = u64::from(lease * 2 + 1).min(burst);
+        let costs: Vec<u32> = costs.iter().map(|&c| 1 + c % most as u32).collect();
+        let quota = Quota::per_second(rate).burst(burst);
+        let spec = LimitSpec::new("api", quota).lease(Lease::tokens(lease));
+        let (start, grants) = costed_grant_times(n, &spec, &script, &costs);
+        let t = i128::try_from(quota.emission_interval().as_nanos()).unwrap();
+        let (burst, bound) = (i128::from(burst), (n as i128) * i128::from(lease) * t);
+        let mut granted = 0i128;
+        for (i, &(at, cost)) in grants.iter().enumerate() {
+            granted += i128::from(cost);
+            let ahead = granted * t - burst * t - i128::from(at - start);
+            prop_assert!(ahead <= 0, "{} tokens granted {} ns after the start: {} ahead of the bucket",
+                granted, at - start, ahead as f64 / t as f64);
+            let mut tokens = 0i128;
+            for &(from, c) in grants[..=i].iter().rev() {
+                tokens += i128::from(c);
+                let excess = tokens * t - burst * t - i128::from(at - from);
+                prop_assert!(excess <= bound, "excess {} tokens over the exact limiter, bound {} ({} instances x {})",
+                    excess as f64 / t as f64, n as u64 * u64::from(lease), n, lease);
+            }
+        }
+    }
+}

@@ -629,3 +629,74 @@ fn a_fixed_windows_give_back_never_lands_in_the_next_window() {
         assert!(granted <= 10, "window {w}: {granted} granted, limit 10");
     }
 }
+
+/// A flood of cost-1 requests for 1 s, then `count` requests of `cost` every 500 ms, then
+/// one of cost 1, on one instance: answers how many of the costly ones were granted,
+/// whether the last one was, and the shared bucket's tokens at the end.
+fn costly_after_a_flood(
+    quota: Quota,
+    lease: Option<Lease>,
+    cost: u32,
+    count: usize,
+) -> (usize, bool, u64) {
+    let rt = runtime();
+    let clock = rt.block_on(async { TokioClock::new() });
+    let world = world(&clock, 1);
+    let mut spec = LimitSpec::new("api", quota);
+    if let Some(l) = lease {
+        spec = spec.lease(l);
+    }
+    let fleet = fleet(&world, 1, &[spec]);
+    // 20 times the limit for 1 s.
+    let flood = usize::try_from(quota.burst_size().max(100) * 20).unwrap();
+    let mut requests = even(flood, 1, 1, 1);
+    let later = |cost| Request {
+        instance: 0,
+        plan: 0,
+        cost,
+        after: Duration::from_millis(500),
+    };
+    requests.extend((0..count).map(|_| later(cost)));
+    requests.push(later(1));
+    let start = rt.block_on(async { clock.now() });
+    let (grants, _) = play_grants(&rt, &world, &fleet, &requests, &[], Duration::ZERO);
+    let costly = grants.iter().filter(|&&(_, c)| c == cost).count();
+    let last_at = start + 1_000_000_000 + (count as u64 + 1) * 500_000_000;
+    let last = grants.iter().any(|&(at, c)| c == 1 && at >= last_at);
+    (costly, last, remaining(&rt, &world, "api", "k", quota))
+}
+
+/// Issue 41: a request costing more than the lease's cap, on a key whose lease was near
+/// exhaustion, was refused here for good: no lease could be taken for it (an instance holds
+/// at most `L`), so nothing cleared the exhaustion, and each request kept the key. It goes to
+/// the backend now, which decides it exactly, and its answers show the lease the bucket is
+/// back: a request of cost 1 after them is granted, not refused while a reservation is on
+/// its way. Before: 0 of 20 granted, the bucket full, and the last request refused; without
+/// a lease, 20 of 20.
+#[test]
+fn a_request_costing_more_than_the_lease_cap_is_decided_by_the_backend() {
+    let quota = Quota::per_second(100).burst(100); // L = 12
+    // 40 tokens/s, well under the limit.
+    let (unleased, _, _) = costly_after_a_flood(quota, None, 20, 20);
+    let (leased, last, left) = costly_after_a_flood(quota, Some(Lease::auto()), 20, 20);
+    eprintln!(
+        "cost 20 above L = 12: {leased} of 20 granted (unleased {unleased}), {left} left, then cost 1 granted: {last}"
+    );
+    assert_eq!(unleased, 20);
+    assert_eq!(leased, 20, "{left} of 100 left in the shared bucket");
+    assert!(last, "a request of cost 1 refused with {left} of 100 left");
+}
+
+/// Issue 41, a small burst: `L` = 1 and requests of cost 2 (4 tokens/s against 10).
+#[test]
+fn a_small_bursts_lease_of_one_token_never_refuses_a_request_of_two() {
+    let quota = Quota::per_second(10).burst(8); // L = 1
+    let (unleased, _, _) = costly_after_a_flood(quota, None, 2, 20);
+    let (leased, last, left) = costly_after_a_flood(quota, Some(Lease::auto()), 2, 20);
+    eprintln!(
+        "cost 2 above L = 1: {leased} of 20 granted (unleased {unleased}), {left} left, then cost 1 granted: {last}"
+    );
+    assert_eq!(unleased, 20);
+    assert_eq!(leased, 20, "{left} of 8 left in the shared bucket");
+    assert!(last, "a request of cost 1 refused with {left} of 8 left");
+}

@@ -22,7 +22,9 @@ pub(crate) const DEFAULT_LEASE_AGE: Duration = Duration::from_secs(1);
 ///   taken in the background: as many tokens as this instance
 ///   spends on the key in about 100 ms, at most [`tokens`](Self::tokens) (with
 ///   [`auto`](Self::auto): an eighth of the burst), and no more than the shared bucket
-///   can give.
+///   can give. A request costing more than a lease can hold (more than `L`, or more than
+///   `L` less the tokens held) is checked in the store, as without a lease: an instance
+///   never holds more than `L`, whatever the cost.
 /// - **Near exhaustion** (the bucket had less than a lease): a GCRA lease becomes a
 ///   reservation of the tokens the bucket will give within [`max_age`](Self::max_age).
 ///   This instance spends them as they come due, one per emission interval, and refuses
@@ -32,7 +34,9 @@ pub(crate) const DEFAULT_LEASE_AGE: Duration = Duration::from_secs(1);
 ///   a later window): its instances take what is left, then refuse the key locally until
 ///   the next window. While leasing instances queue, a check of the same key without a
 ///   lease (in another deployment) finds the bucket spent, as it would behind
-///   reservations.
+///   reservations. Near exhaustion ends when an answer of the store shows the bucket has
+///   a batch again (a lease's, or a request's it decided), or after the time the bucket
+///   takes to fill (a fixed window: when the window ends).
 /// - **Spending**: a request whose leased limits all have their tokens here is decided
 ///   without a call; with other limits beside, only those are asked, all or nothing.
 /// - **Giving back**: tokens not spent after [`max_age`](Self::max_age) go back to the

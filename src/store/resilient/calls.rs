@@ -122,6 +122,7 @@ impl<B: Backend> Resilient<B> {
                                 if !o.is_allowed() {
                                     self.remember_denial(p, sent_at, o);
                                 }
+                                p.remote.observe(&p.key, &p.quota, sent_at, o);
                                 // Refused, or granted its last token: spent.
                                 self.remember_refusal(p, sent_at, o);
                             }

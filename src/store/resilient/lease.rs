@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -312,6 +312,9 @@ pub(super) struct LeaseTable {
     /// `MAX_WAITING`; more ask the backend, as without a lease on its way).
     pub(super) notify: tokio::sync::Notify,
     pub(super) waiting: AtomicUsize,
+    /// Whether a key was ever leased here: answers of limits that never lease are not
+    /// looked up (see [`LeaseTable::observe`]).
+    used: AtomicBool,
 }
 
 /// What an item needs from its lease.
@@ -347,6 +350,7 @@ impl LeaseTable {
             sweeping: std::sync::atomic::AtomicBool::new(false),
             notify: tokio::sync::Notify::new(),
             waiting: AtomicUsize::new(0),
+            used: AtomicBool::new(false),
         }
     }
 
@@ -424,8 +428,22 @@ impl LeaseTable {
     pub(super) fn decide(&self, key: &Key, ask: Ask, now: u64, mode: Asking) -> Decided {
         let offline = mode == Asking::Offline;
         let may_take = mode == Asking::Online;
+        let cost = u64::from(ask.cost);
+        let cap = ask.lease.cap(&ask.quota);
         let mut shard = self.shard(key);
         let Shard { slots, counts } = &mut *shard;
+        if cost > cap {
+            // No lease can hold this request's tokens (an instance holds at most `L`,
+            // whatever the cost): the backend decides it, whatever the key's lease says (a
+            // refusal here would wait for a lease that never comes), and its answer tells
+            // the lease whether the bucket has tokens again (see `observe`).
+            counts.remote += 1;
+            return Decided {
+                local: Local::Remote,
+                take: None,
+                give_back: None,
+            };
+        }
         if !slots.contains_key(key) {
             if self.keys.load(Ordering::Relaxed) >= self.max_keys {
                 self.sweep(slots, now);
@@ -439,6 +457,9 @@ impl LeaseTable {
                 }
             }
             self.keys.fetch_add(1, Ordering::Relaxed);
+            if !self.used.load(Ordering::Relaxed) {
+                self.used.store(true, Ordering::Relaxed);
+            }
             slots.insert(
                 key.clone(),
                 Slot {
@@ -465,11 +486,20 @@ impl LeaseTable {
                 };
             }
         }
+        if slot.exhausted && !slot.taking && refilled(slot, &ask, now) {
+            // Time enough for the bucket to be back, whatever it had at the last answer:
+            // that answer no longer says it is nearly empty.
+            slot.exhausted = false;
+        }
         slot.used_at = now;
-        slot.demand = slot.demand.saturating_add(u64::from(ask.cost));
-        let cost = u64::from(ask.cost);
+        slot.demand = slot.demand.saturating_add(cost);
         let mut take = None;
-        let local = if slot.refused_until > now {
+        let local = if slot.tokens < cost && cap.saturating_sub(slot.tokens) < cost {
+            // Too few tokens here, and a lease of the rest would hold more than `L`: the
+            // backend decides (no lease it could wait for is taken).
+            counts.remote += 1;
+            Local::Remote
+        } else if slot.refused_until > now {
             counts.local_refused += 1;
             Local::Refused(refused(&ask, slot.refused_until - now))
         } else if slot.tokens >= cost {
@@ -520,6 +550,31 @@ impl LeaseTable {
     /// Counts a check that waited for a lease in vain and goes to the backend.
     pub(super) fn count_remote(&self, key: &Key) {
         self.shard(key).counts.remote += 1;
+    }
+
+    /// What the backend answered a check of `key` (under `quota`) sent at `sent_at`: a
+    /// request the lease did not decide. When it shows the bucket has a batch again, the
+    /// key is no longer near exhaustion here (its next lease is not a reservation, and its
+    /// requests are not refused while it is on its way).
+    pub(super) fn observe(&self, key: &Key, quota: &Quota, sent_at: u64, o: &Outcome) {
+        if !self.used.load(Ordering::Relaxed) {
+            return;
+        }
+        let salt = super::quota_salt(quota);
+        let mut shard = self.shard(key);
+        let Some(slot) = shard
+            .slots
+            .get_mut(key)
+            .filter(|s| s.salt == salt && s.shared_at <= sent_at)
+        else {
+            return;
+        };
+        slot.shared_left = o.remaining();
+        slot.shared_at = sent_at;
+        if o.remaining() >= slot.min_batch.max(1) {
+            slot.exhausted = false;
+            slot.refused_until = 0;
+        }
     }
 
     /// Gives back tokens taken by [`decide`](Self::decide) for a request that did not
@@ -706,6 +761,18 @@ impl Drop for LeaseTable {
 
 fn duration_ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Whether the bucket has had time to be back since `slot`'s last answer, whatever that
+/// answer said: the time a GCRA bucket takes to fill from empty, or the end of the fixed
+/// window the answer was in.
+fn refilled(slot: &Slot, ask: &Ask, now: u64) -> bool {
+    if ask.algorithm.is_window() {
+        let end = slot.window_end.max(slot.refused_until);
+        return end != 0 && now >= end;
+    }
+    let full = ask.quota.burst_size().saturating_mul(ask.quota.t_ns());
+    slot.shared_at != 0 && now >= slot.shared_at.saturating_add(full)
 }
 
 /// Starts a lease call for `slot`: how many tokens to ask for, and whether as a
@@ -997,5 +1064,176 @@ mod tests {
         assert_eq!(o.wait(), Duration::ZERO);
         // 3 here, 2 + 1 (100 ms) there.
         assert_eq!(o.remaining(), 6);
+    }
+
+    /// A backend whose calls never answer: the tests settle lease calls themselves.
+    struct Never;
+
+    impl Remote for Never {
+        fn call(&self, _: Op, _: &Key, _: Quota, _: Algorithm, _: u32, _: Duration) -> RemoteCall {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    fn table() -> LeaseTable {
+        LeaseTable::new(
+            Box::new(Never),
+            Arc::default(),
+            Arc::default(),
+            SharedClock::default(),
+            Duration::from_millis(50),
+        )
+    }
+
+    /// What a GCRA bucket of `quota` with `spent` tokens gone answers a check of `cost` at
+    /// `now` (ns).
+    fn answer(quota: Quota, spent: u64, cost: u64, now: u64) -> Outcome {
+        let params = Params::new(quota.t_ns(), quota.burst_size());
+        let r = gcra::check(params, now + spent * quota.t_ns(), now, cost);
+        Outcome::new(r.verdict, r.reset_after, params, 1)
+    }
+
+    /// Settles the lease call `take` of `key`, sent at `sent_at`, with `outcome`.
+    fn settle(t: &LeaseTable, key: &Key, a: Ask, take: Take, sent_at: u64, outcome: Outcome) {
+        let call = Answer {
+            asked: take.tokens,
+            generation: take.generation,
+            sent_at,
+            answered_at: sent_at,
+            outcome: Some(outcome),
+            last: true,
+        };
+        assert_eq!(t.settle(key, a, call), (None, None));
+    }
+
+    fn slot<R>(t: &LeaseTable, key: &Key, f: impl FnOnce(&mut Slot) -> R) -> R {
+        f(t.shard(key).slots.get_mut(key).expect("a slot"))
+    }
+
+    /// A key near exhaustion: its first lease call (at 1 s) found the bucket empty.
+    fn exhausted(t: &LeaseTable, key: &Key, a: Ask) {
+        let now = 1_000_000_000;
+        let d = t.decide(key, a, now, Asking::Online);
+        assert!(matches!(d.local, Local::Wait));
+        let take = d.take.expect("a lease call");
+        settle(
+            t,
+            key,
+            a,
+            take,
+            now,
+            answer(a.quota, a.quota.burst_size(), take.tokens, now),
+        );
+        assert!(slot(t, key, |s| s.exhausted && s.refused_until > now));
+    }
+
+    #[test]
+    fn a_request_the_lease_cannot_hold_goes_to_the_backend_even_near_exhaustion() {
+        let t = table();
+        let key = Key::from_part("k");
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto()); // L = 12
+        exhausted(&t, &key, a);
+        let now = 1_001_000_000;
+        assert!(matches!(
+            t.decide(&key, a, now, Asking::Online).local,
+            Local::Refused(_)
+        ));
+        // Cost 20 > L: no lease could ever bring it, so the backend decides, at once.
+        let costly = Ask { cost: 20, ..a };
+        for mode in [Asking::Online, Asking::Waited, Asking::Offline] {
+            let d = t.decide(&key, costly, now, mode);
+            assert!(matches!(d.local, Local::Remote) && d.take.is_none());
+        }
+        // ...and it does not keep the key: the sweep forgets it after a second.
+        let used_at = slot(&t, &key, |s| s.used_at);
+        assert_eq!(used_at, 1_001_000_000);
+        let other = Key::from_part("other");
+        t.decide(&other, costly, now, Asking::Online);
+        assert!(
+            !t.shard(&other).slots.contains_key(&other),
+            "a slot for nothing"
+        );
+
+        // Cost 8 with a cap of 10 and 7 held (3 not due yet): a lease of the rest would
+        // hold 15, so the backend decides, though the key is refused here for a while
+        // (before: refused here until the tokens held went back).
+        let a = Ask {
+            cost: 8,
+            ..ask(Quota::per_second(1_000).burst(80), Lease::tokens(10))
+        };
+        let key = Key::from_part("held");
+        exhausted(&t, &key, a);
+        let now = 2_000_000_000;
+        slot(&t, &key, |s| {
+            s.tokens = 7;
+            s.expires = u64::MAX;
+            s.refused_until = now + 1_000_000;
+            s.due[1] = Due {
+                at: now + 3_000_000,
+                batch: 3,
+            };
+        });
+        let d = t.decide(&key, a, now, Asking::Online);
+        assert!(matches!(d.local, Local::Remote) && d.take.is_none());
+        // Cost 1 is still the lease's: refused here until then, then spent from it.
+        let one = Ask { cost: 1, ..a };
+        assert!(matches!(
+            t.decide(&key, one, now, Asking::Online).local,
+            Local::Refused(_)
+        ));
+        let later = now + 1_000_000;
+        assert!(matches!(
+            t.decide(&key, one, later, Asking::Online).local,
+            Local::Taken(_)
+        ));
+    }
+
+    #[test]
+    fn near_exhaustion_ends_when_an_answer_shows_a_batch_or_the_bucket_had_time_to_refill() {
+        let t = table();
+        let key = Key::from_part("k");
+        let quota = Quota::per_second(100).burst(100); // T = 10 ms: full in 1 s
+        let a = ask(quota, Lease::auto());
+        exhausted(&t, &key, a);
+        let min_batch = slot(&t, &key, |s| s.min_batch);
+        assert!(min_batch >= 1);
+        // An answer sent before the lease call's says nothing new; one under another
+        // quota neither; fewer than a batch left: still near exhaustion.
+        t.observe(
+            &key,
+            &quota,
+            999_000_000,
+            &answer(quota, 0, 20, 999_000_000),
+        );
+        t.observe(
+            &key,
+            &Quota::per_second(10),
+            1_100_000_000,
+            &answer(quota, 0, 20, 0),
+        );
+        let few = answer(quota, 100 - min_batch - 20 + 1, 20, 1_100_000_000);
+        assert_eq!(few.remaining(), min_batch - 1);
+        t.observe(&key, &quota, 1_100_000_000, &few);
+        assert!(slot(&t, &key, |s| s.exhausted && s.refused_until > 0));
+        // A batch left after a request the backend decided: the lease asks again at once,
+        // as a lease of what the bucket has, not a reservation, and nothing is refused.
+        let back = answer(quota, 100 - min_batch - 20, 20, 1_200_000_000);
+        assert_eq!(back.remaining(), min_batch);
+        t.observe(&key, &quota, 1_200_000_000, &back);
+        assert!(slot(&t, &key, |s| !s.exhausted && s.refused_until == 0));
+        assert_eq!(slot(&t, &key, |s| s.shared_left), min_batch);
+        let d = t.decide(&key, a, 1_200_100_000, Asking::Online);
+        assert!(matches!(d.local, Local::Wait));
+        assert_eq!(d.take.expect("a lease call").max_wait, Duration::ZERO);
+
+        // Nothing heard: the time a refill of the whole bucket takes (1 s) after the
+        // last answer.
+        let key = Key::from_part("quiet");
+        exhausted(&t, &key, a);
+        let waited = |now| t.decide(&key, a, now, Asking::Waited).local;
+        assert!(matches!(waited(1_999_000_000), Local::Refused(_)));
+        assert!(slot(&t, &key, |s| s.exhausted));
+        assert!(matches!(waited(2_000_000_000), Local::Remote));
+        assert!(slot(&t, &key, |s| !s.exhausted));
     }
 }
