@@ -700,3 +700,151 @@ fn a_small_bursts_lease_of_one_token_never_refuses_a_request_of_two() {
     assert_eq!(leased, 20, "{left} of 8 left in the shared bucket");
     assert!(last, "a request of cost 1 refused with {left} of 8 left");
 }
+
+/// Wake-ups of requests waiting for a lease (issue 41), on a backend of their own whose
+/// calls answer when the test says.
+mod wakes {
+    use std::collections::HashMap;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tollgate::key::Key;
+    use tollgate::store::{
+        Backend, Checked, Item, MemoryStore, MemoryTable, Op, Resilient, Statuses, Store,
+        StoreError,
+    };
+    use tollgate::testing::TokioClock;
+    use tollgate::{Algorithm, Lease, LimitSpec, Limiter, Mode, Quota};
+
+    use super::runtime;
+
+    /// A backend whose calls about a key answer only once the test opens that key's gate
+    /// (a call each time), on a memory store.
+    #[derive(Clone)]
+    struct Gated {
+        store: MemoryStore<TokioClock>,
+        gates: Arc<Mutex<HashMap<Key, Arc<tokio::sync::Semaphore>>>>,
+    }
+
+    impl Gated {
+        fn gate(&self, key: &Key) -> Arc<tokio::sync::Semaphore> {
+            let mut gates = self.gates.lock().unwrap();
+            let gate = gates.entry(key.clone());
+            gate.or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(0)))
+                .clone()
+        }
+
+        /// Lets the next call about `key` answer.
+        fn open(&self, key: &str) {
+            self.gate(&Key::from_part(key)).add_permits(1);
+        }
+    }
+
+    impl Backend for Gated {
+        type Table = MemoryTable;
+        type Future = Pin<Box<dyn Future<Output = Result<Statuses, StoreError>> + Send>>;
+
+        fn table(&self, name: &str) -> MemoryTable {
+            self.store.table(name)
+        }
+
+        fn apply(&self, op: Op, items: &[Item<'_, MemoryTable>]) -> Self::Future {
+            let owned: Vec<(MemoryTable, Key, Quota, u32, Mode, Algorithm, Duration)> = items
+                .iter()
+                .map(|i| {
+                    let table = i.table.clone();
+                    (
+                        table,
+                        i.key.clone(),
+                        i.quota,
+                        i.cost,
+                        i.mode,
+                        i.algorithm,
+                        i.max_wait,
+                    )
+                })
+                .collect();
+            let gate = self.gate(&items[0].key);
+            let store = self.store.clone();
+            Box::pin(async move {
+                gate.acquire().await.unwrap().forget();
+                let items: Vec<Item<'_, MemoryTable>> = owned
+                    .iter()
+                    .map(|(t, k, q, c, m, a, w)| {
+                        Item::new(t, k.clone(), *q, *c)
+                            .mode(*m)
+                            .algorithm(*a)
+                            .max_wait(*w)
+                    })
+                    .collect();
+                let Checked::Ready(s) = store.apply(op, &items) else {
+                    unreachable!("a memory store answers at once")
+                };
+                Ok(s)
+            })
+        }
+    }
+
+    /// Issue 41: a settled lease call wakes the requests waiting for a lease of its key, not
+    /// every waiting request of the limit. Ten keys' first requests each wait for their key's
+    /// lease; nine of the calls answer: the request of the tenth key is not polled once. Before,
+    /// each settled call woke every waiter of the table: it was polled 9 more times, deciding
+    /// again each time.
+    #[test]
+    fn a_settled_lease_call_wakes_only_the_requests_waiting_for_its_key() {
+        let rt = runtime();
+        rt.block_on(async {
+            let clock = TokioClock::new();
+            let gated = Gated {
+                store: MemoryStore::with_clock(clock).unbounded(),
+                gates: Arc::default(),
+            };
+            let store = Resilient::new(gated.clone()).clock(clock);
+            let spec =
+                LimitSpec::new("api", Quota::per_second(100).burst(100)).lease(Lease::auto());
+            let limiter = Limiter::builder(store.clone()).limit(spec).build().unwrap();
+            let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+            // Each request counts its polls; the paused clock stands still while this task
+            // yields, so only a wake-up polls a waiting request again.
+            let requests: Vec<_> = keys
+                .iter()
+                .map(|k| {
+                    let polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+                    let counted = polls.clone();
+                    let mut check = Box::pin(limiter.check("api", k.clone(), 1));
+                    let task = tokio::spawn(std::future::poll_fn(move |cx| {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        check.as_mut().poll(cx)
+                    }));
+                    (polls, task)
+                })
+                .collect();
+            let run = || async {
+                for _ in 0..50 {
+                    tokio::task::yield_now().await;
+                }
+            };
+            let polls = |i: usize| requests[i].0.load(std::sync::atomic::Ordering::SeqCst);
+            run().await;
+            assert!((0..10).all(|i| polls(i) == 1 && !requests[i].1.is_finished()));
+            for k in &keys[1..] {
+                gated.open(k);
+                run().await;
+            }
+            for (i, (_, task)) in requests.iter().enumerate().skip(1) {
+                assert!(task.is_finished(), "key {i} still waits");
+            }
+            let woken = polls(0) - 1;
+            eprintln!("a waiting request woken {woken} times by 9 other keys' lease calls");
+            assert_eq!(woken, 0, "woken by other keys' lease calls");
+            gated.open(&keys[0]);
+            run().await;
+            assert!(requests[0].1.is_finished());
+            assert_eq!(polls(0), 2, "woken once, by its own key's lease call");
+            let (_, task) = requests.into_iter().next().unwrap();
+            assert!(task.await.unwrap().unwrap().allowed());
+        });
+    }
+}

@@ -196,6 +196,28 @@ struct Slot {
     /// before answers into a slot that is not the one it was taken for, and its tokens go
     /// back instead of adding to what the new slot takes (never more than `L` held).
     generation: u64,
+    /// The requests waiting for the lease call on its way (`taking`), if any: woken when
+    /// it is settled, and only they (see [`LeaseTable::wait`]).
+    wake: Option<Arc<Wake>>,
+}
+
+/// Wakes the requests waiting for one lease call of one key: set once, when the call is
+/// settled (or its slot starts afresh). A key's settled call wakes its own waiters, not
+/// every waiter of the table; the memory is a pointer per key, and an allocation per lease
+/// call that a request waits for.
+#[derive(Default)]
+struct Wake {
+    settled: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Wake {
+    fn settle(&self) {
+        // Before the notification: a waiter that registers after it sees the flag (see
+        // `LeaseTable::wait`).
+        self.settled.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
 }
 
 impl Slot {
@@ -234,7 +256,7 @@ pub(super) enum Local {
     /// Ask the backend.
     Remote,
     /// A lease call for the key is on its way: wait for it (see
-    /// [`LeaseTable::notify`]), then decide again.
+    /// [`LeaseTable::wait`]), then decide again.
     Wait,
 }
 
@@ -307,10 +329,8 @@ pub(super) struct LeaseTable {
     timeout: Duration,
     /// Whether the background sweep runs (started with the first lease call).
     sweeping: std::sync::atomic::AtomicBool,
-    /// Woken when a lease call of the table is settled: requests waiting for a lease on
-    /// its way ([`Local::Wait`]) decide again. `waiting` counts them (at most
-    /// `MAX_WAITING`; more ask the backend, as without a lease on its way).
-    pub(super) notify: tokio::sync::Notify,
+    /// Requests waiting for a lease on its way ([`Local::Wait`], [`LeaseTable::wait`]):
+    /// at most `MAX_WAITING`; more ask the backend, as without a lease on its way.
     pub(super) waiting: AtomicUsize,
     /// Whether a key was ever leased here: answers of limits that never lease are not
     /// looked up (see [`LeaseTable::observe`]).
@@ -348,7 +368,6 @@ impl LeaseTable {
             clock,
             timeout,
             sweeping: std::sync::atomic::AtomicBool::new(false),
-            notify: tokio::sync::Notify::new(),
             waiting: AtomicUsize::new(0),
             used: AtomicBool::new(false),
         }
@@ -477,6 +496,11 @@ impl LeaseTable {
         if slot.salt != salt || (slot.tokens > 0 && now >= slot.expires) {
             give_back = slot.release(key);
             if slot.salt != salt {
+                // Requests waiting for the old slot's lease decide again (its call's answer
+                // goes back: see `settle`).
+                if let Some(wake) = slot.wake.take() {
+                    wake.settle();
+                }
                 *slot = Slot {
                     salt,
                     held_as: Some((ask.quota, ask.algorithm)),
@@ -552,6 +576,27 @@ impl LeaseTable {
         self.shard(key).counts.remote += 1;
     }
 
+    /// Waits, until `deadline` at most, for the lease call of `key` on its way to be
+    /// settled (at once if none is): only this key's settled calls wake the request, not
+    /// every call of the table.
+    pub(super) async fn wait(&self, key: &Key, deadline: tokio::time::Instant) {
+        let wake = {
+            let mut shard = self.shard(key);
+            match shard.slots.get_mut(key) {
+                Some(slot) if slot.taking => slot.wake.get_or_insert_with(Arc::default).clone(),
+                _ => return,
+            }
+        };
+        // Made before the flag is read: a settle after the read wakes it (`Notified`
+        // counts the `notify_waiters` calls from its creation), and one before sets the
+        // flag first.
+        let notified = wake.notify.notified();
+        if wake.settled.load(Ordering::SeqCst) {
+            return;
+        }
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+
     /// What the backend answered a check of `key` (under `quota`) sent at `sent_at`: a
     /// request the lease did not decide. When it shows the bucket has a batch again, the
     /// key is no longer near exhaustion here (its next lease is not a reservation, and its
@@ -619,17 +664,41 @@ impl LeaseTable {
                     .map(|_| (key.clone(), ask.quota, ask.algorithm, asked)),
             );
         };
+        if answer.is_some_and(|o| o.is_allowed()) {
+            Counters::add(&self.counters.leased_tokens, asked);
+        }
+        let again = Self::answered(slot, ask, asked, sent_at, answered_at, answer, last);
+        // The call is settled (unless a second one follows): the requests waiting for it
+        // decide again, and only they.
+        let wake = if slot.taking { None } else { slot.wake.take() };
+        drop(shard);
+        if let Some(wake) = wake {
+            wake.settle();
+        }
+        (again, None)
+    }
+
+    /// What a lease call's answer (`None`: it failed) does to the slot it was taken for;
+    /// `Some`: the tokens to take in a second call (still `taking`).
+    fn answered(
+        slot: &mut Slot,
+        ask: Ask,
+        asked: u64,
+        sent_at: u64,
+        answered_at: u64,
+        answer: Option<Outcome>,
+        last: bool,
+    ) -> Option<u64> {
         let Some(o) = answer else {
             // The call failed: the next requests go to the backend, and so to the failure
             // policy while it fails, rather than wait here for a lease that may not come.
             slot.taking = false;
             slot.exhausted = false;
-            return (None, None);
+            return None;
         };
         slot.shared_left = o.remaining();
         slot.shared_at = sent_at;
         if o.is_allowed() {
-            Counters::add(&self.counters.leased_tokens, asked);
             slot.tokens += asked;
             slot.taking = false;
             // Granted less than first asked (the second call takes what was left), or
@@ -661,7 +730,7 @@ impl LeaseTable {
                 slot.window_end = end;
                 slot.expires = slot.expires.min(end);
             }
-            return (None, None);
+            return None;
         }
         let left = o.remaining();
         let enough = if ask.algorithm.is_window() {
@@ -670,7 +739,7 @@ impl LeaseTable {
             slot.min_batch
         };
         if !last && left >= enough.max(1) && left < asked {
-            return (Some(left), None); // still `taking`
+            return Some(left); // still `taking`
         }
         slot.taking = false;
         slot.exhausted = true;
@@ -692,7 +761,7 @@ impl LeaseTable {
             refill.saturating_mul(slot.backoff).min(most.max(refill))
         };
         slot.refused_until = sent_at.saturating_add(wait);
-        (None, None)
+        None
     }
 
     /// The checks this table's leases decided so far.
@@ -1235,5 +1304,78 @@ mod tests {
         assert!(slot(&t, &key, |s| s.exhausted));
         assert!(matches!(waited(2_000_000_000), Local::Remote));
         assert!(slot(&t, &key, |s| !s.exhausted));
+    }
+
+    /// Issue 41: a settled lease call wakes the requests waiting for its key, not every
+    /// waiter of the table.
+    #[test]
+    fn a_settled_lease_call_wakes_the_waiters_of_its_key_only() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let t = Arc::new(table());
+            let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+            let now = 1_000_000_000;
+            let keys: Vec<Key> = (0..10).map(|i| Key::from_part(format!("k{i}"))).collect();
+            let takes: Vec<Take> = keys
+                .iter()
+                .map(|k| {
+                    let d = t.decide(k, a, now, Asking::Online);
+                    assert!(matches!(d.local, Local::Wait));
+                    d.take.expect("a lease call")
+                })
+                .collect();
+            // A waiter per key, counting how often it is polled.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+            let waiters: Vec<(Arc<AtomicUsize>, tokio::task::JoinHandle<()>)> = keys
+                .iter()
+                .map(|k| {
+                    let polls = Arc::new(AtomicUsize::new(0));
+                    let (t, k, p) = (t.clone(), k.clone(), polls.clone());
+                    let mut wait = Box::pin(async move { t.wait(&k, deadline).await });
+                    let task = tokio::spawn(std::future::poll_fn(move |cx| {
+                        p.fetch_add(1, Ordering::SeqCst);
+                        wait.as_mut().poll(cx)
+                    }));
+                    (polls, task)
+                })
+                .collect();
+            let settle_all = || async {
+                for _ in 0..10 {
+                    tokio::task::yield_now().await
+                }
+            };
+            settle_all().await;
+            assert!(waiters.iter().all(|(p, _)| p.load(Ordering::SeqCst) == 1));
+            // Keys 1..10 get their leases: each of their waiters is woken once; the waiter
+            // of key 0 is not polled again (before: once per settled call of the table).
+            for (k, take) in keys.iter().zip(&takes).skip(1) {
+                settle(&t, k, a, *take, now, answer(a.quota, 0, take.tokens, now));
+                settle_all().await;
+            }
+            for (polls, task) in &waiters[1..] {
+                assert!(task.is_finished());
+                assert_eq!(polls.load(Ordering::SeqCst), 2);
+            }
+            assert!(!waiters[0].1.is_finished());
+            assert_eq!(
+                waiters[0].0.load(Ordering::SeqCst),
+                1,
+                "woken by other keys"
+            );
+            // Its own call wakes it; a wait after the call is settled returns at once.
+            settle(&t, &keys[0], a, takes[0], now, answer(a.quota, 0, 1, now));
+            settle_all().await;
+            assert!(waiters[0].1.is_finished());
+            assert_eq!(waiters[0].0.load(Ordering::SeqCst), 2);
+            assert_eq!(
+                tokio::time::Instant::now(),
+                deadline - Duration::from_secs(1)
+            );
+            t.wait(&keys[0], deadline).await;
+        });
     }
 }

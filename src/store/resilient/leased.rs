@@ -237,8 +237,6 @@ impl<B: Backend> Resilient<B> {
                     last: attempt == 1,
                 };
                 let (again, give_back) = leases.settle(&key, ask, settled);
-                // Requests waiting for this lease decide again.
-                leases.notify.notify_waiters();
                 this.give_back(&leases, give_back);
                 match again {
                     Some(n) => asked = n,
@@ -288,7 +286,7 @@ impl<B: Backend> Resilient<B> {
 
 impl<B: Backend> Resilient<B> {
     /// A request of one leased limit whose lease is on its way: waits until a lease call
-    /// of the table is settled (at most a call's timeout, the time its own call would
+    /// of its key is settled (at most a call's timeout, the time its own call would
     /// have taken), then decides again; asks the backend if the lease did not bring it a
     /// token.
     async fn wait_for_lease(self, part: Part, ask: Ask) -> Statuses {
@@ -298,9 +296,6 @@ impl<B: Backend> Resilient<B> {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + self.call_timeout();
         let decided = loop {
-            let notified = leases.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
             let asking = if self.inner.breaker.is_open() {
                 Asking::Offline
             } else {
@@ -313,7 +308,7 @@ impl<B: Backend> Resilient<B> {
             }
             match decided.local {
                 Local::Wait if tokio::time::Instant::now() < deadline => {
-                    let _ = tokio::time::timeout_at(deadline, notified).await;
+                    leases.wait(&part.key, deadline).await;
                 }
                 local => break local,
             }
