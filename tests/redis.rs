@@ -774,7 +774,8 @@ mod cluster {
 }
 
 /// `RedisStore::open` on a URL where Redis is down: the store is made at once, requests are
-/// answered by the failure policy (the local fallback: the quota holds, never a 5xx), and
+/// answered by the failure policy (the local fallback: never a 5xx; a store that has not
+/// counted the instances yet takes a share of 1/4, issue 41, so 12/min grants 3), and
 /// once Redis is up the same store uses it, with no restart of the app.
 #[tokio::test]
 async fn a_store_opened_while_redis_is_down_serves_and_then_uses_redis() {
@@ -792,7 +793,7 @@ async fn a_store_opened_while_redis_is_down_serves_and_then_uses_redis() {
         "open waited for Redis"
     );
     let app = app(RateLimitLayer::builder(store.clone())
-        .limit(Limit::new("per-ip", Quota::per_minute(3)).key(PeerIp::new()))
+        .limit(Limit::new("per-ip", Quota::per_minute(12)).key(PeerIp::new()))
         .build()
         .unwrap());
 

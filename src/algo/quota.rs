@@ -304,6 +304,42 @@ impl Quota {
         shared.unwrap_or(*self)
     }
 
+    /// A share `f` of this quota (`0 < f <= 1`): what one instance may spend on its own
+    /// when it served that part of the limit's traffic. GCRA: the rate times `f` (a period
+    /// `1/f` times longer) and a burst of `burst * f` rounded down, at least 1 (the caller
+    /// starts a share under one token spent by the missing part); a window: a limit of
+    /// `rate * f` rounded down over the same window. `None` when nothing is left (`f` of
+    /// 0, a window's limit under 1, a period the quota cannot express).
+    pub(crate) fn portion(&self, f: f64, window: bool) -> Option<Quota> {
+        if f.is_nan() || f <= 0.0 {
+            return None;
+        }
+        if f >= 1.0 {
+            return Some(*self);
+        }
+        let part = |x: u64| (x as f64 * f).floor() as u64;
+        if window {
+            let limit = part(self.rate);
+            if limit == 0 {
+                return None;
+            }
+            let burst = part(self.burst).clamp(1, limit);
+            return build(limit, self.period(), burst)
+                .ok()
+                .map(|q| q.with_month(self.is_per_month()));
+        }
+        let period = self.period_ns() as f64 / f;
+        if !(period < 1e18) {
+            return None;
+        }
+        build(
+            self.rate,
+            Duration::from_nanos(period as u64),
+            part(self.burst).max(1),
+        )
+        .ok()
+    }
+
     /// The period in nanoseconds.
     pub(crate) const fn period_ns(&self) -> u64 {
         self.period_ns & !MONTH_FLAG

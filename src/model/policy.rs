@@ -90,10 +90,34 @@ impl MissingKey {
 pub enum FailurePolicy {
     /// Spend what this instance holds of the limit (its leased tokens), then check the
     /// request against a local in-memory limiter with this instance's *share* of the
-    /// quota: the burst and the rate divided by the number of live instances that use the
-    /// store (counted in the store, e.g. Redis; a store that cannot count them counts 1,
-    /// and a share is never under one token). Together the instances spend about one
-    /// quota, not one each, until the store is back (the default).
+    /// quota, which follows the traffic it served (the default):
+    ///
+    /// - **A key it served** while the store answered gets the fraction `f` of the limit
+    ///   that it spent itself: every answer says how far the shared bucket moved (a GCRA
+    ///   bucket's TAT, a window's count), which is never less than what all the instances
+    ///   spent together, so the fractions of the instances add up to at most 1. A key on
+    ///   one instance (session affinity) gets its traffic whole (the whole limit at or
+    ///   above it), a key spread over `N` instances about `1/N` each.
+    /// - **A key it knows no traffic of** gets `1/N`, `N` the live instances counted in
+    ///   the store (a store that cannot count them counts 1); an instance that has not
+    ///   counted them yet (it never reached the store: started during the outage) counts
+    ///   4, never 1.
+    ///
+    /// A share of `f` is a burst of `f·burst` and a rate of `f·rate` (a window: `f·limit`
+    /// per window), in whole tokens rounded down: a share under one token starts spent by
+    /// what it lacks, so the shares of a burst of `B` never add up to more than `B`, and a
+    /// window's shares never to more than its limit (a window share under one unit
+    /// refuses). A key seen spent starts its share as spent (a fixed window: until it
+    /// ends). The share is frozen when the store stops answering.
+    ///
+    /// The bound: over an outage of length `o`, the instances grant a key at most
+    /// `F·(burst + rate·o)` beyond their leases, where `F` is the sum of their fractions:
+    /// at most 1 when every instance that grants the key during the outage served it
+    /// before, or none did (each `1/N`); each instance the key is new to adds `1/N` (`1/4`
+    /// if it never reached the store). When the store answers again, what each share
+    /// granted and has not refilled is charged to the shared bucket (at most the share's
+    /// burst), so over a run the grants stay within the exact limiter plus
+    /// `F·(burst + rate·o)`. See the guide's chapter on Redis.
     #[default]
     Share,
     /// Check the request against a local in-memory limiter with the whole quota: each

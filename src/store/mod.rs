@@ -363,9 +363,11 @@ pub trait Backend: Clone + Send + Sync + 'static {
     }
 
     /// How many instances share the backend's buckets, as far as it can tell (those that
-    /// were live lately, counted in the backend); `1` if it cannot. A limit whose policy
-    /// is [`FailurePolicy::Share`] spends `1/n` of its quota locally while the backend
-    /// fails. Asked when a call fails; it must be cheap (a remembered count).
+    /// were live lately, counted in the backend); `1` if it cannot count them (the
+    /// default), `0` if it can but has not yet (it never reached the backend). A limit
+    /// whose policy is [`FailurePolicy::Share`] spends `1/n` of its quota locally while the
+    /// backend fails, for keys this instance knows no traffic of (at most `1/4` while the
+    /// count is 0). Asked when a call fails; it must be cheap (a remembered count).
     ///
     /// [`FailurePolicy::Share`]: crate::FailurePolicy
     fn instances(&self) -> u64 {

@@ -67,7 +67,7 @@ pub(super) struct Epoch {
     /// What the server said last.
     server: Mutex<Server>,
     /// This store's name in the live set, and the most live instances counted within the
-    /// last `LIVE_FOR` (1 until counted), with when that most was last seen (ms since
+    /// last `LIVE_FOR` (0 until counted), with when that most was last seen (ms since
     /// `started`).
     id: String,
     instances: AtomicU64,
@@ -85,7 +85,7 @@ impl Default for Epoch {
             resets: AtomicU64::new(0),
             server: Mutex::default(),
             id: format!("{:016x}", random()),
-            instances: AtomicU64::new(1),
+            instances: AtomicU64::new(0),
             instances_at_ms: AtomicU64::new(0),
             round_trip_ns: AtomicU64::new(0),
         }
@@ -111,11 +111,13 @@ impl Epoch {
         }
     }
 
-    /// The most live instances counted within the last 5 s (at least 1): a count never
-    /// drops at once, so a Redis that comes back empty (whose live set refills as each
-    /// instance probes it) does not hand the first instances to probe a whole quota each.
+    /// The most live instances counted within the last 5 s (at least 1 once counted; 0
+    /// while this store has never counted them: it knows nothing of the others yet): a
+    /// count never drops at once, so a Redis that comes back empty (whose live set refills
+    /// as each instance probes it) does not hand the first instances to probe a whole
+    /// quota each.
     pub(super) fn instances(&self) -> u64 {
-        self.instances.load(Ordering::Relaxed).max(1)
+        self.instances.load(Ordering::Relaxed)
     }
 
     /// Whether a probe is due now; claims it if so (one caller wins).
@@ -345,7 +347,7 @@ mod tests {
     #[test]
     fn the_instance_count_never_drops_at_once() {
         let e = Epoch::default();
-        assert_eq!(e.instances(), 1);
+        assert_eq!(e.instances(), 0, "not counted yet");
         e.count_instances(4);
         assert_eq!(e.instances(), 4);
         // Redis came back empty: the live set refills one probe at a time.

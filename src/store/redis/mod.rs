@@ -1037,7 +1037,8 @@ impl Backend for RedisBackend {
         self.epoch.resets()
     }
 
-    /// The instances that probed the same prefix within the last 5 s (`{prefix}__instances`).
+    /// The instances that probed the same prefix within the last 5 s (`{prefix}__instances`);
+    /// 0 until this store's probe has counted them.
     fn instances(&self) -> u64 {
         self.epoch.instances()
     }

@@ -115,6 +115,7 @@ impl<B: Backend> Resilient<B> {
                 match op {
                     Op::Check => {
                         self.hold_granted(parts, &statuses);
+                        self.observe_traffic(parts, &statuses, sent_at);
                         for (p, s) in parts.iter().zip(&statuses) {
                             if let Status::Checked(o) = s
                                 && p.mode == Mode::Enforce

@@ -17,6 +17,7 @@ mod lease;
 mod leased;
 mod owed;
 mod share;
+mod traffic;
 mod write_back;
 
 use std::fmt;
@@ -150,6 +151,9 @@ pub(super) struct Inner<B> {
     owed: Arc<owed::Owed>,
     /// In-flight units the backend granted this instance, by key: where releases go.
     held: Arc<held::Held>,
+    /// How much of each key's traffic this instance served while the backend answered:
+    /// its share while it does not.
+    traffic: Arc<traffic::Traffic>,
 }
 
 impl<B> Inner<B> {
@@ -223,6 +227,7 @@ impl<B: Backend> Resilient<B> {
                 answered_at: Arc::new(std::sync::atomic::AtomicU64::new(clock.now())),
                 owed: Arc::default(),
                 held: Arc::default(),
+                traffic: Arc::default(),
                 backend,
                 clock,
             }),

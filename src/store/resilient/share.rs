@@ -3,12 +3,14 @@
 //! charge-back (`repay`) of what `Share` granted once the backend answers again (the
 //! debts are kept in `owed.rs`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use super::{Part, Resilient, owed, refuses};
 use crate::algo::algorithm::Algorithm;
+use crate::algo::quota::Quota;
 use crate::base::clock::Clock;
 use crate::model::decision::{Outcome, Status};
 use crate::model::policy::{FailurePolicy, Mode};
@@ -62,10 +64,21 @@ impl<B: Backend> Resilient<B> {
                 && p.algorithm.is_in_flight()
                 && matches!(p.policy, FailurePolicy::Share | FailurePolicy::Fallback)
         };
+        let now = self.inner.clock.now();
+        // `Share`: this instance's part of each limit, from the traffic it served.
+        let shares: SmallVec<[Option<Portion>; 4]> = parts
+            .iter()
+            .map(|p| (p.policy == FailurePolicy::Share).then(|| self.portion(p, now)))
+            .collect();
         let mut statuses: Statuses = parts
             .iter()
-            .map(|p| match p.policy {
+            .zip(&shares)
+            .map(|(p, share)| match p.policy {
                 _ if busy_in_flight(p) => Status::Checked(in_flight_refusal(p)),
+                // Nothing of the limit is this instance's: refused (a share of nothing).
+                FailurePolicy::Share if share.is_some_and(|s| s.quota.is_none()) => {
+                    Status::Fallback(nothing_left(p))
+                }
                 FailurePolicy::Allow => Status::FailedOpen,
                 FailurePolicy::Deny => Status::FailedClosed,
                 _ => Status::Unchecked, // the fallback, below
@@ -75,26 +88,23 @@ impl<B: Backend> Resilient<B> {
             op == Op::Check && statuses.iter().zip(parts).any(|(s, p)| refuses(s, p.mode));
         let fallback: SmallVec<[usize; 4]> = (0..parts.len())
             .filter(|&i| {
-                matches!(
-                    parts[i].policy,
-                    FailurePolicy::Fallback | FailurePolicy::Share
-                ) && !busy_in_flight(&parts[i])
+                statuses[i] == Status::Unchecked
+                    && matches!(
+                        parts[i].policy,
+                        FailurePolicy::Fallback | FailurePolicy::Share
+                    )
+                    && !busy_in_flight(&parts[i])
             })
             .collect();
         if fallback.is_empty() || refused {
             // A refused check consumes nothing, not even locally.
             return statuses;
         }
-        // This instance's share of a shared limit: 1/n of it, n the live instances.
-        let instances = self.inner.backend.instances();
         let items: SmallVec<[Item<'_, MemoryTable>; 4]> = fallback
             .iter()
             .map(|&i| {
                 let p = &parts[i];
-                let quota = match p.policy {
-                    FailurePolicy::Share => p.quota.share(instances, p.algorithm.is_window()),
-                    _ => p.quota,
-                };
+                let quota = shares[i].and_then(|s| s.quota).unwrap_or(p.quota);
                 Item::new(&p.fallback, p.key.clone(), quota, p.cost)
                     .mode(p.mode)
                     .algorithm(p.algorithm)
@@ -102,7 +112,7 @@ impl<B: Backend> Resilient<B> {
             })
             .collect();
         if op == Op::Check {
-            self.share_as_spent(&fallback, parts, &items);
+            self.share_as_spent(&fallback, parts, &shares, &items, now);
         }
         let Checked::Ready(local) = self.inner.fallback.apply(op, &items) else {
             unreachable!("the memory store answers at once")
@@ -182,30 +192,141 @@ impl<B: Backend> Resilient<B> {
         }
     }
 
+    /// What `Share` gives `p` now: its fraction of the key's traffic (frozen for the
+    /// outage, see `traffic.rs`), or, for a key this instance knows nothing of, `1/N`
+    /// (`N` the instances the backend counts; [`UNHEARD_INSTANCES`] while it has not
+    /// counted them: this instance never reached it).
+    fn portion(&self, p: &Part, now: u64) -> Portion {
+        let inner = &*self.inner;
+        let n = match inner.backend.instances() {
+            0 => UNHEARD_INSTANCES,
+            n => n,
+        };
+        let table = Arc::as_ptr(&p.remote) as usize;
+        let fraction = inner
+            .traffic
+            .fraction_or(table, &p.key, p.quota, now, 1.0 / n as f64);
+        let window = p.algorithm.is_window();
+        let quota = if window && !p.algorithm.is_fixed() {
+            // A sliding window or log: `1/N` as before (no traffic is followed).
+            Some(p.quota.share(n, true))
+        } else {
+            p.quota.portion(fraction.f, window)
+        };
+        // Under one token (GCRA): the share starts spent by the part it lacks, from the
+        // outage's start, so that the shares of a burst of B never add up to more than B.
+        let lacking = (1.0 - fraction.f * p.quota.burst_size() as f64).max(0.0);
+        let full_at = match quota {
+            Some(q) if !window && lacking > 0.0 => {
+                let ns = lacking * q.t_ns() as f64;
+                Some(
+                    fraction
+                        .since
+                        .saturating_add(ns.min(u64::MAX as f64 / 2.0) as u64),
+                )
+            }
+            _ => None,
+        };
+        Portion { quota, full_at }
+    }
+
     /// A key this instance saw spent (in the write-back list) starts its share as spent as
     /// the shared bucket was: a share is of what the limit has left, not a fresh burst on
-    /// top of what the shared bucket gives back once it answers again. GCRA; a restore
-    /// only ever moves the local bucket forward, so repeating it changes nothing.
-    fn share_as_spent(&self, fallback: &[usize], parts: &[Part], items: &[Item<'_, MemoryTable>]) {
-        let now = self.inner.clock.now();
+    /// top of what the shared bucket gives back once it answers again (a fixed window seen
+    /// spent stays spent until it ends). A share under one token starts spent by what it
+    /// lacks. A restore or a block only ever moves the local bucket forward, so repeating
+    /// it changes nothing.
+    fn share_as_spent(
+        &self,
+        fallback: &[usize],
+        parts: &[Part],
+        shares: &[Option<Portion>],
+        items: &[Item<'_, MemoryTable>],
+        now: u64,
+    ) {
         for (&i, item) in fallback.iter().zip(items) {
             let p = &parts[i];
-            if p.policy != FailurePolicy::Share || p.algorithm.is_window() {
+            let Some(share) = shares[i] else { continue };
+            let restorable = p.algorithm == Algorithm::Gcra || p.algorithm.is_fixed();
+            if !restorable {
                 continue;
             }
-            let until = {
+            let seen = {
                 let list = self.inner.refused.lock().unwrap_or_else(|e| e.into_inner());
                 list.until(&p.remote, &p.key)
             };
+            let until = seen.into_iter().chain(share.full_at).max();
             if let Some(until) = until.filter(|&u| u > now) {
-                let restore = [Item::new(item.table, p.key.clone(), item.quota, 1)];
-                let _ = self
-                    .inner
-                    .fallback
-                    .apply(Op::Restore(Duration::from_nanos(until - now)), &restore);
+                let left = Duration::from_nanos(until - now);
+                let op = if p.algorithm.is_window() {
+                    Op::Block(left)
+                } else {
+                    Op::Restore(left)
+                };
+                let restore =
+                    [Item::new(item.table, p.key.clone(), item.quota, 1).algorithm(p.algorithm)];
+                let _ = self.inner.fallback.apply(op, &restore);
             }
         }
     }
+
+    /// The traffic of the items a check's answer granted or refused (`Share` limits).
+    pub(super) fn observe_traffic(&self, parts: &[Part], statuses: &Statuses, sent_at: u64) {
+        let passed = !statuses.iter().zip(parts).any(|(s, p)| refuses(s, p.mode));
+        let now = self.inner.clock.now();
+        for (p, s) in parts.iter().zip(statuses) {
+            if p.policy != FailurePolicy::Share {
+                continue;
+            }
+            if let Status::Checked(o) = s {
+                let granted = if passed && o.is_allowed() { p.cost } else { 0 };
+                self.inner.traffic.observe(
+                    Arc::as_ptr(&p.remote) as usize,
+                    &p.key,
+                    p.quota,
+                    p.algorithm,
+                    sent_at,
+                    now,
+                    granted,
+                    o,
+                );
+            }
+        }
+    }
+}
+
+/// An instance whose backend has not counted the instances yet (it never reached it)
+/// counts itself one of this many: it knows neither the traffic nor the instances, and
+/// must not take a whole limit.
+pub(super) const UNHEARD_INSTANCES: u64 = 4;
+
+/// What `Share` gives one item.
+#[derive(Debug, Clone, Copy)]
+struct Portion {
+    /// The share's quota; `None`: nothing (refused).
+    quota: Option<Quota>,
+    /// A share under one token: when its first token is whole (the store's clock).
+    full_at: Option<u64>,
+}
+
+/// A `Share` limit's refusal when none of the limit is this instance's: retry after one
+/// emission interval.
+fn nothing_left(p: &Part) -> Outcome {
+    let retry_us = u64::try_from(p.quota.emission_interval().as_micros())
+        .unwrap_or(u64::MAX)
+        .clamp(1, 1_000_000);
+    Outcome::window(
+        crate::algo::window::Report {
+            verdict: crate::algo::gcra::Admission::Denied {
+                retry_after: retry_us,
+            },
+            remaining: 0,
+            reset_after: 0,
+            next_after: None,
+            wait: 0,
+        },
+        1_000,
+    )
 }
 
 #[cfg(test)]

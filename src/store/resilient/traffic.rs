@@ -1,0 +1,230 @@
+//! How much of each key's traffic this instance serves, learnt while the backend answers:
+//! what [`FailurePolicy::Share`](crate::FailurePolicy) gives a key while it does not.
+//!
+//! Every answer to a check says how far the shared bucket has moved: a GCRA bucket's TAT
+//! (the send plus `reset_after`), a window's units used. Between two answers for a key,
+//! the TAT moved by the tokens every instance spent, *plus* the time the bucket sat full
+//! (GCRA: `tat' = max(tat, now) + cost·T`), so `ΔTAT / T` is never less than what all the
+//! instances spent together; a window that ended between two answers counts as used to
+//! the full. This instance knows what it spent itself (the costs the backend granted it).
+//! Its fraction of the key is `mine / moved`, both sums decayed over a horizon of about
+//! eight emission intervals (1 s to 60 s), and the time since the last answer counts as
+//! moved with nothing of this instance's: a key this instance stopped serving fades.
+//!
+//! `moved` is never under what all the instances spent over the same answers, so the
+//! fractions of the instances that serve a key add up to at most 1; a key served by one
+//! instance at the limit gets the whole limit, one under the limit a fraction that is its
+//! own rate's (its traffic, granted in full); a key spread over N instances about 1/N
+//! each. A key this instance has no answer for is unknown (see `share.rs`).
+//!
+//! The fraction is frozen at the first failure (the outage's start) and thawed by the
+//! next answer: it does not fade while the backend cannot say anything new.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::algo::algorithm::Algorithm;
+use crate::algo::quota::Quota;
+use crate::model::decision::Outcome;
+use crate::model::key::Key;
+
+/// Keys followed at most; further keys are unknown until some go stale.
+const MAX_KEYS: usize = 100_000;
+const SHARDS: usize = 16;
+
+/// One key's traffic.
+struct Record {
+    /// The last answer, on the store's clock.
+    at: u64,
+    /// GCRA: the shared TAT then; a window: its end.
+    mark: u64,
+    /// A window: its units used then.
+    used: u64,
+    /// Decayed tokens: this instance's grants, and how far the shared bucket moved.
+    mine: f64,
+    moved: f64,
+    /// The fraction given at the first failure since the last answer, and when.
+    frozen: Option<(f64, u64)>,
+    /// Whether `mark` and `used` come from an answer (not a key frozen unknown).
+    seen: bool,
+}
+
+/// The fraction of a key an instance serves, frozen at the outage's start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Fraction {
+    pub(super) f: f64,
+    /// When this outage started for the key (the store's clock).
+    pub(super) since: u64,
+}
+
+/// Every key's traffic, by (limit, key).
+pub(super) struct Traffic {
+    shards: Vec<Mutex<HashMap<(usize, Key), Record, foldhash::fast::RandomState>>>,
+}
+
+impl Default for Traffic {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+/// The emission interval a key's tokens are counted in: GCRA's `T`, a window's length
+/// over its limit.
+fn interval_ns(quota: Quota) -> f64 {
+    (quota.period_ns() as f64 / quota.rate().max(1) as f64).max(1.0)
+}
+
+/// The horizon the sums decay over.
+fn horizon_ns(quota: Quota) -> f64 {
+    (8.0 * interval_ns(quota)).clamp(1e9, 60e9)
+}
+
+impl Traffic {
+    fn shard(
+        &self,
+        id: &(usize, Key),
+    ) -> std::sync::MutexGuard<'_, HashMap<(usize, Key), Record, foldhash::fast::RandomState>> {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut h = foldhash::fast::FixedState::with_seed(7).build_hasher();
+        id.hash(&mut h);
+        let i = (h.finish() as usize) % SHARDS;
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An answer for `key` of the limit `table` (sent at `sent_at`, read at `now`): the
+    /// shared bucket as `o` says, `granted` the tokens it gave this instance.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn observe(
+        &self,
+        table: usize,
+        key: &Key,
+        quota: Quota,
+        algorithm: Algorithm,
+        sent_at: u64,
+        now: u64,
+        granted: u32,
+        o: &Outcome,
+    ) {
+        let window = algorithm.is_window();
+        if !(algorithm == Algorithm::Gcra || algorithm.is_fixed()) {
+            return;
+        }
+        let end =
+            sent_at.saturating_add(u64::try_from(o.reset_after().as_nanos()).unwrap_or(u64::MAX));
+        let used = quota.rate().saturating_sub(o.remaining());
+        let t = interval_ns(quota);
+        let id = (table, key.clone());
+        let mut shard = self.shard(&id);
+        let Some(r) = shard.get_mut(&id) else {
+            if shard.len() >= MAX_KEYS / SHARDS {
+                let stale = |r: &Record| now.saturating_sub(r.at) as f64 > 4.0 * 60e9;
+                shard.retain(|_, r| !stale(r));
+                if shard.len() >= MAX_KEYS / SHARDS {
+                    return;
+                }
+            }
+            shard.insert(
+                id,
+                Record {
+                    at: now,
+                    mark: end,
+                    used,
+                    mine: 0.0,
+                    moved: 0.0,
+                    frozen: None,
+                    seen: true,
+                },
+            );
+            return;
+        };
+        if !r.seen {
+            *r = Record {
+                at: now,
+                mark: end,
+                used,
+                mine: 0.0,
+                moved: 0.0,
+                frozen: None,
+                seen: true,
+            };
+            return;
+        }
+        let moved = if window {
+            let len = quota.period_ns();
+            if end.abs_diff(r.mark) < len / 2 {
+                used.saturating_sub(r.used) as f64
+            } else {
+                // A window ended since: count it used to the full.
+                (used + quota.rate().saturating_sub(r.used)) as f64
+            }
+        } else {
+            end.saturating_sub(r.mark) as f64 / t
+        };
+        let mine = f64::from(granted);
+        let d = (-(now.saturating_sub(r.at) as f64) / horizon_ns(quota)).exp();
+        r.mine = r.mine * d + mine;
+        r.moved = r.moved * d + moved.max(mine);
+        r.at = now;
+        r.mark = end;
+        r.used = used;
+        r.frozen = None;
+    }
+
+    /// The fraction of `key` this instance serves, frozen from now until the next answer;
+    /// for a key it knows nothing of (no answer yet that says how far the bucket moved, or
+    /// none for a long time), `unknown`, frozen likewise.
+    pub(super) fn fraction_or(
+        &self,
+        table: usize,
+        key: &Key,
+        quota: Quota,
+        now: u64,
+        unknown: f64,
+    ) -> Fraction {
+        let id = (table, key.clone());
+        let mut shard = self.shard(&id);
+        if let Some(r) = shard.get_mut(&id)
+            && let Some(f) = fraction_of(r, quota, now)
+        {
+            return f;
+        }
+        if shard.len() < MAX_KEYS / SHARDS || shard.contains_key(&id) {
+            shard.insert(
+                id,
+                Record {
+                    at: now,
+                    mark: 0,
+                    used: 0,
+                    mine: 0.0,
+                    moved: 0.0,
+                    frozen: Some((unknown, now)),
+                    seen: false,
+                },
+            );
+        }
+        Fraction {
+            f: unknown,
+            since: now,
+        }
+    }
+}
+
+/// A record's fraction at `now`, frozen; `None` if it says nothing (yet, or any more).
+fn fraction_of(r: &mut Record, quota: Quota, now: u64) -> Option<Fraction> {
+    {
+        if let Some((f, since)) = r.frozen {
+            return Some(Fraction { f, since });
+        }
+        let h = horizon_ns(quota);
+        let idle = now.saturating_sub(r.at) as f64;
+        if r.moved <= 0.0 || idle > 4.0 * h {
+            return None;
+        }
+        let d = (-idle / h).exp();
+        let f = (r.mine * d / (r.moved * d + idle / interval_ns(quota))).clamp(0.0, 1.0);
+        r.frozen = Some((f, now));
+        Some(Fraction { f, since: now })
+    }
+}
