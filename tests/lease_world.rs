@@ -1086,3 +1086,64 @@ fn a_spent_window_stays_spent_through_outages() {
     );
     assert!(granted >= 100, "{granted} granted: the window's 100 first");
 }
+
+/// Issue 41, item 4: a key seen spent is charged once at recovery: its share started as
+/// spent as the shared bucket, so only what was granted on it is charged back, not what
+/// the share lacked of a full burst (which Redis had already counted). Before: a flood, a
+/// 2 s outage, then a client at half the limit: 150 of its 500 requests granted.
+#[test]
+fn a_key_seen_spent_is_charged_once_at_recovery() {
+    let rt = runtime();
+    let clock = rt.block_on(async { TokioClock::new() });
+    let world = World::new(&clock, 4);
+    let quota = Quota::per_second(100).burst(1_000);
+    let fleet = fleet(&world, 4, &[LimitSpec::new("api", quota)]);
+    let all = [0, 1, 2, 3];
+    // A flood (8x) for 4 s, Redis failing from 2 s to 4 s; then 50/s for 10 s.
+    let mut at = spell(3_200, 4.0, &all);
+    at.extend(spell_at(4.0, 500, 10.0, &all));
+    let faults = [
+        (Duration::from_secs(2), Fault::Failing(true)),
+        (Duration::from_secs(4), Fault::Failing(false)),
+    ];
+    let start = clock.now();
+    let (grants, d) = play_grants(&rt, &world, &fleet, &script(at), &faults, Duration::ZERO);
+    let after = granted_within(&grants, start, 4.0, 15.0);
+    let total: u64 = grants.iter().map(|&(_, c)| u64::from(c)).sum();
+    let bound = exact(quota, d) + quota.burst_size() + 2 * 100;
+    eprintln!(
+        "a flood, a 2 s outage, then half the limit: {after} of 500 granted after; {total} in all, bound {bound}"
+    );
+    assert!(after >= 475, "{after} of 500 granted after the outage");
+    assert!(total <= bound, "{total} granted, bound {bound}");
+}
+
+/// Issue 41, item 4: a charge-back that Redis refuses while it recovers (it answered one
+/// call, then failed again) is not lost: its debt goes back on the list and is charged at
+/// the next answer. A flood through a 2 s outage and a flap as Redis comes back: the run
+/// grants what the exact limiter would, and the outage's share grants are charged.
+#[test]
+fn a_charge_back_refused_while_redis_recovers_is_charged_again() {
+    let rt = runtime();
+    let clock = rt.block_on(async { TokioClock::new() });
+    let world = World::new(&clock, 4);
+    let quota = Quota::per_second(100).burst(1_000);
+    let fleet = fleet(&world, 4, &[LimitSpec::new("api", quota)]);
+    let requests = script(spell(6_400, 8.0, &[0, 1, 2, 3]));
+    let ms = Duration::from_millis;
+    // Redis flaps as it comes back (6 ms up, 6 ms down, for 0.4 s): charge-backs sent
+    // after an answer (5 ms each way) may reach it down.
+    let mut faults = vec![
+        (ms(1_000), Fault::Latency(ms(5))),
+        (ms(2_000), Fault::Failing(true)),
+    ];
+    faults.extend((0..=66).map(|i| (ms(4_000 + 6 * i), Fault::Failing(i % 2 == 1))));
+    let (granted, d) = play(&rt, &world, &fleet, &requests, &faults, Duration::ZERO);
+    // Without the retry, the charges that met Redis down were lost: 1,803 granted.
+    let bound = exact(quota, d) + 2;
+    eprintln!(
+        "a flap as Redis recovers: {granted} granted over {d:?}, exact {}",
+        exact(quota, d)
+    );
+    assert!(granted <= bound, "{granted} granted, bound {bound}");
+}

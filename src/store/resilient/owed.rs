@@ -1,7 +1,7 @@
 //! The keys an instance granted on its own share while the backend could not be reached
 //! ([`FailurePolicy::Share`](crate::FailurePolicy)): once the backend answers again, what
-//! each key's share still lacks of a full share (its tokens spent and not yet refilled) is
-//! charged to the shared bucket (`Op::Penalize`). The instances' shares together are one
+//! each key's share still lacks of a full share (its tokens spent and not yet refilled),
+//! at most what was granted on it, is charged to the shared bucket (`Op::Penalize`). The instances' shares together are one
 //! bucket refilling at the limit's rate, so the sum of what they lack is what the shared
 //! bucket would lack had their grants gone through it: after the outage the shared bucket
 //! is as spent as the shares were, instead of as full as it was. GCRA keys only: a fixed
@@ -28,6 +28,9 @@ pub(super) struct Debt {
     pub(super) quota: Quota,
     pub(super) local: MemoryTable,
     pub(super) share: Quota,
+    /// The tokens granted on the share since the backend last answered: the most that is
+    /// charged (what the backend never counted).
+    pub(super) granted: u64,
 }
 
 /// The keys owed, by (limit, key).
@@ -47,6 +50,7 @@ impl Owed {
         let id = (Arc::as_ptr(&debt.remote) as usize, debt.key.clone());
         if let Some(d) = debts.get_mut(&id) {
             d.share = debt.share;
+            d.granted = d.granted.saturating_add(debt.granted);
             return true;
         }
         if debts.len() >= MAX_OWED_KEYS {

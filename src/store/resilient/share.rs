@@ -137,6 +137,7 @@ impl<B: Backend> Resilient<B> {
                     quota: p.quota,
                     local: p.fallback.clone(),
                     share: item.quota,
+                    granted: u64::from(p.cost),
                 };
                 if counted && !self.inner.owed.add(debt()) {
                     self.inner.writeback_dropped.increment(1);
@@ -148,13 +149,21 @@ impl<B: Backend> Resilient<B> {
 
     /// The backend answers: what the shares of the keys `Share` granted while it could not
     /// be reached still lack is charged to the shared buckets (`Op::Penalize`), in the
-    /// background (see `owed`).
+    /// background (see `owed`), at most [`REPAYING`] calls at once. A charge the backend
+    /// refused with an error changed nothing: its debt goes back on the list, charged again
+    /// at the next answer, until it is applied or has refilled (the share lacks nothing
+    /// any more). A charge that timed out may have been applied: it is not sent again (a
+    /// `Penalize` is not idempotent), and counted as dropped.
     pub(super) fn repay(&self) {
         let debts = self.inner.owed.take();
         if debts.is_empty() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to charge from: kept for an answer that has one.
+            for d in debts {
+                let _ = self.inner.owed.add(d);
+            }
             return;
         };
         tracing::info!(
@@ -163,6 +172,7 @@ impl<B: Backend> Resilient<B> {
             self.inner.backend.name()
         );
         let timeout = self.call_timeout();
+        let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(REPAYING));
         for d in debts {
             // What the share lacks now: the tokens spent on it and not refilled yet.
             let look = [Item::new(&d.local, d.key.clone(), d.share, 0)];
@@ -173,21 +183,37 @@ impl<B: Backend> Resilient<B> {
                 .first()
                 .and_then(Status::outcome)
                 .map_or(0, Outcome::remaining);
-            let lacks = d.share.burst_size().saturating_sub(left);
+            // At most what was granted on the share: a share that started as spent as
+            // the shared bucket lacks what the backend already counted too.
+            let lacks = d.share.burst_size().saturating_sub(left).min(d.granted);
             if lacks == 0 {
                 continue;
             }
             let cost = u32::try_from(lacks).unwrap_or(u32::MAX);
-            let call = d.remote.remote.call(
-                Op::Penalize,
-                &d.key,
-                d.quota,
-                Algorithm::Gcra,
-                cost,
-                Duration::ZERO,
-            );
+            let (owed, permits) = (self.inner.owed.clone(), permits.clone());
+            let dropped = self.inner.writeback_dropped.clone();
             runtime.spawn(async move {
-                let _ = tokio::time::timeout(timeout, call).await;
+                let Ok(_permit) = permits.acquire_owned().await else {
+                    return;
+                };
+                let call = d.remote.remote.call(
+                    Op::Penalize,
+                    &d.key,
+                    d.quota,
+                    Algorithm::Gcra,
+                    cost,
+                    Duration::ZERO,
+                );
+                match tokio::time::timeout(timeout, call).await {
+                    Ok(Ok(_)) => {}
+                    // Not applied: owed still (what refilled meanwhile is not charged).
+                    Ok(Err(_)) => {
+                        if !owed.add(d) {
+                            dropped.increment(1);
+                        }
+                    }
+                    Err(_) => dropped.increment(1),
+                }
             });
         }
     }
@@ -294,6 +320,9 @@ impl<B: Backend> Resilient<B> {
         }
     }
 }
+
+/// Charge-back calls in flight at once, at most.
+const REPAYING: usize = 64;
 
 /// An instance whose backend has not counted the instances yet (it never reached it)
 /// counts itself one of this many: it knows neither the traffic nor the instances, and
