@@ -112,12 +112,14 @@ pub enum FailurePolicy {
     ///
     /// The bound: over an outage of length `o`, the instances grant a key at most
     /// `F·(burst + rate·o)` beyond their leases, where `F` is the sum of their fractions:
-    /// at most 1 when every instance that grants the key during the outage served it
-    /// before, or none did (each `1/N`); each instance the key is new to adds `1/N` (`1/4`
-    /// if it never reached the store). When the store answers again, what each share
-    /// granted and has not refilled is charged to the shared bucket (at most the share's
-    /// burst), so over a run the grants stay within the exact limiter plus
-    /// `F·(burst + rate·o)`. See the guide's chapter on Redis.
+    /// at most 1 for the instances that served the key before (or, for a key none served,
+    /// the `N` instances counted, `1/N` each); each instance the key is new to adds `1/N`
+    /// (`1/4` if it never reached the store). When the store answers again, what each
+    /// share granted and has not refilled is charged to the shared bucket (at most the
+    /// share's burst), so over a run the grants stay within the exact limiter plus one
+    /// limit over the outage, `burst + rate·o` (or `(U/N + K/4)` of it when the `U`
+    /// counted instances and `K` unreached ones the key is new to add up to more). See
+    /// the guide's chapter on Redis.
     #[default]
     Share,
     /// Check the request against a local in-memory limiter with the whole quota: each
