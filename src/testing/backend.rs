@@ -116,7 +116,8 @@ impl SimBackendBuilder {
     /// How many instances share the backend (default 1): what
     /// [`Backend::instances`] answers (a limit whose failure policy is
     /// [`Share`](crate::FailurePolicy::Share) spends `1/n` of its quota on each instance
-    /// while the backend fails), and how many stores [`SimBackend::stores`] makes.
+    /// while the backend fails, for a key the instance knows no traffic of), and how many
+    /// stores [`SimBackend::stores`] makes.
     ///
     /// # Panics
     ///
