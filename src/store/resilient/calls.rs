@@ -14,6 +14,9 @@ use crate::model::decision::Status;
 use crate::model::policy::Mode;
 use crate::store::{Backend, Op, Statuses, StoreError};
 
+/// How long the answer of a check that timed out is still waited for, in the background.
+const LATE_FOR: Duration = Duration::from_secs(10);
+
 /// A backend silent this long (no call answered) is failing: timeouts count against the
 /// breaker from then on.
 const QUIET_NS: u64 = 1_000_000_000;
@@ -21,12 +24,13 @@ const QUIET_NS: u64 = 1_000_000_000;
 impl<B: Backend> Resilient<B> {
     pub(super) async fn run<F>(self, op: Op, parts: SmallVec<[Part; 4]>, call: F) -> Statuses
     where
-        F: Future<Output = Result<Statuses, StoreError>>,
+        F: Future<Output = Result<Statuses, StoreError>> + Send + 'static,
     {
         let inner = &*self.inner;
         let sent_at = inner.clock.now();
         let timeout = self.call_timeout();
-        let (result, late) = match tokio::time::timeout(timeout, call).await {
+        let mut call = Box::pin(call);
+        let (result, late) = match tokio::time::timeout(timeout, &mut call).await {
             Ok(result) => {
                 if result.is_ok() {
                     self.answered(sent_at);
@@ -38,6 +42,7 @@ impl<B: Backend> Resilient<B> {
                 true,
             ),
         };
+        let late_call = late.then_some(call);
         {
             use crate::observe::probe::ErrorKind;
             let m = &inner.metrics;
@@ -62,7 +67,71 @@ impl<B: Backend> Resilient<B> {
         }
         let statuses = self.settle(op, &parts, sent_at, result, late, name);
         inner.metrics.breaker(inner.breaker.is_open());
+        if let Some(call) = late_call
+            && op == Op::Check
+        {
+            self.follow_late(call, parts, statuses.clone(), sent_at);
+        }
         statuses
+    }
+
+    /// A timed-out check the backend granted while the failure policy refused it: the
+    /// request did not proceed, so the backend's tokens go back (`Op::Refund`, GCRA).
+    async fn give_back_late(&self, parts: &[Part], local: &Statuses, server: &Statuses) {
+        use super::refuses;
+        let refused_here = local.iter().zip(parts).any(|(s, p)| refuses(s, p.mode));
+        let passed_there = !server.iter().zip(parts).any(|(s, p)| refuses(s, p.mode));
+        if !(refused_here && passed_there) {
+            return;
+        }
+        let timeout = self.call_timeout();
+        for p in parts {
+            if p.algorithm != crate::algo::algorithm::Algorithm::Gcra || p.cost == 0 {
+                continue;
+            }
+            let call = p.remote.remote.call(
+                Op::Refund,
+                &p.key,
+                p.quota,
+                p.algorithm,
+                p.cost,
+                Duration::ZERO,
+            );
+            let _ = tokio::time::timeout(timeout, call).await;
+        }
+    }
+
+    /// A check that timed out is still on its way: its answer, when it comes (within
+    /// [`LATE_FOR`]), is a round trip observed (so the timeout grows to what the backend
+    /// takes) and says what the backend did. An item `Share` granted locally that the
+    /// backend refused was granted beyond the limit's count: it is owed, and charged back
+    /// at once; a check the backend granted and the policy refused gives its tokens back.
+    fn follow_late<F>(
+        &self,
+        call: std::pin::Pin<Box<F>>,
+        parts: SmallVec<[Part; 4]>,
+        local: Statuses,
+        sent_at: u64,
+    ) where
+        F: Future<Output = Result<Statuses, StoreError>> + Send + 'static,
+    {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        runtime.spawn(async move {
+            let Ok(Ok(server)) = tokio::time::timeout(LATE_FOR, call).await else {
+                return;
+            };
+            if server.len() != parts.len() {
+                return;
+            }
+            this.answered(sent_at);
+            if this.owe_late(&parts, &local, &server) {
+                this.repay();
+            }
+            this.give_back_late(&parts, &local, &server).await;
+        });
     }
 
     /// A call sent at `sent_at` was answered now: a round trip observed, and the backend

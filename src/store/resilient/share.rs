@@ -296,6 +296,42 @@ impl<B: Backend> Resilient<B> {
         }
     }
 
+    /// A timed-out check's late answer (`server`) against what the failure policy decided
+    /// meanwhile (`local`): each `Share` item granted locally that the backend refused is
+    /// owed (the backend never counted that grant). Whether any was.
+    pub(super) fn owe_late(&self, parts: &[Part], local: &Statuses, server: &Statuses) -> bool {
+        let now = self.inner.clock.now();
+        let mut owed = false;
+        for ((p, l), s) in parts.iter().zip(local).zip(server) {
+            let granted_here = matches!(l, Status::Fallback(o) if o.is_allowed());
+            let refused_there = matches!(s, Status::Checked(o) if !o.is_allowed());
+            let counted = p.policy == FailurePolicy::Share
+                && p.mode == Mode::Enforce
+                && p.algorithm == Algorithm::Gcra
+                && p.cost > 0;
+            if !(granted_here && refused_there && counted) {
+                continue;
+            }
+            let Some(share) = self.portion(p, now).quota else {
+                continue;
+            };
+            let debt = owed::Debt {
+                remote: p.remote.clone(),
+                key: p.key.clone(),
+                quota: p.quota,
+                local: p.fallback.clone(),
+                share,
+                granted: u64::from(p.cost),
+            };
+            if self.inner.owed.add(debt) {
+                owed = true;
+            } else {
+                self.inner.writeback_dropped.increment(1);
+            }
+        }
+        owed
+    }
+
     /// The traffic of the items a check's answer granted or refused (`Share` limits).
     pub(super) fn observe_traffic(&self, parts: &[Part], statuses: &Statuses, sent_at: u64) {
         let passed = !statuses.iter().zip(parts).any(|(s, p)| refuses(s, p.mode));
