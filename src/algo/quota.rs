@@ -329,7 +329,7 @@ impl Quota {
                 .map(|q| q.with_month(self.is_per_month()));
         }
         let period = self.period_ns() as f64 / f;
-        if !(period < 1e18) {
+        if period.is_nan() || period >= 1e18 {
             return None;
         }
         build(

@@ -57,9 +57,12 @@ pub(super) struct Fraction {
     pub(super) since: u64,
 }
 
+/// One shard of the records, by (limit, key).
+type Shard = HashMap<(usize, Key), Record, foldhash::fast::RandomState>;
+
 /// Every key's traffic, by (limit, key).
 pub(super) struct Traffic {
-    shards: Vec<Mutex<HashMap<(usize, Key), Record, foldhash::fast::RandomState>>>,
+    shards: Vec<Mutex<Shard>>,
 }
 
 impl Default for Traffic {
@@ -82,14 +85,10 @@ fn horizon_ns(quota: Quota) -> f64 {
 }
 
 impl Traffic {
-    fn shard(
-        &self,
-        id: &(usize, Key),
-    ) -> std::sync::MutexGuard<'_, HashMap<(usize, Key), Record, foldhash::fast::RandomState>> {
-        use std::hash::{BuildHasher, Hash, Hasher};
-        let mut h = foldhash::fast::FixedState::with_seed(7).build_hasher();
-        id.hash(&mut h);
-        let i = (h.finish() as usize) % SHARDS;
+    fn shard(&self, id: &(usize, Key)) -> std::sync::MutexGuard<'_, Shard> {
+        use std::hash::BuildHasher;
+        let h = foldhash::fast::FixedState::with_seed(7).hash_one(id);
+        let i = (h as usize) % SHARDS;
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
