@@ -227,3 +227,102 @@ fn fraction_of(r: &mut Record, quota: Quota, now: u64) -> Option<Fraction> {
         Some(Fraction { f, since: now })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::gcra::Admission;
+    use crate::algo::window::Report;
+
+    const T: u64 = 100_000_000; // 10/s
+
+    /// An answer whose bucket is full again `reset_after` ns after the send.
+    fn answer(reset_after: u64) -> Outcome {
+        Outcome::window(
+            Report {
+                verdict: Admission::Allowed,
+                remaining: 0,
+                reset_after,
+                next_after: None,
+                wait: 0,
+            },
+            1,
+        )
+    }
+
+    /// Grants at the limit's rate (a GCRA bucket's TAT one `T` ahead of each), every
+    /// `every`-th of them this instance's: its fraction is `1/every`.
+    fn fraction_at_rate(every: u64) -> f64 {
+        let traffic = Traffic::default();
+        let quota = Quota::per_second(10);
+        let key = Key::from_part("k");
+        let mut last = 0;
+        for k in 1..=200u64 {
+            if k % every == 0 {
+                let at = k * T;
+                traffic.observe(1, &key, quota, Algorithm::Gcra, at, at, 1, &answer(T));
+                last = at;
+            }
+        }
+        traffic.fraction_or(1, &key, quota, last, 0.5).f
+    }
+
+    #[test]
+    fn a_key_served_alone_is_all_this_instances_and_shared_by_two_half() {
+        assert!((fraction_at_rate(1) - 1.0).abs() < 1e-9);
+        assert!((fraction_at_rate(2) - 0.5).abs() < 1e-9);
+        assert!((fraction_at_rate(4) - 0.25).abs() < 1e-9);
+    }
+
+    /// Under the limit (the bucket full between grants): the fraction is the traffic's
+    /// part of the rate, which grants that traffic whole.
+    #[test]
+    fn a_key_under_the_limit_gets_its_own_rate() {
+        let traffic = Traffic::default();
+        let quota = Quota::per_second(10);
+        let key = Key::from_part("k");
+        // 5/s alone: each grant finds the bucket full, its TAT one T after it.
+        let mut at = 0;
+        for _ in 0..100 {
+            at += 2 * T;
+            traffic.observe(1, &key, quota, Algorithm::Gcra, at, at, 1, &answer(T));
+        }
+        let f = traffic.fraction_or(1, &key, quota, at, 0.5).f;
+        assert!((f - 0.5).abs() < 1e-9, "{f}");
+    }
+
+    /// An unknown key gets the value given, frozen like a known key's until an answer.
+    #[test]
+    fn an_unknown_key_gets_the_unknown_share_frozen_until_an_answer() {
+        let traffic = Traffic::default();
+        let quota = Quota::per_second(10);
+        let key = Key::from_part("k");
+        let f = traffic.fraction_or(1, &key, quota, 5, 0.25);
+        assert_eq!(f, Fraction { f: 0.25, since: 5 });
+        assert_eq!(traffic.fraction_or(1, &key, quota, 9 * T, 0.5), f);
+        // An answer thaws it: the key is known from its next one.
+        traffic.observe(
+            1,
+            &key,
+            quota,
+            Algorithm::Gcra,
+            10 * T,
+            10 * T,
+            1,
+            &answer(T),
+        );
+        traffic.observe(
+            1,
+            &key,
+            quota,
+            Algorithm::Gcra,
+            11 * T,
+            11 * T,
+            1,
+            &answer(T),
+        );
+        let known = traffic.fraction_or(1, &key, quota, 11 * T, 0.5);
+        assert_eq!(known.since, 11 * T);
+        assert!((known.f - 1.0).abs() < 1e-9, "{known:?}");
+    }
+}
