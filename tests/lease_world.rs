@@ -1354,4 +1354,39 @@ mod issue_41_shares {
             );
         }
     }
+
+    /// Issue 41, item 4 (the write-back): a write-back after a reset that meets Redis
+    /// failing again is sent again until applied (a block is idempotent). Before, it was
+    /// sent once: Redis came back from the wipe with the spent key full.
+    #[test]
+    fn a_write_back_that_meets_redis_failing_is_sent_again() {
+        let rt = runtime();
+        let clock = rt.block_on(async { TokioClock::new() });
+        let world = world(&clock, 1);
+        let quota = Quota::per_hour(5);
+        let fleet = fleet(&world, 1, &[LimitSpec::new("api", quota)]);
+        // Spent in the first second; Redis is wiped at 2 s (noticed at 2.5 s) and fails
+        // from 2.4 s to 3 s; a request at 2.6 s starts the write-back, one at 4 s asks.
+        let mut at = spell(10, 1.0, &[0]);
+        at.push((Duration::from_millis(2_600), 0));
+        at.push((Duration::from_secs(4), 0));
+        let ms = Duration::from_millis;
+        let faults = [
+            (ms(2_000), Fault::Wipe),
+            (ms(2_400), Fault::Failing(true)),
+            (ms(3_000), Fault::Failing(false)),
+        ];
+        let (granted, _) = play(
+            &rt,
+            &world,
+            &fleet,
+            &script(at),
+            &faults,
+            Duration::from_secs(1),
+        );
+        let left = remaining(&rt, &world, "api", "k", quota);
+        eprintln!("a write-back meeting Redis failing: {granted} granted, {left} left");
+        assert_eq!(granted, 5, "the hour's 5, then refusals");
+        assert_eq!(left, 0, "spent, as before the wipe");
+    }
 }

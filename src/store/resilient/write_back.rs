@@ -14,6 +14,13 @@ use crate::model::decision::Outcome;
 use crate::model::key::Key;
 use crate::store::{Backend, Op};
 
+/// Write-back calls in flight at once, at most.
+const WRITING_BACK: usize = 64;
+
+/// How long a write-back the backend did not apply is sent again (100 ms, then twice as
+/// long each time, at most 5 s apart).
+const RETRY_FOR_NS: u64 = 30_000_000_000;
+
 /// Keys remembered for a write-back, at most.
 const REMEMBERED_REFUSALS: usize = 10_000;
 
@@ -144,7 +151,8 @@ impl<B: Backend> Resilient<B> {
     }
 
     /// The backend lost its buckets (its reset count moved): blocks every remembered key
-    /// until it was refused, in the background. A block only moves a bucket's state
+    /// until it was refused, in the background, 64 calls at a time, each sent again until
+    /// applied (for 30 s at most: a block is idempotent). A block only moves a bucket's state
     /// forward, so keys that other instances wrote back, or that requests used since, lose
     /// nothing; an exhausted key stays exhausted.
     pub(super) fn write_back_after_reset(&self) {
@@ -179,20 +187,44 @@ impl<B: Backend> Resilient<B> {
             inner.backend.name()
         );
         let timeout = self.call_timeout();
+        let permits = Arc::new(tokio::sync::Semaphore::new(WRITING_BACK));
         for (remote, key, quota, algorithm, until) in live {
-            let left = Duration::from_nanos(until - now);
-            // GCRA: the bucket as spent as it was (full again at `until`); a fixed window:
-            // full until its end.
-            let op = if algorithm.is_window() {
-                Op::Block(left)
-            } else {
-                Op::Restore(left)
-            };
-            let call = remote
-                .remote
-                .call(op, &key, quota, algorithm, 1, Duration::ZERO);
+            let (clock, permits) = (inner.clock.clone(), permits.clone());
             runtime.spawn(async move {
-                let _ = tokio::time::timeout(timeout, call).await;
+                // A write-back only moves a bucket forward to an instant (`until`), so it
+                // is sent again, as is, until applied, the state has passed, or
+                // `RETRY_FOR` is over (a backend that fails again after its reset).
+                let started = clock.now();
+                let mut wait = Duration::from_millis(100);
+                loop {
+                    let now = clock.now();
+                    if until <= now || now.saturating_sub(started) > RETRY_FOR_NS {
+                        return;
+                    }
+                    let left = Duration::from_nanos(until - now);
+                    // GCRA: the bucket as spent as it was (full again at `until`); a fixed
+                    // window: full until its end.
+                    let op = if algorithm.is_window() {
+                        Op::Block(left)
+                    } else {
+                        Op::Restore(left)
+                    };
+                    let applied = {
+                        let Ok(_permit) = permits.acquire().await else {
+                            return;
+                        };
+                        let call =
+                            remote
+                                .remote
+                                .call(op, &key, quota, algorithm, 1, Duration::ZERO);
+                        matches!(tokio::time::timeout(timeout, call).await, Ok(Ok(_)))
+                    };
+                    if applied {
+                        return;
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
             });
         }
     }
