@@ -21,9 +21,15 @@ use crate::store::{Backend, Checked, Item, Op, Statuses, Store};
 /// unit is free: no unit left, retry after the limit's `retry_after`.
 fn in_flight_refusal(p: &Part) -> Outcome {
     let retry_after = p.algorithm.retry_after().unwrap_or(Duration::from_secs(1));
-    let retry_us = u64::try_from(retry_after.as_micros())
-        .unwrap_or(u64::MAX)
-        .max(1);
+    refused_for(
+        u64::try_from(retry_after.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1),
+    )
+}
+
+/// A local refusal with nothing left, to retry after `retry_us` microseconds.
+fn refused_for(retry_us: u64) -> Outcome {
     Outcome::window(
         crate::algo::window::Report {
             verdict: crate::algo::gcra::Admission::Denied {
@@ -377,20 +383,10 @@ struct Portion {
 /// A `Share` limit's refusal when none of the limit is this instance's: retry after one
 /// emission interval.
 fn nothing_left(p: &Part) -> Outcome {
-    let retry_us = u64::try_from(p.quota.emission_interval().as_micros())
-        .unwrap_or(u64::MAX)
-        .clamp(1, 1_000_000);
-    Outcome::window(
-        crate::algo::window::Report {
-            verdict: crate::algo::gcra::Admission::Denied {
-                retry_after: retry_us,
-            },
-            remaining: 0,
-            reset_after: 0,
-            next_after: None,
-            wait: 0,
-        },
-        1_000,
+    refused_for(
+        u64::try_from(p.quota.emission_interval().as_micros())
+            .unwrap_or(u64::MAX)
+            .clamp(1, 1_000_000),
     )
 }
 

@@ -49,6 +49,22 @@ struct Record {
     seen: bool,
 }
 
+impl Record {
+    /// A key's record at its first answer: `mark` and `used` as the answer gave them,
+    /// nothing decayed yet.
+    fn first(at: u64, mark: u64, used: u64) -> Self {
+        Self {
+            at,
+            mark,
+            used,
+            mine: 0.0,
+            moved: 0.0,
+            frozen: None,
+            seen: true,
+        }
+    }
+}
+
 /// The fraction of a key an instance serves, frozen at the outage's start.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Fraction {
@@ -124,30 +140,11 @@ impl Traffic {
                     return;
                 }
             }
-            shard.insert(
-                id,
-                Record {
-                    at: now,
-                    mark: end,
-                    used,
-                    mine: 0.0,
-                    moved: 0.0,
-                    frozen: None,
-                    seen: true,
-                },
-            );
+            shard.insert(id, Record::first(now, end, used));
             return;
         };
         if !r.seen {
-            *r = Record {
-                at: now,
-                mark: end,
-                used,
-                mine: 0.0,
-                moved: 0.0,
-                frozen: None,
-                seen: true,
-            };
+            *r = Record::first(now, end, used);
             return;
         }
         let moved = if window {
