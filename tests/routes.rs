@@ -323,6 +323,20 @@ fn patterns_that_meet_none_of_the_app_routes_are_logged_once_at_build() {
     .unwrap_err();
     assert_eq!(err.field(), "settings.app_routes[1]", "{err}");
     assert!(err.reason().contains("{id}"), "{err}");
+
+    // The check is bounded: more than 10,000 app routes are refused, not compared.
+    let many: Vec<String> = (0..10_001).map(|i| format!("/r{i}")).collect();
+    let err = tollgate::RateLimitLayer::builder(MemoryStore::new())
+        .route(
+            "/r1",
+            tollgate::Limit::new("a", tollgate::Quota::per_second(1)),
+        )
+        .app_routes(many)
+        .build()
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(err.field(), "app_routes", "{err}");
+    assert!(err.reason().contains("10001 routes"), "{err}");
 }
 
 #[test]

@@ -148,7 +148,8 @@ impl<St: Store, R> RateLimitBuilder<St, R> {
     /// never meet them: each such entry is logged once, when the layer is built, as a
     /// warning (target `tollgate::routes`). Nothing else changes: entries match request
     /// paths whether or not the app's routes are known. A route here that no request could
-    /// match is a [`ConfigError`] naming it (`app_routes["..."]`).
+    /// match is a [`ConfigError`] naming it (`app_routes["..."]`), and so are more than
+    /// 10,000 routes (each build compares every route entry with every app route).
     ///
     /// ```
     /// use tollgate::{Limit, Quota, RateLimitLayer, store::MemoryStore};

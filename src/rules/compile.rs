@@ -251,7 +251,7 @@ pub(crate) fn rebase(doc: &Document, err: ConfigError) -> ConfigError {
             return err.with_field(format!("settings.app_routes[{i}]"));
         }
     }
-    if field.starts_with("allow[") || field.starts_with("deny[") {
+    if field == "app_routes" || field.starts_with("allow[") || field.starts_with("deny[") {
         return err.with_field(format!("settings.{field}"));
     }
     err

@@ -63,10 +63,23 @@ impl Default for Settings {
     }
 }
 
+/// The most app routes [`never_met`] compares the route table with: each build compares
+/// every entry with every app route.
+pub(crate) const MAX_APP_ROUTES: usize = 10_000;
+
 /// The route-table entries (`"POST /login"`, `"/api/{*rest}"`) that no request routed to
 /// one of `app` (the app's routes, each with or without a method) can meet; an app route
 /// that could never match a request is a [`ConfigError`] naming it.
 pub(crate) fn never_met(routes: &RouteTable, app: &[String]) -> Result<Vec<String>, ConfigError> {
+    if app.len() > MAX_APP_ROUTES {
+        return Err(ConfigError::new(
+            "app_routes",
+            format!(
+                "{} routes, more than the {MAX_APP_ROUTES} the check takes",
+                app.len()
+            ),
+        ));
+    }
     let app = app
         .iter()
         .map(|spec| {
