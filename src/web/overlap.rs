@@ -114,6 +114,9 @@ mod tests {
             ("/login", "/logout", false),
             ("/files/{name}.txt", "/files/a.txt", true),
             ("/v1/{{x}}", "/v1/y", true),
+            // An escaped brace alone (`}}` is a literal `}`) is still taken as any segment.
+            ("/a}}", "/a}", true),
+            ("/a{{", "/a{", true),
         ] {
             assert_eq!(paths_overlap(a, b), both, "{a} and {b}");
             assert_eq!(paths_overlap(b, a), both, "{b} and {a}");
