@@ -35,6 +35,18 @@ impl RoundTrips {
             .store((srtt - srtt / 8 + rtt_ns / 8).max(1), Ordering::Relaxed);
     }
 
+    /// How long a call usually takes: twice the smoothed round trip (a call past it is
+    /// slow, though not yet timed out), `floor` while nothing was seen, at most the
+    /// timeout.
+    pub(crate) fn usual(&self, floor: Duration, hint: Option<Duration>) -> Duration {
+        let srtt = self.srtt.load(Ordering::Relaxed);
+        let timeout = self.timeout(floor, hint);
+        if srtt == 0 {
+            return floor.min(timeout);
+        }
+        Duration::from_nanos(srtt).min(timeout)
+    }
+
     /// How long the next call may take before the request follows its failure policy:
     /// `floor` (the configured timeout), or the smoothed round trip plus four deviations
     /// when that is longer, or three times `hint` (a round trip the backend measured on

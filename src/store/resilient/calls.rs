@@ -15,7 +15,7 @@ use crate::model::policy::Mode;
 use crate::store::{Backend, Op, Statuses, StoreError};
 
 /// How long the answer of a check that timed out is still waited for, in the background.
-const LATE_FOR: Duration = Duration::from_secs(10);
+pub(super) const LATE_FOR: Duration = Duration::from_secs(10);
 
 /// A backend silent this long (no call answered) is failing: timeouts count against the
 /// breaker from then on.
@@ -162,6 +162,12 @@ impl<B: Backend> Resilient<B> {
     pub(super) fn call_timeout(&self) -> Duration {
         let inner = &*self.inner;
         inner.rtt.timeout(inner.timeout, inner.backend.round_trip())
+    }
+
+    /// How long a call usually takes (see [`RoundTrips::usual`](crate::store::rtt::RoundTrips::usual)).
+    pub(super) fn usual_round_trip(&self) -> Duration {
+        let inner = &*self.inner;
+        inner.rtt.usual(inner.timeout, inner.backend.round_trip())
     }
 
     /// The statuses of a call's answer (`late`: it timed out; the request follows its

@@ -335,6 +335,9 @@ pub(super) struct LeaseTable {
     /// Whether a key was ever leased here: answers of limits that never lease are not
     /// looked up (see [`LeaseTable::observe`]).
     used: AtomicBool,
+    /// How long a lease call may take before it is late (nanoseconds; see
+    /// [`patience`](Self::patience)).
+    patience_ns: AtomicU64,
 }
 
 /// What an item needs from its lease.
@@ -370,7 +373,15 @@ impl LeaseTable {
             sweeping: std::sync::atomic::AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
             used: AtomicBool::new(false),
+            patience_ns: AtomicU64::new(duration_ns(timeout)),
         }
+    }
+
+    /// How long a lease call may take before it is late: the call timeout of the last
+    /// lease call sent (see [`decide`](Self::decide)).
+    pub(super) fn patience(&self, timeout: Duration) {
+        self.patience_ns
+            .store(duration_ns(timeout), Ordering::Relaxed);
     }
 
     /// Starts the background sweep once (on the current Tokio runtime): every
@@ -550,7 +561,16 @@ impl LeaseTable {
             if !slot.taking && may_take {
                 take = start(slot, &ask, now);
             }
-            if slot.exhausted && !offline {
+            // A lease call on its way for longer than a call may take is late (a slow
+            // reply, perhaps lost): the requests do not wait for it, refused or not; they
+            // ask the backend, which decides them exactly, and the late answer's tokens
+            // are still spent here if it comes (see `late`).
+            let late = slot.taking
+                && now.saturating_sub(slot.since) > self.patience_ns.load(Ordering::Relaxed);
+            if late {
+                counts.remote += 1;
+                Local::Remote
+            } else if slot.exhausted && !offline {
                 // Near exhaustion: wait for the lease rather than ask for each request.
                 counts.local_refused += 1;
                 Local::Refused(refused(&ask, ask.quota.t_ns()))
@@ -676,6 +696,43 @@ impl LeaseTable {
             wake.settle();
         }
         (again, None)
+    }
+
+    /// A lease call that timed out (settled as failed, its requests went on without it)
+    /// was answered after all. Tokens the backend granted were counted there: they are
+    /// held here as if the answer had come in time when the slot they were taken for is
+    /// still the key's and takes no other lease meanwhile (or, tokens due now, whatever it
+    /// takes), and given back otherwise (a fixed window's units stay spent, as in
+    /// [`settle`](Self::settle)).
+    pub(super) fn late(&self, key: &Key, ask: Ask, call: Answer) -> GiveBack {
+        let o = call.outcome.filter(Outcome::is_allowed)?;
+        Counters::add(&self.counters.leased_tokens, call.asked);
+        let salt = super::quota_salt(&ask.quota);
+        let mut shard = self.shard(key);
+        let slot = shard
+            .slots
+            .get_mut(key)
+            .filter(|s| s.salt == salt && s.generation == call.generation);
+        match slot {
+            Some(slot) if !slot.taking => {
+                let Answer {
+                    asked,
+                    sent_at,
+                    answered_at,
+                    ..
+                } = call;
+                Self::answered(slot, ask, asked, sent_at, answered_at, Some(o), false);
+                None
+            }
+            Some(slot) if o.wait().is_zero() && !ask.algorithm.is_window() => {
+                slot.tokens += call.asked;
+                let age = u64::try_from(ask.lease.age().as_nanos()).unwrap_or(u64::MAX);
+                slot.expires = slot.expires.max(call.sent_at.saturating_add(age));
+                None
+            }
+            _ => (!ask.algorithm.is_window())
+                .then(|| (key.clone(), ask.quota, ask.algorithm, call.asked)),
+        }
     }
 
     /// What a lease call's answer (`None`: it failed) does to the slot it was taken for;
@@ -1377,5 +1434,87 @@ mod tests {
             );
             t.wait(&keys[0], deadline).await;
         });
+    }
+
+    /// Issue 41, item 5: a lease call that timed out (settled as failed) and is answered
+    /// after all holds its tokens here, as if it had come in time; one whose slot started
+    /// afresh meanwhile gives them back; a refusal holds nothing.
+    #[test]
+    fn a_late_lease_answer_is_spent_here_or_given_back() {
+        let t = table();
+        let key = Key::from_part("k");
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        let now = 1_000_000_000;
+        let d = t.decide(&key, a, now, Asking::Online);
+        let take = d.take.expect("a lease call");
+        let failed = Answer {
+            asked: take.tokens,
+            generation: take.generation,
+            sent_at: now,
+            answered_at: now + 100_000_000,
+            outcome: None,
+            last: false,
+        };
+        assert_eq!(t.settle(&key, a, failed), (None, None));
+        assert!(slot(&t, &key, |s| !s.taking && s.tokens == 0));
+        let late = |outcome| Answer {
+            asked: take.tokens,
+            generation: take.generation,
+            sent_at: now,
+            answered_at: now + 300_000_000,
+            outcome: Some(outcome),
+            last: false,
+        };
+        // Refused there: nothing held, nothing to give back.
+        let refused = answer(a.quota, 100, take.tokens, now);
+        assert!(!refused.is_allowed());
+        assert_eq!(t.late(&key, a, late(refused)), None);
+        assert_eq!(slot(&t, &key, |s| s.tokens), 0);
+        // Granted there: held here, and spent by the next requests without a call.
+        let granted = answer(a.quota, 0, take.tokens, now);
+        assert_eq!(t.late(&key, a, late(granted)), None);
+        assert_eq!(slot(&t, &key, |s| s.tokens), take.tokens);
+        let next = t.decide(&key, a, now + 300_000_000, Asking::Online);
+        assert!(matches!(next.local, Local::Taken(_)));
+        // Another lease on its way meanwhile: tokens due now still add up.
+        slot(&t, &key, |s| s.taking = true);
+        assert_eq!(t.late(&key, a, late(granted)), None);
+        assert_eq!(slot(&t, &key, |s| s.tokens), 2 * take.tokens - 1);
+        // The slot started afresh (another generation): the tokens go back.
+        slot(&t, &key, |s| s.generation += 1);
+        assert_eq!(
+            t.late(&key, a, late(granted)),
+            Some((key.clone(), a.quota, a.algorithm, take.tokens))
+        );
+        // A fixed window's units are never given back.
+        let window = Ask {
+            algorithm: Algorithm::fixed_window(),
+            ..a
+        };
+        slot(&t, &key, |s| s.salt = super::super::quota_salt(&window.quota));
+        assert_eq!(t.late(&key, window, late(granted)), None);
+    }
+
+    /// Issue 41, item 5: near exhaustion a key's requests are refused while its lease call
+    /// is on its way, but only for the usual round trip: past it, the call is slow, and
+    /// they ask the backend instead (which decides them exactly), not refused for as long
+    /// as a slow reply takes.
+    #[test]
+    fn a_lease_call_past_the_usual_round_trip_sends_the_requests_to_the_backend() {
+        let t = table();
+        t.patience(Duration::from_millis(20));
+        let key = Key::from_part("k");
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        exhausted(&t, &key, a);
+        let after = slot(&t, &key, |s| s.refused_until);
+        // The next lease call starts once the refusal is over.
+        let d = t.decide(&key, a, after, Asking::Online);
+        assert!(d.take.is_some(), "a lease call");
+        assert!(matches!(d.local, Local::Refused(_)));
+        let d = t.decide(&key, a, after + 20_000_000, Asking::Online);
+        assert!(matches!(d.local, Local::Refused(_)), "within the usual round trip");
+        let d = t.decide(&key, a, after + 20_000_001, Asking::Online);
+        assert!(matches!(d.local, Local::Remote), "past it");
+        assert!(d.take.is_none(), "no second lease call");
     }
 }

@@ -180,10 +180,12 @@ impl<B: Backend> Resilient<B> {
             let inner = &*this.inner;
             let name = inner.backend.name();
             let mut asked = take.tokens;
+            // A call that timed out, still on its way: its answer is waited for below.
+            let mut late = None;
             for attempt in 0..2 {
                 let sent_at = inner.clock.now();
                 let cost = u32::try_from(asked).unwrap_or(u32::MAX);
-                let call = leases.remote.call(
+                let mut call = leases.remote.call(
                     Op::Check,
                     &key,
                     ask.quota,
@@ -193,8 +195,9 @@ impl<B: Backend> Resilient<B> {
                 );
                 // No request waits for this call: it may take twice a request's timeout
                 // (a late answer is still an answer, timed from the send).
+                leases.patience(this.usual_round_trip());
                 let timeout = this.call_timeout().saturating_mul(2);
-                let answer = match tokio::time::timeout(timeout, call).await {
+                let answer = match tokio::time::timeout(timeout, &mut call).await {
                     Ok(Ok(s)) if s.len() == 1 => {
                         this.answered(sent_at);
                         inner.breaker.success(name);
@@ -219,6 +222,7 @@ impl<B: Backend> Resilient<B> {
                                 .breaker
                                 .failure(inner.clock.now(), name, &"no answer in time");
                         }
+                        late = Some((call, asked, sent_at));
                         None
                     }
                 };
@@ -242,6 +246,33 @@ impl<B: Backend> Resilient<B> {
                     Some(n) => asked = n,
                     None => break,
                 }
+            }
+            if let Some((call, asked, sent_at)) = late {
+                // The requests went on without it (settled as failed); the backend may
+                // still grant it, and then its tokens are counted there: they are spent
+                // here, or given back.
+                let Ok(Ok(s)) = tokio::time::timeout(super::calls::LATE_FOR, call).await else {
+                    return;
+                };
+                let Some(o) = s
+                    .first()
+                    .and_then(|s| s.outcome().copied())
+                    .filter(|_| s.len() == 1)
+                else {
+                    return;
+                };
+                this.answered(sent_at);
+                this.remember(&leases, &key, ask.quota, ask.algorithm, sent_at, &o);
+                let answered = Answer {
+                    asked,
+                    generation: take.generation,
+                    sent_at,
+                    answered_at: inner.clock.now(),
+                    outcome: Some(o),
+                    last: false,
+                };
+                let give_back = leases.late(&key, ask, answered);
+                this.give_back(&leases, give_back);
             }
         });
     }
