@@ -434,29 +434,36 @@ fn breaking_after_two_timeouts() -> (FakeClock, MapBackend, Resilient<MapBackend
 }
 
 /// A call that times out answers from the failure policy; the timeouts count against the
-/// breaker once the backend has been silent for a second (a busy instance whose calls are
-/// answered late is not a failing backend: `tests/lease_world.rs`).
+/// breaker once the backend has been silent for a second since it was first called (a busy
+/// instance whose calls are answered late is not a failing backend, nor is one that is
+/// still answering the first calls of a store made long before them:
+/// `tests/lease_world.rs`).
 #[tokio::test]
 async fn a_hanging_backend_times_out_and_opens_the_breaker() {
     let (clock, backend, store, limiter) = breaking_after_two_timeouts();
     backend.set_hanging(true);
-    // Not heard from for a second.
+    // The store was made long before its first call: that call's timeout does not count.
+    clock.advance(Duration::from_secs(5));
+    let d = check(&limiter, "alice").await;
+    assert_eq!(state(&d), ("fallback", true, Some(BURST - 1), None));
+    assert!(!store.is_unavailable());
+    // Not heard from for a second since (the local bucket is full again).
     clock.advance(Duration::from_secs(1));
-    for calls in 1..=2 {
+    for calls in 2..=3 {
         let started = Instant::now();
         let d = check(&limiter, "alice").await;
         assert!(started.elapsed() >= Duration::from_millis(20));
         assert_eq!(
             state(&d),
-            ("fallback", true, Some(BURST - calls as u64), None)
+            ("fallback", true, Some(BURST + 1 - calls as u64), None)
         );
         assert_eq!(backend.calls(), calls);
     }
     assert!(store.is_unavailable());
     // Open: decided at once, without a call.
     let d = check(&limiter, "alice").await;
-    assert_eq!(state(&d), ("fallback", true, Some(2), None));
-    assert_eq!(backend.calls(), 2);
+    assert_eq!(state(&d), ("fallback", true, Some(BURST - 3), None));
+    assert_eq!(backend.calls(), 3);
 }
 
 /// Timeouts within a second of the backend's last answer are a slow side, not a failing

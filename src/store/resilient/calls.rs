@@ -28,6 +28,7 @@ impl<B: Backend> Resilient<B> {
     {
         let inner = &*self.inner;
         let sent_at = inner.clock.now();
+        self.sending(sent_at);
         let timeout = self.call_timeout();
         let mut call = Box::pin(call);
         let (result, late) = match tokio::time::timeout(timeout, &mut call).await {
@@ -145,12 +146,24 @@ impl<B: Backend> Resilient<B> {
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// A call is sent at `at`: the first one starts the time the backend has to answer
+    /// before it is silent (see [`silent`](Self::silent)).
+    pub(super) fn sending(&self, at: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let inner = &*self.inner;
+        if !inner.called.load(Relaxed) && !inner.called.swap(true, Relaxed) {
+            inner.answered_at.fetch_max(at, Relaxed);
+        }
+    }
+
     /// Whether the backend has been silent for `QUIET` (no call answered, nor since the
-    /// store was made): only then does a timeout count against the breaker. A timeout
-    /// while calls are answered is this side being slow (a busy instance, a queue of
-    /// calls), not a backend that does not answer; and a store that has not heard from its
-    /// backend yet gives it the time to answer a first call and its own probe (whose round
-    /// trip sizes the timeout) before it calls it failing.
+    /// first call was sent): only then does a timeout count against the breaker. A
+    /// timeout while calls are answered is this side being slow (a busy instance, a queue
+    /// of calls), not a backend that does not answer; and a store that has not heard from
+    /// its backend yet gives it the time to answer its first calls and its own probe
+    /// (whose round trip sizes the timeout) before it calls it failing, however long it
+    /// waited for its first request (issue 41, item 8: servers started a while before
+    /// their load, Redis 30 ms away, opened their breakers on their first calls).
     pub(super) fn silent(&self) -> bool {
         let inner = &*self.inner;
         let heard = inner.answered_at.load(std::sync::atomic::Ordering::Relaxed);

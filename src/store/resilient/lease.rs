@@ -171,6 +171,10 @@ struct Slot {
     refused_until: u64,
     /// A lease call is on its way.
     taking: bool,
+    /// A lease call that timed out may still be answered until this instant (its lease's
+    /// age from its send): no other lease is taken meanwhile, so that this instance never
+    /// holds more than `L` when it comes (see [`LeaseTable::late`]).
+    late_until: u64,
     /// The shared bucket's tokens after the last lease call, and when it was sent.
     shared_left: u64,
     shared_at: u64,
@@ -698,6 +702,22 @@ impl LeaseTable {
         (again, None)
     }
 
+    /// The lease call of `key` taken for `generation` and sent at `sent_at` timed out (and
+    /// was settled as failed): it may still be answered, and no other lease is taken for
+    /// the key until it is, or until its lease's age has passed (tokens that come later
+    /// are past it, and go back).
+    pub(super) fn timed_out(&self, key: &Key, ask: Ask, generation: u64, sent_at: u64) {
+        let salt = super::quota_salt(&ask.quota);
+        let mut shard = self.shard(key);
+        if let Some(slot) = shard
+            .slots
+            .get_mut(key)
+            .filter(|s| s.salt == salt && s.generation == generation)
+        {
+            slot.late_until = sent_at.saturating_add(duration_ns(ask.lease.age()));
+        }
+    }
+
     /// A lease call that timed out (settled as failed, its requests went on without it)
     /// was answered after all. Tokens the backend granted were counted there: they are
     /// held here as if the answer had come in time when the slot they were taken for is
@@ -705,14 +725,27 @@ impl LeaseTable {
     /// takes), and given back otherwise (a fixed window's units stay spent, as in
     /// [`settle`](Self::settle)).
     pub(super) fn late(&self, key: &Key, ask: Ask, call: Answer) -> GiveBack {
-        let o = call.outcome.filter(Outcome::is_allowed)?;
-        Counters::add(&self.counters.leased_tokens, call.asked);
         let salt = super::quota_salt(&ask.quota);
         let mut shard = self.shard(key);
-        let slot = shard
+        let Some(o) = call.outcome.filter(Outcome::is_allowed) else {
+            // Refused there: nothing to hold, and the next lease may be taken.
+            if let Some(slot) = shard
+                .slots
+                .get_mut(key)
+                .filter(|s| s.salt == salt && s.generation == call.generation)
+            {
+                slot.late_until = 0;
+            }
+            return None;
+        };
+        Counters::add(&self.counters.leased_tokens, call.asked);
+        let mut slot = shard
             .slots
             .get_mut(key)
             .filter(|s| s.salt == salt && s.generation == call.generation);
+        if let Some(slot) = slot.as_deref_mut() {
+            slot.late_until = 0;
+        }
         match slot {
             Some(slot) if !slot.taking => {
                 let Answer {
@@ -907,6 +940,9 @@ fn refilled(slot: &Slot, ask: &Ask, now: u64) -> bool {
 /// waiting in the bucket meanwhile, and several instances racing for each refill), the
 /// instances queue in the bucket, and each spends its tokens as they come due.
 fn start(slot: &mut Slot, ask: &Ask, now: u64) -> Option<Take> {
+    if slot.late_until > now {
+        return None;
+    }
     let (want, min_batch) = want(slot, ask, now)?;
     slot.taking = true;
     slot.min_batch = min_batch;
@@ -1491,7 +1527,9 @@ mod tests {
             algorithm: Algorithm::fixed_window(),
             ..a
         };
-        slot(&t, &key, |s| s.salt = super::super::quota_salt(&window.quota));
+        slot(&t, &key, |s| {
+            s.salt = super::super::quota_salt(&window.quota)
+        });
         assert_eq!(t.late(&key, window, late(granted)), None);
     }
 
@@ -1512,7 +1550,10 @@ mod tests {
         assert!(d.take.is_some(), "a lease call");
         assert!(matches!(d.local, Local::Refused(_)));
         let d = t.decide(&key, a, after + 20_000_000, Asking::Online);
-        assert!(matches!(d.local, Local::Refused(_)), "within the usual round trip");
+        assert!(
+            matches!(d.local, Local::Refused(_)),
+            "within the usual round trip"
+        );
         let d = t.decide(&key, a, after + 20_000_001, Asking::Online);
         assert!(matches!(d.local, Local::Remote), "past it");
         assert!(d.take.is_none(), "no second lease call");

@@ -184,6 +184,7 @@ impl<B: Backend> Resilient<B> {
             let mut late = None;
             for attempt in 0..2 {
                 let sent_at = inner.clock.now();
+                this.sending(sent_at);
                 let cost = u32::try_from(asked).unwrap_or(u32::MAX);
                 let mut call = leases.remote.call(
                     Op::Check,
@@ -240,6 +241,10 @@ impl<B: Backend> Resilient<B> {
                     outcome: answer,
                     last: attempt == 1,
                 };
+                if late.is_some() {
+                    // Before the failure is settled: no other lease starts meanwhile.
+                    leases.timed_out(&key, ask, take.generation, sent_at);
+                }
                 let (again, give_back) = leases.settle(&key, ask, settled);
                 this.give_back(&leases, give_back);
                 match again {

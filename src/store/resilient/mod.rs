@@ -146,6 +146,9 @@ pub(super) struct Inner<B> {
     /// When a call was last answered (the store's clock): a timeout after it is a busy
     /// client, not a backend that does not answer.
     answered_at: Arc<std::sync::atomic::AtomicU64>,
+    /// Whether a call was sent yet: the backend's silence is counted from the first one,
+    /// not from the store's creation (a server may start long before its first request).
+    called: Arc<std::sync::atomic::AtomicBool>,
     /// What `Share` granted locally while the backend could not be reached, charged to
     /// the shared buckets once it answers.
     owed: Arc<owed::Owed>,
@@ -225,6 +228,7 @@ impl<B: Backend> Resilient<B> {
                 writeback_dropped: crate::observe::probe::writeback_dropped(backend.name()),
                 rtt: Arc::default(),
                 answered_at: Arc::new(std::sync::atomic::AtomicU64::new(clock.now())),
+                called: Arc::default(),
                 owed: Arc::default(),
                 held: Arc::default(),
                 traffic: Arc::default(),
