@@ -599,6 +599,47 @@ async fn two_stores_share_one_limit() {
     assert_eq!(count(&seen, StatusCode::OK), 4, "{seen:?}");
 }
 
+/// The instances the live set of `store`'s prefix counts once its probe has run (it runs
+/// on a call, at most once a second): calls until it has, for 10 s at most.
+async fn counted(store: &RedisStore) -> u64 {
+    let key = Key::from_part("k");
+    let table = store.table("count");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let items = [Item::new(&table, key.clone(), Quota::per_second(1_000), 1)];
+        let _ = check(store, &items).await;
+        let n = store.instances();
+        if n > 0 || Instant::now() > deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 41: a process counts once per prefix in the live set, however many stores it
+/// makes (a store per layer, a reloaded rules set): the second store of a process, probing
+/// after the first, counts 1, not 2 (which halved the share of keys no traffic history
+/// covers during an outage). Stores given their own names count apart.
+#[tokio::test]
+async fn a_process_counts_once_however_many_stores_it_makes() {
+    let server = RedisServer::start();
+    let a = store(&server).await.prefix("one:");
+    let b = store(&server).await.prefix("one:");
+    assert_eq!(counted(&a).await, 1);
+    assert_eq!(counted(&b).await, 1, "the process, once");
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let members: u64 = conn.zcard("one:__instances").await.unwrap();
+    assert_eq!(members, 1);
+    let x = store(&server).await.prefix("two:").instance_name("x");
+    let y = store(&server).await.prefix("two:").instance_name("y");
+    assert_eq!(counted(&x).await, 1);
+    assert_eq!(counted(&y).await, 2, "named stores count apart");
+}
+
 /// Requests that end up with no limit (a skipped missing key, a route outside the route
 /// table) must not reach Redis: an empty script call used to fail, open the breaker and
 /// send every limit to per-instance fallback buckets.

@@ -17,10 +17,11 @@
 //! `evicted_keys` count that moved counts a reset too, and a policy that evicts is logged
 //! once at `WARN`. A write-back when nothing was lost costs calls, never tokens.
 //!
-//! The probe also counts the live instances: each store adds itself to a sorted set,
-//! `{prefix}__instances`, with the server's time, and drops entries older than
-//! [`LIVE_FOR`]; the count is each instance's share of a limit while Redis is out of reach
-//! ([`FailurePolicy::Share`](crate::FailurePolicy)). Under Sentinel, the probe also asks
+//! The probe also counts the live instances: each store adds its process's name (or the
+//! name it was given) to a sorted set, `{prefix}__instances`, with the server's time, and
+//! drops entries older than [`LIVE_FOR`], so a process counts once per prefix however many
+//! stores it makes; the count sizes the share of a key no traffic history covers while
+//! Redis is out of reach ([`FailurePolicy::Share`](crate::FailurePolicy)). Under Sentinel, the probe also asks
 //! the sentinels for the master: once they announce another, the connection to the old one
 //! is dropped and the next call goes to the new one.
 
@@ -66,9 +67,9 @@ pub(super) struct Epoch {
     resets: AtomicU64,
     /// What the server said last.
     server: Mutex<Server>,
-    /// This store's name in the live set, and the most live instances counted within the
-    /// last `LIVE_FOR` (0 until counted), with when that most was last seen (ms since
-    /// `started`).
+    /// This store's own name (whose in-flight units an entry counts), and the most live
+    /// instances counted within the last `LIVE_FOR` (0 until counted), with when that
+    /// most was last seen (ms since `started`).
     id: String,
     instances: AtomicU64,
     instances_at_ms: AtomicU64,
@@ -93,7 +94,7 @@ impl Default for Epoch {
 }
 
 impl Epoch {
-    /// This store's name in the live set: also whose in-flight units an entry counts.
+    /// This store's own name: whose in-flight units an entry counts.
     pub(super) fn id(&self) -> &str {
         &self.id
     }
@@ -135,7 +136,12 @@ impl Epoch {
 
     /// Reads the markers of `prefix` (and writes those that are missing): counts a reset
     /// if a value is not the one this store saw last.
-    pub(super) async fn probe(&self, conn: &Connection, prefix: &[u8]) -> redis::RedisResult<()> {
+    pub(super) async fn probe(
+        &self,
+        conn: &Connection,
+        prefix: &[u8],
+        live_as: &str,
+    ) -> redis::RedisResult<()> {
         #[cfg(feature = "redis-sentinel")]
         if let Connection::Sentinel(s) = conn {
             s.follow().await;
@@ -154,18 +160,23 @@ impl Epoch {
             );
             self.resets.fetch_add(1, Ordering::AcqRel);
         }
-        self.heartbeat(conn, prefix).await
+        self.heartbeat(conn, prefix, live_as).await
     }
 
-    /// Counts this instance live, and the live ones.
-    async fn heartbeat(&self, conn: &Connection, prefix: &[u8]) -> redis::RedisResult<()> {
+    /// Counts this instance live (as `live_as`), and the live ones.
+    async fn heartbeat(
+        &self,
+        conn: &Connection,
+        prefix: &[u8],
+        live_as: &str,
+    ) -> redis::RedisResult<()> {
         let mut key = prefix.to_vec();
         key.extend_from_slice(b"__instances");
         let mut eval = redis::cmd("EVAL");
         eval.arg(HEARTBEAT)
             .arg(1)
             .arg(key)
-            .arg(&self.id)
+            .arg(live_as)
             .arg(u64::try_from(LIVE_FOR.as_millis()).unwrap_or(5_000));
         let sent = Instant::now();
         let live: u64 = conn.query(&eval).await?;
@@ -314,6 +325,13 @@ fn slot_of(tag: &[u8]) -> u16 {
 }
 
 /// A random 64-bit value (the marker only has to differ between writers).
+/// This process's name in the live sets: the same for every store it makes, so that a
+/// process counts once per prefix.
+pub(super) fn process_name() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| format!("p{:016x}", random()))
+}
+
 fn random() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

@@ -109,6 +109,9 @@ pub struct RedisBackend {
     in_flight_deadline_us: u64,
     /// This store's instance name (the epoch's), whose in-flight units it counts.
     instance: Arc<str>,
+    /// This store's name in the live set that counts the instances: the process's, unless
+    /// set (see [`RedisStore::instance_name`]).
+    live_as: Arc<str>,
     /// The in-flight units this store holds, renewed once a second.
     held: Arc<held::Held>,
 }
@@ -148,6 +151,7 @@ impl RedisBackend {
             prefix: Arc::from(&b"tollgate:"[..]),
             now: None,
             instance: Arc::from(epoch.id()),
+            live_as: Arc::from(epoch::process_name()),
             held: Arc::default(),
             epoch,
             batcher: Arc::new(batch::Batcher::new(batch::DEFAULT_MAX_BATCH, connections)),
@@ -315,6 +319,30 @@ impl RedisStore {
         self.map(|r| r.configure(|i| i.backend.prefix = prefix))
     }
 
+    /// The name this store counts as in the live set of its prefix (default: one random
+    /// name per process). During an outage [`FailurePolicy::Share`](crate::FailurePolicy)
+    /// gives a key that no instance's traffic history covers `1/N` of its limit, `N` the
+    /// instances that probed the prefix within the last 5 s; a process counts once per
+    /// prefix, however many stores it makes on it (a store per layer, a reloaded rules
+    /// set). Give each store its own name only where each one stands for an instance, as
+    /// in a test that runs several "instances" in one process. Services that share a
+    /// prefix are counted together: a service whose limits are its own should have its
+    /// own prefix (see [`prefix`](Self::prefix)).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::store::RedisStore;
+    ///
+    /// // Two instances of one service, simulated in one test process.
+    /// let a = RedisStore::open("redis://127.0.0.1/")?.instance_name("a");
+    /// let b = RedisStore::open("redis://127.0.0.1/")?.instance_name("b");
+    /// # Ok(()) }
+    /// ```
+    pub fn instance_name(self, name: impl AsRef<str>) -> Self {
+        let name: Arc<str> = Arc::from(name.as_ref());
+        self.map(|r| r.configure(|i| i.backend.live_as = name))
+    }
+
     /// Takes the time from `clock` (nanoseconds since the Unix epoch, e.g.
     /// [`SystemClock`](crate::clock::SystemClock)) instead of Redis `TIME`; the breaker,
     /// the local fallback limiter and the deny cache then use the same clock. For tests, a
@@ -402,6 +430,14 @@ impl RedisStore {
     /// changing the time Redis decides with (see [`Resilient::clock`]).
     pub fn clock(self, clock: impl Clock) -> Self {
         self.map(|r| r.clock(clock))
+    }
+
+    /// The instances counted live on this store's prefix at its last probe (the most
+    /// seen within 5 s; 0 until its first probe, which runs on its first call): what
+    /// [`FailurePolicy::Share`](crate::FailurePolicy) divides a key no traffic history
+    /// covers by (see [`instance_name`](Self::instance_name)).
+    pub fn instances(&self) -> u64 {
+        self.0.backend().instances()
     }
 
     /// What lease mode did so far (see [`Resilient::lease_stats`]).
@@ -940,8 +976,9 @@ impl RedisBackend {
             return;
         };
         let (conn, epoch, prefix) = (self.conn.clone(), self.epoch.clone(), self.prefix.clone());
+        let live_as = self.live_as.clone();
         runtime.spawn(async move {
-            if let Err(error) = epoch.probe(&conn, &prefix).await {
+            if let Err(error) = epoch.probe(&conn, &prefix, &live_as).await {
                 tracing::debug!(%error, "tollgate: reading the Redis epoch marker failed");
             }
         });
