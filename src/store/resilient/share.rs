@@ -202,7 +202,7 @@ impl<B: Backend> Resilient<B> {
                 let Ok(_permit) = permits.acquire_owned().await else {
                     return;
                 };
-                let call = d.remote.remote.call(
+                let mut call = d.remote.remote.call(
                     Op::Penalize,
                     &d.key,
                     d.quota,
@@ -210,15 +210,23 @@ impl<B: Backend> Resilient<B> {
                     cost,
                     Duration::ZERO,
                 );
-                match tokio::time::timeout(timeout, call).await {
-                    Ok(Ok(_)) => {}
+                let answer = match tokio::time::timeout(timeout, &mut call).await {
+                    Ok(answer) => Some(answer),
+                    // Perhaps applied, perhaps not (a charge is not idempotent: it is not
+                    // sent again blind): followed to its answer, as a late check is.
+                    Err(_) => tokio::time::timeout(super::calls::LATE_FOR, call)
+                        .await
+                        .ok(),
+                };
+                match answer {
+                    Some(Ok(_)) => {}
                     // Not applied: owed still (what refilled meanwhile is not charged).
-                    Ok(Err(_)) => {
+                    Some(Err(_)) => {
                         if !owed.add(d) {
                             dropped.increment(1);
                         }
                     }
-                    Err(_) => dropped.increment(1),
+                    None => dropped.increment(1),
                 }
             });
         }
