@@ -640,6 +640,34 @@ async fn a_process_counts_once_however_many_stores_it_makes() {
     assert_eq!(counted(&y).await, 2, "named stores count apart");
 }
 
+/// Issue 41 (a login limit across processes): an instance whose traffic is quiet is still
+/// counted live. Its probe runs once a second on a timer of its own from its first call,
+/// not only on calls: counted on calls alone, servers with a request every few seconds
+/// each counted 1 or 2 instances of 8, and each took most of a key's burst in an outage.
+#[tokio::test]
+async fn a_quiet_store_keeps_counting_itself_live_without_calls() {
+    let server = RedisServer::start();
+    let a = store(&server).await.prefix("quiet:").instance_name("a");
+    assert_eq!(counted(&a).await, 1);
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let first: f64 = conn.zscore("quiet:__instances", "a").await.unwrap();
+    // No call from here on: the score (the server's time at the probe) still moves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let score: Option<f64> = conn.zscore("quiet:__instances", "a").await.unwrap();
+        if score.is_some_and(|s| s > first) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not counted again without calls");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(a);
+}
+
 /// Requests that end up with no limit (a skipped missing key, a route outside the route
 /// table) must not reach Redis: an empty script call used to fail, open the breaker and
 /// send every limit to per-instance fallback buckets.

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use super::command::Connection;
 
 /// How often a store reads the marker back.
-const PROBE_EVERY: Duration = Duration::from_secs(1);
+pub(super) const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// An instance that has not probed for this long is no longer counted live.
 const LIVE_FOR: Duration = Duration::from_secs(5);
 
@@ -75,6 +75,8 @@ pub(super) struct Epoch {
     instances_at_ms: AtomicU64,
     /// The heartbeat's last round trip in nanoseconds (0: none yet).
     round_trip_ns: AtomicU64,
+    /// Whether the probe's timer runs (see `RedisBackend::probe_epoch`).
+    ticking: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Epoch {
@@ -89,6 +91,7 @@ impl Default for Epoch {
             instances: AtomicU64::new(0),
             instances_at_ms: AtomicU64::new(0),
             round_trip_ns: AtomicU64::new(0),
+            ticking: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -119,6 +122,11 @@ impl Epoch {
     /// quota each.
     pub(super) fn instances(&self) -> u64 {
         self.instances.load(Ordering::Relaxed)
+    }
+
+    /// Whether the probe's own timer is to be started now (the first caller only).
+    pub(super) fn start_ticking(&self) -> bool {
+        !self.ticking.load(Ordering::Relaxed) && !self.ticking.swap(true, Ordering::AcqRel)
     }
 
     /// Whether a probe is due now; claims it if so (one caller wins).

@@ -967,14 +967,35 @@ impl RedisBackend {
     }
 
     /// Reads the epoch marker in the background, at most once a second (see
-    /// [`epoch`]).
+    /// [`epoch`]): at once on a call when due, and from the first call on, once a second
+    /// on a timer of its own whether calls come or not, for as long as the store lives (an
+    /// instance with little traffic is still counted live: a count made only on calls
+    /// misses the quiet instances, and each of them takes a larger share of a key it knows
+    /// no traffic of during an outage).
     fn probe_epoch(&self) {
-        if !self.epoch.due() {
-            return;
-        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        if self.epoch.start_ticking() {
+            let (conn, prefix) = (self.conn.clone(), self.prefix.clone());
+            let (epoch, live_as) = (Arc::downgrade(&self.epoch), self.live_as.clone());
+            runtime.spawn(async move {
+                let mut tick = tokio::time::interval(epoch::PROBE_EVERY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(epoch) = epoch.upgrade() else { return };
+                    if epoch.due()
+                        && let Err(error) = epoch.probe(&conn, &prefix, &live_as).await
+                    {
+                        tracing::debug!(%error, "tollgate: reading the Redis epoch marker failed");
+                    }
+                }
+            });
+        }
+        if !self.epoch.due() {
+            return;
+        }
         let (conn, epoch, prefix) = (self.conn.clone(), self.epoch.clone(), self.prefix.clone());
         let live_as = self.live_as.clone();
         runtime.spawn(async move {

@@ -1558,4 +1558,105 @@ mod tests {
         assert!(matches!(d.local, Local::Remote), "past it");
         assert!(d.take.is_none(), "no second lease call");
     }
+
+    /// A key's first request, whenever it comes, asks for a tenth of a lease's worth (its
+    /// rate measured from that request, over the shortest measure), not one token (a slot
+    /// measured from the clock's zero).
+    #[test]
+    fn a_keys_first_lease_is_measured_from_its_first_request() {
+        let t = table();
+        let key = Key::from_part("k");
+        let a = ask(Quota::per_second(1_000).burst(1_000), Lease::tokens(100));
+        let d = t.decide(&key, a, 5_000_000_000, Asking::Online);
+        assert_eq!(d.take.map(|t| t.tokens), Some(10));
+    }
+
+    /// A key whose quota changed and changed back starts a new generation each time: a
+    /// lease call taken under the first quota answers into no slot, and its tokens go back.
+    #[test]
+    fn a_lease_call_from_before_a_quota_change_and_back_goes_back() {
+        let t = table();
+        let key = Key::from_part("k");
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        let b = ask(Quota::per_second(50).burst(100), Lease::auto());
+        let now = 1_000_000_000;
+        let take = t
+            .decide(&key, a, now, Asking::Online)
+            .take
+            .expect("a lease call");
+        let _ = t.decide(&key, b, now + 1, Asking::Online);
+        let _ = t.decide(&key, a, now + 2, Asking::Online);
+        let call = Answer {
+            asked: take.tokens,
+            generation: take.generation,
+            sent_at: now,
+            answered_at: now + 3,
+            outcome: Some(answer(a.quota, 0, take.tokens, now)),
+            last: true,
+        };
+        assert_eq!(
+            t.settle(&key, a, call),
+            (None, Some((key.clone(), a.quota, a.algorithm, take.tokens)))
+        );
+        assert_eq!(slot(&t, &key, |s| s.tokens), 0);
+    }
+
+    /// Issue 41, item 5: a lease call that timed out holds off the next lease of its own
+    /// slot (same quota, same generation), until it answers or its lease's age has passed.
+    #[test]
+    fn a_timed_out_lease_call_holds_off_the_next_lease_of_its_slot_only() {
+        let t = table();
+        let key = Key::from_part("k");
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        let now = 1_000_000_000;
+        let take = t
+            .decide(&key, a, now, Asking::Online)
+            .take
+            .expect("a lease call");
+        t.timed_out(&key, a, take.generation + 1, now);
+        assert_eq!(slot(&t, &key, |s| s.late_until), 0, "another generation's");
+        let other = ask(Quota::per_second(50).burst(100), Lease::auto());
+        t.timed_out(&key, other, take.generation, now);
+        assert_eq!(slot(&t, &key, |s| s.late_until), 0, "another quota's");
+        t.timed_out(&key, a, take.generation, now);
+        assert_eq!(slot(&t, &key, |s| s.late_until), now + 1_000_000_000);
+        let failed = Answer {
+            asked: take.tokens,
+            generation: take.generation,
+            sent_at: now,
+            answered_at: now + 100_000_000,
+            outcome: None,
+            last: false,
+        };
+        assert_eq!(t.settle(&key, a, failed), (None, None));
+        let d = t.decide(&key, a, now + 500_000_000, Asking::Online);
+        assert!(d.take.is_none(), "held off while the late call may answer");
+        assert!(matches!(d.local, Local::Remote));
+        // It answers, refused: nothing held, and the next lease may start.
+        let refused = Answer {
+            asked: take.tokens,
+            generation: take.generation,
+            sent_at: now,
+            answered_at: now + 600_000_000,
+            outcome: Some(answer(a.quota, 100, take.tokens, now)),
+            last: false,
+        };
+        assert_eq!(t.late(&key, a, refused), None);
+        assert_eq!(slot(&t, &key, |s| s.late_until), 0);
+        let again = t
+            .decide(&key, a, now + 600_000_000, Asking::Online)
+            .take
+            .expect("a lease call once the late one answered");
+        // That one times out too, and never answers: held off for its lease's age.
+        let sent = now + 600_000_000;
+        t.timed_out(&key, a, again.generation, sent);
+        slot(&t, &key, |s| s.taking = false);
+        assert!(
+            t.decide(&key, a, sent + 999_000_000, Asking::Online)
+                .take
+                .is_none()
+        );
+        let d = t.decide(&key, a, sent + 1_000_000_001, Asking::Online);
+        assert!(d.take.is_some(), "its lease's age has passed");
+    }
 }

@@ -232,6 +232,7 @@ impl<B: Backend> Resilient<B> {
                     // the bucket is spent until its tokens are due): written back if the
                     // backend loses it.
                     this.remember(&leases, &key, ask.quota, ask.algorithm, sent_at, o);
+                    this.lease_traffic(&leases, &key, ask, asked, sent_at, o);
                 }
                 let settled = Answer {
                     asked,
@@ -268,6 +269,7 @@ impl<B: Backend> Resilient<B> {
                 };
                 this.answered(sent_at);
                 this.remember(&leases, &key, ask.quota, ask.algorithm, sent_at, &o);
+                this.lease_traffic(&leases, &key, ask, asked, sent_at, &o);
                 let answered = Answer {
                     asked,
                     generation: take.generation,
@@ -280,6 +282,37 @@ impl<B: Backend> Resilient<B> {
                 this.give_back(&leases, give_back);
             }
         });
+    }
+
+    /// A lease call's answer is this instance's traffic on the key, as a check's is: the
+    /// tokens it took, and how far the shared bucket moved (what `Share` follows during an
+    /// outage; a leased key's requests are mostly decided without a call, so without this
+    /// its fraction would count only the few checks that asked the backend).
+    fn lease_traffic(
+        &self,
+        leases: &Arc<LeaseTable>,
+        key: &Key,
+        ask: Ask,
+        asked: u64,
+        sent_at: u64,
+        o: &crate::model::decision::Outcome,
+    ) {
+        let granted = if o.is_allowed() {
+            u32::try_from(asked).unwrap_or(u32::MAX)
+        } else {
+            0
+        };
+        let inner = &*self.inner;
+        inner.traffic.observe(
+            Arc::as_ptr(leases) as usize,
+            key,
+            ask.quota,
+            ask.algorithm,
+            sent_at,
+            inner.clock.now(),
+            granted,
+            o,
+        );
     }
 
     /// Gives unspent leased tokens back to the backend, in the background.
