@@ -18,7 +18,9 @@
 //!   back the chunks read after it on the same connection until it is written (a reply
 //!   behind a late one is late too, by what is left of the S ms), and a read chunk may hold
 //!   several replies (a pipelined batch), which are all late together. So "one chunk in K"
-//!   makes more than one reply in K late, and by up to S ms each.
+//!   makes more than one reply in K late, and by up to S ms each. With `--slow-every`, a
+//!   line a second (when it changed) counts the upstream chunks written, those held on
+//!   purpose, and those written more than 10 ms after they were read (held, or behind one).
 //! - SIGUSR1 toggles the black hole. While it is on, connections are accepted but nothing
 //!   is forwarded. With `--blackhole drop` (default) a connection that saw the black hole,
 //!   or was opened during it, stays dead for good: what either side sends is read and
@@ -32,7 +34,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -111,6 +113,10 @@ struct Shared {
     slow: (u64, Duration),
     /// The black hole is on.
     hole: AtomicBool,
+    /// Upstream chunks written, held on purpose, and written over 10 ms after their read.
+    written: AtomicU64,
+    held: AtomicU64,
+    late: AtomicU64,
 }
 
 /// One connection's state: dead for good (in `drop` mode, once it saw the black hole).
@@ -144,12 +150,14 @@ async fn pump(
     conn: Arc<Conn>,
     slow: (u64, Duration),
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    // (when due, when read, the bytes)
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Instant, Vec<u8>)>();
+    let counted = slow.0 > 0;
     let writer = {
         let shared = shared.clone();
         let conn = conn.clone();
         tokio::spawn(async move {
-            while let Some((due, bytes)) = rx.recv().await {
+            while let Some((due, read_at, bytes)) = rx.recv().await {
                 tokio::time::sleep_until(due).await;
                 // Held (or dropped) while the black hole is on.
                 loop {
@@ -167,6 +175,12 @@ async fn pump(
                 if to.write_all(&bytes).await.is_err() {
                     return;
                 }
+                if counted {
+                    shared.written.fetch_add(1, Ordering::Relaxed);
+                    if read_at.elapsed() > shared.delay + Duration::from_millis(10) {
+                        shared.late.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
             let _ = to.shutdown().await;
         })
@@ -183,11 +197,13 @@ async fn pump(
                     continue;
                 }
                 chunks += 1;
-                let mut due = Instant::now() + shared.delay;
+                let read_at = Instant::now();
+                let mut due = read_at + shared.delay;
                 if slow.0 > 0 && chunks % slow.0 == 0 {
                     due += slow.1;
+                    shared.held.fetch_add(1, Ordering::Relaxed);
                 }
-                if tx.send((due, buf[..n].to_vec())).is_err() {
+                if tx.send((due, read_at, buf[..n].to_vec())).is_err() {
                     break;
                 }
             }
@@ -250,7 +266,28 @@ async fn main() {
         mode: args.blackhole,
         slow: args.slow,
         hole: AtomicBool::new(false),
+        written: AtomicU64::new(0),
+        held: AtomicU64::new(0),
+        late: AtomicU64::new(0),
     });
+    if args.slow.0 > 0 {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut last = u64::MAX;
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let written = shared.written.load(Ordering::Relaxed);
+                if written != last {
+                    last = written;
+                    println!(
+                        "slow: upstream chunks written={written} held={} late={}",
+                        shared.held.load(Ordering::Relaxed),
+                        shared.late.load(Ordering::Relaxed)
+                    );
+                }
+            }
+        });
+    }
     {
         let shared = shared.clone();
         let mut usr1 =
