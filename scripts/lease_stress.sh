@@ -79,7 +79,8 @@
 #               The calm calls Redis once per server in 30 s, and an instance counts the
 #               live instances (N, for the share of a key it knows no traffic of) only
 #               when a call of its own probes Redis, of those that probed within 5 s: so
-#               in the calm each server counts 1 or 2. `login-busy`: the login limit on
+#               in the calm each server counts 1 or 2 (read from the code, not traced; the
+#               first server's share is then the whole burst). `login-busy`: the login limit on
 #               one route (GET /api/search here) and a general limit (the global one) on
 #               every request, with LOGIN_BUSY_RATE (16/s) other requests over the servers
 #               all along (a third http_load, apart from the figures): each server calls
@@ -118,8 +119,9 @@
 #            opening), and how many
 #
 # Each scenario starts from an empty Redis and new server processes, and takes about
-# DURATION + 4 s (affinity DURATION_AFFINITY + 4 s). Client, servers and Redis share the machine's cores: on 2 cores, a
-# flood saturates them (that is its point). Everything listens on 127.0.0.1 only; every
+# DURATION + 4 s (affinity DURATION_AFFINITY + 4 s, login LOGIN_CALM + 9 s). Client,
+# servers and Redis share the machine's cores: on 2 cores, a flood saturates them (that
+# is its point). Everything listens on 127.0.0.1 only; every
 # process started is stopped on exit.
 #
 # Needs redis-server and redis-cli (Debian: redis-server redis-tools) and python3.
@@ -201,10 +203,11 @@ proxy_pid=""
 load_pid=""
 side_pid=""
 busy_pid=""
+load2_pid=""
 # Replaces throwaway_redis.sh's trap: stops what this script started (a stopped Redis is
 # continued first, or it would not shut down), then removes the folder.
 cleanup() {
-  for pid in "${server_pids[@]}" $proxy_pid $load_pid $side_pid $busy_pid; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${server_pids[@]}" $proxy_pid $load_pid $side_pid $busy_pid $load2_pid; do kill "$pid" 2>/dev/null || true; done
   if [ -f "$dir/redis.pid" ]; then
     kill -CONT "$(cat "$dir/redis.pid")" 2>/dev/null || true
     timeout 5 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 ||
@@ -387,7 +390,7 @@ run_scenario() {
     busy_pid=$!
   fi
 
-  local rpid first_ports load2_pid="" left
+  local rpid first_ports left
   case "$fault" in
     sleep)
       at 3
@@ -410,6 +413,7 @@ run_scenario() {
       kill -CONT "$rpid"
       echo "    $((LOGIN_CALM + 3)) s: SIGCONT" >&2
       wait "$load2_pid" || { echo "http_load (the flood) failed" >&2; exit 1; }
+      load2_pid=""
       ;;
     stop)
       rpid=$(cat "$dir/redis.pid")
@@ -450,6 +454,7 @@ run_scenario() {
       kill -CONT "$rpid"
       echo "    6 s: SIGCONT" >&2
       if [ -n "$load2_pid" ]; then wait "$load2_pid" || { echo "http_load (new servers) failed" >&2; exit 1; }; fi
+      load2_pid=
       ;;
     kill)
       at 3
