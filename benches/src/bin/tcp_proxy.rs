@@ -199,7 +199,7 @@ async fn pump(
                 chunks += 1;
                 let read_at = Instant::now();
                 let mut due = read_at + shared.delay;
-                if slow.0 > 0 && chunks % slow.0 == 0 {
+                if slow.0 > 0 && chunks.is_multiple_of(slow.0) {
                     due += slow.1;
                     shared.held.fetch_add(1, Ordering::Relaxed);
                 }
