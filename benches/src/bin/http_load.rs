@@ -16,7 +16,10 @@
 //!   all together send `R` requests a second, spread evenly over the ports. A connection
 //!   whose answer comes late skips the ticks it missed (no catch-up burst after a stall).
 //!
-//! Every request is `GET --path` (default `/`). Answers are counted by status: 2xx (the
+//! Every request is `GET --path` (default `/`), with the header of `--header 'name: value'`
+//! if given, and with `--header-per-port NAME` a header `NAME: client-<i>`, `i` the port's
+//! place in `--ports` from 1: each server sees one client of its own (session affinity,
+//! a per-client key that always lands on the same instance). Answers are counted by status: 2xx (the
 //! limiter's grants), 429, 5xx and any other; transport errors (refused or reset
 //! connections, after which the client reconnects) apart. Requests stop being sent at
 //! `--seconds`; those still unanswered `--grace` seconds later (default 2) are given up and
@@ -25,21 +28,25 @@
 //! The summary: the counts, `span_s` (from the first request sent to the last answer
 //! received: the `d` of a limiter's bound `burst + rate·d`), the slowest request (sent to
 //! last body byte, an unanswered one counting until it was given up) and when it was sent,
-//! and the grants of each second of the run.
+//! and the grants of each second of the run. With `--window A,B` (seconds from the start),
+//! the requests sent within `A..B` and their grants are counted apart (`window_sent`,
+//! `window_granted`): what was decided during a fault that lasted from A to B. `per_port`
+//! gives the counts of each port.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, StatusCode, header};
+use http::{HeaderName, HeaderValue, Request, StatusCode, header};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::time::{Instant, MissedTickBehavior, timeout_at};
 
 const USAGE: &str = "usage: http_load --ports P1,P2,.. --seconds S (--flood | --rate R) \
-[--conns C] [--path /] [--grace S] [--max-requests N]";
+[--conns C] [--path /] [--grace S] [--max-requests N] [--header 'name: value'] \
+[--header-per-port NAME] [--window A,B]";
 
 struct Args {
     ports: Vec<u16>,
@@ -50,6 +57,12 @@ struct Args {
     path: String,
     grace: f64,
     max_requests: u64,
+    /// A header sent with every request.
+    header: Option<(HeaderName, HeaderValue)>,
+    /// A header whose value names the port (`client-<i>`).
+    header_per_port: Option<HeaderName>,
+    /// The requests sent within this span (seconds from the start) are counted apart.
+    window: Option<(f64, f64)>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -61,6 +74,9 @@ fn parse_args() -> Result<Args, String> {
         path: "/".into(),
         grace: 2.0,
         max_requests: 50_000_000,
+        header: None,
+        header_per_port: None,
+        window: None,
     };
     let mut flood = false;
     let mut it = std::env::args().skip(1);
@@ -86,6 +102,33 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|e| format!("--max-requests: {e}"))?
             }
+            "--header" => {
+                let v = value()?;
+                let (name, val) = v
+                    .split_once(':')
+                    .ok_or("--header: 'name: value'".to_string())?;
+                let name =
+                    HeaderName::try_from(name.trim()).map_err(|e| format!("--header: {e}"))?;
+                let val =
+                    HeaderValue::try_from(val.trim()).map_err(|e| format!("--header: {e}"))?;
+                args.header = Some((name, val));
+            }
+            "--header-per-port" => {
+                args.header_per_port = Some(
+                    HeaderName::try_from(value()?.trim())
+                        .map_err(|e| format!("--header-per-port: {e}"))?,
+                )
+            }
+            "--window" => {
+                let v = value()?;
+                let (a, b) = v.split_once(',').ok_or("--window: A,B".to_string())?;
+                let a: f64 = a.trim().parse().map_err(|e| format!("--window: {e}"))?;
+                let b: f64 = b.trim().parse().map_err(|e| format!("--window: {e}"))?;
+                if !(a >= 0.0 && b > a) {
+                    return Err("--window: 0 <= A < B".into());
+                }
+                args.window = Some((a, b));
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -105,7 +148,7 @@ fn parse_args() -> Result<Args, String> {
 
 /// One connection's counts, summed at the end (no shared counters on the hot path but the
 /// request budget).
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Stats {
     sent: u64,
     granted: u64,
@@ -121,6 +164,9 @@ struct Stats {
     last_answer: Duration,
     /// Grants in each second of the run.
     granted_per_s: Vec<u64>,
+    /// The requests sent within `--window`, and those of them granted.
+    window_sent: u64,
+    window_granted: u64,
 }
 
 impl Stats {
@@ -132,6 +178,8 @@ impl Stats {
         self.other += o.other;
         self.transport_errors += o.transport_errors;
         self.unanswered += o.unanswered;
+        self.window_sent += o.window_sent;
+        self.window_granted += o.window_granted;
         if o.slowest > self.slowest {
             self.slowest = o.slowest;
             self.slowest_at = o.slowest_at;
@@ -164,6 +212,10 @@ struct Plan {
     give_up_at: Instant,
     /// Requests left to send (the count bound).
     budget: AtomicU64,
+    /// A header for every request.
+    header: Option<(HeaderName, HeaderValue)>,
+    /// `--window`, as instants.
+    window: Option<(Instant, Instant)>,
 }
 
 type Sender = http1::SendRequest<Empty<Bytes>>;
@@ -181,7 +233,13 @@ async fn connect(port: u16) -> Result<Sender, Box<dyn std::error::Error + Send +
 
 /// One client connection: sends until `stop_at` (on `ticks` if paced, back-to-back if not),
 /// reconnecting after transport errors.
-async fn client(port: u16, plan: Arc<Plan>, mut ticks: Option<tokio::time::Interval>) -> Stats {
+/// `own`: the header of `--header-per-port` for this connection's port.
+async fn client(
+    port: u16,
+    own: Option<(HeaderName, HeaderValue)>,
+    plan: Arc<Plan>,
+    mut ticks: Option<tokio::time::Interval>,
+) -> Stats {
     let mut stats = Stats::default();
     let mut sender: Option<Sender> = None;
     loop {
@@ -213,12 +271,21 @@ async fn client(port: u16, plan: Arc<Plan>, mut ticks: Option<tokio::time::Inter
                 Err(_) => break,
             },
         };
-        let request = Request::get(plan.path.as_str())
+        let mut request = Request::get(plan.path.as_str())
             .header(header::HOST, "127.0.0.1")
             .body(Empty::<Bytes>::new())
             .expect("a valid request");
+        for (name, value) in plan.header.iter().chain(own.iter()) {
+            request.headers_mut().insert(name.clone(), value.clone());
+        }
         let sent_at = Instant::now();
         stats.sent += 1;
+        let in_window = plan
+            .window
+            .is_some_and(|(from, to)| sent_at >= from && sent_at < to);
+        if in_window {
+            stats.window_sent += 1;
+        }
         let answer = timeout_at(plan.give_up_at, async {
             s.ready().await?;
             let response = s.send_request(request).await?;
@@ -243,6 +310,9 @@ async fn client(port: u16, plan: Arc<Plan>, mut ticks: Option<tokio::time::Inter
                 stats.last_answer = now - plan.start;
                 if status.is_success() {
                     stats.granted += 1;
+                    if in_window {
+                        stats.window_granted += 1;
+                    }
                     let second = (now - plan.start).as_secs() as usize;
                     if stats.granted_per_s.len() <= second {
                         stats.granted_per_s.resize(second + 1, 0);
@@ -274,14 +344,28 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let total = runtime.block_on(run(&args));
+    let (total, per_port) = runtime.block_on(run(&args));
     let answered = total.granted + total.limited + total.server_error + total.other;
     let per_s: Vec<String> = total.granted_per_s.iter().map(u64::to_string).collect();
+    let ports: Vec<String> = args
+        .ports
+        .iter()
+        .zip(&per_port)
+        .map(|(port, s)| {
+            format!(
+                "{{\"port\":{port},\"sent\":{},\"granted\":{},\"window_sent\":{},\"window_granted\":{}}}",
+                s.sent, s.granted, s.window_sent, s.window_granted
+            )
+        })
+        .collect();
+    let window = args
+        .window
+        .map_or("null".to_string(), |(a, b)| format!("[{a},{b}]"));
     println!(
         "{{\"load\":\"{}\",\"rate\":{},\"ports\":{},\"conns_per_port\":{},\"seconds\":{},\
 \"span_s\":{:.3},\"sent\":{},\"answered\":{},\"granted\":{},\"limited\":{},\"server_error\":{},\
 \"other\":{},\"transport_errors\":{},\"unanswered\":{},\"slowest_ms\":{:.1},\"slowest_at_s\":{:.3},\
-\"granted_per_s\":[{}]}}",
+\"granted_per_s\":[{}],\"window\":{},\"window_sent\":{},\"window_granted\":{},\"per_port\":[{}]}}",
         if args.rate.is_some() {
             "paced"
         } else {
@@ -302,13 +386,18 @@ fn main() {
         total.unanswered,
         total.slowest.as_secs_f64() * 1e3,
         total.slowest_at.as_secs_f64(),
-        per_s.join(",")
+        per_s.join(","),
+        window,
+        total.window_sent,
+        total.window_granted,
+        ports.join(",")
     );
     // Connections still open (given up on) are not waited for.
     runtime.shutdown_background();
 }
 
-async fn run(args: &Args) -> Stats {
+/// Every connection's counts summed, and each port's (in the order of `--ports`).
+async fn run(args: &Args) -> (Stats, Vec<Stats>) {
     let start = Instant::now();
     let stop_at = start + Duration::from_secs_f64(args.seconds);
     let plan = Arc::new(Plan {
@@ -317,11 +406,24 @@ async fn run(args: &Args) -> Stats {
         stop_at,
         give_up_at: stop_at + Duration::from_secs_f64(args.grace),
         budget: AtomicU64::new(args.max_requests),
+        header: args.header.clone(),
+        window: args.window.map(|(a, b)| {
+            (
+                start + Duration::from_secs_f64(a),
+                start + Duration::from_secs_f64(b),
+            )
+        }),
     });
     let workers = args.ports.len() * args.conns;
     let mut handles = Vec::with_capacity(workers);
     for i in 0..workers {
-        let port = args.ports[i % args.ports.len()];
+        let place = i % args.ports.len();
+        let port = args.ports[place];
+        let own = args.header_per_port.as_ref().map(|name| {
+            let value = HeaderValue::try_from(format!("client-{}", place + 1))
+                .expect("a valid header value");
+            (name.clone(), value)
+        });
         let ticks = args.rate.map(|rate| {
             // Each connection sends rate / workers a second; their ticks staggered evenly.
             let period = Duration::from_secs_f64(workers as f64 / rate);
@@ -330,11 +432,14 @@ async fn run(args: &Args) -> Stats {
             t.set_missed_tick_behavior(MissedTickBehavior::Skip);
             t
         });
-        handles.push(tokio::spawn(client(port, plan.clone(), ticks)));
+        handles.push((place, tokio::spawn(client(port, own, plan.clone(), ticks))));
     }
     let mut total = Stats::default();
-    for h in handles {
-        total.add(h.await.expect("a client task"));
+    let mut per_port = vec![Stats::default(); args.ports.len()];
+    for (place, h) in handles {
+        let s = h.await.expect("a client task");
+        per_port[place].add(s.clone());
+        total.add(s);
     }
-    total
+    (total, per_port)
 }
