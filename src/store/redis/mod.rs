@@ -10,6 +10,12 @@ mod reply;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
 mod settle;
+#[cfg(feature = "redis-tls")]
+mod tls;
+mod url;
+
+#[cfg(feature = "redis-tls")]
+pub use self::tls::RedisTls;
 
 use std::fmt;
 use std::future::Future;
@@ -158,7 +164,7 @@ impl RedisBackend {
 
 impl RedisStore {
     /// A store on the Redis server at `url` (`redis://[user:password@]host[:port][/db]`,
-    /// `rediss://` with a TLS feature of the `redis` crate, `unix:///path`) that never fails
+    /// `rediss://` with the feature `redis-tls`, `unix:///path`) that never fails
     /// because Redis is down: the connection is made on the first request and remade
     /// whenever it is lost, and until Redis answers each limit follows its
     /// [`FailurePolicy`](crate::FailurePolicy). Connecting waits at most 1 s per attempt.
@@ -210,9 +216,56 @@ impl RedisStore {
     /// # let _ = store; Ok(()) }
     /// ```
     pub fn open_pool(url: &str, connections: usize) -> Result<Self, ConfigError> {
-        let shown = hide_password(url);
-        let client = redis::Client::open(url)
-            .map_err(|e| ConfigError::new("redis_url", format!("`{shown}`: {e}")))?;
+        let info = url::connection_info(url, "redis_url")?;
+        #[cfg(feature = "redis-tls")]
+        if url::is_tls(url) {
+            tls::install_provider();
+        }
+        let client = redis::Client::open(info).map_err(|e| {
+            ConfigError::new("redis_url", format!("`{}`: {e}", url::hide_password(url)))
+        })?;
+        Self::open_client(client, url, connections)
+    }
+
+    /// [`open`](Self::open) over TLS with the certificates of `tls` (feature `redis-tls`):
+    /// `url` is a `rediss://` URL, the server's certificate must chain to `tls`'s CA (or to
+    /// the platform's roots without one), and `tls`'s client certificate, if any, is
+    /// presented to a server that asks for one (mutual TLS).
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate::ConfigError> {
+    /// use tollgate::store::{RedisStore, RedisTls};
+    ///
+    /// let tls = RedisTls::new()
+    ///     .ca_file("/etc/redis/ca.pem")?
+    ///     .client_files("/etc/redis/client.pem", "/etc/redis/client.key")?;
+    /// let store = RedisStore::open_tls("rediss://app:secret@redis.internal:6380/", 1, &tls)?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[cfg(feature = "redis-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
+    pub fn open_tls(url: &str, connections: usize, tls: &RedisTls) -> Result<Self, ConfigError> {
+        let shown = url::hide_password(url);
+        if !url::is_tls(url) {
+            return Err(ConfigError::new(
+                "redis_url",
+                format!("`{shown}`: certificates are for a `rediss://` URL"),
+            ));
+        }
+        let info = url::connection_info(url, "redis_url")?;
+        tls::install_provider();
+        let client = redis::Client::build_with_tls(info, tls.certificates())
+            .map_err(|e| ConfigError::new("tls", format!("`{shown}`: {e}")))?;
+        Self::open_client(client, url, connections)
+    }
+
+    fn open_client(
+        client: redis::Client,
+        url: &str,
+        connections: usize,
+    ) -> Result<Self, ConfigError> {
+        let shown = url::hide_password(url);
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(ConfigError::new(
                 "redis_url",
@@ -288,7 +341,7 @@ impl RedisStore {
             .into_iter()
             .map(|s| s.as_ref().to_owned())
             .collect();
-        let shown: Vec<String> = sentinels.iter().map(|s| hide_password(s)).collect();
+        let shown: Vec<String> = sentinels.iter().map(|s| url::hide_password(s)).collect();
         if sentinels.is_empty() {
             return Err(ConfigError::new(
                 "sentinels",
@@ -1059,41 +1112,9 @@ impl Backend for RedisBackend {
     }
 }
 
-/// `url` with the password of its user part (between `:` and `@` after the scheme) replaced
-/// by `***`, for error messages.
-fn hide_password(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end + 3..];
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
-    };
-    let Some(colon) = authority[..at].find(':') else {
-        return url.to_owned();
-    };
-    let start = scheme_end + 3 + colon + 1;
-    let end = scheme_end + 3 + at;
-    format!("{}***{}", &url[..start], &url[end..])
-}
-
 #[cfg(test)]
 mod open_tests {
     use super::*;
-
-    #[test]
-    fn hide_password_hides_only_the_password() {
-        assert_eq!(
-            hide_password("redis://u:secret@h:6379/0"),
-            "redis://u:***@h:6379/0"
-        );
-        assert_eq!(hide_password("redis://:secret@h/"), "redis://:***@h/");
-        assert_eq!(hide_password("redis://h:6379/"), "redis://h:6379/");
-        assert_eq!(hide_password("redis://u@h/"), "redis://u@h/");
-        assert_eq!(hide_password("not a url"), "not a url");
-        assert_eq!(hide_password("redis://h/a:b@c"), "redis://h/a:b@c");
-    }
 
     #[test]
     fn open_refuses_a_bad_url_naming_it_without_its_password() {

@@ -1,0 +1,223 @@
+//! The Redis store over TLS (`rediss://`, feature `redis-tls`) against real `redis-server`
+//! processes serving TLS with a CA and certificates made for each test: one node, mutual
+//! TLS, the black-box checks of the plain store (two instances share a limit, `kill -9`
+//! follows the failure policy, a restart recovers), and what is refused.
+#![cfg(feature = "redis-tls")]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use http::StatusCode;
+use support::redis::RedisServer;
+use support::tls::{Pki, start_tls};
+use support::{count, get as req, send, statuses};
+use tollgate::key::PeerIp;
+use tollgate::store::{RedisStore, RedisTls};
+use tollgate::{FailurePolicy, Limit, Quota, RateLimitLayer};
+
+/// A router limited to `quota` per peer over `store`, failing closed: a request that does
+/// not reach Redis is a 503, so every 200 and 429 below was decided by Redis.
+fn app(store: RedisStore, quota: Quota) -> Router {
+    let layer = RateLimitLayer::builder(store)
+        .limit(
+            Limit::new("per-ip", quota)
+                .key(PeerIp::new())
+                .on_store_failure(FailurePolicy::Deny),
+        )
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer)
+}
+
+fn tls_url(port: u16) -> String {
+    format!("rediss://127.0.0.1:{port}/")
+}
+
+/// A store over TLS with a timeout generous enough for a loaded machine.
+fn store(url: &str, tls: &RedisTls) -> RedisStore {
+    RedisStore::open_tls(url, 1, tls)
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+}
+
+/// Sends requests from `peer` until one is not a 503 (the first connection, a TLS
+/// handshake, may outlast a call), at most 10 s; the status of that one.
+async fn first_answer(app: &Router, peer: &str) -> StatusCode {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = send(app, req("/", peer)).await.status();
+        if status != StatusCode::SERVICE_UNAVAILABLE || Instant::now() > deadline {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn two_instances_share_a_limit_over_tls_and_survive_a_kill() {
+    let pki = Pki::new();
+    let (mut server, port) = start_tls(&pki, false, &[]);
+    let tls = RedisTls::new().ca_pem(&pki.ca).unwrap();
+    let a_store = store(&tls_url(port), &tls).breaker(2, Duration::from_millis(200));
+    let a = app(a_store.clone(), Quota::per_minute(4));
+    let b = app(store(&tls_url(port), &tls), Quota::per_minute(4));
+
+    assert_eq!(first_answer(&a, "192.0.2.1").await, StatusCode::OK);
+    assert_eq!(first_answer(&b, "192.0.2.1").await, StatusCode::OK);
+    let mut seen = Vec::new();
+    for i in 0..6 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        seen.push(send(app, req("/", "192.0.2.1")).await.status());
+    }
+    // 4 a minute between both instances: 2 more, then refusals.
+    assert_eq!(count(&seen, StatusCode::OK), 2, "{seen:?}");
+    assert_eq!(count(&seen, StatusCode::TOO_MANY_REQUESTS), 4, "{seen:?}");
+
+    // The keys are in the server behind the TLS port.
+    let mut plain = server.connection().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tollgate:per-ip:*")
+        .query_async(&mut plain)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+
+    // `kill -9`: the limit fails closed, as configured.
+    server.kill();
+    let down = statuses(&a, 3, || req("/", "192.0.2.2")).await;
+    assert_eq!(count(&down, StatusCode::SERVICE_UNAVAILABLE), 3, "{down:?}");
+
+    // It comes back (empty): the store reconnects over TLS by itself.
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while send(&a, req("/", "192.0.2.3")).await.status() != StatusCode::OK {
+        assert!(Instant::now() < deadline, "never recovered over TLS");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!a_store.is_unavailable());
+    let after = statuses(&a, 5, || req("/", "192.0.2.4")).await;
+    assert_eq!(count(&after, StatusCode::OK), 4, "{after:?}");
+}
+
+#[tokio::test]
+async fn mutual_tls_presents_the_client_certificate_and_fails_closed_without_it() {
+    let pki = Pki::new();
+    let (server, port) = start_tls(&pki, true, &[]);
+    let url = tls_url(port);
+
+    // From files, as a deployment has them.
+    let with_cert = RedisTls::new()
+        .ca_file(pki.file("ca.pem"))
+        .unwrap()
+        .client_files(pki.file("client.pem"), pki.file("client.key"))
+        .unwrap();
+    let a = app(store(&url, &with_cert), Quota::per_minute(2));
+    let b = app(store(&url, &with_cert), Quota::per_minute(2));
+    assert_eq!(first_answer(&a, "192.0.2.1").await, StatusCode::OK);
+    assert_eq!(
+        send(&b, req("/", "192.0.2.1")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&a, req("/", "192.0.2.1")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // The server asks for a certificate: without one the handshake fails, every call
+    // fails, and the limit follows its policy (here: closed).
+    let without = app(
+        store(&url, &RedisTls::new().ca_pem(&pki.ca).unwrap()),
+        Quota::per_minute(100),
+    );
+    let refused = statuses(&without, 3, || req("/", "192.0.2.5")).await;
+    assert_eq!(
+        count(&refused, StatusCode::SERVICE_UNAVAILABLE),
+        3,
+        "{refused:?}"
+    );
+
+    // A client certificate of another CA is refused the same way.
+    let other = Pki::new();
+    let foreign = RedisTls::new()
+        .ca_pem(&pki.ca)
+        .unwrap()
+        .client_pem(&other.client_cert, &other.client_key)
+        .unwrap();
+    let foreign = app(store(&url, &foreign), Quota::per_minute(100));
+    let refused = statuses(&foreign, 3, || req("/", "192.0.2.6")).await;
+    assert_eq!(
+        count(&refused, StatusCode::SERVICE_UNAVAILABLE),
+        3,
+        "{refused:?}"
+    );
+    drop(server);
+}
+
+#[tokio::test]
+async fn the_server_certificate_is_verified() {
+    let pki = Pki::new();
+    let (_server, port) = start_tls(&pki, false, &[]);
+    let url = tls_url(port);
+
+    // `open` trusts the platform's roots, which do not hold the test CA.
+    let platform = app(
+        RedisStore::open(&url)
+            .unwrap()
+            .timeout(Duration::from_secs(2)),
+        Quota::per_minute(100),
+    );
+    let refused = statuses(&platform, 2, || req("/", "192.0.2.1")).await;
+    assert_eq!(
+        count(&refused, StatusCode::SERVICE_UNAVAILABLE),
+        2,
+        "{refused:?}"
+    );
+
+    // Another CA's certificate is refused too.
+    let other = Pki::new();
+    let wrong = app(
+        store(&url, &RedisTls::new().ca_pem(&other.ca).unwrap()),
+        Quota::per_minute(100),
+    );
+    let refused = statuses(&wrong, 2, || req("/", "192.0.2.2")).await;
+    assert_eq!(
+        count(&refused, StatusCode::SERVICE_UNAVAILABLE),
+        2,
+        "{refused:?}"
+    );
+
+    // The right CA, and the URL's host is in the certificate (`localhost` as a DNS name).
+    let right = app(
+        store(
+            &format!("rediss://localhost:{port}/"),
+            &RedisTls::new().ca_pem(&pki.ca).unwrap(),
+        ),
+        Quota::per_minute(100),
+    );
+    assert_eq!(first_answer(&right, "192.0.2.3").await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn certificates_are_for_rediss_urls_and_a_plain_port_does_not_speak_tls() {
+    let pki = Pki::new();
+    let tls = RedisTls::new().ca_pem(&pki.ca).unwrap();
+    let err = RedisStore::open_tls("redis://u:secret@127.0.0.1:6379/", 1, &tls).unwrap_err();
+    assert_eq!(err.field(), "redis_url");
+    assert!(err.reason().contains("rediss://"), "{err}");
+    assert!(!err.to_string().contains("secret"), "{err}");
+
+    // TLS against the plain port: no handshake, every call fails into the policy.
+    let server = RedisServer::start();
+    let app = app(store(&tls_url(server.port()), &tls), Quota::per_minute(100));
+    let refused = statuses(&app, 2, || req("/", "192.0.2.1")).await;
+    assert_eq!(
+        count(&refused, StatusCode::SERVICE_UNAVAILABLE),
+        2,
+        "{refused:?}"
+    );
+}
