@@ -1,5 +1,6 @@
 //! [`RedisStore`]: bucket state in Redis.
 
+mod admin;
 mod ban;
 mod batch;
 mod command;
