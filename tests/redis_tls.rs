@@ -221,3 +221,121 @@ async fn certificates_are_for_rediss_urls_and_a_plain_port_does_not_speak_tls() 
         "{refused:?}"
     );
 }
+
+/// Redis Sentinel over TLS: a master and its replica serving TLS, replicating over TLS,
+/// and three sentinels that speak TLS to them and to the store.
+#[cfg(feature = "redis-sentinel")]
+mod sentinel {
+    use super::*;
+    use support::redis::reserve_port;
+    use tollgate::store::SentinelOptions;
+
+    /// What the sentinel on `sentinel`'s plain port names as the master's port.
+    async fn named_port(sentinel: &RedisServer) -> Option<u16> {
+        let mut c = sentinel.connection().await;
+        let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg("mymaster")
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        addr.and_then(|(_, port)| port.parse().ok())
+    }
+
+    async fn eventually<F: Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !f().await {
+            assert!(Instant::now() < deadline, "{what}: not within 30 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn with_replication(mut args: Vec<String>) -> Vec<String> {
+        args.extend(["--tls-replication".to_owned(), "yes".to_owned()]);
+        args
+    }
+
+    #[tokio::test]
+    async fn a_store_through_sentinels_over_tls_shares_and_follows_a_failover() {
+        let pki = Pki::new();
+        let (mut master, master_tls) = start_tls(&pki, false, &["--tls-replication", "yes"]);
+        let replica_tls = reserve_port();
+        let replica = RedisServer::start_replica_with(
+            master_tls,
+            with_replication(pki.server_args(replica_tls, false)),
+            Some(replica_tls),
+        );
+        let sentinels: Vec<(RedisServer, u16)> = (0..3)
+            .map(|_| {
+                let port = reserve_port();
+                let server = RedisServer::start_sentinel_with(
+                    master_tls,
+                    with_replication(pki.server_args(port, false)),
+                    Some(port),
+                );
+                (server, port)
+            })
+            .collect();
+        eventually("the replica syncs over TLS", || async {
+            let mut c = replica.connection().await;
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut c)
+                .await
+                .unwrap_or_default();
+            info.contains("master_link_status:up")
+        })
+        .await;
+        eventually("the sentinels know the replica", || async {
+            let mut c = sentinels[0].0.connection().await;
+            let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+                .arg("replicas")
+                .arg("mymaster")
+                .query_async(&mut c)
+                .await
+                .unwrap_or_default();
+            !replicas.is_empty()
+        })
+        .await;
+
+        let urls: Vec<String> = sentinels.iter().map(|(_, p)| tls_url(*p)).collect();
+        let options =
+            || SentinelOptions::new().certificates(RedisTls::new().ca_pem(&pki.ca).unwrap());
+        let open = || {
+            RedisStore::sentinel_with(&urls, "mymaster", options())
+                .unwrap()
+                .timeout(Duration::from_secs(2))
+        };
+        let (a, b) = (
+            app(open(), Quota::per_minute(4)),
+            app(open(), Quota::per_minute(4)),
+        );
+        assert_eq!(first_answer(&a, "192.0.2.1").await, StatusCode::OK);
+        assert_eq!(first_answer(&b, "192.0.2.1").await, StatusCode::OK);
+        let mut seen = Vec::new();
+        for i in 0..4 {
+            let app = if i % 2 == 0 { &a } else { &b };
+            seen.push(send(app, req("/", "192.0.2.1")).await.status());
+        }
+        assert_eq!(count(&seen, StatusCode::OK), 2, "{seen:?}");
+
+        // `kill -9` of the master: the sentinels promote the replica (at its TLS port),
+        // and the store decides through it.
+        master.kill();
+        eventually("the sentinels promote the replica", || async {
+            named_port(&sentinels[0].0).await == Some(replica_tls)
+        })
+        .await;
+        eventually("the store decides through the new master", || async {
+            send(&a, req("/", "192.0.2.2")).await.status() == StatusCode::OK
+        })
+        .await;
+        let mut c = replica.connection().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("tollgate:per-ip:*")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(keys.len() >= 2, "{keys:?}");
+    }
+}

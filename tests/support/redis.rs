@@ -339,6 +339,32 @@ impl RedisServer {
         Self::start_inner(Role::Sentinel(master.port))
     }
 
+    /// Starts a replica of the master on `master_port` (its TLS port, say) with `extra`
+    /// options; `tls_port` as in [`start_with`](Self::start_with).
+    #[allow(dead_code)]
+    pub fn start_replica_with(
+        master_port: u16,
+        extra: Vec<String>,
+        tls_port: Option<u16>,
+    ) -> RedisServer {
+        let mut server = Self::start_inner_with(Role::Replica(master_port), extra);
+        server.tls_port = tls_port;
+        server
+    }
+
+    /// Starts a Sentinel that watches the master on `master_port` as `mymaster`, with
+    /// `extra` options after its configuration file.
+    #[allow(dead_code)]
+    pub fn start_sentinel_with(
+        master_port: u16,
+        extra: Vec<String>,
+        tls_port: Option<u16>,
+    ) -> RedisServer {
+        let mut server = Self::start_inner_with(Role::Sentinel(master_port), extra);
+        server.tls_port = tls_port;
+        server
+    }
+
     fn start_inner(role: Role) -> RedisServer {
         Self::start_inner_with(role, Vec::new())
     }

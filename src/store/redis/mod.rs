@@ -15,6 +15,8 @@ mod settle;
 mod tls;
 mod url;
 
+#[cfg(feature = "redis-sentinel")]
+pub use self::sentinel::SentinelOptions;
 #[cfg(feature = "redis-tls")]
 pub use self::tls::RedisTls;
 
@@ -338,6 +340,21 @@ impl RedisStore {
         sentinels: impl IntoIterator<Item = impl AsRef<str>>,
         master: &str,
     ) -> Result<Self, ConfigError> {
+        Self::sentinel_with(sentinels, master, SentinelOptions::new())
+    }
+
+    /// [`sentinel`](Self::sentinel) with the master reached as `options` say: its ACL
+    /// user and password, TLS to it, and (feature `redis-tls`) the certificates of TLS to
+    /// it and to `rediss://` sentinels. The sentinels' user and password are in their
+    /// URLs. Without options the master gets no password, and TLS when the sentinels'
+    /// URLs are `rediss://`.
+    #[cfg(feature = "redis-sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
+    pub fn sentinel_with(
+        sentinels: impl IntoIterator<Item = impl AsRef<str>>,
+        master: &str,
+        options: SentinelOptions,
+    ) -> Result<Self, ConfigError> {
         let sentinels: Vec<String> = sentinels
             .into_iter()
             .map(|s| s.as_ref().to_owned())
@@ -349,7 +366,15 @@ impl RedisStore {
                 "at least one sentinel is needed",
             ));
         }
-        let conn = sentinel::SentinelConnection::new(sentinels, master)
+        let infos = sentinels
+            .iter()
+            .map(|s| url::connection_info(s, "sentinels"))
+            .collect::<Result<Vec<_>, _>>()?;
+        #[cfg(feature = "redis-tls")]
+        if sentinels.iter().any(|s| url::is_tls(s)) {
+            tls::install_provider();
+        }
+        let conn = sentinel::SentinelConnection::new(infos, master, &options)
             .map_err(|e| ConfigError::new("sentinels", format!("{}: {e}", shown.join(", "))))?;
         Ok(Self(Resilient::new(RedisBackend::with_connection(
             Connection::Sentinel(Arc::new(conn)),
