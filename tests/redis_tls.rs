@@ -339,3 +339,116 @@ mod sentinel {
         assert!(keys.len() >= 2, "{keys:?}");
     }
 }
+
+/// A 3-node Redis Cluster serving TLS (`--tls-cluster yes`: its bus too, and `CLUSTER
+/// SLOTS` names the TLS ports to a TLS client).
+#[cfg(feature = "redis-cluster")]
+mod cluster {
+    use super::*;
+    use support::redis::{RedisCluster, reserve_port};
+    use tollgate::{LimitSpec, Limiter};
+
+    async fn store(urls: &[String], tls: &RedisTls) -> RedisStore {
+        let client = redis::cluster::ClusterClientBuilder::new(urls.to_vec())
+            .certs(tls.certificates())
+            .build()
+            .unwrap();
+        RedisStore::cluster(client.get_async_connection().await.unwrap())
+            .timeout(Duration::from_secs(2))
+    }
+
+    #[tokio::test]
+    async fn two_instances_share_limits_on_a_cluster_over_tls_and_notice_a_node_losing_its_data() {
+        let pki = Pki::new();
+        let cluster = RedisCluster::start_with(3, || {
+            let port = reserve_port();
+            let mut args = pki.server_args(port, false);
+            args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+            (args, Some(port))
+        });
+        // Each node's TLS port, as it says.
+        let urls: Vec<String> = cluster
+            .nodes()
+            .iter()
+            .map(|n| {
+                let mut c = n.sync_connection().unwrap();
+                let port: (String, String) = redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("tls-port")
+                    .query(&mut c)
+                    .unwrap();
+                tls_url(port.1.parse().unwrap())
+            })
+            .collect();
+        let tls = RedisTls::new().ca_pem(&pki.ca).unwrap();
+        let spec =
+            LimitSpec::new("login", Quota::per_minute(3)).on_store_failure(FailurePolicy::Deny);
+        let a = Limiter::builder(store(&urls, &tls).await)
+            .limit(spec.clone())
+            .build()
+            .unwrap();
+        let b = Limiter::builder(store(&urls, &tls).await.deny_cache(false))
+            .limit(spec)
+            .build()
+            .unwrap();
+
+        // Keys in every slot range: 3 a minute each, between both instances.
+        let users: Vec<String> = (0..12).map(|i| format!("user-{i}")).collect();
+        for user in &users {
+            let mut allowed = 0;
+            for i in 0..5 {
+                let l = if i % 2 == 0 { &a } else { &b };
+                let d = l.check("login", user.as_str(), 1).await.unwrap();
+                assert!(
+                    matches!(d.status(), tollgate::Status::Checked(_)),
+                    "{user}: {d:?}"
+                );
+                allowed += usize::from(d.allowed());
+            }
+            assert_eq!(allowed, 3, "{user}");
+        }
+        let mut per_node = Vec::new();
+        for node in cluster.nodes() {
+            let mut c = node.connection().await;
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("tollgate:login:*")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            per_node.push(keys.len());
+        }
+        assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
+
+        // One node loses its data: the per-master marker (read through CLUSTER SLOTS over
+        // TLS) notices, and the keys the instances saw spent are written back.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        a.check("login", "probe", 1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let node = &cluster.nodes()[1];
+        let mut c = node.connection().await;
+        let lost: Vec<String> = redis::cmd("KEYS")
+            .arg("tollgate:login:*")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+        let user = lost
+            .iter()
+            .find_map(|k| k.strip_prefix("tollgate:login:"))
+            .filter(|u| u.starts_with("user-"))
+            .expect("a user on the flushed node")
+            .to_owned();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            a.check("login", "probe", 1).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if b.peek("login", user.as_str()).await.unwrap().remaining() == Some(0) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the node's loss was never noticed"
+            );
+        }
+    }
+}

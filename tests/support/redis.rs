@@ -534,11 +534,26 @@ mod cluster {
         ///
         /// Panics (with the node logs) if that fails.
         pub fn start(masters: usize) -> RedisCluster {
+            Self::start_with(masters, || (Vec::new(), None))
+        }
+
+        /// [`start`](Self::start) with each node's `extra` options and its reserved
+        /// `tls_port` from `node()` (TLS: `--tls-port`, `--tls-cluster yes`, ...). The
+        /// nodes are joined over their plain ports.
+        pub fn start_with(
+            masters: usize,
+            node: impl Fn() -> (Vec<String>, Option<u16>),
+        ) -> RedisCluster {
             assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
             let mut failures = Vec::new();
             for attempt in 1..=CLUSTER_ATTEMPTS {
                 let nodes: Vec<RedisServer> = (0..masters)
-                    .map(|_| RedisServer::start_inner(Role::Cluster))
+                    .map(|_| {
+                        let (extra, tls_port) = node();
+                        let mut server = RedisServer::start_inner_with(Role::Cluster, extra);
+                        server.tls_port = tls_port;
+                        server
+                    })
                     .collect();
                 let cluster = RedisCluster { nodes };
                 match cluster.create().and_then(|()| cluster.wait_until_ok()) {

@@ -103,7 +103,11 @@ impl RedisTls {
 
     /// The same certificates as the `redis` crate takes them, for a client built by hand
     /// (`ClusterClientBuilder::certs`, `Client::build_with_tls`).
+    ///
+    /// Also makes rustls's ring provider the process default if none is, as
+    /// [`RedisStore::open_tls`](super::RedisStore::open_tls) does.
     pub fn certificates(&self) -> redis::TlsCertificates {
+        install_provider();
         redis::TlsCertificates {
             client_tls: self
                 .client
