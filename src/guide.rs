@@ -99,7 +99,7 @@ chapter!(simulate if feature = "rules");
 chapter!(suggest if feature = "rules");
 chapter!(sql if feature = "rules-sql");
 chapter!(redis if feature = "redis");
-chapter!(managed_redis if all(feature = "redis-tls", feature = "redis-cluster"));
+chapter!(managed_redis if all(feature = "redis-tls", feature = "redis-cluster", feature = "redis-sentinel"));
 chapter!(leases);
 chapter!(metrics);
 chapter!(operations);
