@@ -159,6 +159,33 @@ async fn mutual_tls_presents_the_client_certificate_and_fails_closed_without_it(
 }
 
 #[tokio::test]
+async fn an_acl_user_logs_in_over_tls_and_a_wrong_password_fails_closed() {
+    let pki = Pki::new();
+    let (server, port) = start_tls(&pki, false, &[]);
+    let mut admin = server.connection().await;
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "app", "on", ">app-password", "~*", "+@all"][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let tls = RedisTls::new().ca_pem(&pki.ca).unwrap();
+    let url = |password: &str| format!("rediss://app:{password}@127.0.0.1:{port}/");
+    let a = app(store(&url("app-password"), &tls), Quota::per_minute(1));
+    assert_eq!(first_answer(&a, "192.0.2.1").await, StatusCode::OK);
+    assert_eq!(
+        send(&a, req("/", "192.0.2.1")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let wrong = app(store(&url("not-it"), &tls), Quota::per_minute(100));
+    let refused = statuses(&wrong, 2, || req("/", "192.0.2.2")).await;
+    assert_eq!(
+        count(&refused, StatusCode::SERVICE_UNAVAILABLE),
+        2,
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
 async fn the_server_certificate_is_verified() {
     let pki = Pki::new();
     let (_server, port) = start_tls(&pki, false, &[]);
