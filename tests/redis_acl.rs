@@ -396,3 +396,60 @@ async fn refused_admin_commands_degrade_and_are_logged_once() {
     // No request failed because of an admin command.
     assert!(!sa.is_unavailable());
 }
+
+/// On Redis Cluster, the documented rule plus `+cluster|slots +ping` (what the guide says
+/// to add: the cluster client pings the nodes it connects to) on every node: checks in
+/// every slot range and the probe's markers per master (`CLUSTER SLOTS`), and no node
+/// denies anything.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test]
+async fn a_cluster_store_runs_under_the_documented_rule_with_cluster_slots_and_ping() {
+    use support::redis::RedisCluster;
+
+    let cluster = RedisCluster::start(3);
+    let mut rule = documented_rule();
+    rule.extend(["+cluster|slots".to_owned(), "+ping".to_owned()]);
+    for node in cluster.nodes() {
+        admin(node, &rule).await;
+        admin(node, &["ACL".into(), "LOG".into(), "RESET".into()]).await;
+    }
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://tollgate:{PASSWORD}@127.0.0.1:{}/", n.port()))
+        .collect();
+    let open = async || {
+        let client = redis::cluster::ClusterClient::new(urls.clone()).unwrap();
+        RedisStore::cluster(client.get_async_connection().await.unwrap())
+            .timeout(Duration::from_secs(2))
+    };
+    let spec =
+        || LimitSpec::new("gcra", Quota::per_minute(3)).on_store_failure(FailurePolicy::Deny);
+    let a = Limiter::builder(open().await)
+        .limit(spec())
+        .build()
+        .unwrap();
+    let b = Limiter::builder(open().await.deny_cache(false))
+        .limit(spec())
+        .build()
+        .unwrap();
+    for user in (0..12).map(|i| format!("user-{i}")) {
+        let mut allowed = 0;
+        for i in 0..5 {
+            let l = if i % 2 == 0 { &a } else { &b };
+            allowed +=
+                usize::from(by_redis(&ok(l.check("gcra", user.as_str(), 1)).await).allowed());
+        }
+        assert_eq!(allowed, 3, "{user}");
+    }
+    // The probe reads its markers (CLUSTER SLOTS) at most once a second: let it run twice.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        by_redis(&ok(a.check("gcra", "probe", 1)).await);
+        by_redis(&ok(b.check("gcra", "probe", 1)).await);
+    }
+    for node in cluster.nodes() {
+        let log = acl_log(node).await;
+        assert!(log.is_empty(), "node {} denied: {log:?}", node.port());
+    }
+}
