@@ -453,3 +453,70 @@ async fn a_cluster_store_runs_under_the_documented_rule_with_cluster_slots_and_p
         assert!(log.is_empty(), "node {} denied: {log:?}", node.port());
     }
 }
+
+/// Under Redis Sentinel: the master's ACL user and password from `SentinelOptions`, the
+/// documented rule plus `+role` (the client asks the master its role) on the master, and
+/// nothing denied.
+#[cfg(feature = "redis-sentinel")]
+#[tokio::test]
+async fn a_sentinel_store_logs_in_to_the_master_under_the_documented_rule_with_role() {
+    use tollgate::store::SentinelOptions;
+
+    let master = RedisServer::start();
+    let mut rule = documented_rule();
+    rule.push("+role".to_owned());
+    admin(&master, &rule).await;
+    // Without a password for the default user, a store that did not log in would pass.
+    admin(
+        &master,
+        &["ACL", "SETUSER", "default", "on", ">admin-only"].map(String::from),
+    )
+    .await;
+    let sentinel = RedisServer::start_sentinel(&master);
+    let mut log_reset = redis::cmd("ACL");
+    log_reset.arg("LOG").arg("RESET");
+    let admin_url = format!("redis://default:admin-only@127.0.0.1:{}/", master.port());
+    let mut admin_conn = redis::Client::open(admin_url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = log_reset.query_async(&mut admin_conn).await.unwrap();
+
+    let sentinels = [format!("redis://127.0.0.1:{}", sentinel.port())];
+    let open = || {
+        RedisStore::sentinel_with(
+            &sentinels,
+            "mymaster",
+            SentinelOptions::new().master_auth(Some("tollgate"), PASSWORD),
+        )
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+    };
+    let spec =
+        || LimitSpec::new("gcra", Quota::per_minute(3)).on_store_failure(FailurePolicy::Deny);
+    let a = Limiter::builder(open()).limit(spec()).build().unwrap();
+    let b = Limiter::builder(open()).limit(spec()).build().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ok(a.check("gcra", "first", 1)).await.allowed() {
+        assert!(Instant::now() < deadline, "never reached the master");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut allowed = 0;
+    for i in 0..5 {
+        let l = if i % 2 == 0 { &a } else { &b };
+        allowed += usize::from(by_redis(&ok(l.check("gcra", "k", 1)).await).allowed());
+    }
+    assert_eq!(allowed, 3);
+    // The probe (INFO, the marker, the heartbeat) runs at most once a second.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        by_redis(&ok(a.check("gcra", "probe", 1)).await);
+    }
+    let entries: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut admin_conn)
+        .await
+        .unwrap();
+    assert!(entries.is_empty(), "the master denied: {entries:?}");
+}
