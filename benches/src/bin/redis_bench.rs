@@ -217,8 +217,9 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     latencies.sort_unstable();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     println!(
-        "url={} tasks={} limits={} algorithm={} batch={} connections={} threads={} seconds={:.2} decisions={} not_allowed={failures} script_calls={calls}",
-        args.url,
+        "host={} tasks={} limits={} algorithm={} batch={} connections={} threads={} seconds={:.2} decisions={} not_allowed={failures} script_calls={calls}",
+        // The host only: the URL may hold a password.
+        args.url.rsplit('@').next().unwrap_or(&args.url),
         args.tasks,
         args.limits,
         args.algorithm,
