@@ -186,6 +186,19 @@ async fn an_acl_user_logs_in_over_tls_and_a_wrong_password_fails_closed() {
 }
 
 #[tokio::test]
+async fn a_server_that_speaks_only_tls_1_2_is_reached() {
+    let pki = Pki::new();
+    let (_server, port) = start_tls(&pki, false, &["--tls-protocols", "TLSv1.2"]);
+    let tls = RedisTls::new().ca_pem(&pki.ca).unwrap();
+    let a = app(store(&tls_url(port), &tls), Quota::per_minute(1));
+    assert_eq!(first_answer(&a, "192.0.2.1").await, StatusCode::OK);
+    assert_eq!(
+        send(&a, req("/", "192.0.2.1")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
 async fn the_server_certificate_is_verified() {
     let pki = Pki::new();
     let (_server, port) = start_tls(&pki, false, &[]);
