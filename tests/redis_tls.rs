@@ -491,4 +491,71 @@ mod cluster {
             );
         }
     }
+
+    #[tokio::test]
+    async fn a_cluster_node_killed_fails_its_keys_closed_and_its_restart_recovers_over_tls() {
+        let pki = Pki::new();
+        let mut cluster = RedisCluster::start_with(3, || {
+            let port = reserve_port();
+            let mut args = pki.server_args(port, false);
+            args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+            (args, Some(port))
+        });
+        let urls: Vec<String> = cluster
+            .nodes()
+            .iter()
+            .map(|n| {
+                let mut c = n.sync_connection().unwrap();
+                let port: (String, String) = redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("tls-port")
+                    .query(&mut c)
+                    .unwrap();
+                tls_url(port.1.parse().unwrap())
+            })
+            .collect();
+        let tls = RedisTls::new().ca_pem(&pki.ca).unwrap();
+        let spec =
+            LimitSpec::new("login", Quota::per_minute(1_000)).on_store_failure(FailurePolicy::Deny);
+        let a = Limiter::builder(
+            store(&urls, &tls)
+                .await
+                .breaker(2, Duration::from_millis(200)),
+        )
+        .limit(spec)
+        .build()
+        .unwrap();
+        let user = "user-killed";
+        let victim = cluster.node_for_key(format!("tollgate:login:{user}").as_bytes());
+        let d = a.check("login", user, 1).await.unwrap();
+        assert!(matches!(d.status(), tollgate::Status::Checked(_)), "{d:?}");
+
+        // `kill -9` of the node that holds the key: its checks fail closed.
+        cluster.kill_node(victim);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let d = a.check("login", user, 1).await.unwrap();
+            if !d.allowed() && matches!(d.status(), tollgate::Status::FailedClosed) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a dead node's key still decided: {d:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        // Restarted (empty, with its cluster configuration): the key is decided by Redis
+        // again, over TLS.
+        cluster.restart_node(victim);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let d = a.check("login", user, 1).await.unwrap();
+            if d.allowed() && matches!(d.status(), tollgate::Status::Checked(_)) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never recovered: {d:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }

@@ -683,6 +683,16 @@ mod cluster {
             Ok(())
         }
 
+        /// Kills node `i` with SIGKILL (see [`RedisServer::kill`]).
+        pub fn kill_node(&mut self, i: usize) {
+            self.nodes[i].kill();
+        }
+
+        /// Starts node `i` again on its port, with its `nodes.conf` (it rejoins empty).
+        pub fn restart_node(&mut self, i: usize) {
+            self.nodes[i].restart();
+        }
+
         /// One URL per node.
         pub fn urls(&self) -> Vec<String> {
             self.nodes.iter().map(RedisServer::url).collect()
