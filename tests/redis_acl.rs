@@ -400,10 +400,12 @@ async fn refused_admin_commands_degrade_and_are_logged_once() {
 /// On Redis Cluster, the documented rule plus `+cluster|slots +ping` (what the guide says
 /// to add: the cluster client pings the nodes it connects to) on every node: checks in
 /// every slot range and the probe's markers per master (`CLUSTER SLOTS`), and no node
-/// denies anything.
+/// denies anything; then, every node's scripts flushed and `SCRIPT LOAD` taken from the
+/// user, decisions go on by `EVAL`.
 #[cfg(feature = "redis-cluster")]
 #[tokio::test]
-async fn a_cluster_store_runs_under_the_documented_rule_with_cluster_slots_and_ping() {
+async fn a_cluster_store_runs_under_the_rule_with_cluster_slots_and_ping_and_scripts_lost_per_node_go_by_eval()
+ {
     use support::redis::RedisCluster;
 
     let cluster = RedisCluster::start(3);
@@ -452,6 +454,32 @@ async fn a_cluster_store_runs_under_the_documented_rule_with_cluster_slots_and_p
         let log = acl_log(node).await;
         assert!(log.is_empty(), "node {} denied: {log:?}", node.port());
     }
+
+    // Scripts are cached per node. Every node flushes them and the user loses
+    // `SCRIPT LOAD`: each node's first call answers NOSCRIPT, the load is refused, and the
+    // script goes by `EVAL` to the node of its keys; decisions stay Redis's.
+    for node in cluster.nodes() {
+        admin(
+            node,
+            &["ACL", "SETUSER", "tollgate", "-script|load"].map(String::from),
+        )
+        .await;
+        admin(node, &["SCRIPT".into(), "FLUSH".into()]).await;
+    }
+    for user in (0..12).map(|i| format!("after-flush-{i}")) {
+        assert!(by_redis(&ok(a.check("gcra", user.as_str(), 1)).await).allowed());
+    }
+    let mut refused = 0;
+    for node in cluster.nodes() {
+        let log = acl_log(node).await;
+        assert!(
+            log.iter().all(|(_, o)| o == "script|load"),
+            "node {} denied: {log:?}",
+            node.port()
+        );
+        refused += log.len();
+    }
+    assert!(refused > 0, "no node was asked to load a script");
 }
 
 /// Under Redis Sentinel: the master's ACL user and password from `SentinelOptions`, the
