@@ -58,7 +58,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let conn = redis::Client::open(url.as_str())?
                 .get_connection_manager()
                 .await?;
-            tracing::info!(%url, "using RedisStore");
+            // The host only: the URL may hold a password.
+            let host = url.rsplit('@').next().unwrap_or(&url);
+            tracing::info!(%host, "using RedisStore");
             app(tollgate::store::RedisStore::new(conn).prefix("delay-queue:"))?
         }
         #[cfg(not(feature = "redis"))]

@@ -112,8 +112,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .get_connection_manager()
                 .await?;
             let store = tollgate::store::RedisStore::new(conn).prefix("login-throttle:");
+            // The host only: the URL may hold a password.
+            let host = url.rsplit('@').next().unwrap_or(&url);
             tracing::info!(
-                %url,
+                %host,
                 "using RedisStore: every instance on this Redis shares the counts"
             );
             app(store)?

@@ -65,7 +65,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or(3000);
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    println!("listening on http://{addr}, limits shared through {url}");
+    // The host only: the URL may hold a password.
+    let host = url.rsplit('@').next().unwrap_or(&url);
+    println!("listening on http://{addr}, limits shared through Redis at {host}");
     println!(
         "try: for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}}\\n' http://{addr}/; done"
     );

@@ -33,6 +33,14 @@
 //! `LEASE_STATS=1` prints what lease mode decided once a second (`scripts/lease_stress.sh`
 //! runs several such servers under floods and Redis faults).
 //!
+//! With feature `redis-tls`, a `rediss://` URL speaks TLS (the platform's root
+//! certificates), and `REDIS_CA` (a PEM file) trusts that CA instead, `REDIS_CLIENT_CERT`
+//! and `REDIS_CLIENT_KEY` (PEM files) present a client certificate (mutual TLS):
+//!
+//! ```text
+//! REDIS_URL=rediss://app:secret@127.0.0.1:6380 REDIS_CA=ca.pem cargo run -p tollgate --example rules_server --features rules,redis-tls
+//! ```
+//!
 //! Under Redis Sentinel (feature `redis-sentinel`), `REDIS_SENTINELS` lists the sentinels and
 //! `REDIS_MASTER` names the master (default `mymaster`); failovers are followed:
 //!
@@ -86,8 +94,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         #[cfg(feature = "redis")]
         Ok(url) => {
             // Starts whether Redis is up or not (the failure policy answers meanwhile).
-            let store = tollgate::store::RedisStore::open(&url)?.prefix("tollgate-rules:");
-            println!("limits shared through {url}");
+            let store = open(&url)?.prefix("tollgate-rules:");
+            // The host only: the URL may hold a password.
+            let host = url.rsplit('@').next().unwrap_or(&url);
+            println!("limits shared through Redis at {host}");
             if std::env::var_os("LEASE_STATS").is_some() {
                 // What lease mode decided, once a second (scripts/lease_stress.sh reads it).
                 let store = store.clone();
@@ -108,6 +118,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(_) => Err("REDIS_URL needs the `redis` feature: --features rules,redis".into()),
         Err(_) => serve(MemoryStore::new()).await,
     }
+}
+
+/// The store at `url`, with `REDIS_CA`, `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY` if set
+/// (feature `redis-tls`).
+#[cfg(feature = "redis")]
+fn open(url: &str) -> Result<tollgate::store::RedisStore, ConfigError> {
+    #[cfg(feature = "redis-tls")]
+    if std::env::var_os("REDIS_CA").is_some() || std::env::var_os("REDIS_CLIENT_CERT").is_some() {
+        let mut tls = tollgate::store::RedisTls::new();
+        if let Some(ca) = std::env::var_os("REDIS_CA") {
+            tls = tls.ca_file(ca)?;
+        }
+        if let (Some(cert), Some(key)) = (
+            std::env::var_os("REDIS_CLIENT_CERT"),
+            std::env::var_os("REDIS_CLIENT_KEY"),
+        ) {
+            tls = tls.client_files(cert, key)?;
+        }
+        return tollgate::store::RedisStore::open_tls(url, 1, &tls);
+    }
+    tollgate::store::RedisStore::open(url)
 }
 
 /// Serves the rules from `RULES_DB` or `RULES`, kept in `store`.

@@ -80,6 +80,7 @@ cargo check -p tollgate --no-default-features --features axum
 cargo check -p tollgate --no-default-features --features redis
 cargo check -p tollgate --no-default-features --features redis-cluster
 cargo check -p tollgate --no-default-features --features redis-sentinel
+cargo check -p tollgate --no-default-features --features redis-tls
 cargo check -p tollgate --no-default-features --features metrics
 cargo check -p tollgate --no-default-features --features grpc
 cargo check -p tollgate --no-default-features --features audit-sql

@@ -40,6 +40,10 @@
 //!
 //! - [Sharing limits across instances (Redis)](redis): failure policies, the outage bound,
 //!   RESP3, pools, Sentinel, lost state.
+//! - [Connecting to a managed Redis](managed_redis): TLS (`rediss://`, a CA, client
+//!   certificates), ACL users and the least rule, renamed or forbidden commands, and the
+//!   URL forms of Azure Cache, ElastiCache and MemoryDB, Memorystore, Redis Cloud and
+//!   Upstash.
 //! - [Leases](leases): shared limits without a call per request.
 //! - [Testing your limits](testing): a simulated shared store with latency, outages and
 //!   restarts, instances over it and tokio's paused clock (feature `testing`), for
@@ -95,6 +99,7 @@ chapter!(simulate if feature = "rules");
 chapter!(suggest if feature = "rules");
 chapter!(sql if feature = "rules-sql");
 chapter!(redis if feature = "redis");
+chapter!(managed_redis if all(feature = "redis-tls", feature = "redis-cluster", feature = "redis-sentinel"));
 chapter!(leases);
 chapter!(metrics);
 chapter!(operations);

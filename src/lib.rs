@@ -103,6 +103,7 @@
 //! | `redis` | no | `store::RedisStore` on the `redis` crate's `ConnectionManager` |
 //! | `redis-cluster` | no | `RedisStore::cluster` for Redis Cluster |
 //! | `redis-sentinel` | no | `RedisStore::sentinel`: the master Redis Sentinel names, following failovers |
+//! | `redis-tls` | no | `rediss://` on rustls, `RedisStore::open_tls` and `RedisTls` (a CA, client certificates) |
 //! | `metrics` | no | metrics through the `metrics` facade, a fixed schema (module `metrics` when enabled) |
 //! | `grpc` | no | gRPC refusals for tonic services, `PeerIp` from tonic's `TcpConnectInfo` (`grpc` module when enabled) |
 //! | `audit-sql` | no | `SqlViolationSink`, the audit log into SQLite's `RateLimitViolation` table, with the `RateLimitRule` / `RateLimitViolation` schema and its migration (`sqlx`, SQLite only; `sql` module when enabled); nothing of the rules stack |

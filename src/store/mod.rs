@@ -42,6 +42,12 @@ use smallvec::SmallVec;
 pub(crate) use crate::model::decision::Status;
 pub use ban::{BanCall, BanFuture, BanReply};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore, MemoryTable};
+#[cfg(feature = "redis-tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
+pub use redis::RedisTls;
+#[cfg(feature = "redis-sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
+pub use redis::SentinelOptions;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{IN_FLIGHT_DEADLINE, RedisBackend, RedisStore, RedisTable};

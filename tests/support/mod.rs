@@ -13,6 +13,8 @@ use tower::ServiceExt;
 
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis-tls")]
+pub mod tls;
 
 /// A GET request from `peer`.
 pub fn get(path: &str, peer: &str) -> Request<Body> {

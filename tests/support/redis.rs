@@ -184,8 +184,9 @@ enum Role {
     Sentinel(u16),
 }
 
-/// Spawns `redis-server` on `port` with its files in `dir` and waits until it answers.
-fn spawn(port: u16, dir: &Path, role: Role) -> Result<Running, SpawnError> {
+/// Spawns `redis-server` on `port` with its files in `dir` and the options `extra` after
+/// the usual ones, and waits until it answers.
+fn spawn(port: u16, dir: &Path, role: Role, extra: &[String]) -> Result<Running, SpawnError> {
     let output = File::options()
         .create(true)
         .append(true)
@@ -232,6 +233,7 @@ fn spawn(port: u16, dir: &Path, role: Role) -> Result<Running, SpawnError> {
         cmd.args(["--replicaof", "127.0.0.1"])
             .arg(master.to_string());
     }
+    cmd.args(extra);
     let redis = cmd
         .stdin(Stdio::null())
         .stdout(output)
@@ -301,6 +303,10 @@ pub struct RedisServer {
     dir: PathBuf,
     cluster: bool,
     role: Role,
+    /// Options after the usual ones (TLS, ACL, renamed commands), kept for restarts.
+    extra: Vec<String>,
+    /// A second port this handle reserved (the TLS port), released on drop.
+    tls_port: Option<u16>,
     process: Option<Running>,
 }
 
@@ -310,6 +316,15 @@ impl RedisServer {
     /// Panics (with the end of the server log) if it cannot be started.
     pub fn start() -> RedisServer {
         Self::start_inner(Role::Plain)
+    }
+
+    /// Starts a server with `extra` options after the usual ones (`--rename-command`, ...);
+    /// `tls_port`, a port reserved with [`reserve_port`], is released with the handle.
+    #[allow(dead_code)]
+    pub fn start_with(extra: Vec<String>, tls_port: Option<u16>) -> RedisServer {
+        let mut server = Self::start_inner_with(Role::Plain, extra);
+        server.tls_port = tls_port;
+        server
     }
 
     /// Starts a replica of `master` (it syncs in the background).
@@ -324,19 +339,51 @@ impl RedisServer {
         Self::start_inner(Role::Sentinel(master.port))
     }
 
+    /// Starts a replica of the master on `master_port` (its TLS port, say) with `extra`
+    /// options; `tls_port` as in [`start_with`](Self::start_with).
+    #[allow(dead_code)]
+    pub fn start_replica_with(
+        master_port: u16,
+        extra: Vec<String>,
+        tls_port: Option<u16>,
+    ) -> RedisServer {
+        let mut server = Self::start_inner_with(Role::Replica(master_port), extra);
+        server.tls_port = tls_port;
+        server
+    }
+
+    /// Starts a Sentinel that watches the master on `master_port` as `mymaster`, with
+    /// `extra` options after its configuration file.
+    #[allow(dead_code)]
+    pub fn start_sentinel_with(
+        master_port: u16,
+        extra: Vec<String>,
+        tls_port: Option<u16>,
+    ) -> RedisServer {
+        let mut server = Self::start_inner_with(Role::Sentinel(master_port), extra);
+        server.tls_port = tls_port;
+        server
+    }
+
     fn start_inner(role: Role) -> RedisServer {
+        Self::start_inner_with(role, Vec::new())
+    }
+
+    fn start_inner_with(role: Role, extra: Vec<String>) -> RedisServer {
         let cluster = role == Role::Cluster;
         let mut failures = Vec::new();
         for attempt in 1..=START_ATTEMPTS {
             let port = pick_port(cluster);
             let dir = make_dir(port);
-            match spawn(port, &dir, role) {
+            match spawn(port, &dir, role, &extra) {
                 Ok(running) => {
                     return RedisServer {
                         port,
                         dir,
                         cluster,
                         role,
+                        extra,
+                        tls_port: None,
                         process: Some(running),
                     };
                 }
@@ -395,7 +442,7 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            match spawn(self.port, &self.dir, self.role) {
+            match spawn(self.port, &self.dir, self.role, &self.extra) {
                 Ok(running) => {
                     self.process = Some(running);
                     return;
@@ -448,7 +495,16 @@ impl Drop for RedisServer {
         self.kill();
         let _ = fs::remove_dir_all(&self.dir);
         release_port(self.port, self.cluster);
+        if let Some(tls) = self.tls_port {
+            release_port(tls, false);
+        }
     }
+}
+
+/// A free loopback port reserved in this process (for a server's second, TLS, port).
+#[allow(dead_code)]
+pub fn reserve_port() -> u16 {
+    pick_port(false)
 }
 
 // Unused in test binaries that only need single servers.
@@ -478,11 +534,26 @@ mod cluster {
         ///
         /// Panics (with the node logs) if that fails.
         pub fn start(masters: usize) -> RedisCluster {
+            Self::start_with(masters, || (Vec::new(), None))
+        }
+
+        /// [`start`](Self::start) with each node's `extra` options and its reserved
+        /// `tls_port` from `node()` (TLS: `--tls-port`, `--tls-cluster yes`, ...). The
+        /// nodes are joined over their plain ports.
+        pub fn start_with(
+            masters: usize,
+            node: impl Fn() -> (Vec<String>, Option<u16>),
+        ) -> RedisCluster {
             assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
             let mut failures = Vec::new();
             for attempt in 1..=CLUSTER_ATTEMPTS {
                 let nodes: Vec<RedisServer> = (0..masters)
-                    .map(|_| RedisServer::start_inner(Role::Cluster))
+                    .map(|_| {
+                        let (extra, tls_port) = node();
+                        let mut server = RedisServer::start_inner_with(Role::Cluster, extra);
+                        server.tls_port = tls_port;
+                        server
+                    })
                     .collect();
                 let cluster = RedisCluster { nodes };
                 match cluster.create().and_then(|()| cluster.wait_until_ok()) {
@@ -610,6 +681,16 @@ mod cluster {
                 }
             }
             Ok(())
+        }
+
+        /// Kills node `i` with SIGKILL (see [`RedisServer::kill`]).
+        pub fn kill_node(&mut self, i: usize) {
+            self.nodes[i].kill();
+        }
+
+        /// Starts node `i` again on its port, with its `nodes.conf` (it rejoins empty).
+        pub fn restart_node(&mut self, i: usize) {
+            self.nodes[i].restart();
         }
 
         /// One URL per node.

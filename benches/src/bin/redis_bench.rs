@@ -22,6 +22,11 @@
 //! sets [`RedisStore::batch`]; `--batch 1` sends each check in a call of its own.
 //! `--connections N` (default 1) opens the store with [`RedisStore::open_pool`], and
 //! `--threads N` (default 1) runs the tasks on a multi-threaded runtime of N workers. `scripts/redis_compare.sh` runs it beside `redis-benchmark` on the same script.
+//!
+//! With the feature `redis-tls`, `--ca FILE` opens a `rediss://` URL with
+//! [`RedisStore::open_tls`] trusting that CA, and `--admin-url URL` reads Redis's
+//! statistics over another URL (the same server's plain port): `scripts/tls_compare.sh`
+//! runs it over TLS and plain, in alternating rounds.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +44,10 @@ struct Args {
     batch: usize,
     connections: usize,
     threads: usize,
+    /// The CA of a `rediss://` URL (feature `redis-tls`).
+    ca: Option<String>,
+    /// Where Redis's statistics are read (default: `url`).
+    admin_url: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -52,6 +61,8 @@ fn parse_args() -> Result<Args, String> {
         batch: 128,
         connections: 1,
         threads: 1,
+        ca: None,
+        admin_url: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -74,6 +85,8 @@ fn parse_args() -> Result<Args, String> {
             "--threads" => {
                 args.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?
             }
+            "--ca" => args.ca = Some(value()?),
+            "--admin-url" => args.admin_url = Some(value()?),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -92,7 +105,7 @@ fn parse_args() -> Result<Args, String> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args().map_err(|e| {
-        format!("{e}\nusage: redis_bench --url URL --tasks N --seconds S --limits L [--prefix P] [--algorithm A] [--batch N] [--connections N] [--threads N]")
+        format!("{e}\nusage: redis_bench --url URL --tasks N --seconds S --limits L [--prefix P] [--algorithm A] [--batch N] [--connections N] [--threads N] [--ca FILE] [--admin-url URL]")
     })?;
     let runtime = if args.threads == 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -108,9 +121,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let client = redis::Client::open(args.url.as_str())?;
+    let client = redis::Client::open(args.admin_url.as_deref().unwrap_or(&args.url))?;
     let mut admin = client.get_multiplexed_async_connection().await?;
-    let store = RedisStore::open_pool(&args.url, args.connections)?
+    let store = match &args.ca {
+        None => RedisStore::open_pool(&args.url, args.connections)?,
+        #[cfg(feature = "redis-tls")]
+        Some(ca) => {
+            let tls = tollgate::store::RedisTls::new().ca_file(ca)?;
+            RedisStore::open_tls(&args.url, args.connections, &tls)?
+        }
+        #[cfg(not(feature = "redis-tls"))]
+        Some(_) => return Err("--ca needs the feature redis-tls".into()),
+    };
+    let store = store
         .batch(args.batch)
         .prefix(args.prefix.as_str())
         .deny_cache(false)
@@ -194,8 +217,9 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     latencies.sort_unstable();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     println!(
-        "url={} tasks={} limits={} algorithm={} batch={} connections={} threads={} seconds={:.2} decisions={} not_allowed={failures} script_calls={calls}",
-        args.url,
+        "host={} tasks={} limits={} algorithm={} batch={} connections={} threads={} seconds={:.2} decisions={} not_allowed={failures} script_calls={calls}",
+        // The host only: the URL may hold a password.
+        args.url.rsplit('@').next().unwrap_or(&args.url),
         args.tasks,
         args.limits,
         args.algorithm,

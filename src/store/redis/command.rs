@@ -5,23 +5,44 @@ use std::sync::atomic::AtomicUsize;
 
 use super::*;
 
-pub(super) static GCRA: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+/// A Lua script: loaded once, run by `EVALSHA`; its text kept for `EVAL` where
+/// `SCRIPT LOAD` is refused.
+pub(super) struct Lua {
+    script: Script,
+    code: &'static str,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        Self {
+            script: Script::new(code),
+            code,
+        }
+    }
+
+    /// The script's SHA-1, what `EVALSHA` names it by.
+    pub(super) fn get_hash(&self) -> &str {
+        self.script.get_hash()
+    }
+}
+
+pub(super) static GCRA: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         include_str!("../../../lua/window.lua"),
         include_str!("../../../lua/gcra.lua")
     ))
 });
-pub(super) static REFUND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/refund.lua")));
-pub(super) static OPS: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+pub(super) static REFUND: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../../lua/refund.lua")));
+pub(super) static OPS: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         include_str!("../../../lua/window.lua"),
         include_str!("../../../lua/ops.lua")
     ))
 });
 
-pub(super) static BAN: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/ban.lua")));
+pub(super) static BAN: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../../../lua/ban.lua")));
 
 /// Integers per GCRA limit in a `gcra.lua` reply (after the leading `now`).
 pub(super) const REPLY_WIDTH: usize = 3;
@@ -43,11 +64,12 @@ pub(super) enum Connection {
 
 impl Connection {
     /// Sends `evalsha` (an `EVALSHA` of `script`); on NOSCRIPT (after a restart, a failover
-    /// or `SCRIPT FLUSH`) loads the script (on every node of a cluster) and sends it again.
+    /// or `SCRIPT FLUSH`) loads the script (on every node of a cluster) and sends it again,
+    /// or sends it by `EVAL` where `SCRIPT LOAD` is refused.
     pub(super) async fn eval<T: redis::FromRedisValue>(
         &self,
         evalsha: &redis::Cmd,
-        script: &Script,
+        script: &Lua,
     ) -> redis::RedisResult<T> {
         match self {
             Connection::Single(c) => eval_on(&mut c.clone(), evalsha, script).await,
@@ -132,21 +154,64 @@ impl Pool {
 pub(super) async fn eval_on<T: redis::FromRedisValue>(
     conn: &mut impl redis::aio::ConnectionLike,
     evalsha: &redis::Cmd,
-    script: &Script,
+    script: &Lua,
 ) -> redis::RedisResult<T> {
     match evalsha.query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.load_async(conn).await?;
-            evalsha.query_async(conn).await
+            match script.script.load_async(conn).await {
+                Ok(_) => evalsha.query_async(conn).await,
+                Err(e) if super::admin::is_refusal(&e) => {
+                    super::admin::refused(super::admin::Admin::ScriptLoad, &e);
+                    as_eval(evalsha, script).query_async(conn).await
+                }
+                Err(e) => Err(e),
+            }
         }
         result => result,
     }
 }
 
+/// `evalsha` as an `EVAL` of `script`'s text, with the same keys and arguments.
+fn as_eval(evalsha: &redis::Cmd, script: &Lua) -> redis::Cmd {
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(script.code);
+    for arg in evalsha.args_iter().skip(2) {
+        if let redis::Arg::Simple(bytes) = arg {
+            eval.arg(bytes);
+        }
+    }
+    eval
+}
+
 /// The head of an `EVALSHA` of `script` with `keys` keys: the caller appends the keys,
 /// then the script's arguments.
-pub(super) fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
+pub(super) fn evalsha(script: &Lua, keys: usize) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys);
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_evalsha_becomes_the_same_eval() {
+        let mut cmd = evalsha(&REFUND, 2);
+        cmd.arg("k1").arg(b"k2".as_slice()).arg(7);
+        let eval = as_eval(&cmd, &REFUND);
+        let args: Vec<Vec<u8>> = eval
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(args[0], b"EVAL");
+        assert_eq!(args[1], REFUND.code.as_bytes());
+        assert_eq!(
+            &args[2..],
+            [b"2".to_vec(), b"k1".to_vec(), b"k2".to_vec(), b"7".to_vec()]
+        );
+    }
 }

@@ -27,9 +27,10 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::admin::{Admin, is_refusal, refused};
 use super::command::Connection;
 
 /// How often a store reads the marker back.
@@ -67,6 +68,8 @@ pub(super) struct Epoch {
     resets: AtomicU64,
     /// What the server said last.
     server: Mutex<Server>,
+    /// Whether the server refused `INFO` (renamed, disabled, not granted): not asked again.
+    info_refused: AtomicBool,
     /// This store's own name (whose in-flight units an entry counts), and the most live
     /// instances counted within the last `LIVE_FOR` (0 until counted), with when that
     /// most was last seen (ms since `started`).
@@ -76,7 +79,7 @@ pub(super) struct Epoch {
     /// The heartbeat's last round trip in nanoseconds (0: none yet).
     round_trip_ns: AtomicU64,
     /// Whether the probe's timer runs (see `RedisBackend::probe_epoch`).
-    ticking: std::sync::atomic::AtomicBool,
+    ticking: AtomicBool,
 }
 
 impl Default for Epoch {
@@ -87,11 +90,12 @@ impl Default for Epoch {
             known: Mutex::new(HashMap::new()),
             resets: AtomicU64::new(0),
             server: Mutex::default(),
+            info_refused: AtomicBool::new(false),
             id: format!("{:016x}", random()),
             instances: AtomicU64::new(0),
             instances_at_ms: AtomicU64::new(0),
             round_trip_ns: AtomicU64::new(0),
-            ticking: std::sync::atomic::AtomicBool::new(false),
+            ticking: AtomicBool::new(false),
         }
     }
 }
@@ -155,10 +159,14 @@ impl Epoch {
             s.follow().await;
         }
         let mut lost = self.markers(conn, prefix).await?;
-        if !conn.is_cluster() {
-            // `INFO` renamed or disabled: only the marker is read.
+        if !conn.is_cluster() && !self.info_refused.load(Ordering::Relaxed) {
+            // `INFO` renamed, disabled or not granted: only the marker is read.
             match self.server(conn).await {
                 Ok(changed) => lost |= changed,
+                Err(error) if is_refusal(&error) => {
+                    self.info_refused.store(true, Ordering::Relaxed);
+                    refused(Admin::Info, &error);
+                }
                 Err(error) => tracing::debug!(%error, "tollgate: reading Redis INFO failed"),
             }
         }
@@ -281,9 +289,18 @@ async fn marker_keys(conn: &Connection, prefix: &[u8]) -> redis::RedisResult<Vec
     if !conn.is_cluster() || has_hash_tag(prefix) {
         return Ok(vec![base]);
     }
-    let ranges: Vec<redis::Value> = conn
+    let ranges: Vec<redis::Value> = match conn
         .query(&redis::cmd("CLUSTER").arg("SLOTS").clone())
-        .await?;
+        .await
+    {
+        Ok(ranges) => ranges,
+        // Renamed, disabled or not granted: the one marker of the prefix.
+        Err(error) if is_refusal(&error) => {
+            refused(Admin::ClusterSlots, &error);
+            return Ok(vec![base]);
+        }
+        Err(error) => return Err(error),
+    };
     let mut keys = Vec::new();
     for range in ranges {
         let redis::Value::Array(fields) = range else {

@@ -1,15 +1,25 @@
 //! [`RedisStore`]: bucket state in Redis.
 
+mod admin;
 mod ban;
 mod batch;
 mod command;
 mod epoch;
 mod held;
 mod keys;
+mod open;
 mod reply;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
 mod settle;
+#[cfg(feature = "redis-tls")]
+mod tls;
+mod url;
+
+#[cfg(feature = "redis-sentinel")]
+pub use self::sentinel::SentinelOptions;
+#[cfg(feature = "redis-tls")]
+pub use self::tls::RedisTls;
 
 use std::fmt;
 use std::future::Future;
@@ -32,7 +42,6 @@ use crate::algo::gcra::{self, Params};
 use crate::algo::quota::Quota;
 use crate::algo::window;
 use crate::base::clock::{Clock, SharedClock};
-use crate::base::error::ConfigError;
 use crate::model::decision::{Outcome, Status};
 use crate::model::key::Key;
 use crate::model::policy::Mode;
@@ -80,9 +89,6 @@ use crate::model::policy::Mode;
 /// see then, and clones made earlier keep the earlier settings.
 #[derive(Clone)]
 pub struct RedisStore(Resilient<RedisBackend>);
-
-/// The most connections [`RedisStore::open_pool`] opens.
-const MAX_CONNECTIONS: usize = 64;
 
 /// How long an in-flight limit's units count in Redis without a renewal, by default: an
 /// instance that dies frees its units this long after its last renewal (once a second).
@@ -161,151 +167,6 @@ impl RedisBackend {
 }
 
 impl RedisStore {
-    /// A store on the Redis server at `url` (`redis://[user:password@]host[:port][/db]`,
-    /// `rediss://` with a TLS feature of the `redis` crate, `unix:///path`) that never fails
-    /// because Redis is down: the connection is made on the first request and remade
-    /// whenever it is lost, and until Redis answers each limit follows its
-    /// [`FailurePolicy`](crate::FailurePolicy). Connecting waits at most 1 s per attempt.
-    ///
-    /// An error only if the URL does not parse (the error names the URL, its password
-    /// hidden) or if it is called outside a Tokio runtime (the connection's task needs
-    /// one).
-    ///
-    /// `?protocol=resp3` at the end of the URL speaks RESP3 (Redis 6 and later): the
-    /// scripts' answers read the same, and in a benchmark of 64 concurrent single-limit
-    /// checks it decided 1.14–1.16× as many per second as RESP2, Redis spending about 9%
-    /// less CPU per decision (three limits per request: within noise). RESP2 stays the
-    /// default, which every Redis version speaks.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate::ConfigError> {
-    /// use tollgate::store::RedisStore;
-    ///
-    /// // Nothing listens on port 1: the store is made all the same.
-    /// let store = RedisStore::open("redis://127.0.0.1:1/")?;
-    /// assert!(RedisStore::open("http://127.0.0.1/").is_err());
-    /// # let _ = store; Ok(()) }
-    /// ```
-    pub fn open(url: &str) -> Result<Self, ConfigError> {
-        Self::open_pool(url, 1)
-    }
-
-    /// [`open`](Self::open) with `connections` connections to the server, each multiplexed,
-    /// that calls take in turn (at most 64; 0 counts as 1).
-    ///
-    /// One connection carries any number of concurrent calls, but one task reads all its
-    /// replies, so the client side of one store's traffic runs on one thread at a time. On a
-    /// machine with many cores and a busy store, several connections spread that work;
-    /// each connection also gets its own in-flight batches (see [`batch`](Self::batch)).
-    ///
-    /// Measure before choosing more than one. On a 2-core machine, where Redis's own core
-    /// is the limit, two worker threads and 64 tasks of one limit each decided about 0.86×
-    /// as many per second over 2 connections as over one, and 0.74× over 4 (medians of
-    /// three rounds); with 256 tasks, 1.11× and 0.95×, within the rounds' spread. Redis
-    /// spends more time per decision there, since more calls in flight make smaller batches.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate::ConfigError> {
-    /// use tollgate::store::RedisStore;
-    ///
-    /// let store = RedisStore::open_pool("redis://127.0.0.1:1/", 4)?;
-    /// # let _ = store; Ok(()) }
-    /// ```
-    pub fn open_pool(url: &str, connections: usize) -> Result<Self, ConfigError> {
-        let shown = hide_password(url);
-        let client = redis::Client::open(url)
-            .map_err(|e| ConfigError::new("redis_url", format!("`{shown}`: {e}")))?;
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(ConfigError::new(
-                "redis_url",
-                format!(
-                    "`{shown}`: RedisStore::open needs a Tokio runtime (call it from async code)"
-                ),
-            ));
-        }
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(std::time::Duration::from_secs(1)));
-        let conns = (0..connections.clamp(1, MAX_CONNECTIONS))
-            .map(|_| client.get_connection_manager_lazy(config.clone()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ConfigError::new("redis_url", format!("`{shown}`: {e}")))?;
-        Self::pool(conns).ok_or_else(|| ConfigError::new("redis_url", "no connection"))
-    }
-
-    /// A store on one Redis server over several connections, taken in turn call by call
-    /// (see [`open_pool`](Self::open_pool)); `None` without any.
-    pub fn pool(conns: impl IntoIterator<Item = ConnectionManager>) -> Option<Self> {
-        let mut conns: Vec<ConnectionManager> = conns.into_iter().collect();
-        let conn = match conns.len() {
-            0 => return None,
-            1 => Connection::Single(conns.pop().expect("one")),
-            _ => Connection::Pool(Arc::new(command::Pool::new(conns))),
-        };
-        Some(Self(Resilient::new(RedisBackend::with_connection(conn))))
-    }
-
-    /// A store on one Redis server (or a primary with replicas behind one address),
-    /// through an auto-reconnecting connection manager.
-    pub fn new(conn: ConnectionManager) -> Self {
-        Self(Resilient::new(RedisBackend::with_connection(
-            Connection::Single(conn),
-        )))
-    }
-
-    /// A store on a Redis Cluster (feature `redis-cluster`).
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
-    pub fn cluster(conn: redis::cluster_async::ClusterConnection) -> Self {
-        Self(Resilient::new(RedisBackend::with_connection(
-            Connection::Cluster(conn),
-        )))
-    }
-
-    /// A store on the master that Redis Sentinel calls `master`, asking the sentinels at
-    /// `sentinels` (`redis://host:port` each) where it is (feature `redis-sentinel`).
-    ///
-    /// It follows failovers: the connection is made on the first request, and after a
-    /// failed call (a dead master, or a demoted one answering `READONLY`) the next call asks
-    /// the sentinels again. Meanwhile the limits follow their failure policy, as with any
-    /// Redis outage. Like [`open`](Self::open), it never fails because Redis or the
-    /// sentinels are down; an error only if a URL does not parse.
-    ///
-    /// ```
-    /// use tollgate::store::RedisStore;
-    ///
-    /// let store = RedisStore::sentinel(
-    ///     ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380", "redis://127.0.0.1:26381"],
-    ///     "mymaster",
-    /// )?;
-    /// # let _ = store;
-    /// # Ok::<(), tollgate::ConfigError>(())
-    /// ```
-    #[cfg(feature = "redis-sentinel")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
-    pub fn sentinel(
-        sentinels: impl IntoIterator<Item = impl AsRef<str>>,
-        master: &str,
-    ) -> Result<Self, ConfigError> {
-        let sentinels: Vec<String> = sentinels
-            .into_iter()
-            .map(|s| s.as_ref().to_owned())
-            .collect();
-        let shown: Vec<String> = sentinels.iter().map(|s| hide_password(s)).collect();
-        if sentinels.is_empty() {
-            return Err(ConfigError::new(
-                "sentinels",
-                "at least one sentinel is needed",
-            ));
-        }
-        let conn = sentinel::SentinelConnection::new(sentinels, master)
-            .map_err(|e| ConfigError::new("sentinels", format!("{}: {e}", shown.join(", "))))?;
-        Ok(Self(Resilient::new(RedisBackend::with_connection(
-            Connection::Sentinel(Arc::new(conn)),
-        ))))
-    }
-
     fn map(self, f: impl FnOnce(Resilient<RedisBackend>) -> Resilient<RedisBackend>) -> Self {
         Self(f(self.0))
     }
@@ -1114,60 +975,5 @@ impl Backend for RedisBackend {
         call: crate::store::BanCall,
     ) -> Option<crate::store::BanFuture> {
         Some(self.ban_call(table, key, call))
-    }
-}
-
-/// `url` with the password of its user part (between `:` and `@` after the scheme) replaced
-/// by `***`, for error messages.
-fn hide_password(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end + 3..];
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
-    };
-    let Some(colon) = authority[..at].find(':') else {
-        return url.to_owned();
-    };
-    let start = scheme_end + 3 + colon + 1;
-    let end = scheme_end + 3 + at;
-    format!("{}***{}", &url[..start], &url[end..])
-}
-
-#[cfg(test)]
-mod open_tests {
-    use super::*;
-
-    #[test]
-    fn hide_password_hides_only_the_password() {
-        assert_eq!(
-            hide_password("redis://u:secret@h:6379/0"),
-            "redis://u:***@h:6379/0"
-        );
-        assert_eq!(hide_password("redis://:secret@h/"), "redis://:***@h/");
-        assert_eq!(hide_password("redis://h:6379/"), "redis://h:6379/");
-        assert_eq!(hide_password("redis://u@h/"), "redis://u@h/");
-        assert_eq!(hide_password("not a url"), "not a url");
-        assert_eq!(hide_password("redis://h/a:b@c"), "redis://h/a:b@c");
-    }
-
-    #[test]
-    fn open_refuses_a_bad_url_naming_it_without_its_password() {
-        let err = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async { RedisStore::open("http://u:secret@127.0.0.1/").unwrap_err() });
-        assert_eq!(err.field(), "redis_url");
-        assert!(err.reason().contains("http://u:***@127.0.0.1/"), "{err}");
-        assert!(!err.to_string().contains("secret"), "{err}");
-    }
-
-    #[test]
-    fn open_outside_a_runtime_is_an_error_not_a_panic() {
-        let err = RedisStore::open("redis://127.0.0.1:1/").unwrap_err();
-        assert!(err.reason().contains("Tokio runtime"), "{err}");
     }
 }
