@@ -171,6 +171,15 @@ pub mod service {
     pub use crate::middleware::service::RateLimit;
 }
 
+/// Limits inside long-lived requests: the units of a stream (messages, bytes) charged to
+/// a limit one by one ([`Pacer`](pace::Pacer), made by [`Limiter::pacer`]), and bodies
+/// paced to a rate per key ([`PacedBody`](pace::PacedBody)). Guide chapter
+/// [`streams`](crate::guide::streams).
+pub mod pace {
+    pub use crate::limiter::pace::{OverLimit, PaceError, Pacer};
+    pub use crate::middleware::pace::{BoxError, PacedBody};
+}
+
 pub use algo::algorithm::{Algorithm, Phase};
 pub use algo::quota::Quota;
 pub use base::error::ConfigError;

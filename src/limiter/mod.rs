@@ -2,6 +2,7 @@
 //! buckets the middleware fills, from handlers, background jobs or other stacks.
 
 pub(crate) mod estimate;
+pub(crate) mod pace;
 pub(crate) mod permit;
 pub(crate) mod reservation;
 
@@ -19,6 +20,7 @@ use crate::base::error::ConfigError;
 use crate::engine::ban::BannedKey;
 use crate::engine::delay::WaitCounts;
 use crate::engine::{Engine, unique_names};
+use crate::limiter::pace::{OverLimit, Pacer};
 use crate::limiter::permit::Permit;
 use crate::limiter::reservation::Reservation;
 use crate::model::decision::{Decision, LimitDecision};
@@ -134,6 +136,8 @@ pub(crate) trait Handle: Send + Sync + 'static {
     fn can_settle(&self, limit: &str) -> Result<(), LimiterError>;
     /// How the limit called `limit` counts, if there is one.
     fn algorithm(&self, limit: &str) -> Option<Algorithm>;
+    /// The quota of the limit called `limit`, if there is one.
+    fn quota(&self, limit: &str) -> Option<Quota>;
     /// The keys a banning limit has banned.
     fn bans(&self, limit: &str) -> Result<Vec<BannedKey>, LimiterError> {
         Err(LimiterError::NoBan {
@@ -181,6 +185,10 @@ impl<St: Store> Engine<St> {
 impl<St: Store> Handle for Engine<St> {
     fn algorithm(&self, limit: &str) -> Option<Algorithm> {
         self.find(limit).map(|i| self.bounds[i].spec.algorithm)
+    }
+
+    fn quota(&self, limit: &str) -> Option<Quota> {
+        self.find(limit).map(|i| self.bounds[i].spec.quota)
     }
 
     fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
@@ -375,6 +383,50 @@ impl Limiter {
     /// The names of the limits this handle reaches.
     pub fn limits(&self) -> Vec<&'static str> {
         self.inner.names()
+    }
+
+    /// The quota of the limit called `limit`, if this handle reaches one.
+    pub fn quota(&self, limit: &str) -> Option<Quota> {
+        self.inner.quota(limit)
+    }
+
+    /// A [`Pacer`] charging the units of one stream (messages, bytes) to `limit` for
+    /// `key`, waiting or refusing over the limit as `over` says. Made once per stream (the
+    /// key is computed once); it holds nothing until charged, and gives back on drop what
+    /// it took and did not use.
+    ///
+    /// GCRA and fixed windows; with [`OverLimit::Wait`], a sliding window or log answers
+    /// [`LimiterError::Unsupported`] (it takes no reservations), as does an in-flight
+    /// limit either way.
+    pub fn pacer(
+        &self,
+        limit: &str,
+        key: impl IntoKey,
+        over: OverLimit,
+    ) -> Result<Pacer, LimiterError> {
+        let names = self.inner.names();
+        let (Some(name), Some(quota), Some(algorithm)) = (
+            names.iter().copied().find(|n| *n == limit),
+            self.inner.quota(limit),
+            self.inner.algorithm(limit),
+        ) else {
+            return Err(LimiterError::unknown(limit, names));
+        };
+        let reserves = !matches!(algorithm, Algorithm::SlidingWindow | Algorithm::SlidingLog)
+            && !algorithm.is_calendar();
+        if algorithm.is_in_flight() || (matches!(over, OverLimit::Wait { .. }) && !reserves) {
+            return Err(LimiterError::Unsupported {
+                limit: limit.to_owned(),
+                operation: "pace",
+            });
+        }
+        Ok(Pacer::new(
+            self.clone(),
+            name,
+            key.into_key(),
+            over,
+            quota.burst_size(),
+        ))
     }
 
     fn one(

@@ -99,6 +99,10 @@ impl<H: Handle> Handle for Proxy<H> {
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
         self.0.algorithm(limit)
     }
+
+    fn quota(&self, limit: &str) -> Option<crate::algo::quota::Quota> {
+        self.0.quota(limit)
+    }
 }
 
 #[cfg(test)]
@@ -118,6 +122,10 @@ mod tests {
         }
 
         fn algorithm(&self, _: &str) -> Option<crate::algo::algorithm::Algorithm> {
+            None
+        }
+
+        fn quota(&self, _: &str) -> Option<crate::algo::quota::Quota> {
             None
         }
 

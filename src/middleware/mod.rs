@@ -10,6 +10,7 @@ pub mod grpc;
 pub(crate) mod guard;
 pub(crate) mod handles;
 pub(crate) mod layer;
+pub(crate) mod pace;
 pub(crate) mod service;
 pub(crate) mod settle;
 pub(crate) mod shared;

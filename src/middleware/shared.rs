@@ -300,4 +300,8 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
         self.engine.algorithm(limit)
     }
+
+    fn quota(&self, limit: &str) -> Option<crate::algo::quota::Quota> {
+        self.engine.quota(limit)
+    }
 }

@@ -107,4 +107,8 @@ impl<St: Store, R: Send + Sync + 'static> Handle for LiveHandle<St, R> {
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
         self.0.current().shared.algorithm(limit)
     }
+
+    fn quota(&self, limit: &str) -> Option<crate::algo::quota::Quota> {
+        self.0.current().shared.quota(limit)
+    }
 }

@@ -1,0 +1,486 @@
+//! [`Pacer`]: the units of one long-lived request (messages, bytes) charged to a limit one
+//! by one, waiting for them or refusing them, and everything it holds given back when it
+//! is dropped.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::limiter::{Limiter, LimiterError};
+use crate::model::decision::LimitDecision;
+use crate::model::key::Key;
+
+/// What a [`Pacer`] does with units that are over the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OverLimit {
+    /// Backpressure: the units are reserved and the stream waits until they are due, at
+    /// most `max_wait` per charge (a charge that would wait longer is refused, and takes
+    /// nothing). The stream is not read meanwhile, so the peer's flow control slows it.
+    Wait {
+        /// The longest one charge may wait.
+        max_wait: Duration,
+    },
+    /// The charge is refused at once ([`PaceError::Refused`]): the stream ends the way its
+    /// protocol says (a WebSocket close, a gRPC status).
+    End,
+}
+
+impl OverLimit {
+    /// [`OverLimit::Wait`] for at most `max_wait` per charge.
+    pub const fn wait(max_wait: Duration) -> Self {
+        Self::Wait { max_wait }
+    }
+}
+
+/// Why a [`Pacer`] refused a charge.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum PaceError {
+    /// The units are over the limit ([`OverLimit::End`]), or would wait longer than
+    /// `max_wait` ([`OverLimit::Wait`]): the limit's decision, whose
+    /// [`retry_after`](LimitDecision::retry_after) says when they would pass.
+    Refused(LimitDecision),
+    /// The limit cannot be charged (unknown name, an algorithm that takes no
+    /// reservations).
+    Limiter(LimiterError),
+}
+
+impl PaceError {
+    /// How long until the units would pass, if a wait helps.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Refused(d) => d.retry_after(),
+            Self::Limiter(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for PaceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Refused(d) => match d.retry_after() {
+                Some(after) => write!(
+                    f,
+                    "over limit \"{}\": retry after {} ms",
+                    d.name,
+                    after.as_millis()
+                ),
+                None => write!(f, "over limit \"{}\"", d.name),
+            },
+            Self::Limiter(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for PaceError {}
+
+type Charging = Pin<Box<dyn Future<Output = Result<(), PaceError>> + Send>>;
+
+/// The units of one stream (a WebSocket, a gRPC stream, a body) charged to one limit for
+/// one key: made by [`Limiter::pacer`] once, when the stream starts, so the key is
+/// computed once.
+///
+/// Each [`charge`](Self::charge) of `n` units takes them from the key's bucket, in the
+/// limit's own store (memory or Redis, shared with every other user of the limit):
+/// at once if they are there; otherwise it waits until they are due
+/// ([`OverLimit::Wait`], bounded by `max_wait`) or is refused ([`OverLimit::End`]).
+///
+/// Units may be charged ahead in [`batch`](Self::batch)es: a charge of 1 byte with a batch
+/// of 64 KiB takes 64 KiB from the bucket and the next 65,535 bytes pass without asking
+/// the store (one store call per batch; with Redis, one round trip per 64 KiB). What a
+/// pacer took and did not use is given back when it is dropped, as is a reservation it
+/// was waiting for: a stream that ends or is cancelled holds nothing.
+///
+/// A charge larger than the limit's burst is taken in pieces of at most the burst, one
+/// after the other (in [`OverLimit::End`] the second piece finds the bucket empty, so a
+/// unit count above the burst is refused there).
+///
+/// Memory per pacer: the handle, the key (at most about 65 bytes) and, while a charge is
+/// under way, one boxed future; nothing grows with the stream's length.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::pace::OverLimit;
+/// use tollgate::{store::MemoryStore, LimitSpec, Limiter, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = Limiter::builder(MemoryStore::new())
+///     .limit(LimitSpec::new("messages", Quota::per_second(10).burst(2)))
+///     .build()?;
+/// let mut pacer = limiter.pacer("messages", "alice", OverLimit::End)?;
+/// pacer.charge(1).await?;
+/// pacer.charge(1).await?;
+/// let refused = pacer.charge(1).await.unwrap_err(); // the burst is spent
+/// assert!(refused.retry_after().is_some());
+///
+/// let mut waits = limiter.pacer("messages", "bob", OverLimit::wait(Duration::from_secs(1)))?;
+/// let start = tokio::time::Instant::now();
+/// for _ in 0..4 {
+///     waits.charge(1).await?; // two at once, then one every 100 ms
+/// }
+/// assert!(start.elapsed() >= Duration::from_millis(200));
+/// # Ok(()) }
+/// ```
+pub struct Pacer {
+    limiter: Limiter,
+    limit: &'static str,
+    key: Key,
+    over: OverLimit,
+    /// The most one store call takes: the limit's burst.
+    piece: u64,
+    /// Units taken from the store per call when fewer are asked for.
+    batch: u64,
+    /// Units taken and not yet used.
+    credit: u64,
+    /// Units of the charge under way still to be taken.
+    owed: u64,
+    /// The store call under way, with the units it takes.
+    charging: Option<(Charging, u64)>,
+}
+
+impl fmt::Debug for Pacer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pacer")
+            .field("limit", &self.limit)
+            .field("key", &self.key)
+            .field("over", &self.over)
+            .field("batch", &self.batch)
+            .field("credit", &self.credit)
+            .field("charging", &self.charging.is_some())
+            .finish()
+    }
+}
+
+impl Pacer {
+    pub(crate) fn new(
+        limiter: Limiter,
+        limit: &'static str,
+        key: Key,
+        over: OverLimit,
+        burst: u64,
+    ) -> Self {
+        Self {
+            limiter,
+            limit,
+            key,
+            over,
+            piece: burst.clamp(1, u64::from(u32::MAX)),
+            batch: 1,
+            credit: 0,
+            owed: 0,
+            charging: None,
+        }
+    }
+
+    /// Takes units from the store `batch` at a time at least (at most the limit's burst):
+    /// fewer store calls, and a stream may run up to `batch - 1` units ahead of its bucket
+    /// (given back if unused when the pacer is dropped). Default 1.
+    pub fn batch(mut self, units: u32) -> Self {
+        self.batch = u64::from(units.max(1)).min(self.piece);
+        self
+    }
+
+    /// The limit this pacer charges.
+    pub fn limit(&self) -> &'static str {
+        self.limit
+    }
+
+    /// The key this pacer charges.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// What it does over the limit.
+    pub fn over_limit(&self) -> OverLimit {
+        self.over
+    }
+
+    /// Units taken ahead and not yet used (given back on drop).
+    pub fn credit(&self) -> u64 {
+        self.credit
+    }
+
+    /// The most units one store call takes: the limit's burst (or the batch).
+    pub fn piece(&self) -> u64 {
+        self.piece
+    }
+
+    /// Charges `units`: ready once they are taken, or refused. A charge that returned
+    /// `Pending` must be polled again with the same `units` (they are remembered; the
+    /// argument of the later polls is ignored until it completes).
+    pub fn poll_charge(&mut self, cx: &mut Context<'_>, units: u64) -> Poll<Result<(), PaceError>> {
+        if self.owed == 0 && self.charging.is_none() {
+            if units <= self.credit {
+                self.credit -= units;
+                return Poll::Ready(Ok(()));
+            }
+            self.owed = units - self.credit;
+            self.credit = 0;
+        }
+        loop {
+            if let Some((charging, taken)) = &mut self.charging {
+                let taken = *taken;
+                let result = std::task::ready!(charging.as_mut().poll(cx));
+                self.charging = None;
+                match result {
+                    Ok(()) => {
+                        let used = taken.min(self.owed);
+                        self.owed -= used;
+                        self.credit += taken - used;
+                    }
+                    Err(e) => {
+                        self.owed = 0;
+                        return Poll::Ready(Err(e));
+                    }
+                }
+            }
+            if self.owed == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            let take = self.owed.max(self.batch).min(self.piece);
+            self.charging = Some((self.start(take), take));
+        }
+    }
+
+    /// Charges `units` (see [`poll_charge`](Self::poll_charge)); dropping the future
+    /// before it is ready gives back what it took.
+    pub async fn charge(&mut self, units: u64) -> Result<(), PaceError> {
+        std::future::poll_fn(|cx| self.poll_charge(cx, units)).await
+    }
+
+    /// One store call of `units` (at most `u32::MAX`, since `piece` is).
+    fn start(&self, units: u64) -> Charging {
+        let units = u32::try_from(units).unwrap_or(u32::MAX);
+        match self.over {
+            OverLimit::End => {
+                let checked = self.limiter.check(self.limit, self.key.clone(), units);
+                Box::pin(async move {
+                    let decision = checked.await.map_err(PaceError::Limiter)?;
+                    if decision.allowed() {
+                        Ok(())
+                    } else {
+                        Err(PaceError::Refused(decision))
+                    }
+                })
+            }
+            OverLimit::Wait { max_wait } => {
+                // A zero wait would be a plain check: wait at least a nanosecond.
+                let max_wait = max_wait.max(Duration::from_nanos(1));
+                let reserved = self
+                    .limiter
+                    .reserve(self.limit, self.key.clone(), units, max_wait);
+                Box::pin(async move {
+                    let reservation = reserved.await.map_err(PaceError::Limiter)?;
+                    // Dropped while it waits: the reservation gives its tokens back.
+                    reservation.wait().await.map(drop).map_err(|d| {
+                        match d.limits.into_iter().next() {
+                            Some(limit) => PaceError::Refused(limit),
+                            None => PaceError::Limiter(LimiterError::Unsupported {
+                                limit: String::new(),
+                                operation: "reserve",
+                            }),
+                        }
+                    })
+                })
+            }
+        }
+    }
+}
+
+impl Drop for Pacer {
+    /// Units taken ahead and not used go back (a charge under way gives back its own when
+    /// its future is dropped, with this).
+    fn drop(&mut self) {
+        self.charging = None;
+        let credit = std::mem::take(&mut self.credit);
+        if credit == 0 {
+            return;
+        }
+        let units = u32::try_from(credit).unwrap_or(u32::MAX);
+        let calls = smallvec::smallvec![(self.limit, self.key.clone(), units)];
+        if let Some(checked) = self.limiter.apply_refund(calls) {
+            checked.finish_in_background("a stream's unused units");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::algorithm::Algorithm;
+    use crate::algo::quota::Quota;
+    use crate::base::clock::Clock;
+    use crate::model::spec::LimitSpec;
+    use crate::store::MemoryStore;
+    use tokio::time::Instant;
+
+    /// Tokio's (paused) clock, so that the store and the waits read one time.
+    #[derive(Clone)]
+    struct Tokio(Instant);
+
+    impl Clock for Tokio {
+        fn now(&self) -> u64 {
+            1_000_000_000_000 + self.0.elapsed().as_nanos() as u64
+        }
+    }
+
+    fn limiter(quota: Quota) -> Limiter {
+        Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+            .limit(LimitSpec::new("l", quota))
+            .limit(
+                LimitSpec::new("sliding", Quota::per_second(10))
+                    .algorithm(Algorithm::SlidingWindow),
+            )
+            .build()
+            .unwrap()
+    }
+
+    async fn left(limiter: &Limiter, key: &str) -> u64 {
+        limiter.peek("l", key).await.unwrap().remaining().unwrap()
+    }
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    #[tokio::test(start_paused = true)]
+    async fn end_refuses_over_the_limit_and_passes_again_once_refilled() {
+        let limiter = limiter(Quota::per_second(10).burst(3));
+        let mut pacer = limiter.pacer("l", "k", OverLimit::End).unwrap();
+        for _ in 0..3 {
+            pacer.charge(1).await.unwrap();
+        }
+        let refused = pacer.charge(1).await.unwrap_err();
+        assert_eq!(refused.retry_after(), Some(Duration::from_millis(100)));
+        assert!(
+            refused.to_string().contains("over limit \"l\""),
+            "{refused}"
+        );
+        assert_eq!(left(&limiter, "k").await, 0, "a refusal takes nothing");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        pacer.charge(1).await.unwrap();
+        assert!(pacer.charge(1).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_paces_units_to_the_rate() {
+        let limiter = limiter(Quota::per_second(10).burst(5));
+        let mut pacer = limiter.pacer("l", "k", OverLimit::wait(SECOND)).unwrap();
+        let start = Instant::now();
+        for _ in 0..25 {
+            pacer.charge(1).await.unwrap();
+        }
+        // 5 at once, then 20 at 10 a second.
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_refuses_a_charge_beyond_max_wait_and_takes_nothing() {
+        let limiter = limiter(Quota::per_second(10).burst(2));
+        let mut pacer = limiter
+            .pacer("l", "k", OverLimit::wait(Duration::from_millis(150)))
+            .unwrap();
+        pacer.charge(2).await.unwrap();
+        pacer.charge(1).await.unwrap(); // 100 ms
+        let start = Instant::now();
+        // The next would be due in 200 ms: refused at once.
+        let refused = pacer.charge(2).await.unwrap_err();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert!(matches!(refused, PaceError::Refused(_)));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(
+            left(&limiter, "k").await,
+            1,
+            "the refused charge took nothing"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_charge_dropped_while_it_waits_gives_its_units_back() {
+        let limiter = limiter(Quota::per_second(10).burst(2));
+        let mut pacer = limiter.pacer("l", "k", OverLimit::wait(SECOND)).unwrap();
+        pacer.charge(2).await.unwrap();
+        let waited = tokio::time::timeout(Duration::from_millis(50), pacer.charge(1)).await;
+        assert!(waited.is_err(), "due in 100 ms");
+        drop(pacer);
+        tokio::time::advance(Duration::from_millis(50)).await;
+        // 100 ms after the burst was spent: one token back, none still reserved.
+        assert_eq!(left(&limiter, "k").await, 1);
+        // A pacer dropped in the middle of a charge in pieces: the same.
+        let mut pacer = limiter.pacer("l", "j", OverLimit::wait(SECOND)).unwrap();
+        let waited = tokio::time::timeout(Duration::from_millis(50), pacer.charge(5)).await;
+        assert!(waited.is_err());
+        drop(pacer);
+        tokio::task::yield_now().await;
+        // The first piece (2) was taken and given to the charge; the second was
+        // reserved and went back: the bucket is where 2 units 50 ms ago leave it.
+        assert_eq!(left(&limiter, "j").await, 0);
+        tokio::time::advance(Duration::from_millis(50)).await;
+        assert_eq!(left(&limiter, "j").await, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_charge_above_the_burst_is_taken_in_pieces() {
+        let limiter = limiter(Quota::per_second(1_000).burst(100));
+        let mut pacer = limiter.pacer("l", "k", OverLimit::wait(SECOND)).unwrap();
+        assert_eq!(pacer.piece(), 100);
+        let start = Instant::now();
+        pacer.charge(350).await.unwrap();
+        // 100 at once, then 250 at 1,000 a second.
+        assert_eq!(start.elapsed(), Duration::from_millis(250));
+        let mut ends = limiter.pacer("l", "j", OverLimit::End).unwrap();
+        assert!(
+            ends.charge(101).await.is_err(),
+            "more than a burst: never at once"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batches_call_the_store_once_per_batch_and_give_back_the_rest() {
+        let limiter = limiter(Quota::per_second(1_000).burst(100));
+        let mut pacer = limiter.pacer("l", "k", OverLimit::End).unwrap().batch(40);
+        pacer.charge(1).await.unwrap();
+        assert_eq!(pacer.credit(), 39);
+        assert_eq!(left(&limiter, "k").await, 60, "a batch taken");
+        for _ in 0..39 {
+            pacer.charge(1).await.unwrap();
+        }
+        assert_eq!(left(&limiter, "k").await, 60, "no other store call");
+        pacer.charge(5).await.unwrap();
+        assert_eq!((pacer.credit(), left(&limiter, "k").await), (35, 20));
+        drop(pacer);
+        tokio::task::yield_now().await;
+        assert_eq!(left(&limiter, "k").await, 55, "the unused 35 went back");
+        // A batch is at most the burst.
+        let pacer = limiter
+            .pacer("l", "j", OverLimit::End)
+            .unwrap()
+            .batch(1_000);
+        assert_eq!(pacer.batch, 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn limits_that_cannot_pace_are_named() {
+        let limiter = limiter(Quota::per_second(10));
+        let unknown = limiter.pacer("nope", "k", OverLimit::End).unwrap_err();
+        assert!(matches!(unknown, LimiterError::UnknownLimit { .. }));
+        let sliding = limiter
+            .pacer("sliding", "k", OverLimit::wait(SECOND))
+            .unwrap_err();
+        assert!(matches!(
+            sliding,
+            LimiterError::Unsupported {
+                operation: "pace",
+                ..
+            }
+        ));
+        // A sliding window can end a stream: it takes no reservation for that.
+        let mut ends = limiter.pacer("sliding", "k", OverLimit::End).unwrap();
+        ends.charge(1).await.unwrap();
+        assert_eq!(ends.limit(), "sliding");
+        assert_eq!(ends.over_limit(), OverLimit::End);
+        assert_eq!(ends.key(), &crate::model::key::IntoKey::into_key("k"));
+    }
+}
