@@ -88,15 +88,20 @@ type Charging = Pin<Box<dyn Future<Output = Result<(), PaceError>> + Send>>;
 /// at once if they are there; otherwise it waits until they are due
 /// ([`OverLimit::Wait`], bounded by `max_wait`) or is refused ([`OverLimit::End`]).
 ///
-/// Units may be charged ahead in [`batch`](Self::batch)es: a charge of 1 byte with a batch
-/// of 64 KiB takes 64 KiB from the bucket and the next 65,535 bytes pass without asking
-/// the store (one store call per batch; with Redis, one round trip per 64 KiB). What a
-/// pacer took and did not use is given back when it is dropped, as is a reservation it
-/// was waiting for: a stream that ends or is cancelled holds nothing.
+/// A token of the limit may stand for several units ([`unit`](Self::unit)): a quota
+/// counts at most one token per microsecond, so a limit of bytes counts in KiB (1 MiB/s is
+/// `Quota::per_second(1024)` with `unit(1024)`). A charge takes whole tokens, rounded up;
+/// the bytes a token paid for and the charge did not use pay for the next charge.
+///
+/// Tokens may be taken ahead in [`batch`](Self::batch)es: with a batch of 64 tokens of
+/// 1 KiB, a charge of 1 byte takes 64 KiB from the bucket and the next 65,535 bytes pass
+/// without asking the store (one store call per batch; with Redis, one round trip per
+/// 64 KiB). What a pacer took and did not use is given back when it is dropped, as is a
+/// reservation it was waiting for: a stream that ends or is cancelled holds nothing.
 ///
 /// A charge larger than the limit's burst is taken in pieces of at most the burst, one
 /// after the other (in [`OverLimit::End`] the second piece finds the bucket empty, so a
-/// unit count above the burst is refused there).
+/// charge above the burst is refused there).
 ///
 /// Memory per pacer: the handle, the key (at most about 65 bytes) and, while a charge is
 /// under way, one boxed future; nothing grows with the stream's length.
@@ -130,15 +135,17 @@ pub struct Pacer {
     limit: &'static str,
     key: Key,
     over: OverLimit,
-    /// The most one store call takes: the limit's burst.
-    piece: u64,
-    /// Units taken from the store per call when fewer are asked for.
+    /// Units per token.
+    unit: u64,
+    /// The most tokens one store call takes: the limit's burst.
+    burst: u64,
+    /// Tokens taken per call when fewer are needed.
     batch: u64,
-    /// Units taken and not yet used.
+    /// Units paid for and not yet used.
     credit: u64,
-    /// Units of the charge under way still to be taken.
+    /// Units of the charge under way still to be paid for.
     owed: u64,
-    /// The store call under way, with the units it takes.
+    /// The store call under way, with the tokens it takes.
     charging: Option<(Charging, u64)>,
 }
 
@@ -148,6 +155,7 @@ impl fmt::Debug for Pacer {
             .field("limit", &self.limit)
             .field("key", &self.key)
             .field("over", &self.over)
+            .field("unit", &self.unit)
             .field("batch", &self.batch)
             .field("credit", &self.credit)
             .field("charging", &self.charging.is_some())
@@ -168,7 +176,8 @@ impl Pacer {
             limit,
             key,
             over,
-            piece: burst.clamp(1, u64::from(u32::MAX)),
+            unit: 1,
+            burst: burst.clamp(1, u64::from(u32::MAX)),
             batch: 1,
             credit: 0,
             owed: 0,
@@ -176,11 +185,18 @@ impl Pacer {
         }
     }
 
-    /// Takes units from the store `batch` at a time at least (at most the limit's burst):
-    /// fewer store calls, and a stream may run up to `batch - 1` units ahead of its bucket
-    /// (given back if unused when the pacer is dropped). Default 1.
-    pub fn batch(mut self, units: u32) -> Self {
-        self.batch = u64::from(units.max(1)).min(self.piece);
+    /// Each token of the limit stands for `units` units (bytes per token, for a limit of
+    /// bytes counted in KiB: 1024). Default 1; 0 is taken as 1.
+    pub fn unit(mut self, units: u32) -> Self {
+        self.unit = u64::from(units.max(1));
+        self
+    }
+
+    /// Takes tokens from the store `tokens` at a time at least (at most the limit's
+    /// burst): fewer store calls, and a stream may run up to a batch ahead of its bucket
+    /// (what it did not use is given back when the pacer is dropped). Default 1.
+    pub fn batch(mut self, tokens: u32) -> Self {
+        self.batch = u64::from(tokens.max(1)).min(self.burst);
         self
     }
 
@@ -199,17 +215,18 @@ impl Pacer {
         self.over
     }
 
-    /// Units taken ahead and not yet used (given back on drop).
+    /// Units paid for and not yet used (what a whole token of it is worth goes back on
+    /// drop).
     pub fn credit(&self) -> u64 {
         self.credit
     }
 
-    /// The most units one store call takes: the limit's burst (or the batch).
+    /// The most units one store call pays for: the limit's burst, in units.
     pub fn piece(&self) -> u64 {
-        self.piece
+        self.burst.saturating_mul(self.unit)
     }
 
-    /// Charges `units`: ready once they are taken, or refused. A charge that returned
+    /// Charges `units`: ready once they are paid for, or refused. A charge that returned
     /// `Pending` must be polled again with the same `units` (they are remembered; the
     /// argument of the later polls is ignored until it completes).
     pub fn poll_charge(&mut self, cx: &mut Context<'_>, units: u64) -> Poll<Result<(), PaceError>> {
@@ -222,15 +239,15 @@ impl Pacer {
             self.credit = 0;
         }
         loop {
-            if let Some((charging, taken)) = &mut self.charging {
-                let taken = *taken;
+            if let Some((charging, tokens)) = &mut self.charging {
+                let paid = tokens.saturating_mul(self.unit);
                 let result = std::task::ready!(charging.as_mut().poll(cx));
                 self.charging = None;
                 match result {
                     Ok(()) => {
-                        let used = taken.min(self.owed);
+                        let used = paid.min(self.owed);
                         self.owed -= used;
-                        self.credit += taken - used;
+                        self.credit += paid - used;
                     }
                     Err(e) => {
                         self.owed = 0;
@@ -241,8 +258,12 @@ impl Pacer {
             if self.owed == 0 {
                 return Poll::Ready(Ok(()));
             }
-            let take = self.owed.max(self.batch).min(self.piece);
-            self.charging = Some((self.start(take), take));
+            let tokens = self
+                .owed
+                .div_ceil(self.unit)
+                .max(self.batch)
+                .min(self.burst);
+            self.charging = Some((self.start(tokens), tokens));
         }
     }
 
@@ -252,9 +273,9 @@ impl Pacer {
         std::future::poll_fn(|cx| self.poll_charge(cx, units)).await
     }
 
-    /// One store call of `units` (at most `u32::MAX`, since `piece` is).
-    fn start(&self, units: u64) -> Charging {
-        let units = u32::try_from(units).unwrap_or(u32::MAX);
+    /// One store call of `tokens` (at most `u32::MAX`, since the burst is).
+    fn start(&self, tokens: u64) -> Charging {
+        let units = u32::try_from(tokens).unwrap_or(u32::MAX);
         match self.over {
             OverLimit::End => {
                 let checked = self.limiter.check(self.limit, self.key.clone(), units);
@@ -296,11 +317,11 @@ impl Drop for Pacer {
     /// its future is dropped, with this).
     fn drop(&mut self) {
         self.charging = None;
-        let credit = std::mem::take(&mut self.credit);
-        if credit == 0 {
+        let tokens = std::mem::take(&mut self.credit) / self.unit;
+        if tokens == 0 {
             return;
         }
-        let units = u32::try_from(credit).unwrap_or(u32::MAX);
+        let units = u32::try_from(tokens).unwrap_or(u32::MAX);
         let calls = smallvec::smallvec![(self.limit, self.key.clone(), units)];
         if let Some(checked) = self.limiter.apply_refund(calls) {
             checked.finish_in_background("a stream's unused units");
@@ -459,6 +480,37 @@ mod tests {
             .unwrap()
             .batch(1_000);
         assert_eq!(pacer.batch, 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_may_stand_for_many_units_rounded_up_and_carried() {
+        // 10 tokens a second of 1,000 units: 10,000 units a second, 2,000 at once.
+        let limiter = limiter(Quota::per_second(10).burst(2));
+        let mut pacer = limiter
+            .pacer("l", "k", OverLimit::wait(SECOND))
+            .unwrap()
+            .unit(1_000);
+        assert_eq!(pacer.piece(), 2_000);
+        pacer.charge(1).await.unwrap();
+        assert_eq!((pacer.credit(), left(&limiter, "k").await), (999, 1));
+        pacer.charge(999).await.unwrap();
+        assert_eq!(
+            (pacer.credit(), left(&limiter, "k").await),
+            (0, 1),
+            "paid already"
+        );
+        let start = Instant::now();
+        pacer.charge(4_500).await.unwrap();
+        // 5 tokens: 1 left, 4 at 10 a second.
+        assert_eq!(start.elapsed(), Duration::from_millis(400));
+        assert_eq!(pacer.credit(), 500);
+        drop(pacer);
+        tokio::task::yield_now().await;
+        assert_eq!(
+            left(&limiter, "k").await,
+            0,
+            "half a token is not given back"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -20,8 +20,8 @@ pin_project! {
     /// a download or upload paced to the limit's rate per key.
     ///
     /// Each data frame of the inner body is let through in pieces of at most the
-    /// [`Pacer`]'s [`piece`](Pacer::piece) (the limit's burst), each once its bytes are
-    /// charged; the first [`rate_after`](Self::rate_after) bytes pass uncharged. The body
+    /// [`Pacer`]'s [`piece`](Pacer::piece) (the limit's burst, in bytes: with a
+    /// [`unit`](Pacer::unit) of 1024 a token is a KiB), each once its bytes are charged; the first [`rate_after`](Self::rate_after) bytes pass uncharged. The body
     /// holds at most one frame of the inner body (the rest of the frame being paced):
     /// the inner body is not read while a piece waits, so a request body's sender is
     /// slowed by flow control, and a response body's producer by backpressure.

@@ -1,0 +1,219 @@
+//! Limits inside long-lived requests (issue 42): bodies paced to bytes per second per key,
+//! read through a real HTTP client over TCP, on tokio's paused clock (the store reads it
+//! too), so that a 10-second download takes no real time and its duration is exact.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, State};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use futures_util::stream;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
+use tollgate::clock::Clock;
+use tollgate::key::PeerIp;
+use tollgate::pace::{OverLimit, PacedBody};
+use tollgate::store::MemoryStore;
+use tollgate::{LimitSpec, Limiter, Quota};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+/// The chunks the handlers stream.
+const CHUNK: usize = 64 * 1024;
+
+/// Tokio's clock, paused in these tests: the memory store and the pacing sleeps read one
+/// time.
+#[derive(Clone)]
+struct Tokio(Instant);
+
+impl Clock for Tokio {
+    fn now(&self) -> u64 {
+        1_000_000_000_000 + self.0.elapsed().as_nanos() as u64
+    }
+}
+
+/// `download`: 1 MiB/s per client address, 256 KiB at once; `upload`: the same. Counted
+/// in KiB (a quota counts at most a token a microsecond): the pacers' unit is 1024.
+fn limiter() -> Limiter {
+    let quota = Quota::per_second(1024).burst(256);
+    Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .limit(LimitSpec::new("download", quota))
+        .limit(LimitSpec::new("upload", quota))
+        .build()
+        .unwrap()
+}
+
+/// `GET /download?mib=N`: N MiB in 64 KiB chunks, paced per client address, the first
+/// `after` bytes free. `POST /upload`: the request body read through a pacer; answers
+/// the byte count.
+fn app(limiter: Limiter, after: u64) -> Router {
+    Router::new()
+        .route(
+            "/download",
+            get(
+                move |State(limiter): State<Limiter>,
+                      ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                      query: axum::extract::RawQuery| async move {
+                    let mib: usize = query
+                        .0
+                        .and_then(|q| q.strip_prefix("mib=")?.parse().ok())
+                        .unwrap_or(10);
+                    let chunks = (0..mib * 16)
+                        .map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![7u8; CHUNK])));
+                    let body = Body::from_stream(stream::iter(chunks));
+                    let pacer = limiter
+                        .pacer(
+                            "download",
+                            PeerIp::new().key(peer.ip()),
+                            OverLimit::wait(Duration::from_secs(30)),
+                        )
+                        .unwrap()
+                        .unit(1024)
+                        .batch(64);
+                    Body::new(PacedBody::new(body, pacer).rate_after(after))
+                },
+            ),
+        )
+        .route(
+            "/upload",
+            post(
+                |State(limiter): State<Limiter>,
+                 ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                 body: Body| async move {
+                    let pacer = limiter
+                        .pacer(
+                            "upload",
+                            PeerIp::new().key(peer.ip()),
+                            OverLimit::wait(Duration::from_secs(30)),
+                        )
+                        .unwrap()
+                        .unit(1024);
+                    match PacedBody::new(body, pacer).collect().await {
+                        Ok(bytes) => (StatusCode::OK, bytes.to_bytes().len().to_string()),
+                        Err(e) => (StatusCode::TOO_MANY_REQUESTS, e.to_string()),
+                    }
+                },
+            ),
+        )
+        .with_state(limiter)
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+/// Downloads `path` with hyper's client: the bytes, and how long it took on tokio's
+/// clock.
+async fn download(addr: SocketAddr, path: &str) -> (u64, Duration) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let start = Instant::now();
+    let response = client
+        .request(
+            Request::get(format!("http://{addr}{path}"))
+                .body(Full::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut total = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            total += data.len() as u64;
+        }
+    }
+    eprintln!("{path}: {total} bytes in {:?}", start.elapsed());
+    (total, start.elapsed())
+}
+
+fn within(elapsed: Duration, expected: Duration, tolerance: f64) -> bool {
+    (elapsed.as_secs_f64() - expected.as_secs_f64()).abs() <= expected.as_secs_f64() * tolerance
+}
+
+/// The issue's target: a 10 MiB download paced to 1 MiB/s takes 10 s ± 5 % (here 9.75 s:
+/// the first 256 KiB are the burst).
+#[tokio::test(start_paused = true)]
+async fn a_10_mib_download_paced_to_1_mib_per_second_takes_10_seconds() {
+    let addr = serve(app(limiter(), 0)).await;
+    let (bytes, elapsed) = download(addr, "/download?mib=10").await;
+    assert_eq!(bytes, 10 * MIB);
+    assert!(
+        within(elapsed, Duration::from_secs(10), 0.05),
+        "took {elapsed:?}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(9_750),
+        "never faster than the rate: {elapsed:?}"
+    );
+}
+
+/// The rate is the key's, not the connection's: two downloads from one address share it.
+#[tokio::test(start_paused = true)]
+async fn two_downloads_from_one_address_share_its_rate() {
+    let addr = serve(app(limiter(), 0)).await;
+    let (a, b) = tokio::join!(
+        download(addr, "/download?mib=2"),
+        download(addr, "/download?mib=2")
+    );
+    assert_eq!((a.0, b.0), (2 * MIB, 2 * MIB));
+    let last = a.1.max(b.1);
+    // 4 MiB in all: 256 KiB at once, the rest at 1 MiB/s.
+    assert!(last >= Duration::from_millis(3_750), "{last:?}");
+    assert!(within(last, Duration::from_millis(3_750), 0.05), "{last:?}");
+}
+
+/// nginx's `limit_rate_after`: the first MiB is not paced.
+#[tokio::test(start_paused = true)]
+async fn rate_after_sends_the_first_bytes_at_once() {
+    let addr = serve(app(limiter(), MIB)).await;
+    let (bytes, elapsed) = download(addr, "/download?mib=3").await;
+    assert_eq!(bytes, 3 * MIB);
+    // 1 MiB free, 256 KiB of burst, 1.75 MiB at 1 MiB/s.
+    assert!(elapsed >= Duration::from_millis(1_750), "{elapsed:?}");
+    assert!(
+        within(elapsed, Duration::from_millis(1_750), 0.05),
+        "{elapsed:?}"
+    );
+}
+
+/// An upload read through a pacer: the client's body is read no faster than the rate.
+#[tokio::test(start_paused = true)]
+async fn an_upload_is_read_at_the_rate() {
+    let addr = serve(app(limiter(), 0)).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let start = Instant::now();
+    let response = client
+        .request(
+            Request::post(format!("http://{addr}/upload"))
+                .body(Full::new(Bytes::from(vec![1u8; 2 * MIB as usize])))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, (2 * MIB).to_string());
+    let elapsed = start.elapsed();
+    assert!(elapsed >= Duration::from_millis(1_750), "{elapsed:?}");
+    assert!(
+        within(elapsed, Duration::from_millis(1_750), 0.05),
+        "{elapsed:?}"
+    );
+}
