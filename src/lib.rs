@@ -176,8 +176,9 @@ pub mod service {
 /// paced to a rate per key ([`PacedBody`](pace::PacedBody)). Guide chapter
 /// [`streams`](crate::guide::streams).
 pub mod pace {
-    pub use crate::limiter::pace::{OverLimit, PaceError, Pacer};
+    pub use crate::limiter::pace::{PaceError, Pacer};
     pub use crate::middleware::pace::{BoxError, PacedBody};
+    pub use crate::model::stream::{Direction, OverLimit, Per};
 }
 
 pub use algo::algorithm::{Algorithm, Phase};

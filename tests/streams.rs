@@ -18,7 +18,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tollgate::clock::Clock;
 use tollgate::key::PeerIp;
-use tollgate::pace::{OverLimit, PacedBody};
+use tollgate::pace::{Direction, OverLimit, PacedBody, Per};
 use tollgate::store::MemoryStore;
 use tollgate::{LimitSpec, Limiter, Quota};
 
@@ -41,18 +41,28 @@ impl Clock for Tokio {
 /// `download`: 1 MiB/s per client address, 256 KiB at once; `upload`: the same. Counted
 /// in KiB (a quota counts at most a token a microsecond): the pacers' unit is 1024.
 fn limiter() -> Limiter {
-    let quota = Quota::per_second(1024).burst(256);
+    let bytes = |name| {
+        LimitSpec::new(name, Quota::per_second(1024).burst(256))
+            .per(Per::Byte)
+            .unit(1024)
+            .over_limit(OverLimit::wait(Duration::from_secs(30)))
+    };
     Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
-        .limit(LimitSpec::new("download", quota))
-        .limit(LimitSpec::new("upload", quota))
+        .limit(bytes("download").direction(Direction::Out))
+        .limit(bytes("upload"))
+        .limit(
+            bytes("download-after")
+                .direction(Direction::Out)
+                .rate_after(MIB),
+        )
         .build()
         .unwrap()
 }
 
-/// `GET /download?mib=N`: N MiB in 64 KiB chunks, paced per client address, the first
-/// `after` bytes free. `POST /upload`: the request body read through a pacer; answers
+/// `GET /download?mib=N`: N MiB in 64 KiB chunks, paced per client address by the limit
+/// `download`. `POST /upload`: the request body read through a pacer; answers
 /// the byte count.
-fn app(limiter: Limiter, after: u64) -> Router {
+fn app(limiter: Limiter, download: &'static str) -> Router {
     Router::new()
         .route(
             "/download",
@@ -68,15 +78,10 @@ fn app(limiter: Limiter, after: u64) -> Router {
                         .map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![7u8; CHUNK])));
                     let body = Body::from_stream(stream::iter(chunks));
                     let pacer = limiter
-                        .pacer(
-                            "download",
-                            PeerIp::new().key(peer.ip()),
-                            OverLimit::wait(Duration::from_secs(30)),
-                        )
+                        .pacer(download, PeerIp::new().key(peer.ip()))
                         .unwrap()
-                        .unit(1024)
                         .batch(64);
-                    Body::new(PacedBody::new(body, pacer).rate_after(after))
+                    Body::new(PacedBody::new(body, pacer))
                 },
             ),
         )
@@ -87,13 +92,8 @@ fn app(limiter: Limiter, after: u64) -> Router {
                  ConnectInfo(peer): ConnectInfo<SocketAddr>,
                  body: Body| async move {
                     let pacer = limiter
-                        .pacer(
-                            "upload",
-                            PeerIp::new().key(peer.ip()),
-                            OverLimit::wait(Duration::from_secs(30)),
-                        )
-                        .unwrap()
-                        .unit(1024);
+                        .pacer("upload", PeerIp::new().key(peer.ip()))
+                        .unwrap();
                     match PacedBody::new(body, pacer).collect().await {
                         Ok(bytes) => (StatusCode::OK, bytes.to_bytes().len().to_string()),
                         Err(e) => (StatusCode::TOO_MANY_REQUESTS, e.to_string()),
@@ -151,7 +151,7 @@ fn within(elapsed: Duration, expected: Duration, tolerance: f64) -> bool {
 /// the first 256 KiB are the burst).
 #[tokio::test(start_paused = true)]
 async fn a_10_mib_download_paced_to_1_mib_per_second_takes_10_seconds() {
-    let addr = serve(app(limiter(), 0)).await;
+    let addr = serve(app(limiter(), "download")).await;
     let (bytes, elapsed) = download(addr, "/download?mib=10").await;
     assert_eq!(bytes, 10 * MIB);
     assert!(
@@ -167,7 +167,7 @@ async fn a_10_mib_download_paced_to_1_mib_per_second_takes_10_seconds() {
 /// The rate is the key's, not the connection's: two downloads from one address share it.
 #[tokio::test(start_paused = true)]
 async fn two_downloads_from_one_address_share_its_rate() {
-    let addr = serve(app(limiter(), 0)).await;
+    let addr = serve(app(limiter(), "download")).await;
     let (a, b) = tokio::join!(
         download(addr, "/download?mib=2"),
         download(addr, "/download?mib=2")
@@ -182,7 +182,7 @@ async fn two_downloads_from_one_address_share_its_rate() {
 /// nginx's `limit_rate_after`: the first MiB is not paced.
 #[tokio::test(start_paused = true)]
 async fn rate_after_sends_the_first_bytes_at_once() {
-    let addr = serve(app(limiter(), MIB)).await;
+    let addr = serve(app(limiter(), "download-after")).await;
     let (bytes, elapsed) = download(addr, "/download?mib=3").await;
     assert_eq!(bytes, 3 * MIB);
     // 1 MiB free, 256 KiB of burst, 1.75 MiB at 1 MiB/s.
@@ -196,7 +196,7 @@ async fn rate_after_sends_the_first_bytes_at_once() {
 /// An upload read through a pacer: the client's body is read no faster than the rate.
 #[tokio::test(start_paused = true)]
 async fn an_upload_is_read_at_the_rate() {
-    let addr = serve(app(limiter(), 0)).await;
+    let addr = serve(app(limiter(), "download")).await;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let start = Instant::now();
     let response = client
@@ -216,4 +216,46 @@ async fn an_upload_is_read_at_the_rate() {
         within(elapsed, Duration::from_millis(1_750), 0.05),
         "{elapsed:?}"
     );
+}
+
+/// A layer binds its limits of messages and bytes (its limiter paces them) but checks no
+/// request against them, and gives them no route.
+#[tokio::test(start_paused = true)]
+async fn a_layers_stream_limits_are_paced_not_checked_per_request() {
+    use tollgate::{Limit, RateLimitLayer};
+    use tower::ServiceExt;
+    let messages = || {
+        Limit::new("messages", Quota::per_second(10).burst(2))
+            .per(Per::Message)
+            .over_limit(OverLimit::End)
+    };
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .limit(Limit::new("requests", Quota::per_minute(100)))
+        .limit(messages())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer.clone());
+    for _ in 0..5 {
+        let r = app
+            .clone()
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["ratelimit-policy"], r#""requests";q=100;w=60"#);
+    }
+    let mut pacer = layer.limiter().pacer("messages", "k").unwrap();
+    pacer.charge(1).await.unwrap();
+    pacer.charge(1).await.unwrap();
+    assert!(
+        pacer.charge(1).await.is_err(),
+        "the burst of 2, not spent by requests"
+    );
+    let err = RateLimitLayer::builder(MemoryStore::new())
+        .route("/chat", messages())
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), r#"routes["/chat"].limits["messages"].per"#);
 }

@@ -20,13 +20,14 @@ use crate::base::error::ConfigError;
 use crate::engine::ban::BannedKey;
 use crate::engine::delay::WaitCounts;
 use crate::engine::{Engine, unique_names};
-use crate::limiter::pace::{OverLimit, Pacer};
+use crate::limiter::pace::Pacer;
 use crate::limiter::permit::Permit;
 use crate::limiter::reservation::Reservation;
 use crate::model::decision::{Decision, LimitDecision};
 use crate::model::key::{IntoKey, Key};
 use crate::model::policy::Mode;
 use crate::model::spec::LimitSpec;
+use crate::model::stream::{OverLimit, Streaming};
 use crate::observe::offenders::RefusedKey;
 use crate::store::{Checked, Item, Op, Statuses, Store};
 
@@ -113,8 +114,19 @@ impl LimiterError {
     }
 }
 
+/// Whether a limit counting with `algorithm` can do what `over` says: waiting takes a
+/// reservation, which sliding and calendar windows do not take.
+pub(crate) fn can_wait(algorithm: Algorithm, over: OverLimit) -> bool {
+    let reserves = !matches!(algorithm, Algorithm::SlidingWindow | Algorithm::SlidingLog)
+        && !algorithm.is_calendar();
+    reserves || over == OverLimit::End
+}
+
 /// The calls of one operation: (limit, key, cost).
 pub(crate) type Calls<'a> = SmallVec<[(&'a str, Key, u32); 2]>;
+
+/// A limit as a stream charges it: interned name, quota, algorithm, stream settings.
+pub(crate) type Paced = (&'static str, Quota, Algorithm, Streaming);
 
 /// What one item was: limit name, quota, cost, mode.
 type Meta = (&'static str, Quota, u32, Mode);
@@ -136,8 +148,9 @@ pub(crate) trait Handle: Send + Sync + 'static {
     fn can_settle(&self, limit: &str) -> Result<(), LimiterError>;
     /// How the limit called `limit` counts, if there is one.
     fn algorithm(&self, limit: &str) -> Option<Algorithm>;
-    /// The quota of the limit called `limit`, if there is one.
-    fn quota(&self, limit: &str) -> Option<Quota>;
+    /// The limit called `limit`, if there is one, as a stream charges it: its interned
+    /// name, quota, algorithm and stream settings.
+    fn paced(&self, limit: &str) -> Option<Paced>;
     /// The keys a banning limit has banned.
     fn bans(&self, limit: &str) -> Result<Vec<BannedKey>, LimiterError> {
         Err(LimiterError::NoBan {
@@ -187,8 +200,16 @@ impl<St: Store> Handle for Engine<St> {
         self.find(limit).map(|i| self.bounds[i].spec.algorithm)
     }
 
-    fn quota(&self, limit: &str) -> Option<Quota> {
-        self.find(limit).map(|i| self.bounds[i].spec.quota)
+    fn paced(&self, limit: &str) -> Option<Paced> {
+        self.find(limit).map(|i| {
+            let bound = &self.bounds[i];
+            (
+                bound.name,
+                bound.spec.quota,
+                bound.spec.algorithm,
+                bound.spec.stream,
+            )
+        })
     }
 
     fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
@@ -387,34 +408,25 @@ impl Limiter {
 
     /// The quota of the limit called `limit`, if this handle reaches one.
     pub fn quota(&self, limit: &str) -> Option<Quota> {
-        self.inner.quota(limit)
+        self.inner.paced(limit).map(|(_, quota, _, _)| quota)
     }
 
     /// A [`Pacer`] charging the units of one stream (messages, bytes) to `limit` for
-    /// `key`, waiting or refusing over the limit as `over` says. Made once per stream (the
-    /// key is computed once); it holds nothing until charged, and gives back on drop what
-    /// it took and did not use.
+    /// `key`, as the limit's [stream settings](LimitSpec::per) say (what it does over the
+    /// limit, the units per token; [`Pacer::over_limit`] changes the first for this
+    /// stream). Made once per stream (the key is computed once); it holds nothing until
+    /// charged, and gives back on drop what it took and did not use.
     ///
-    /// GCRA and fixed windows; with [`OverLimit::Wait`], a sliding window or log answers
-    /// [`LimiterError::Unsupported`] (it takes no reservations), as does an in-flight
+    /// Any limit can be charged so, a limit of requests too. GCRA and fixed windows; with
+    /// [`OverLimit::Wait`], a sliding window or log or a calendar window answers
+    /// [`LimiterError::Unsupported`] (they take no reservations), as does an in-flight
     /// limit either way.
-    pub fn pacer(
-        &self,
-        limit: &str,
-        key: impl IntoKey,
-        over: OverLimit,
-    ) -> Result<Pacer, LimiterError> {
-        let names = self.inner.names();
-        let (Some(name), Some(quota), Some(algorithm)) = (
-            names.iter().copied().find(|n| *n == limit),
-            self.inner.quota(limit),
-            self.inner.algorithm(limit),
-        ) else {
-            return Err(LimiterError::unknown(limit, names));
+    pub fn pacer(&self, limit: &str, key: impl IntoKey) -> Result<Pacer, LimiterError> {
+        let Some((name, quota, algorithm, stream)) = self.inner.paced(limit) else {
+            return Err(LimiterError::unknown(limit, self.inner.names()));
         };
-        let reserves = !matches!(algorithm, Algorithm::SlidingWindow | Algorithm::SlidingLog)
-            && !algorithm.is_calendar();
-        if algorithm.is_in_flight() || (matches!(over, OverLimit::Wait { .. }) && !reserves) {
+        let over = stream.over_limit.unwrap_or_default();
+        if algorithm.is_in_flight() || !can_wait(algorithm, over) {
             return Err(LimiterError::Unsupported {
                 limit: limit.to_owned(),
                 operation: "pace",
@@ -424,8 +436,8 @@ impl Limiter {
             self.clone(),
             name,
             key.into_key(),
-            over,
             quota.burst_size(),
+            stream,
         ))
     }
 

@@ -11,29 +11,7 @@ use std::time::Duration;
 use crate::limiter::{Limiter, LimiterError};
 use crate::model::decision::LimitDecision;
 use crate::model::key::Key;
-
-/// What a [`Pacer`] does with units that are over the limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OverLimit {
-    /// Backpressure: the units are reserved and the stream waits until they are due, at
-    /// most `max_wait` per charge (a charge that would wait longer is refused, and takes
-    /// nothing). The stream is not read meanwhile, so the peer's flow control slows it.
-    Wait {
-        /// The longest one charge may wait.
-        max_wait: Duration,
-    },
-    /// The charge is refused at once ([`PaceError::Refused`]): the stream ends the way its
-    /// protocol says (a WebSocket close, a gRPC status).
-    End,
-}
-
-impl OverLimit {
-    /// [`OverLimit::Wait`] for at most `max_wait` per charge.
-    pub const fn wait(max_wait: Duration) -> Self {
-        Self::Wait { max_wait }
-    }
-}
+use crate::model::stream::{Direction, OverLimit, Per, Streaming};
 
 /// Why a [`Pacer`] refused a charge.
 #[derive(Debug, Clone)]
@@ -81,7 +59,10 @@ type Charging = Pin<Box<dyn Future<Output = Result<(), PaceError>> + Send>>;
 
 /// The units of one stream (a WebSocket, a gRPC stream, a body) charged to one limit for
 /// one key: made by [`Limiter::pacer`] once, when the stream starts, so the key is
-/// computed once.
+/// computed once. It follows the limit's stream settings ([`LimitSpec::per`](crate::LimitSpec::per),
+/// [`direction`](crate::LimitSpec::direction), [`over_limit`](crate::LimitSpec::over_limit),
+/// [`rate_after`](crate::LimitSpec::rate_after), [`unit`](crate::LimitSpec::unit)), in code or in a
+/// rules file.
 ///
 /// Each [`charge`](Self::charge) of `n` units takes them from the key's bucket, in the
 /// limit's own store (memory or Redis, shared with every other user of the limit):
@@ -108,21 +89,21 @@ type Charging = Pin<Box<dyn Future<Output = Result<(), PaceError>> + Send>>;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::pace::OverLimit;
+/// use tollgate::pace::{OverLimit, Per};
 /// use tollgate::{store::MemoryStore, LimitSpec, Limiter, Quota};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let limiter = Limiter::builder(MemoryStore::new())
-///     .limit(LimitSpec::new("messages", Quota::per_second(10).burst(2)))
+///     .limit(LimitSpec::new("messages", Quota::per_second(10).burst(2)).per(Per::Message))
 ///     .build()?;
-/// let mut pacer = limiter.pacer("messages", "alice", OverLimit::End)?;
+/// let mut pacer = limiter.pacer("messages", "alice")?.over_limit(OverLimit::End);
 /// pacer.charge(1).await?;
 /// pacer.charge(1).await?;
 /// let refused = pacer.charge(1).await.unwrap_err(); // the burst is spent
 /// assert!(refused.retry_after().is_some());
 ///
-/// let mut waits = limiter.pacer("messages", "bob", OverLimit::wait(Duration::from_secs(1)))?;
+/// let mut waits = limiter.pacer("messages", "bob")?; // waits, by default
 /// let start = tokio::time::Instant::now();
 /// for _ in 0..4 {
 ///     waits.charge(1).await?; // two at once, then one every 100 ms
@@ -135,6 +116,9 @@ pub struct Pacer {
     limit: &'static str,
     key: Key,
     over: OverLimit,
+    per: Per,
+    direction: Direction,
+    rate_after: u64,
     /// Units per token.
     unit: u64,
     /// The most tokens one store call takes: the limit's burst.
@@ -168,15 +152,18 @@ impl Pacer {
         limiter: Limiter,
         limit: &'static str,
         key: Key,
-        over: OverLimit,
         burst: u64,
+        stream: Streaming,
     ) -> Self {
         Self {
             limiter,
             limit,
             key,
-            over,
-            unit: 1,
+            over: stream.over_limit.unwrap_or_default(),
+            per: stream.per,
+            direction: stream.direction.unwrap_or_default(),
+            rate_after: stream.rate_after.unwrap_or(0),
+            unit: u64::from(stream.unit.unwrap_or(1).max(1)),
             burst: burst.clamp(1, u64::from(u32::MAX)),
             batch: 1,
             credit: 0,
@@ -185,8 +172,15 @@ impl Pacer {
         }
     }
 
+    /// What this stream does over the limit, whatever the limit's settings say.
+    pub fn over_limit(mut self, over: OverLimit) -> Self {
+        self.over = over;
+        self
+    }
+
     /// Each token of the limit stands for `units` units (bytes per token, for a limit of
-    /// bytes counted in KiB: 1024). Default 1; 0 is taken as 1.
+    /// bytes counted in KiB: 1024), whatever the limit's [`unit`](crate::LimitSpec::unit) says.
+    /// 0 is taken as 1.
     pub fn unit(mut self, units: u32) -> Self {
         self.unit = u64::from(units.max(1));
         self
@@ -211,8 +205,24 @@ impl Pacer {
     }
 
     /// What it does over the limit.
-    pub fn over_limit(&self) -> OverLimit {
+    pub fn over(&self) -> OverLimit {
         self.over
+    }
+
+    /// What the limit counts: messages or bytes (or requests, for a limit of requests
+    /// charged from a stream).
+    pub fn per(&self) -> Per {
+        self.per
+    }
+
+    /// Which way the limit counts.
+    pub fn direction(&self) -> Direction {
+        self.direction
+    }
+
+    /// The bytes a body lets through uncharged first ([`LimitSpec::rate_after`](crate::LimitSpec::rate_after)).
+    pub fn rate_after(&self) -> u64 {
+        self.rate_after
     }
 
     /// Units paid for and not yet used (what a whole token of it is worth goes back on
@@ -369,7 +379,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn end_refuses_over_the_limit_and_passes_again_once_refilled() {
         let limiter = limiter(Quota::per_second(10).burst(3));
-        let mut pacer = limiter.pacer("l", "k", OverLimit::End).unwrap();
+        let mut pacer = limiter.pacer("l", "k").unwrap().over_limit(OverLimit::End);
         for _ in 0..3 {
             pacer.charge(1).await.unwrap();
         }
@@ -388,7 +398,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn wait_paces_units_to_the_rate() {
         let limiter = limiter(Quota::per_second(10).burst(5));
-        let mut pacer = limiter.pacer("l", "k", OverLimit::wait(SECOND)).unwrap();
+        let mut pacer = limiter
+            .pacer("l", "k")
+            .unwrap()
+            .over_limit(OverLimit::wait(SECOND));
         let start = Instant::now();
         for _ in 0..25 {
             pacer.charge(1).await.unwrap();
@@ -401,8 +414,9 @@ mod tests {
     async fn wait_refuses_a_charge_beyond_max_wait_and_takes_nothing() {
         let limiter = limiter(Quota::per_second(10).burst(2));
         let mut pacer = limiter
-            .pacer("l", "k", OverLimit::wait(Duration::from_millis(150)))
-            .unwrap();
+            .pacer("l", "k")
+            .unwrap()
+            .over_limit(OverLimit::wait(Duration::from_millis(150)));
         pacer.charge(2).await.unwrap();
         pacer.charge(1).await.unwrap(); // 100 ms
         let start = Instant::now();
@@ -421,7 +435,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_charge_dropped_while_it_waits_gives_its_units_back() {
         let limiter = limiter(Quota::per_second(10).burst(2));
-        let mut pacer = limiter.pacer("l", "k", OverLimit::wait(SECOND)).unwrap();
+        let mut pacer = limiter
+            .pacer("l", "k")
+            .unwrap()
+            .over_limit(OverLimit::wait(SECOND));
         pacer.charge(2).await.unwrap();
         let waited = tokio::time::timeout(Duration::from_millis(50), pacer.charge(1)).await;
         assert!(waited.is_err(), "due in 100 ms");
@@ -430,7 +447,10 @@ mod tests {
         // 100 ms after the burst was spent: one token back, none still reserved.
         assert_eq!(left(&limiter, "k").await, 1);
         // A pacer dropped in the middle of a charge in pieces: the same.
-        let mut pacer = limiter.pacer("l", "j", OverLimit::wait(SECOND)).unwrap();
+        let mut pacer = limiter
+            .pacer("l", "j")
+            .unwrap()
+            .over_limit(OverLimit::wait(SECOND));
         let waited = tokio::time::timeout(Duration::from_millis(50), pacer.charge(5)).await;
         assert!(waited.is_err());
         drop(pacer);
@@ -445,13 +465,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_charge_above_the_burst_is_taken_in_pieces() {
         let limiter = limiter(Quota::per_second(1_000).burst(100));
-        let mut pacer = limiter.pacer("l", "k", OverLimit::wait(SECOND)).unwrap();
+        let mut pacer = limiter
+            .pacer("l", "k")
+            .unwrap()
+            .over_limit(OverLimit::wait(SECOND));
         assert_eq!(pacer.piece(), 100);
         let start = Instant::now();
         pacer.charge(350).await.unwrap();
         // 100 at once, then 250 at 1,000 a second.
         assert_eq!(start.elapsed(), Duration::from_millis(250));
-        let mut ends = limiter.pacer("l", "j", OverLimit::End).unwrap();
+        let mut ends = limiter.pacer("l", "j").unwrap().over_limit(OverLimit::End);
         assert!(
             ends.charge(101).await.is_err(),
             "more than a burst: never at once"
@@ -461,7 +484,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn batches_call_the_store_once_per_batch_and_give_back_the_rest() {
         let limiter = limiter(Quota::per_second(1_000).burst(100));
-        let mut pacer = limiter.pacer("l", "k", OverLimit::End).unwrap().batch(40);
+        let mut pacer = limiter
+            .pacer("l", "k")
+            .unwrap()
+            .over_limit(OverLimit::End)
+            .batch(40);
         pacer.charge(1).await.unwrap();
         assert_eq!(pacer.credit(), 39);
         assert_eq!(left(&limiter, "k").await, 60, "a batch taken");
@@ -476,8 +503,9 @@ mod tests {
         assert_eq!(left(&limiter, "k").await, 55, "the unused 35 went back");
         // A batch is at most the burst.
         let pacer = limiter
-            .pacer("l", "j", OverLimit::End)
+            .pacer("l", "j")
             .unwrap()
+            .over_limit(OverLimit::End)
             .batch(1_000);
         assert_eq!(pacer.batch, 100);
     }
@@ -487,8 +515,9 @@ mod tests {
         // 10 tokens a second of 1,000 units: 10,000 units a second, 2,000 at once.
         let limiter = limiter(Quota::per_second(10).burst(2));
         let mut pacer = limiter
-            .pacer("l", "k", OverLimit::wait(SECOND))
+            .pacer("l", "k")
             .unwrap()
+            .over_limit(OverLimit::wait(SECOND))
             .unit(1_000);
         assert_eq!(pacer.piece(), 2_000);
         pacer.charge(1).await.unwrap();
@@ -515,24 +544,64 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn limits_that_cannot_pace_are_named() {
-        let limiter = limiter(Quota::per_second(10));
-        let unknown = limiter.pacer("nope", "k", OverLimit::End).unwrap_err();
+        let limiter = Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+            .limit(
+                LimitSpec::new("sliding", Quota::per_second(10))
+                    .algorithm(Algorithm::SlidingWindow),
+            )
+            .limit(
+                LimitSpec::new("ends", Quota::per_second(10))
+                    .algorithm(Algorithm::SlidingWindow)
+                    .per(Per::Message)
+                    .direction(Direction::Both)
+                    .over_limit(OverLimit::End),
+            )
+            .limit(LimitSpec::in_flight("held", 3))
+            .build()
+            .unwrap();
+        let unknown = limiter.pacer("nope", "k").unwrap_err();
         assert!(matches!(unknown, LimiterError::UnknownLimit { .. }));
-        let sliding = limiter
-            .pacer("sliding", "k", OverLimit::wait(SECOND))
-            .unwrap_err();
-        assert!(matches!(
-            sliding,
-            LimiterError::Unsupported {
-                operation: "pace",
-                ..
-            }
-        ));
+        for limit in ["sliding", "held"] {
+            let e = limiter.pacer(limit, "k").unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    LimiterError::Unsupported {
+                        operation: "pace",
+                        ..
+                    }
+                ),
+                "{limit}: {e}"
+            );
+        }
         // A sliding window can end a stream: it takes no reservation for that.
-        let mut ends = limiter.pacer("sliding", "k", OverLimit::End).unwrap();
+        let mut ends = limiter.pacer("ends", "k").unwrap();
         ends.charge(1).await.unwrap();
-        assert_eq!(ends.limit(), "sliding");
-        assert_eq!(ends.over_limit(), OverLimit::End);
+        assert_eq!(ends.limit(), "ends");
+        assert_eq!(ends.over(), OverLimit::End);
+        assert_eq!(
+            (ends.per(), ends.direction(), ends.rate_after()),
+            (Per::Message, Direction::Both, 0)
+        );
         assert_eq!(ends.key(), &crate::model::key::IntoKey::into_key("k"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pacer_follows_its_limits_stream_settings() {
+        let limiter = Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+            .limit(
+                LimitSpec::new("bytes", Quota::per_second(1024).burst(64))
+                    .per(Per::Byte)
+                    .unit(1024)
+                    .rate_after(4096)
+                    .over_limit(OverLimit::End),
+            )
+            .build()
+            .unwrap();
+        let mut pacer = limiter.pacer("bytes", "k").unwrap();
+        assert_eq!((pacer.piece(), pacer.rate_after()), (64 * 1024, 4096));
+        assert_eq!(pacer.direction(), Direction::In);
+        pacer.charge(64 * 1024).await.unwrap();
+        assert!(pacer.charge(1).await.is_err(), "over_limit = end");
     }
 }

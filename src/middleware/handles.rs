@@ -100,8 +100,8 @@ impl<H: Handle> Handle for Proxy<H> {
         self.0.algorithm(limit)
     }
 
-    fn quota(&self, limit: &str) -> Option<crate::algo::quota::Quota> {
-        self.0.quota(limit)
+    fn paced(&self, limit: &str) -> Option<crate::limiter::Paced> {
+        self.0.paced(limit)
     }
 }
 
@@ -125,7 +125,7 @@ mod tests {
             None
         }
 
-        fn quota(&self, _: &str) -> Option<crate::algo::quota::Quota> {
+        fn paced(&self, _: &str) -> Option<crate::limiter::Paced> {
             None
         }
 

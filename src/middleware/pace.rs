@@ -44,7 +44,9 @@ pin_project! {
     /// let limiter = Limiter::builder(MemoryStore::new())
     ///     .limit(LimitSpec::new("download", Quota::per_second(10_000).burst(100)))
     ///     .build()?;
-    /// let pacer = limiter.pacer("download", "198.51.100.7", OverLimit::wait(Duration::from_secs(5)))?;
+    /// let pacer = limiter
+    ///     .pacer("download", "198.51.100.7")?
+    ///     .over_limit(OverLimit::wait(Duration::from_secs(5)));
     /// let body = PacedBody::new(http_body_util::Full::new(bytes::Bytes::from(vec![7u8; 600])), pacer);
     /// let start = tokio::time::Instant::now();
     /// let bytes = body.collect().await?.to_bytes();
@@ -80,19 +82,21 @@ impl<B: fmt::Debug> fmt::Debug for PacedBody<B> {
 }
 
 impl<B> PacedBody<B> {
-    /// `inner`, its bytes charged through `pacer`.
+    /// `inner`, its bytes charged through `pacer`, the first
+    /// [`rate_after`](Pacer::rate_after) of them (the limit's) uncharged.
     pub fn new(inner: B, pacer: Pacer) -> Self {
         Self {
             inner,
+            free: pacer.rate_after(),
             pacer,
             held: Bytes::new(),
-            free: 0,
             charging: 0,
             done: false,
         }
     }
 
-    /// The first `bytes` bytes pass uncharged (nginx's `limit_rate_after`).
+    /// The first `bytes` bytes pass uncharged (nginx's `limit_rate_after`), whatever the
+    /// limit's [`rate_after`](crate::LimitSpec::rate_after) says.
     pub fn rate_after(mut self, bytes: u64) -> Self {
         self.free = bytes;
         self
@@ -197,8 +201,8 @@ mod tests {
     use crate::algo::quota::Quota;
     use crate::base::clock::Clock;
     use crate::limiter::Limiter;
-    use crate::limiter::pace::OverLimit;
     use crate::model::spec::LimitSpec;
+    use crate::model::stream::OverLimit;
     use crate::store::MemoryStore;
 
     /// Tokio's (paused) clock, so that the store and the waits read one time.
@@ -266,8 +270,9 @@ mod tests {
     async fn bytes_pass_at_the_rate_in_pieces_of_at_most_the_burst_one_frame_held() {
         let limiter = limiter(Quota::per_second(10_000).burst(1_000));
         let pacer = limiter
-            .pacer("bytes", "k", OverLimit::wait(SECOND))
-            .unwrap();
+            .pacer("bytes", "k")
+            .unwrap()
+            .over_limit(OverLimit::wait(SECOND));
         let (inner, taken) = chunks(5, 4_000);
         let mut body = PacedBody::new(inner, pacer);
         let start = Instant::now();
@@ -297,8 +302,9 @@ mod tests {
     async fn rate_after_lets_the_first_bytes_through_uncharged() {
         let limiter = limiter(Quota::per_second(10_000).burst(1_000));
         let pacer = limiter
-            .pacer("bytes", "k", OverLimit::wait(SECOND))
-            .unwrap();
+            .pacer("bytes", "k")
+            .unwrap()
+            .over_limit(OverLimit::wait(SECOND));
         let (inner, _) = chunks(3, 2_500);
         let body = PacedBody::new(inner, pacer).rate_after(5_000);
         let start = Instant::now();
@@ -313,7 +319,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn end_fails_the_body_over_the_limit_and_reads_no_more() {
         let limiter = limiter(Quota::per_second(10_000).burst(1_000));
-        let pacer = limiter.pacer("bytes", "k", OverLimit::End).unwrap();
+        let pacer = limiter
+            .pacer("bytes", "k")
+            .unwrap()
+            .over_limit(OverLimit::End);
         let (inner, taken) = chunks(10, 600);
         let mut body = PacedBody::new(inner, pacer);
         let first = body.frame().await.unwrap().unwrap();
@@ -332,8 +341,9 @@ mod tests {
     async fn a_body_dropped_while_it_waits_holds_nothing() {
         let limiter = limiter(Quota::per_second(10_000).burst(1_000));
         let pacer = limiter
-            .pacer("bytes", "k", OverLimit::wait(SECOND))
+            .pacer("bytes", "k")
             .unwrap()
+            .over_limit(OverLimit::wait(SECOND))
             .batch(1_000);
         let (inner, _) = chunks(1, 1_500);
         let mut body = PacedBody::new(inner, pacer);
@@ -365,7 +375,10 @@ mod tests {
             .limit(LimitSpec::new("bytes", Quota::per_second(10)))
             .build()
             .unwrap();
-        let pacer = limiter.pacer("bytes", "k", OverLimit::End).unwrap();
+        let pacer = limiter
+            .pacer("bytes", "k")
+            .unwrap()
+            .over_limit(OverLimit::End);
         let mut body = PacedBody::new(http_body_util::Full::new(Bytes::from("abc")), pacer);
         assert_eq!(body.size_hint().exact(), Some(3));
         body.held = Bytes::from("de");

@@ -301,7 +301,7 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
         self.engine.algorithm(limit)
     }
 
-    fn quota(&self, limit: &str) -> Option<crate::algo::quota::Quota> {
-        self.engine.quota(limit)
+    fn paced(&self, limit: &str) -> Option<crate::limiter::Paced> {
+        self.engine.paced(limit)
     }
 }

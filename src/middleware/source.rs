@@ -108,7 +108,7 @@ impl<St: Store, R: Send + Sync + 'static> Handle for LiveHandle<St, R> {
         self.0.current().shared.algorithm(limit)
     }
 
-    fn quota(&self, limit: &str) -> Option<crate::algo::quota::Quota> {
-        self.0.current().shared.quota(limit)
+    fn paced(&self, limit: &str) -> Option<crate::limiter::Paced> {
+        self.0.current().shared.paced(limit)
     }
 }
