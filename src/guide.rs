@@ -28,7 +28,8 @@
 //! - [Bans](bans): keys refused too often, banned with escalating lengths.
 //! - [In-flight requests per key](in_flight): concurrency, released when the body ends.
 //! - [Limits inside long-lived requests](streams): messages and bytes per second per key,
-//!   charged as they pass (pacers, paced bodies), waiting or ending over the limit.
+//!   charged as they pass (pacers, paced bodies, WebSockets), waiting or ending over the
+//!   limit.
 //!
 //! # Configuration
 //!

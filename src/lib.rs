@@ -181,6 +181,15 @@ pub mod pace {
     pub use crate::model::stream::{Direction, OverLimit, Per};
 }
 
+/// WebSocket messages charged to limits of messages or bytes: [`Limited`](ws::Limited),
+/// over axum's `WebSocket` (feature `ws`). Guide chapter
+/// [`streams`](crate::guide::streams).
+#[cfg(feature = "ws")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ws")))]
+pub mod ws {
+    pub use crate::middleware::ws::{Close, Limited};
+}
+
 pub use algo::algorithm::{Algorithm, Phase};
 pub use algo::quota::Quota;
 pub use base::error::ConfigError;

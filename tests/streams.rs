@@ -107,6 +107,11 @@ fn app(limiter: Limiter, download: &'static str) -> Router {
 async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    // No Nagle: with a paused clock, a small write held for a delayed ACK (tens of real
+    // milliseconds) would be held for any span of virtual time.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move {
         axum::serve(
             listener,

@@ -172,6 +172,27 @@ impl Pacer {
         }
     }
 
+    /// A pacer of the same limit and key with the same settings, holding nothing: for the
+    /// other direction of a stream (a WebSocket's sent messages, a body's other end), so
+    /// that each direction has one charge under way at most.
+    pub fn sibling(&self) -> Self {
+        Self {
+            limiter: self.limiter.clone(),
+            limit: self.limit,
+            key: self.key.clone(),
+            over: self.over,
+            per: self.per,
+            direction: self.direction,
+            rate_after: self.rate_after,
+            unit: self.unit,
+            burst: self.burst,
+            batch: self.batch,
+            credit: 0,
+            owed: 0,
+            charging: None,
+        }
+    }
+
     /// What this stream does over the limit, whatever the limit's settings say.
     pub fn over_limit(mut self, over: OverLimit) -> Self {
         self.over = over;

@@ -15,3 +15,5 @@ pub(crate) mod service;
 pub(crate) mod settle;
 pub(crate) mod shared;
 pub(crate) mod source;
+#[cfg(feature = "ws")]
+pub(crate) mod ws;
