@@ -172,11 +172,13 @@ pub mod service {
 }
 
 /// Limits inside long-lived requests: the units of a stream (messages, bytes) charged to
-/// a limit one by one ([`Pacer`](pace::Pacer), made by [`Limiter::pacer`]), and bodies
-/// paced to a rate per key ([`PacedBody`](pace::PacedBody)). Guide chapter
+/// a limit one by one ([`Pacer`](pace::Pacer), made by [`Limiter::pacer`]), bodies
+/// paced to a rate per key ([`PacedBody`](pace::PacedBody)), and server-sent events
+/// paced per key ([`PacedEvents`](pace::PacedEvents)). Guide chapter
 /// [`streams`](crate::guide::streams).
 pub mod pace {
     pub use crate::limiter::pace::{PaceError, Pacer};
+    pub use crate::middleware::events::PacedEvents;
     pub use crate::middleware::pace::{BoxError, PacedBody};
     pub use crate::model::stream::{Direction, OverLimit, Per};
 }

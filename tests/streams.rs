@@ -264,3 +264,84 @@ async fn a_layers_stream_limits_are_paced_not_checked_per_request() {
         .unwrap_err();
     assert_eq!(err.field(), r#"routes["/chat"].limits["messages"].per"#);
 }
+
+/// Server-sent events paced per client (issue 42): 10 events a second, 5 at once, from a
+/// producer that has 40 ready at once; keep-alive comments cost nothing. Read through
+/// hyper's client: at most 5 + 10·d (+1) events within any d.
+#[tokio::test(start_paused = true)]
+async fn server_sent_events_are_paced_per_client() {
+    use axum::response::IntoResponse;
+    use axum::response::sse::{Event, Sse};
+    use tollgate::pace::PacedEvents;
+    let limiter = Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .limit(
+            LimitSpec::new("events", Quota::per_second(10).burst(5))
+                .per(Per::Message)
+                .direction(Direction::Out),
+        )
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/events",
+            get(
+                |State(limiter): State<Limiter>, ConnectInfo(peer): ConnectInfo<SocketAddr>| async move {
+                    let events = (0..40).flat_map(|i| {
+                        [
+                            Ok::<_, std::convert::Infallible>(Event::default().comment("keep-alive")),
+                            Ok(Event::default().data(format!("event {i}"))),
+                        ]
+                    });
+                    let sse = Sse::new(stream::iter(events)).into_response();
+                    let pacer = limiter
+                        .pacer("events", PeerIp::new().key(peer.ip()))
+                        .unwrap();
+                    sse.map(|body| Body::new(PacedEvents::new(body, pacer)))
+                },
+            ),
+        )
+        .with_state(limiter);
+    let addr = serve(app).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let start = Instant::now();
+    let response = client
+        .request(
+            Request::get(format!("http://{addr}/events"))
+                .body(Full::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.into_body();
+    let (mut text, mut at) = (String::new(), Vec::new());
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            let chunk = std::str::from_utf8(&data).unwrap();
+            for _ in 0..chunk.matches("data: ").count() {
+                at.push(start.elapsed());
+            }
+            text.push_str(chunk);
+        }
+    }
+    assert_eq!(
+        text.matches("data: event ").count(),
+        40,
+        "every event, unchanged"
+    );
+    assert_eq!(text.matches(": keep-alive").count(), 40);
+    for secs in [1, 2, 3] {
+        let within = at
+            .iter()
+            .filter(|t| **t <= Duration::from_secs(secs))
+            .count();
+        let bound = 5 + 10 * secs as usize + 1;
+        assert!(within <= bound, "{within} within {secs} s");
+        assert!(
+            within + 2 >= bound,
+            "paced, not stalled: {within} within {secs} s"
+        );
+    }
+    // 5 at once, then 35 at 10 a second.
+    assert_eq!(*at.last().unwrap(), Duration::from_millis(3_500));
+}

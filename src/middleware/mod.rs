@@ -4,6 +4,7 @@
 
 pub(crate) mod body;
 pub(crate) mod builder;
+pub(crate) mod events;
 pub(crate) mod future;
 #[cfg(feature = "grpc")]
 pub mod grpc;
