@@ -84,8 +84,10 @@ type Charging = Pin<Box<dyn Future<Output = Result<(), PaceError>> + Send>>;
 /// after the other (in [`OverLimit::End`] the second piece finds the bucket empty, so a
 /// charge above the burst is refused there).
 ///
-/// Memory per pacer: the handle, the key (at most about 65 bytes) and, while a charge is
-/// under way, one boxed future; nothing grows with the stream's length.
+/// Memory per pacer: 200 bytes on 64-bit targets, 232 with feature `metrics` (the handle,
+/// a shared reference; the key, held inline; the metric handles) and nothing on the heap
+/// while idle; while a charge is under way, one boxed future. Nothing grows with the
+/// stream's length: 10,000 idle streams hold 2 to 2.3 MB of pacers.
 ///
 /// ```
 /// use std::time::Duration;
@@ -131,6 +133,10 @@ pub struct Pacer {
     owed: u64,
     /// The store call under way, with the tokens it takes.
     charging: Option<(Charging, u64)>,
+    /// The units of the charge under way (for the metrics).
+    asked: u64,
+    /// `tollgate_stream_units_total` (feature `metrics`).
+    metrics: crate::observe::probe::StreamMetrics,
 }
 
 impl fmt::Debug for Pacer {
@@ -169,6 +175,8 @@ impl Pacer {
             credit: 0,
             owed: 0,
             charging: None,
+            asked: 0,
+            metrics: crate::observe::probe::StreamMetrics::new(limit, per_label(stream.per)),
         }
     }
 
@@ -190,6 +198,8 @@ impl Pacer {
             credit: 0,
             owed: 0,
             charging: None,
+            asked: 0,
+            metrics: crate::observe::probe::StreamMetrics::new(self.limit, per_label(self.per)),
         }
     }
 
@@ -264,8 +274,10 @@ impl Pacer {
         if self.owed == 0 && self.charging.is_none() {
             if units <= self.credit {
                 self.credit -= units;
+                self.metrics.record(true, units);
                 return Poll::Ready(Ok(()));
             }
+            self.asked = units;
             self.owed = units - self.credit;
             self.credit = 0;
         }
@@ -282,11 +294,13 @@ impl Pacer {
                     }
                     Err(e) => {
                         self.owed = 0;
+                        self.metrics.record(false, self.asked);
                         return Poll::Ready(Err(e));
                     }
                 }
             }
             if self.owed == 0 {
+                self.metrics.record(true, self.asked);
                 return Poll::Ready(Ok(()));
             }
             let tokens = self
@@ -340,6 +354,15 @@ impl Pacer {
                 })
             }
         }
+    }
+}
+
+/// The `per` label of a limit's units.
+fn per_label(per: Per) -> &'static str {
+    match per {
+        Per::Message => "message",
+        Per::Byte => "byte",
+        _ => "request",
     }
 }
 
@@ -624,5 +647,16 @@ mod tests {
         assert_eq!(pacer.direction(), Direction::In);
         pacer.charge(64 * 1024).await.unwrap();
         assert!(pacer.charge(1).await.is_err(), "over_limit = end");
+    }
+}
+
+#[cfg(test)]
+mod size {
+    /// What an idle stream holds: a pacer and nothing else until it charges.
+    #[test]
+    fn an_idle_pacer_is_small() {
+        let size = std::mem::size_of::<super::Pacer>();
+        eprintln!("Pacer: {size} bytes");
+        assert!(size <= 256, "{size}");
     }
 }
