@@ -125,8 +125,9 @@ pub(crate) fn can_wait(algorithm: Algorithm, over: OverLimit) -> bool {
 /// The calls of one operation: (limit, key, cost).
 pub(crate) type Calls<'a> = SmallVec<[(&'a str, Key, u32); 2]>;
 
-/// A limit as a stream charges it: interned name, quota, algorithm, stream settings.
-pub(crate) type Paced = (&'static str, Quota, Algorithm, Streaming);
+/// A limit as a stream charges it: interned name, quota, algorithm, stream settings, rule
+/// id.
+pub(crate) type Paced = (&'static str, Quota, Algorithm, Streaming, Option<u64>);
 
 /// What one item was: limit name, quota, cost, mode.
 type Meta = (&'static str, Quota, u32, Mode);
@@ -208,6 +209,7 @@ impl<St: Store> Handle for Engine<St> {
                 bound.spec.quota,
                 bound.spec.algorithm,
                 bound.spec.stream,
+                bound.spec.rule_id,
             )
         })
     }
@@ -408,7 +410,7 @@ impl Limiter {
 
     /// The quota of the limit called `limit`, if this handle reaches one.
     pub fn quota(&self, limit: &str) -> Option<Quota> {
-        self.inner.paced(limit).map(|(_, quota, _, _)| quota)
+        self.inner.paced(limit).map(|(_, quota, ..)| quota)
     }
 
     /// A [`Pacer`] charging the units of one stream (messages, bytes) to `limit` for
@@ -422,7 +424,7 @@ impl Limiter {
     /// [`LimiterError::Unsupported`] (they take no reservations), as does an in-flight
     /// limit either way.
     pub fn pacer(&self, limit: &str, key: impl IntoKey) -> Result<Pacer, LimiterError> {
-        let Some((name, quota, algorithm, stream)) = self.inner.paced(limit) else {
+        let Some((name, quota, algorithm, stream, rule_id)) = self.inner.paced(limit) else {
             return Err(LimiterError::unknown(limit, self.inner.names()));
         };
         let over = stream.over_limit.unwrap_or_default();
@@ -438,7 +440,8 @@ impl Limiter {
             key.into_key(),
             quota.burst_size(),
             stream,
-        ))
+        )
+        .with_rule_id(rule_id))
     }
 
     fn one(
