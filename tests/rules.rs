@@ -1562,6 +1562,26 @@ async fn stream_limits_are_charged_by_pacers_not_by_requests() {
         )
     );
     assert_eq!(chat.piece(), 5);
+    // At an upgrade: the key by the limit's own extractor (`peer_ip`), computed once.
+    let (parts, _) = get_from("192.0.2.1").into_parts();
+    let keyed = limiter.pacer_for("download", &parts).unwrap().unwrap();
+    assert_eq!(keyed.key().to_string(), "@192.0.2.1");
+    let global = limiter.pacer_for("chat", &parts).unwrap().unwrap();
+    assert_eq!(global.key(), &tollgate::key::Key::global());
+    let own = Limiter::builder(store())
+        .limit(tollgate::LimitSpec::new(
+            "x",
+            tollgate::Quota::per_second(1),
+        ))
+        .build()
+        .unwrap();
+    assert!(matches!(
+        own.pacer_for("x", &parts),
+        Err(LimiterError::Unsupported {
+            operation: "pacer_for",
+            ..
+        })
+    ));
     // `tollgate-rules check` and the reload log say what each counts.
     let shown = Document::from_toml(text).unwrap().to_string();
     for line in [

@@ -152,6 +152,17 @@ pub(crate) trait Handle: Send + Sync + 'static {
     /// The limit called `limit`, if there is one, as a stream charges it: its interned
     /// name, quota, algorithm and stream settings.
     fn paced(&self, limit: &str) -> Option<Paced>;
+    /// The key of the request `parts` for the limit called `limit`, by the limit's own
+    /// key extractor: `None` when the handle has no extractors (a limiter of its own),
+    /// `Some(Ok(None))` when the request has no key and the limit skips such requests.
+    fn key_for(
+        &self,
+        limit: &str,
+        parts: &http::request::Parts,
+    ) -> Option<Result<Option<Key>, LimiterError>> {
+        let _ = (limit, parts);
+        None
+    }
     /// The keys a banning limit has banned.
     fn bans(&self, limit: &str) -> Result<Vec<BannedKey>, LimiterError> {
         Err(LimiterError::NoBan {
@@ -411,6 +422,33 @@ impl Limiter {
     /// The quota of the limit called `limit`, if this handle reaches one.
     pub fn quota(&self, limit: &str) -> Option<Quota> {
         self.inner.paced(limit).map(|(_, quota, ..)| quota)
+    }
+
+    /// A [`Pacer`] for the stream of the request `parts` (a WebSocket's upgrade, a
+    /// streaming call), keyed by the limit's own key extractor as the layer keys its
+    /// requests (`key = "peer_ip"` in a rules file): the key is computed once, here.
+    /// `Ok(None)` when the request has no key and the limit skips such requests
+    /// ([`MissingKey::Skip`](crate::MissingKey)); a request without a key under any other
+    /// [`MissingKey`](crate::MissingKey) shares the bucket of keyless requests.
+    ///
+    /// Only a layer's handle ([`RateLimitLayer::limiter`](crate::RateLimitLayer::limiter),
+    /// a rules' `limiter()`) knows the extractors: a limiter of its own answers
+    /// [`LimiterError::Unsupported`] (use [`pacer`](Self::pacer) with a key there).
+    pub fn pacer_for(
+        &self,
+        limit: &str,
+        parts: &http::request::Parts,
+    ) -> Result<Option<Pacer>, LimiterError> {
+        let Some(key) = self.inner.key_for(limit, parts) else {
+            return Err(LimiterError::Unsupported {
+                limit: limit.to_owned(),
+                operation: "pacer_for",
+            });
+        };
+        match key? {
+            Some(key) => self.pacer(limit, key).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// A [`Pacer`] charging the units of one stream (messages, bytes) to `limit` for

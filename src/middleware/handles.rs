@@ -103,6 +103,14 @@ impl<H: Handle> Handle for Proxy<H> {
     fn paced(&self, limit: &str) -> Option<crate::limiter::Paced> {
         self.0.paced(limit)
     }
+
+    fn key_for(
+        &self,
+        limit: &str,
+        parts: &http::request::Parts,
+    ) -> Option<Result<Option<crate::model::key::Key>, LimiterError>> {
+        self.0.key_for(limit, parts)
+    }
 }
 
 #[cfg(test)]
