@@ -88,6 +88,7 @@ cargo check -p tollgate --no-default-features --features rules-sql
 cargo check -p tollgate --no-default-features --features rules
 cargo check -p tollgate --no-default-features --features calendar
 cargo check -p tollgate --no-default-features --features testing
+cargo check -p tollgate --no-default-features --features ws
 
 step "build every target (the benchmarks and comparisons of benches/ too)"
 cargo build --workspace --all-targets --all-features

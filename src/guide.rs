@@ -27,6 +27,9 @@
 //! - [Settled costs](settle): token budgets, the actual cost settled when the body ends.
 //! - [Bans](bans): keys refused too often, banned with escalating lengths.
 //! - [In-flight requests per key](in_flight): concurrency, released when the body ends.
+//! - [Limits inside long-lived requests](streams): messages and bytes per second per key,
+//!   charged as they pass (pacers, paced bodies, WebSockets), waiting or ending over the
+//!   limit.
 //!
 //! # Configuration
 //!
@@ -94,6 +97,7 @@ chapter!(waiting);
 chapter!(settle);
 chapter!(bans);
 chapter!(in_flight);
+chapter!(streams if feature = "axum");
 chapter!(rules if all(feature = "rules", feature = "axum"));
 chapter!(simulate if feature = "rules");
 chapter!(suggest if feature = "rules");

@@ -172,6 +172,27 @@ pub mod service {
     pub use crate::middleware::service::RateLimit;
 }
 
+/// Limits inside long-lived requests: the units of a stream (messages, bytes) charged to
+/// a limit one by one ([`Pacer`](pace::Pacer), made by [`Limiter::pacer`]), bodies
+/// paced to a rate per key ([`PacedBody`](pace::PacedBody)), and server-sent events
+/// paced per key ([`PacedEvents`](pace::PacedEvents)). Guide chapter
+/// [`streams`](crate::guide::streams).
+pub mod pace {
+    pub use crate::limiter::pace::{PaceError, Pacer};
+    pub use crate::middleware::events::PacedEvents;
+    pub use crate::middleware::pace::{BoxError, PacedBody};
+    pub use crate::model::stream::{Direction, OverLimit, Per};
+}
+
+/// WebSocket messages charged to limits of messages or bytes: [`Limited`](ws::Limited),
+/// over axum's `WebSocket` (feature `ws`). Guide chapter
+/// [`streams`](crate::guide::streams).
+#[cfg(feature = "ws")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ws")))]
+pub mod ws {
+    pub use crate::middleware::ws::{Close, Limited};
+}
+
 pub use algo::algorithm::{Algorithm, Phase};
 pub use algo::quota::Quota;
 pub use base::error::ConfigError;

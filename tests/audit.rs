@@ -109,6 +109,47 @@ async fn the_tracing_sink_writes_one_event_per_refusal_with_every_field() {
     }
 }
 
+/// Issue 42: a stream's refusals (a pacer over a limit of messages) are audited like
+/// refused requests: the limit, the stream's key, route and client, its rule id.
+#[tokio::test]
+async fn a_streams_refusals_are_audited() {
+    use tollgate::pace::{OverLimit, Per};
+    use tollgate::{LimitSpec, Limiter};
+    let (batches, audit) = collecting();
+    let limiter = Limiter::builder(store())
+        .limit(
+            LimitSpec::new("ws-messages", Quota::per_minute(2))
+                .per(Per::Message)
+                .over_limit(OverLimit::End)
+                .rule_id(7),
+        )
+        .build()
+        .unwrap();
+    let client: IpAddr = "203.0.113.7".parse().unwrap();
+    let mut pacer = limiter
+        .pacer("ws-messages", PeerIp::new().key(client))
+        .unwrap()
+        .audit(audit.clone(), "/ws", Some(client));
+    pacer.charge(1).await.unwrap();
+    pacer.charge(1).await.unwrap();
+    assert!(pacer.charge(1).await.is_err());
+    assert!(pacer.charge(1).await.is_err());
+    let stats = settled(&audit).await;
+    assert_eq!((stats.accepted, stats.written), (2, 2));
+    let batches = batches.lock().unwrap();
+    let all: Vec<&Violation> = batches.iter().flatten().collect();
+    let v = all[0];
+    assert_eq!(
+        (v.limit, v.key.as_str(), v.client, v.route.as_str()),
+        ("ws-messages", "@203.0.113.7", Some(client), "/ws")
+    );
+    assert_eq!(
+        (v.cost, v.tokens_left, v.rule_id, v.shadow),
+        (1, 0, Some(7), false)
+    );
+    assert_eq!(v.retry_after, Some(Duration::from_secs(30)));
+}
+
 #[tokio::test]
 async fn a_custom_sink_gets_batches_with_hashed_keys_routes_rule_ids_and_shadow_flags() {
     let (batches, audit) = collecting();

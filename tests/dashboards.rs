@@ -481,6 +481,7 @@ async fn every_panel_and_alert_returns_data_from_a_real_prometheus() {
     traffic(&http, &base, "/slow", &["a"], ms(5)); // delay mode: waits
     traffic(&http, &base, "/slow", &["b"], ms(5));
     traffic(&http, &base, "/tokens", &["a"], ms(50)); // settles
+    traffic(&http, &base, "/download", &["a"], ms(50)); // stream units: passed, refused
     traffic(&http, &base, "/remote", &["a", "b"], ms(20)); // store errors, breaker
 
     let prom = Prometheus::start(&prometheus, &http, port).await;

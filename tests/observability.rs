@@ -405,6 +405,38 @@ mod schema {
         assert_eq!(nonzero, expected);
     }
 
+    /// Issue 42: the units of streams, passed and refused, per limit and what it counts.
+    #[tokio::test]
+    async fn stream_units_are_counted_passed_and_refused() {
+        use tollgate::pace::{OverLimit, Per};
+        use tollgate::{LimitSpec, Limiter};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let clock = FakeClock::at(Duration::from_secs(1_000));
+        let limiter = Limiter::builder(MemoryStore::with_clock(clock))
+            .limit(
+                LimitSpec::new("bytes", Quota::per_second(1_000).burst(100))
+                    .per(Per::Byte)
+                    .over_limit(OverLimit::End),
+            )
+            .build()
+            .unwrap();
+        let mut pacer =
+            ::metrics::with_local_recorder(&recorder, || limiter.pacer("bytes", "k").unwrap());
+        pacer.charge(60).await.unwrap();
+        pacer.charge(40).await.unwrap();
+        assert!(pacer.charge(30).await.is_err());
+        let s = series(&snapshotter);
+        assert_eq!(
+            s["tollgate_stream_units_total{limit=bytes,per=byte,result=passed}"],
+            100.0
+        );
+        assert_eq!(
+            s["tollgate_stream_units_total{limit=bytes,per=byte,result=refused}"],
+            30.0
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn delayed_requests_are_counted_with_their_wait() {
         let recorder = DebuggingRecorder::new();

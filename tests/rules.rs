@@ -738,6 +738,21 @@ fn every_error_names_file_line_and_field() {
         (format!("[settings]\nhops = 1\nclient_ip_header = \"x-real-ip\"\n{base}"), 3, "settings.client_ip_header", "unknown value"),
         (format!("[settings]\ndeny = [\"10.0.0.0/8\", \"x\"]\n{base}"), 2, "settings.deny[1]", "neither"),
         ("[[limits]]\nname = \"a\"\nquota = \"1/s\"\nroutes = [\"/x\"\n".into(), 4, "", "invalid TOML"),
+        // Limits inside long-lived requests (issue 42).
+        (format!("{base}per = \"packet\"\n"), 4, "limits[0].per", "request, message, byte"),
+        (format!("{base}direction = \"out\"\n"), 4, "limits[0].direction", "only a limit of messages or bytes"),
+        (format!("{base}rate_after = \"1MiB\"\n"), 4, "limits[0].rate_after", "only a limit of messages or bytes"),
+        ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\ndirection = \"up\"\n".into(), 5, "limits[0].direction", "in, out, both"),
+        ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\nover_limit = \"drop\"\n".into(), 5, "limits[0].over_limit", "wait, end"),
+        ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\nrate_after = \"1MiB\"\n".into(), 5, "limits[0].rate_after", "only a limit of bytes"),
+        ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\nroutes = [\"/x\"]\n".into(), 5, "limits[0].routes", "charged by the streams"),
+        ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\non_limit = \"delay\"\n".into(), 5, "limits[0].on_limit", "`over_limit` says"),
+        ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\nover_limit = \"end\"\nmax_wait = \"1s\"\n".into(), 6, "limits[0].max_wait", "only a limit with `over_limit = \"wait\"`"),
+        ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\nmax_wait = \"100us\"\n".into(), 5, "limits[0].max_wait", "at least 1ms"),
+        ("[[limits]]\nname = \"b\"\nquota = \"1MiB/fortnight\"\nper = \"byte\"\n".into(), 3, "limits[0].quota", "period"),
+        ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=1B\"\nper = \"byte\"\n".into(), 3, "limits[0].quota", "burst: 1 bytes is less than one token"),
+        ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=256KiB\"\nper = \"byte\"\nrate_after = \"1 parsec\"\n".into(), 5, "limits[0].rate_after", "unknown unit `parsec`"),
+        ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=256KiB\"\nper = \"byte\"\nin_flight = 3\n".into(), 3, "limits[0].quota", "in flight"),
     ];
     for (text, line, field, reason) in cases {
         let err = error_of(text, Format::Toml);
@@ -1490,4 +1505,93 @@ async fn a_reload_keeps_counting_the_requests_that_wait() {
     // Both answered while the second request still waits (for 2 s): neither waited.
     assert!(!waiting.is_finished(), "the third and fourth waited");
     waiting.abort();
+}
+
+/// Limits of messages and bytes (issue 42): bound in the rules' layer, charged by the
+/// pacers of its limiter with the file's settings, never by a request.
+#[tokio::test]
+async fn stream_limits_are_charged_by_pacers_not_by_requests() {
+    use tollgate::pace::{Direction, OverLimit, Per};
+    let text = r#"
+        [[limits]]
+        name = "requests"
+        key = "peer_ip"
+        quota = "2/min"
+
+        [[limits]]
+        name = "download"
+        key = "peer_ip"
+        quota = "1MiB/s; burst=256KiB"
+        per = "byte"
+        direction = "out"
+        rate_after = "1MiB"
+        over_limit = "end"
+
+        [[limits]]
+        name = "chat"
+        quota = "10/s; burst=5"
+        per = "message"
+        direction = "both"
+        max_wait = "2s"
+    "#;
+    let rules = from_text(text);
+    let app = router(&rules);
+    let r = send(&app, get_from("192.0.2.1")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        sf_names(&header(r.headers(), "ratelimit-policy").unwrap()),
+        ["requests"]
+    );
+    let limiter = rules.limiter();
+    let download = limiter.pacer("download", "k").unwrap();
+    assert_eq!(
+        (download.per(), download.direction(), download.over()),
+        (Per::Byte, Direction::Out, OverLimit::End)
+    );
+    assert_eq!(
+        (download.rate_after(), download.piece()),
+        (1 << 20, 256 << 10)
+    );
+    let chat = limiter.pacer("chat", "k").unwrap();
+    assert_eq!(
+        (chat.per(), chat.direction(), chat.over()),
+        (
+            Per::Message,
+            Direction::Both,
+            OverLimit::wait(Duration::from_secs(2))
+        )
+    );
+    assert_eq!(chat.piece(), 5);
+    // At an upgrade: the key by the limit's own extractor (`peer_ip`), computed once.
+    let (parts, _) = get_from("192.0.2.1").into_parts();
+    let keyed = limiter.pacer_for("download", &parts).unwrap().unwrap();
+    assert_eq!(keyed.key().to_string(), "@192.0.2.1");
+    let global = limiter.pacer_for("chat", &parts).unwrap().unwrap();
+    assert_eq!(global.key(), &tollgate::key::Key::global());
+    let own = Limiter::builder(store())
+        .limit(tollgate::LimitSpec::new(
+            "x",
+            tollgate::Quota::per_second(1),
+        ))
+        .build()
+        .unwrap();
+    assert!(matches!(
+        own.pacer_for("x", &parts),
+        Err(LimiterError::Unsupported {
+            operation: "pacer_for",
+            ..
+        })
+    ));
+    // `tollgate-rules check` and the reload log say what each counts.
+    let shown = Document::from_toml(text).unwrap().to_string();
+    for line in [
+        "download: 1MiB/s; burst=256KiB per peer_ip",
+        "  counts: each byte sent, the first 1MiB of each body free",
+        "  over limit: end the stream",
+        "  counts: each message received or sent",
+        "  over limit: wait up to 2s",
+        "  charged by the streams that name it (`Limiter::pacer`)",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "no {line:?} in:\n{shown}");
+    }
 }

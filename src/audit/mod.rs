@@ -55,3 +55,4 @@ pub(crate) use record::Recorder;
 pub use sink::{AuditSink, BoxError, WriteFuture};
 pub use trace::TracingSink;
 pub use violation::{MAX_ROUTE_LEN, Violation};
+pub(crate) use violation::{Queued, bounded_route};

@@ -2,6 +2,7 @@
 //! buckets the middleware fills, from handlers, background jobs or other stacks.
 
 pub(crate) mod estimate;
+pub(crate) mod pace;
 pub(crate) mod permit;
 pub(crate) mod reservation;
 
@@ -19,12 +20,14 @@ use crate::base::error::ConfigError;
 use crate::engine::ban::BannedKey;
 use crate::engine::delay::WaitCounts;
 use crate::engine::{Engine, unique_names};
+use crate::limiter::pace::Pacer;
 use crate::limiter::permit::Permit;
 use crate::limiter::reservation::Reservation;
 use crate::model::decision::{Decision, LimitDecision};
 use crate::model::key::{IntoKey, Key};
 use crate::model::policy::Mode;
 use crate::model::spec::LimitSpec;
+use crate::model::stream::{OverLimit, Streaming};
 use crate::observe::offenders::RefusedKey;
 use crate::store::{Checked, Item, Op, Statuses, Store};
 
@@ -111,8 +114,20 @@ impl LimiterError {
     }
 }
 
+/// Whether a limit counting with `algorithm` can do what `over` says: waiting takes a
+/// reservation, which sliding and calendar windows do not take.
+pub(crate) fn can_wait(algorithm: Algorithm, over: OverLimit) -> bool {
+    let reserves = !matches!(algorithm, Algorithm::SlidingWindow | Algorithm::SlidingLog)
+        && !algorithm.is_calendar();
+    reserves || over == OverLimit::End
+}
+
 /// The calls of one operation: (limit, key, cost).
 pub(crate) type Calls<'a> = SmallVec<[(&'a str, Key, u32); 2]>;
+
+/// A limit as a stream charges it: interned name, quota, algorithm, stream settings, rule
+/// id.
+pub(crate) type Paced = (&'static str, Quota, Algorithm, Streaming, Option<u64>);
 
 /// What one item was: limit name, quota, cost, mode.
 type Meta = (&'static str, Quota, u32, Mode);
@@ -134,6 +149,20 @@ pub(crate) trait Handle: Send + Sync + 'static {
     fn can_settle(&self, limit: &str) -> Result<(), LimiterError>;
     /// How the limit called `limit` counts, if there is one.
     fn algorithm(&self, limit: &str) -> Option<Algorithm>;
+    /// The limit called `limit`, if there is one, as a stream charges it: its interned
+    /// name, quota, algorithm and stream settings.
+    fn paced(&self, limit: &str) -> Option<Paced>;
+    /// The key of the request `parts` for the limit called `limit`, by the limit's own
+    /// key extractor: `None` when the handle has no extractors (a limiter of its own),
+    /// `Some(Ok(None))` when the request has no key and the limit skips such requests.
+    fn key_for(
+        &self,
+        limit: &str,
+        parts: &http::request::Parts,
+    ) -> Option<Result<Option<Key>, LimiterError>> {
+        let _ = (limit, parts);
+        None
+    }
     /// The keys a banning limit has banned.
     fn bans(&self, limit: &str) -> Result<Vec<BannedKey>, LimiterError> {
         Err(LimiterError::NoBan {
@@ -181,6 +210,19 @@ impl<St: Store> Engine<St> {
 impl<St: Store> Handle for Engine<St> {
     fn algorithm(&self, limit: &str) -> Option<Algorithm> {
         self.find(limit).map(|i| self.bounds[i].spec.algorithm)
+    }
+
+    fn paced(&self, limit: &str) -> Option<Paced> {
+        self.find(limit).map(|i| {
+            let bound = &self.bounds[i];
+            (
+                bound.name,
+                bound.spec.quota,
+                bound.spec.algorithm,
+                bound.spec.stream,
+                bound.spec.rule_id,
+            )
+        })
     }
 
     fn apply(&self, op: Op, calls: Calls<'_>, max_wait: Duration) -> Result<Applied, LimiterError> {
@@ -375,6 +417,69 @@ impl Limiter {
     /// The names of the limits this handle reaches.
     pub fn limits(&self) -> Vec<&'static str> {
         self.inner.names()
+    }
+
+    /// The quota of the limit called `limit`, if this handle reaches one.
+    pub fn quota(&self, limit: &str) -> Option<Quota> {
+        self.inner.paced(limit).map(|(_, quota, ..)| quota)
+    }
+
+    /// A [`Pacer`] for the stream of the request `parts` (a WebSocket's upgrade, a
+    /// streaming call), keyed by the limit's own key extractor as the layer keys its
+    /// requests (`key = "peer_ip"` in a rules file): the key is computed once, here.
+    /// `Ok(None)` when the request has no key and the limit skips such requests
+    /// ([`MissingKey::Skip`](crate::MissingKey)); a request without a key under any other
+    /// [`MissingKey`](crate::MissingKey) shares the bucket of keyless requests.
+    ///
+    /// Only a layer's handle ([`RateLimitLayer::limiter`](crate::RateLimitLayer::limiter),
+    /// a rules' `limiter()`) knows the extractors: a limiter of its own answers
+    /// [`LimiterError::Unsupported`] (use [`pacer`](Self::pacer) with a key there).
+    pub fn pacer_for(
+        &self,
+        limit: &str,
+        parts: &http::request::Parts,
+    ) -> Result<Option<Pacer>, LimiterError> {
+        let Some(key) = self.inner.key_for(limit, parts) else {
+            return Err(LimiterError::Unsupported {
+                limit: limit.to_owned(),
+                operation: "pacer_for",
+            });
+        };
+        match key? {
+            Some(key) => self.pacer(limit, key).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// A [`Pacer`] charging the units of one stream (messages, bytes) to `limit` for
+    /// `key`, as the limit's [stream settings](LimitSpec::per) say (what it does over the
+    /// limit, the units per token; [`Pacer::over_limit`] changes the first for this
+    /// stream). Made once per stream (the key is computed once); it holds nothing until
+    /// charged, and gives back on drop what it took and did not use.
+    ///
+    /// Any limit can be charged so, a limit of requests too. GCRA and fixed windows; with
+    /// [`OverLimit::Wait`], a sliding window or log or a calendar window answers
+    /// [`LimiterError::Unsupported`] (they take no reservations), as does an in-flight
+    /// limit either way.
+    pub fn pacer(&self, limit: &str, key: impl IntoKey) -> Result<Pacer, LimiterError> {
+        let Some((name, quota, algorithm, stream, rule_id)) = self.inner.paced(limit) else {
+            return Err(LimiterError::unknown(limit, self.inner.names()));
+        };
+        let over = stream.over_limit.unwrap_or_default();
+        if algorithm.is_in_flight() || !can_wait(algorithm, over) {
+            return Err(LimiterError::Unsupported {
+                limit: limit.to_owned(),
+                operation: "pace",
+            });
+        }
+        Ok(Pacer::new(
+            self.clone(),
+            name,
+            key.into_key(),
+            quota.burst_size(),
+            stream,
+        )
+        .with_rule_id(rule_id))
     }
 
     fn one(

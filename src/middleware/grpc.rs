@@ -45,6 +45,8 @@
 //! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
+mod stream;
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 
@@ -57,6 +59,8 @@ use tonic_types::{ErrorDetails, QuotaViolation, StatusExt};
 use crate::base::round::ceil_ms;
 use crate::web::headers::Fields;
 use crate::web::response::{OnRejection, Rejection};
+
+pub use self::stream::{PacedMessages, StreamLimit, StreamLimitLayer};
 
 /// `grpc-retry-pushback-ms` (gRFC A6).
 pub const RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");

@@ -99,6 +99,18 @@ impl<H: Handle> Handle for Proxy<H> {
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
         self.0.algorithm(limit)
     }
+
+    fn paced(&self, limit: &str) -> Option<crate::limiter::Paced> {
+        self.0.paced(limit)
+    }
+
+    fn key_for(
+        &self,
+        limit: &str,
+        parts: &http::request::Parts,
+    ) -> Option<Result<Option<crate::model::key::Key>, LimiterError>> {
+        self.0.key_for(limit, parts)
+    }
 }
 
 #[cfg(test)]
@@ -118,6 +130,10 @@ mod tests {
         }
 
         fn algorithm(&self, _: &str) -> Option<crate::algo::algorithm::Algorithm> {
+            None
+        }
+
+        fn paced(&self, _: &str) -> Option<crate::limiter::Paced> {
             None
         }
 

@@ -300,4 +300,19 @@ impl<St: Store, R: Send + Sync + 'static> Handle for Shared<St, R> {
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
         self.engine.algorithm(limit)
     }
+
+    fn paced(&self, limit: &str) -> Option<crate::limiter::Paced> {
+        self.engine.paced(limit)
+    }
+
+    fn key_for(
+        &self,
+        limit: &str,
+        parts: &Parts,
+    ) -> Option<Result<Option<crate::model::key::Key>, LimiterError>> {
+        let Some(index) = self.engine.find(limit) else {
+            return Some(Err(LimiterError::unknown(limit, self.engine.names())));
+        };
+        Some(self.policy.key_for(index, parts))
+    }
 }

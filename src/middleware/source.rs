@@ -107,4 +107,16 @@ impl<St: Store, R: Send + Sync + 'static> Handle for LiveHandle<St, R> {
     fn algorithm(&self, limit: &str) -> Option<crate::algo::algorithm::Algorithm> {
         self.0.current().shared.algorithm(limit)
     }
+
+    fn paced(&self, limit: &str) -> Option<crate::limiter::Paced> {
+        self.0.current().shared.paced(limit)
+    }
+
+    fn key_for(
+        &self,
+        limit: &str,
+        parts: &http::request::Parts,
+    ) -> Option<Result<Option<crate::model::key::Key>, LimiterError>> {
+        self.0.current().shared.key_for(limit, parts)
+    }
 }

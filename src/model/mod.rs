@@ -7,3 +7,4 @@ pub(crate) mod key;
 pub(crate) mod lease;
 pub(crate) mod policy;
 pub(crate) mod spec;
+pub(crate) mod stream;

@@ -13,6 +13,7 @@ use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::Quota;
 use crate::base::error::ConfigError;
 use crate::model::policy::{FailurePolicy, Mode, OnLimit};
+use crate::model::stream::{Direction, OverLimit, Per, Streaming};
 
 /// The longest limit name: it appears in headers and in Redis keys.
 const MAX_NAME_LEN: usize = 64;
@@ -48,6 +49,8 @@ pub struct LimitSpec {
     pub(crate) max_debt: Option<u64>,
     /// Bans that escalate (`model/ban.rs`).
     pub(crate) ban: Option<crate::model::ban::Ban>,
+    /// What a token pays for inside long-lived requests (`model/stream.rs`).
+    pub(crate) stream: Streaming,
 }
 
 impl LimitSpec {
@@ -66,6 +69,7 @@ impl LimitSpec {
             lease: None,
             max_debt: None,
             ban: None,
+            stream: Streaming::default(),
         }
     }
 
@@ -144,6 +148,46 @@ impl LimitSpec {
         self
     }
 
+    /// What a token pays for: a request (the default), or a message or byte inside
+    /// long-lived requests, charged by a [`Pacer`](crate::pace::Pacer)
+    /// ([`Limiter::pacer`](crate::Limiter::pacer)). A limit of messages or bytes in a
+    /// layer is not checked when requests arrive: the streams that name it charge it.
+    pub fn per(mut self, per: Per) -> Self {
+        self.stream.per = per;
+        self
+    }
+
+    /// Which way a stream limit's units are counted (default [`Direction::In`]).
+    pub fn direction(mut self, direction: Direction) -> Self {
+        self.stream.direction = Some(direction);
+        self
+    }
+
+    /// What a stream does over the limit (default: wait, at most 30 s per charge).
+    pub fn over_limit(mut self, over: OverLimit) -> Self {
+        self.stream.over_limit = Some(over);
+        self
+    }
+
+    /// A limit of bytes: the first `bytes` of each body pass uncharged (nginx's
+    /// `limit_rate_after`).
+    pub fn rate_after(mut self, bytes: u64) -> Self {
+        self.stream.rate_after = Some(bytes);
+        self
+    }
+
+    /// A stream limit: each token stands for `units` units (bytes per token: a quota
+    /// counts at most one token a microsecond, so 1 MiB/s is 1,024 tokens of 1,024 bytes).
+    pub fn unit(mut self, units: u32) -> Self {
+        self.stream.unit = Some(units);
+        self
+    }
+
+    /// What a token pays for ([`per`](Self::per)).
+    pub fn counts(&self) -> Per {
+        self.stream.per
+    }
+
     /// The limit's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -198,6 +242,9 @@ impl LimitSpec {
             ban.validate().map_err(|e| e.within(at()))?;
         }
         self.validate_reservations().map_err(|e| e.within(at()))?;
+        self.stream
+            .validate(self.algorithm.is_in_flight())
+            .map_err(|e| e.within(at()))?;
         if self.max_debt.is_some() {
             self.settle_refusal()
                 .map_err(|reason| ConfigError::new("max_debt", reason).within(at()))?;
@@ -270,7 +317,8 @@ impl LimitSpec {
         &self,
         f: &'a mut fmt::DebugStruct<'a, 'b>,
     ) -> &'a mut fmt::DebugStruct<'a, 'b> {
-        f.field("name", &self.name)
+        let f = f
+            .field("name", &self.name)
             .field("quota", &self.quota)
             .field("mode", &self.mode)
             .field("on_failure", &self.on_failure)
@@ -279,7 +327,12 @@ impl LimitSpec {
             .field("max_reserved", &self.max_reserved)
             .field("rule_id", &self.rule_id)
             .field("max_debt", &self.max_debt)
-            .field("ban", &self.ban)
+            .field("ban", &self.ban);
+        if self.stream.is_stream() {
+            f.field("stream", &self.stream)
+        } else {
+            f
+        }
     }
 }
 

@@ -24,6 +24,7 @@
 //! | `tollgate_banned_total` | counter | `limit` | requests refused because their key was banned, before any store call (not in `tollgate_requests_total`) |
 //! | `tollgate_settles_total` | counter | `limit`, `result` | costs settled after their estimate ([`Limit::settle`](crate::Limit::settle), [`Limiter::admit`](crate::Limiter::admit)): `result` is `taken` (the actual cost was more) or `given_back` (less); an exact estimate settles nothing |
 //! | `tollgate_settled_tokens_total` | counter | `limit`, `result` | the tokens those settles took or gave back (taken tokens count in full, even past the limit's `max_debt`, where the bucket forgives them) |
+//! | `tollgate_stream_units_total` | counter | `limit`, `per`, `result` | the units of streams charged to a limit through a [`Pacer`](crate::pace::Pacer) (paced bodies and events, WebSockets, gRPC streams): `per` is `message`, `byte` or `request` (what the limit counts), `result` is `passed` (charged, after a wait or not) or `refused` (over the limit: the stream ended); registered once per stream |
 //! | `tollgate_audit_accepted_total`, `tollgate_audit_written_total`, `tollgate_audit_failed_total`, `tollgate_audit_dropped_total` | counter | | violations an [`AuditLog`](crate::audit::AuditLog) queued, its sink wrote, lost with a failed batch, and dropped because the queue was full, the counters of [`AuditStats`](crate::audit::AuditStats) (summed over the process's audit logs): the queue holds `accepted − written − failed` |
 //! | `tollgate_reloads_total` | counter | `result` | reloads of [`Rules`](crate::rules::Rules): `ok` (the rules were replaced) or `error` (refused: invalid or unreadable), as [`ReloadStatus`](crate::rules::ReloadStatus) counts them |
 //! | `tollgate_rules_healthy` | gauge | | 1 while the running rules are the newest (the latest reload, or the first load, succeeded), 0 after a refused reload |
@@ -81,6 +82,8 @@ pub const DELAY_SECONDS: &str = "tollgate_delay_seconds";
 pub const SETTLES_TOTAL: &str = "tollgate_settles_total";
 /// `tollgate_settled_tokens_total{limit, result}`.
 pub const SETTLED_TOKENS_TOTAL: &str = "tollgate_settled_tokens_total";
+/// `tollgate_stream_units_total{limit, per, result}`.
+pub const STREAM_UNITS_TOTAL: &str = "tollgate_stream_units_total";
 /// `tollgate_bans_total{limit}`.
 pub const BANS_TOTAL: &str = "tollgate_bans_total";
 /// `tollgate_banned_total{limit}`.
@@ -154,6 +157,10 @@ fn describe() {
             "Costs settled after their estimate, taken or given back"
         );
         ::metrics::describe_counter!(SETTLED_TOKENS_TOTAL, "Tokens settles took or gave back");
+        ::metrics::describe_counter!(
+            STREAM_UNITS_TOTAL,
+            "Messages or bytes of streams charged to a limit, passed or refused"
+        );
         ::metrics::describe_counter!(BANS_TOTAL, "Bans that began, per limit");
         ::metrics::describe_counter!(
             BANNED_TOTAL,
@@ -335,6 +342,32 @@ impl SettleMetrics {
         };
         n.increment(1);
         t.increment(u64::from(tokens));
+    }
+}
+
+/// A stream's `tollgate_stream_units_total{limit, per, result}` (registered when its
+/// pacer is made: once per stream, never per unit).
+pub(crate) struct StreamMetrics {
+    passed: Counter,
+    refused: Counter,
+}
+
+impl StreamMetrics {
+    pub(crate) fn new(limit: &'static str, per: &'static str) -> Self {
+        describe();
+        let counter = |result: &'static str| ::metrics::counter!(STREAM_UNITS_TOTAL, "limit" => limit, "per" => per, "result" => result);
+        Self {
+            passed: counter("passed"),
+            refused: counter("refused"),
+        }
+    }
+
+    /// `units` passed (`true`) or were refused.
+    pub(crate) fn record(&self, passed: bool, units: u64) {
+        match passed {
+            true => self.passed.increment(units),
+            false => self.refused.increment(units),
+        }
     }
 }
 

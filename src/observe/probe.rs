@@ -8,7 +8,7 @@ pub(crate) use crate::observe::metrics::ReloadMetrics;
 #[cfg(feature = "metrics")]
 pub(crate) use crate::observe::metrics::{
     AuditMetrics, BanMetrics, DelayMetrics, ErrorKind, LimitMetrics, SettleMetrics, StoreMetrics,
-    deny_cache_hits, keys, writeback_dropped,
+    StreamMetrics, deny_cache_hits, keys, writeback_dropped,
 };
 #[cfg(feature = "metrics")]
 pub(crate) use ::metrics::{Counter, Gauge};
@@ -63,6 +63,20 @@ mod off {
 
         #[inline(always)]
         pub(crate) fn record(&self, _taken: bool, _tokens: u32) {}
+    }
+
+    /// A stream's units.
+    #[derive(Debug)]
+    pub(crate) struct StreamMetrics;
+
+    impl StreamMetrics {
+        #[inline(always)]
+        pub(crate) fn new(_limit: &'static str, _per: &'static str) -> Self {
+            Self
+        }
+
+        #[inline(always)]
+        pub(crate) fn record(&self, _passed: bool, _units: u64) {}
     }
 
     /// A banning limit's bans.

@@ -5,6 +5,7 @@
 mod keys;
 mod plans;
 mod settle;
+mod stream;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use crate::base::error::ConfigError;
 use crate::middleware::builder::RateLimitBuilder;
 use crate::model::lease::Lease;
 use crate::model::policy::{FailurePolicy, MissingKey, Mode};
+use crate::model::stream::Per;
 use crate::rules::document::{CostSpec, Document, LeaseSpec, LimitRule};
 use crate::store::Store;
 use crate::web::compile::never_met;
@@ -263,6 +265,9 @@ fn limit(
     client: Option<&ClientIp>,
     keys: &CustomKeys,
 ) -> Result<Limit, ConfigError> {
+    let per = stream::per(rule)?;
+    // A limit of bytes: its quota in sizes, counted in tokens of `unit` bytes.
+    let mut unit = None;
     let (algorithm, in_flight) = match in_flight(rule)? {
         Some((algorithm, quota)) => (algorithm, Some(quota)),
         None => (algorithm(rule)?, None),
@@ -293,6 +298,11 @@ fn limit(
                     "quota",
                     "missing: e.g. `quota = \"10/s; burst=20\"` (or a `[limits.plans]` table)",
                 ));
+            }
+            (Some(q), None) if per == Per::Byte => {
+                let (quota, bytes) = stream::byte_quota(q, "quota")?;
+                unit = Some(bytes);
+                (quota, None)
             }
             (Some(q), None) => (parse_quota(q, "quota")?, None),
             (None, Some(plans)) => {
@@ -340,7 +350,16 @@ fn limit(
     if let Some(id) = rule.rule_id {
         limit = limit.rule_id(id);
     }
-    limit = on_limit(rule, limit)?;
+    limit = stream::settings(rule, per, unit, limit)?;
+    limit = if per == Per::Request {
+        on_limit(rule, limit)?
+    } else {
+        // `max_wait` is the stream's (`over_limit = "wait"`).
+        if let Some(tokens) = rule.max_reserved {
+            limit = limit.max_reserved(tokens);
+        }
+        lease(rule, limit)?
+    };
     limit = settle::settle(rule, limit)?;
     limit = ban(rule, limit)?;
     let key: Box<dyn KeyExtractor> = match &rule.key {

@@ -161,6 +161,19 @@ pub struct LimitRule {
     /// `time_zone`: with `algorithm = "calendar"`, the IANA zone whose local hours, days,
     /// weeks and months the windows follow (`"Europe/Berlin"`); default `"UTC"`.
     pub time_zone: Option<String>,
+    /// `per`: what a token pays for: `"request"` (default: checked when a request
+    /// arrives), `"message"` or `"byte"` (charged inside long-lived requests by the
+    /// streams that name the limit: [`Limiter::pacer`](crate::Limiter::pacer)).
+    pub per: Option<String>,
+    /// `direction`: with `per = "message"` or `"byte"`, which way the units are counted:
+    /// `"in"` (default: from the client), `"out"` or `"both"`.
+    pub direction: Option<String>,
+    /// `over_limit`: with `per = "message"` or `"byte"`, `"wait"` (default:
+    /// backpressure, up to `max_wait`, default `"30s"`) or `"end"` (the stream ends).
+    pub over_limit: Option<String>,
+    /// `rate_after`: with `per = "byte"`, the bytes of each body that pass uncharged
+    /// (`"1MiB"`; nginx's `limit_rate_after`).
+    pub rate_after: Option<String>,
 }
 
 /// A limit's `ban = { after = 3, within = "1m", for = "10m", escalate = 2, max = "1d",

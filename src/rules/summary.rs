@@ -29,6 +29,9 @@ fn limit(f: &mut fmt::Formatter<'_>, rule: &LimitRule) -> fmt::Result {
     }
     writeln!(f, " per {key}")?;
     kind(f, rule)?;
+    if let Some(per @ ("message" | "byte")) = rule.per.as_deref() {
+        return stream(f, rule, per);
+    }
     if let Some(plans) = &rule.plans {
         write!(f, "  plans: ")?;
         self::plans(f, plans)?;
@@ -110,6 +113,50 @@ fn limit(f: &mut fmt::Formatter<'_>, rule: &LimitRule) -> fmt::Result {
         Some(routes) => writeln!(f, "  routes: {}", routes.join(", ")),
         None => writeln!(f, "  routes: every request"),
     }
+}
+
+/// A limit of messages or bytes: what it counts, what a stream over it does, and who
+/// charges it.
+fn stream(f: &mut fmt::Formatter<'_>, rule: &LimitRule, per: &str) -> fmt::Result {
+    write!(
+        f,
+        "  counts: each {per} {}",
+        match rule.direction.as_deref().unwrap_or("in") {
+            "out" => "sent",
+            "both" => "received or sent",
+            _ => "received",
+        }
+    )?;
+    match &rule.rate_after {
+        Some(after) => writeln!(f, ", the first {after} of each body free")?,
+        None => writeln!(f)?,
+    }
+    match rule.over_limit.as_deref() {
+        Some("end") => writeln!(f, "  over limit: end the stream")?,
+        _ => writeln!(
+            f,
+            "  over limit: wait up to {}",
+            rule.max_wait.as_deref().unwrap_or("30s")
+        )?,
+    }
+    if let Some(lease) = &rule.lease {
+        match lease {
+            LeaseSpec::Auto => writeln!(f, "  leased (auto)")?,
+            LeaseSpec::Tokens(n) => writeln!(f, "  leased (up to {n})")?,
+        }
+    }
+    writeln!(
+        f,
+        "  on store failure: {}",
+        rule.on_store_failure.as_deref().unwrap_or("share")
+    )?;
+    if let Some(id) = rule.rule_id {
+        writeln!(f, "  rule {id}")?;
+    }
+    writeln!(
+        f,
+        "  charged by the streams that name it (`Limiter::pacer`)"
+    )
 }
 
 /// `kind: rate (gcra)`, `kind: in-flight (retry after 1s)`, `kind: calendar (months in

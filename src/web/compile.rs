@@ -137,17 +137,34 @@ pub(crate) fn compile<St: Store>(
         limits.push(PolicyLimit::new(limit));
         Ok(index)
     };
-    let always = s
-        .always
-        .into_iter()
-        .map(&mut bind)
-        .collect::<Result<SmallVec<[usize; 4]>, _>>()?;
+    // A limit of messages or bytes is bound (the streams that name it charge it through
+    // the layer's limiter) but checked by no request.
+    let mut always: SmallVec<[usize; 4]> = SmallVec::new();
+    for limit in s.always {
+        let stream = limit.spec.stream.is_stream();
+        let index = bind(limit)?;
+        if !stream {
+            always.push(index);
+        }
+    }
     let mut group_limits = vec![always.clone()];
     for limit in s.route_default {
-        group_limits[0].push(bind(limit)?);
+        let stream = limit.spec.stream.is_stream();
+        let index = bind(limit)?;
+        if !stream {
+            group_limits[0].push(index);
+        }
     }
     let mut routes = RouteTable::default();
     for (spec, limit) in s.routes {
+        if limit.spec.stream.is_stream() {
+            return Err(ConfigError::new(
+                "per",
+                "a limit of messages or bytes is charged by the streams that name it \
+                 (`Limiter::pacer`), not by route: give it no route",
+            )
+            .within(format!("routes[{spec:?}].limits[{:?}]", limit.spec.name())));
+        }
         let (method, path) = parse_route(&spec)?;
         let entries = routes
             .entries_mut(path)

@@ -150,6 +150,41 @@ impl Limit {
         self
     }
 
+    /// What a token pays for: a request (the default), or a message or byte inside
+    /// long-lived requests ([`LimitSpec::per`]): a limit of messages or bytes is bound in
+    /// the layer (its [`limiter`](crate::RateLimitLayer::limiter) makes
+    /// [`Pacer`](crate::pace::Pacer)s of it) but checked by no request, and takes no
+    /// route.
+    pub fn per(mut self, per: crate::pace::Per) -> Self {
+        self.spec = self.spec.per(per);
+        self
+    }
+
+    /// Which way a stream limit counts ([`LimitSpec::direction`]).
+    pub fn direction(mut self, direction: crate::pace::Direction) -> Self {
+        self.spec = self.spec.direction(direction);
+        self
+    }
+
+    /// What a stream over the limit does ([`LimitSpec::over_limit`]).
+    pub fn over_limit(mut self, over: crate::pace::OverLimit) -> Self {
+        self.spec = self.spec.over_limit(over);
+        self
+    }
+
+    /// A limit of bytes: the first `bytes` of each body uncharged
+    /// ([`LimitSpec::rate_after`]).
+    pub fn rate_after(mut self, bytes: u64) -> Self {
+        self.spec = self.spec.rate_after(bytes);
+        self
+    }
+
+    /// A stream limit: the units each token stands for ([`LimitSpec::unit`]).
+    pub fn unit(mut self, units: u32) -> Self {
+        self.spec = self.spec.unit(units);
+        self
+    }
+
     /// Spends the limit from leases when its store is remote (a
     /// [`Resilient`](crate::store::Resilient) store such as `RedisStore`): an instance takes
     /// tokens from the shared bucket in batches and decides most requests without a call.

@@ -202,6 +202,31 @@ pub(crate) enum Next {
 }
 
 impl Policy {
+    /// The key of the request `parts` for the bound limit `index`, by its extractor, as a
+    /// stream's pacer takes it (`Limiter::pacer_for`): `None` when the request has no key
+    /// and the limit skips such requests; the shared bucket of keyless requests otherwise.
+    pub(crate) fn key_for(
+        &self,
+        index: usize,
+        parts: &Parts,
+    ) -> Result<Option<Key>, crate::limiter::LimiterError> {
+        let limit = &self.limits[index].limit;
+        let mut builder = KeyBuilder::new();
+        match limit.key.extract(parts, &mut builder) {
+            Ok(()) => Ok(Some(builder.take())),
+            Err(KeyError::Missing) => match limit.missing {
+                MissingKey::Skip => Ok(None),
+                _ => Ok(Some(Key::missing())),
+            },
+            Err(KeyError::Misconfigured(reason)) => {
+                Err(crate::limiter::LimiterError::Unsupported {
+                    limit: format!("{} ({reason})", limit.spec.name),
+                    operation: "key",
+                })
+            }
+        }
+    }
+
     /// Extracts each limit's key, quota and cost into `items` and the plan.
     pub(crate) fn prepare<'a, St: Store>(
         &'a self,

@@ -15,6 +15,9 @@
 //! - `GET /slow`: `smooth`, delay mode (the request waits for its token).
 //! - `GET /tokens`: `tokens`, cost 10 settled from the response's `x-usage-tokens`,
 //!   alternately 3 and 25 (given back, taken).
+//! - `GET /download` (header `x-client`): 600 bytes paced by `download`, 1,000 bytes a
+//!   second per client, ending the body over it (`tollgate_stream_units_total`, passed
+//!   and refused).
 //! - `GET /remote` (header `x-client`): `remote-open` (fails open) and `remote-fallback`
 //!   (the local fallback answers) on a `RedisStore` at the given URL, where nothing
 //!   listens: store errors, and the breaker opens (and probes the store each second).
@@ -34,9 +37,12 @@ use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate::audit::{AuditLog, BoxError, Violation};
 use tollgate::key::Header;
+use tollgate::pace::{OverLimit, PacedBody, Per};
 use tollgate::rules::Rules;
 use tollgate::store::{MemoryStore, RedisStore};
-use tollgate::{Ban, Cost, FailurePolicy, Limit, Quota, RateLimitLayer, Settle};
+use tollgate::{
+    Ban, Cost, FailurePolicy, Limit, LimitSpec, Limiter, Quota, RateLimitLayer, Settle,
+};
 
 const RULES: &str = r#"
 [[limits]]
@@ -60,6 +66,7 @@ struct App {
     prometheus: PrometheusHandle,
     rules: Rules<MemoryStore>,
     usage: Arc<AtomicU64>,
+    bytes: Limiter,
 }
 
 #[tokio::main]
@@ -139,10 +146,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .build()?;
 
+    let bytes = Limiter::builder(MemoryStore::new())
+        .limit(
+            LimitSpec::new("download", Quota::per_second(1000).burst(1000))
+                .per(Per::Byte)
+                .over_limit(OverLimit::End),
+        )
+        .build()?;
+
     let app = App {
         prometheus,
         rules: rules.clone(),
         usage: Arc::new(AtomicU64::new(0)),
+        bytes,
     };
     let router = Router::new()
         .merge(
@@ -170,6 +186,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .route("/remote", get(|| async { "remote\n" }))
                 .route_layer(remote),
         )
+        .route("/download", get(download))
         .route("/admin/reload", get(reload))
         .route("/metrics", get(metrics))
         .with_state(app);
@@ -189,6 +206,20 @@ async fn tokens_handler(State(app): State<App>) -> ([(&'static str, String); 1],
     let n = app.usage.fetch_add(1, Ordering::Relaxed);
     let used = if n % 2 == 0 { 3 } else { 25 };
     ([("x-usage-tokens", used.to_string())], "tokens\n")
+}
+
+/// 600 bytes paced per client (`x-client`).
+async fn download(State(app): State<App>, headers: axum::http::HeaderMap) -> axum::body::Body {
+    let client = headers
+        .get("x-client")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned();
+    let body = axum::body::Body::from(vec![b'x'; 600]);
+    match app.bytes.pacer("download", client) {
+        Ok(pacer) => axum::body::Body::new(PacedBody::new(body, pacer)),
+        Err(_) => body,
+    }
 }
 
 /// `?ok` reloads the same rules, `?bad` an invalid text.

@@ -1,0 +1,347 @@
+//! Limits inside long-lived requests (issue 42): bodies paced to bytes per second per key,
+//! read through a real HTTP client over TCP, on tokio's paused clock (the store reads it
+//! too), so that a 10-second download takes no real time and its duration is exact.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, State};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use futures_util::stream;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
+use tollgate::clock::Clock;
+use tollgate::key::PeerIp;
+use tollgate::pace::{Direction, OverLimit, PacedBody, Per};
+use tollgate::store::MemoryStore;
+use tollgate::{LimitSpec, Limiter, Quota};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+/// The chunks the handlers stream.
+const CHUNK: usize = 64 * 1024;
+
+/// Tokio's clock, paused in these tests: the memory store and the pacing sleeps read one
+/// time.
+#[derive(Clone)]
+struct Tokio(Instant);
+
+impl Clock for Tokio {
+    fn now(&self) -> u64 {
+        1_000_000_000_000 + self.0.elapsed().as_nanos() as u64
+    }
+}
+
+/// `download`: 1 MiB/s per client address, 256 KiB at once; `upload`: the same. Counted
+/// in KiB (a quota counts at most a token a microsecond): the pacers' unit is 1024.
+fn limiter() -> Limiter {
+    let bytes = |name| {
+        LimitSpec::new(name, Quota::per_second(1024).burst(256))
+            .per(Per::Byte)
+            .unit(1024)
+            .over_limit(OverLimit::wait(Duration::from_secs(30)))
+    };
+    Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .limit(bytes("download").direction(Direction::Out))
+        .limit(bytes("upload"))
+        .limit(
+            bytes("download-after")
+                .direction(Direction::Out)
+                .rate_after(MIB),
+        )
+        .build()
+        .unwrap()
+}
+
+/// `GET /download?mib=N`: N MiB in 64 KiB chunks, paced per client address by the limit
+/// `download`. `POST /upload`: the request body read through a pacer; answers
+/// the byte count.
+fn app(limiter: Limiter, download: &'static str) -> Router {
+    Router::new()
+        .route(
+            "/download",
+            get(
+                move |State(limiter): State<Limiter>,
+                      ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                      query: axum::extract::RawQuery| async move {
+                    let mib: usize = query
+                        .0
+                        .and_then(|q| q.strip_prefix("mib=")?.parse().ok())
+                        .unwrap_or(10);
+                    let chunks = (0..mib * 16)
+                        .map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![7u8; CHUNK])));
+                    let body = Body::from_stream(stream::iter(chunks));
+                    let pacer = limiter
+                        .pacer(download, PeerIp::new().key(peer.ip()))
+                        .unwrap()
+                        .batch(64);
+                    Body::new(PacedBody::new(body, pacer))
+                },
+            ),
+        )
+        .route(
+            "/upload",
+            post(
+                |State(limiter): State<Limiter>,
+                 ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                 body: Body| async move {
+                    let pacer = limiter
+                        .pacer("upload", PeerIp::new().key(peer.ip()))
+                        .unwrap();
+                    match PacedBody::new(body, pacer).collect().await {
+                        Ok(bytes) => (StatusCode::OK, bytes.to_bytes().len().to_string()),
+                        Err(e) => (StatusCode::TOO_MANY_REQUESTS, e.to_string()),
+                    }
+                },
+            ),
+        )
+        .with_state(limiter)
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // No Nagle: with a paused clock, a small write held for a delayed ACK (tens of real
+    // milliseconds) would be held for any span of virtual time.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+/// Downloads `path` with hyper's client: the bytes, and how long it took on tokio's
+/// clock.
+async fn download(addr: SocketAddr, path: &str) -> (u64, Duration) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let start = Instant::now();
+    let response = client
+        .request(
+            Request::get(format!("http://{addr}{path}"))
+                .body(Full::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut total = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            total += data.len() as u64;
+        }
+    }
+    eprintln!("{path}: {total} bytes in {:?}", start.elapsed());
+    (total, start.elapsed())
+}
+
+fn within(elapsed: Duration, expected: Duration, tolerance: f64) -> bool {
+    (elapsed.as_secs_f64() - expected.as_secs_f64()).abs() <= expected.as_secs_f64() * tolerance
+}
+
+/// The issue's target: a 10 MiB download paced to 1 MiB/s takes 10 s ± 5 % (here 9.75 s:
+/// the first 256 KiB are the burst).
+#[tokio::test(start_paused = true)]
+async fn a_10_mib_download_paced_to_1_mib_per_second_takes_10_seconds() {
+    let addr = serve(app(limiter(), "download")).await;
+    let (bytes, elapsed) = download(addr, "/download?mib=10").await;
+    assert_eq!(bytes, 10 * MIB);
+    assert!(
+        within(elapsed, Duration::from_secs(10), 0.05),
+        "took {elapsed:?}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(9_750),
+        "never faster than the rate: {elapsed:?}"
+    );
+}
+
+/// The rate is the key's, not the connection's: two downloads from one address share it.
+#[tokio::test(start_paused = true)]
+async fn two_downloads_from_one_address_share_its_rate() {
+    let addr = serve(app(limiter(), "download")).await;
+    let (a, b) = tokio::join!(
+        download(addr, "/download?mib=2"),
+        download(addr, "/download?mib=2")
+    );
+    assert_eq!((a.0, b.0), (2 * MIB, 2 * MIB));
+    let last = a.1.max(b.1);
+    // 4 MiB in all: 256 KiB at once, the rest at 1 MiB/s.
+    assert!(last >= Duration::from_millis(3_750), "{last:?}");
+    assert!(within(last, Duration::from_millis(3_750), 0.05), "{last:?}");
+}
+
+/// nginx's `limit_rate_after`: the first MiB is not paced.
+#[tokio::test(start_paused = true)]
+async fn rate_after_sends_the_first_bytes_at_once() {
+    let addr = serve(app(limiter(), "download-after")).await;
+    let (bytes, elapsed) = download(addr, "/download?mib=3").await;
+    assert_eq!(bytes, 3 * MIB);
+    // 1 MiB free, 256 KiB of burst, 1.75 MiB at 1 MiB/s.
+    assert!(elapsed >= Duration::from_millis(1_750), "{elapsed:?}");
+    assert!(
+        within(elapsed, Duration::from_millis(1_750), 0.05),
+        "{elapsed:?}"
+    );
+}
+
+/// An upload read through a pacer: the client's body is read no faster than the rate.
+#[tokio::test(start_paused = true)]
+async fn an_upload_is_read_at_the_rate() {
+    let addr = serve(app(limiter(), "download")).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let start = Instant::now();
+    let response = client
+        .request(
+            Request::post(format!("http://{addr}/upload"))
+                .body(Full::new(Bytes::from(vec![1u8; 2 * MIB as usize])))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, (2 * MIB).to_string());
+    let elapsed = start.elapsed();
+    assert!(elapsed >= Duration::from_millis(1_750), "{elapsed:?}");
+    assert!(
+        within(elapsed, Duration::from_millis(1_750), 0.05),
+        "{elapsed:?}"
+    );
+}
+
+/// A layer binds its limits of messages and bytes (its limiter paces them) but checks no
+/// request against them, and gives them no route.
+#[tokio::test(start_paused = true)]
+async fn a_layers_stream_limits_are_paced_not_checked_per_request() {
+    use tollgate::{Limit, RateLimitLayer};
+    use tower::ServiceExt;
+    let messages = || {
+        Limit::new("messages", Quota::per_second(10).burst(2))
+            .per(Per::Message)
+            .over_limit(OverLimit::End)
+    };
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .limit(Limit::new("requests", Quota::per_minute(100)))
+        .limit(messages())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer.clone());
+    for _ in 0..5 {
+        let r = app
+            .clone()
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["ratelimit-policy"], r#""requests";q=100;w=60"#);
+    }
+    let mut pacer = layer.limiter().pacer("messages", "k").unwrap();
+    pacer.charge(1).await.unwrap();
+    pacer.charge(1).await.unwrap();
+    assert!(
+        pacer.charge(1).await.is_err(),
+        "the burst of 2, not spent by requests"
+    );
+    let err = RateLimitLayer::builder(MemoryStore::new())
+        .route("/chat", messages())
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), r#"routes["/chat"].limits["messages"].per"#);
+}
+
+/// Server-sent events paced per client (issue 42): 10 events a second, 5 at once, from a
+/// producer that has 40 ready at once; keep-alive comments cost nothing. Read through
+/// hyper's client: at most 5 + 10·d (+1) events within any d.
+#[tokio::test(start_paused = true)]
+async fn server_sent_events_are_paced_per_client() {
+    use axum::response::IntoResponse;
+    use axum::response::sse::{Event, Sse};
+    use tollgate::pace::PacedEvents;
+    let limiter = Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .limit(
+            LimitSpec::new("events", Quota::per_second(10).burst(5))
+                .per(Per::Message)
+                .direction(Direction::Out),
+        )
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/events",
+            get(
+                |State(limiter): State<Limiter>, ConnectInfo(peer): ConnectInfo<SocketAddr>| async move {
+                    let events = (0..40).flat_map(|i| {
+                        [
+                            Ok::<_, std::convert::Infallible>(Event::default().comment("keep-alive")),
+                            Ok(Event::default().data(format!("event {i}"))),
+                        ]
+                    });
+                    let sse = Sse::new(stream::iter(events)).into_response();
+                    let pacer = limiter
+                        .pacer("events", PeerIp::new().key(peer.ip()))
+                        .unwrap();
+                    sse.map(|body| Body::new(PacedEvents::new(body, pacer)))
+                },
+            ),
+        )
+        .with_state(limiter);
+    let addr = serve(app).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let start = Instant::now();
+    let response = client
+        .request(
+            Request::get(format!("http://{addr}/events"))
+                .body(Full::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.into_body();
+    let (mut text, mut at) = (String::new(), Vec::new());
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            let chunk = std::str::from_utf8(&data).unwrap();
+            for _ in 0..chunk.matches("data: ").count() {
+                at.push(start.elapsed());
+            }
+            text.push_str(chunk);
+        }
+    }
+    assert_eq!(
+        text.matches("data: event ").count(),
+        40,
+        "every event, unchanged"
+    );
+    assert_eq!(text.matches(": keep-alive").count(), 40);
+    for secs in [1, 2, 3] {
+        let within = at
+            .iter()
+            .filter(|t| **t <= Duration::from_secs(secs))
+            .count();
+        let bound = 5 + 10 * secs as usize + 1;
+        assert!(within <= bound, "{within} within {secs} s");
+        assert!(
+            within + 2 >= bound,
+            "paced, not stalled: {within} within {secs} s"
+        );
+    }
+    // 5 at once, then 35 at 10 a second.
+    assert_eq!(*at.last().unwrap(), Duration::from_millis(3_500));
+}

@@ -1,0 +1,317 @@
+//! WebSocket messages charged to limits (issue 42): `tollgate::ws::Limited` over axum's
+//! `WebSocket`, against a real client (tokio-tungstenite) over TCP, on tokio's paused
+//! clock (the store reads it too): the counts and close frames are exact and the floods
+//! take no real time.
+#![cfg(feature = "ws")]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ws::{Message, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, State};
+use axum::response::Response;
+use axum::routing::get;
+use futures_util::{SinkExt, StreamExt};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite;
+use tollgate::clock::Clock;
+use tollgate::key::PeerIp;
+use tollgate::pace::{Direction, OverLimit, Per};
+use tollgate::store::MemoryStore;
+use tollgate::ws::{Close, Limited};
+use tollgate::{LimitSpec, Limiter, Quota};
+
+/// Tokio's clock, paused in these tests.
+#[derive(Clone)]
+struct Tokio(Instant);
+
+impl Clock for Tokio {
+    fn now(&self) -> u64 {
+        1_000_000_000_000 + self.0.elapsed().as_nanos() as u64
+    }
+}
+
+/// What the server does with its socket.
+#[derive(Clone, Copy)]
+enum Role {
+    /// Reads every message, noting when the app got it.
+    Count,
+    /// Sends this many text messages as fast as the socket takes them.
+    Flood(usize),
+}
+
+#[derive(Clone)]
+struct App {
+    limiter: Limiter,
+    role: Role,
+    close: Close,
+    reason: Option<&'static str>,
+    /// When the app got (or sent) each message.
+    seen: Arc<Mutex<Vec<Instant>>>,
+    /// What the socket's stream ended with.
+    ended: Arc<Mutex<Option<String>>>,
+}
+
+async fn upgrade(
+    upgrade: WebSocketUpgrade,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    State(app): State<App>,
+) -> Response {
+    // The key, computed once: at the upgrade.
+    let pacer = app
+        .limiter
+        .pacer("ws", PeerIp::new().key(peer.ip()))
+        .unwrap();
+    upgrade.on_upgrade(move |socket| async move {
+        let mut socket = Limited::new(socket, pacer).close_with(app.close);
+        if let Some(reason) = app.reason {
+            socket = socket.reason(reason);
+        }
+        match app.role {
+            Role::Count => {
+                while let Some(message) = socket.next().await {
+                    match message {
+                        Ok(Message::Text(_) | Message::Binary(_)) => {
+                            app.seen.lock().unwrap().push(Instant::now());
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            *app.ended.lock().unwrap() = Some(format!("{e:?}"));
+                        }
+                    }
+                }
+            }
+            Role::Flood(n) => {
+                for i in 0..n {
+                    if socket
+                        .send(Message::Text(i.to_string().into()))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                    app.seen.lock().unwrap().push(Instant::now());
+                }
+            }
+        }
+    })
+}
+
+async fn serve(
+    spec: LimitSpec,
+    role: Role,
+    close: Close,
+    reason: Option<&'static str>,
+) -> (SocketAddr, App) {
+    let limiter = Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .limit(spec)
+        .build()
+        .unwrap();
+    let app = App {
+        limiter,
+        role,
+        close,
+        reason,
+        seen: Arc::default(),
+        ended: Arc::default(),
+    };
+    let router = Router::new()
+        .route("/ws", get(upgrade))
+        .with_state(app.clone());
+    // No Nagle either way: with a paused clock, a small write held for a delayed ACK
+    // (tens of real milliseconds) would be held for any span of virtual time.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    (addr, app)
+}
+
+/// 20 messages a second, 10 at once.
+fn messages(over: OverLimit) -> LimitSpec {
+    LimitSpec::new("ws", Quota::per_second(20).burst(10))
+        .per(Per::Message)
+        .over_limit(over)
+}
+
+/// Sends 1,000 messages a second for `d` (or until the socket fails); reads what the
+/// server sends meanwhile. Answers the close frame the server sent, if any.
+async fn flood(addr: SocketAddr, d: Duration) -> Option<tungstenite::protocol::CloseFrame> {
+    let (ws, _) =
+        tokio_tungstenite::connect_async_with_config(format!("ws://{addr}/ws"), None, true)
+            .await
+            .unwrap();
+    let (mut tx, mut rx) = ws.split();
+    let reader = tokio::spawn(async move {
+        while let Some(Ok(message)) = rx.next().await {
+            if let tungstenite::Message::Close(frame) = message {
+                return frame;
+            }
+        }
+        None
+    });
+    let end = Instant::now() + d;
+    let mut i = 0u64;
+    while Instant::now() < end {
+        if tx
+            .send(tungstenite::Message::text(i.to_string()))
+            .await
+            .is_err()
+        {
+            break;
+        }
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        if reader.is_finished() {
+            break;
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(5), reader)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten()
+}
+
+fn received_within(app: &App, start: Instant, d: Duration) -> usize {
+    let seen = app.seen.lock().unwrap();
+    seen.iter().filter(|t| **t <= start + d).count()
+}
+
+/// The issue's target: 20 msg/s, burst 10, a client flooding 1,000 msg/s, `end`: at most
+/// 10 + 20·d (+1) received, then a close frame with the code and reason configured.
+#[tokio::test(start_paused = true)]
+async fn a_flood_over_the_limit_is_closed_with_1008_and_the_reason() {
+    let (addr, app) = serve(
+        messages(OverLimit::End),
+        Role::Count,
+        Close::PolicyViolation,
+        None,
+    )
+    .await;
+    let start = Instant::now();
+    let frame = flood(addr, Duration::from_secs(2))
+        .await
+        .expect("a close frame");
+    let received = app.seen.lock().unwrap().clone();
+    let last = *received.last().unwrap();
+    let d = (last - start).as_secs_f64();
+    assert!(
+        received.len() as f64 <= 10.0 + 20.0 * d + 1.0,
+        "{} received in {d} s",
+        received.len()
+    );
+    assert_eq!(received.len(), 10, "the burst, then the close");
+    assert_eq!(u16::from(frame.code), 1008);
+    assert!(
+        frame
+            .reason
+            .as_str()
+            .starts_with("rate limit \"ws\" exceeded; retry in "),
+        "{}",
+        frame.reason
+    );
+    let ended = app
+        .ended
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the stream told the app");
+    assert!(ended.contains("Refused"), "{ended}");
+}
+
+/// 1013 (try again later) with a reason of the app's, over the limit of bytes: a
+/// message's size is charged.
+#[tokio::test(start_paused = true)]
+async fn a_limit_of_bytes_closes_with_1013_and_the_apps_reason() {
+    let bytes = LimitSpec::new("ws", Quota::per_second(100).burst(25))
+        .per(Per::Byte)
+        .over_limit(OverLimit::End);
+    let (addr, app) = serve(bytes, Role::Count, Close::TryAgainLater, Some("slow down")).await;
+    let start = Instant::now();
+    let frame = flood(addr, Duration::from_secs(2))
+        .await
+        .expect("a close frame");
+    assert_eq!(u16::from(frame.code), 1013);
+    assert_eq!(frame.reason.as_str(), "slow down");
+    // The client sent "0", "1", ...: the bytes the app got.
+    let seen = app.seen.lock().unwrap().clone();
+    let bytes: usize = (0..seen.len()).map(|i| i.to_string().len()).sum();
+    let d = (*seen.last().unwrap() - start).as_secs_f64();
+    assert!(bytes as f64 <= 25.0 + 100.0 * d, "{bytes} bytes in {d} s");
+    assert!(bytes >= 24, "the burst passed: {bytes}");
+}
+
+/// `wait`: backpressure instead of a close. The app gets the messages at the limit's pace:
+/// at most 10 + 20·d (+1) within any d, and the socket stays open.
+#[tokio::test(start_paused = true)]
+async fn waiting_paces_a_flood_to_the_limit() {
+    let (addr, app) = serve(
+        messages(OverLimit::wait(Duration::from_secs(5))),
+        Role::Count,
+        Close::PolicyViolation,
+        None,
+    )
+    .await;
+    let start = Instant::now();
+    let frame = flood(addr, Duration::from_secs(2)).await;
+    assert!(frame.is_none(), "no close: {frame:?}");
+    for secs in [1, 2] {
+        let d = Duration::from_secs(secs);
+        let received = received_within(&app, start, d);
+        let bound = 10 + 20 * secs as usize + 1;
+        assert!(received <= bound, "{received} within {d:?}");
+        assert!(
+            received + 2 >= bound,
+            "paced, not stalled: {received} within {d:?}"
+        );
+    }
+    assert!(app.ended.lock().unwrap().is_none());
+}
+
+/// Sent messages are charged too (`direction = "out"`): a server flooding its client is
+/// held to the limit.
+#[tokio::test(start_paused = true)]
+async fn sent_messages_are_paced_out() {
+    let out = messages(OverLimit::wait(Duration::from_secs(5))).direction(Direction::Out);
+    let (addr, app) = serve(out, Role::Flood(1_000), Close::PolicyViolation, None).await;
+    let start = Instant::now();
+    let (ws, _) =
+        tokio_tungstenite::connect_async_with_config(format!("ws://{addr}/ws"), None, true)
+            .await
+            .unwrap();
+    let (_tx, mut rx) = ws.split();
+    let mut got = Vec::new();
+    let until = start + Duration::from_secs(3);
+    while let Ok(Some(Ok(message))) = tokio::time::timeout_at(until, rx.next()).await {
+        if message.is_text() {
+            got.push(Instant::now());
+        }
+    }
+    let within = |secs: u64| {
+        got.iter()
+            .filter(|t| **t <= start + Duration::from_secs(secs))
+            .count()
+    };
+    for secs in [1, 2, 3] {
+        let bound = 10 + 20 * secs as usize + 1;
+        assert!(within(secs) <= bound, "{} within {secs} s", within(secs));
+        assert!(
+            within(secs) + 2 >= bound,
+            "{} within {secs} s",
+            within(secs)
+        );
+    }
+    assert!(app.seen.lock().unwrap().len() <= 10 + 20 * 3 + 1);
+}
