@@ -274,7 +274,11 @@ async fn the_store_runs_under_the_documented_acl_user_and_redis_denies_nothing()
     assert_eq!(acl_log(&server).await.len(), 1);
     admin(&server, &["ACL".into(), "LOG".into(), "RESET".into()]).await;
 
-    let (sa, sb) = (store(&url), store(&url));
+    // Two instances in one process: named apart, or the live set counts the process once.
+    let (sa, sb) = (
+        store(&url).instance_name("a"),
+        store(&url).instance_name("b"),
+    );
     let (a, b) = (limiter(sa.clone()), limiter(sb));
     run_everything(&a, &b, &server).await;
     refused_into_a_ban(store(&url), &server).await;
