@@ -359,6 +359,18 @@ mod sentinel {
         }
         assert_eq!(count(&seen, StatusCode::OK), 2, "{seen:?}");
 
+        // Replication is asynchronous: the first key is on the replica before the master
+        // goes (a write the replica never got is lost with it, whatever the store does).
+        eventually("the replica has the first key", || async {
+            let mut c = replica.connection().await;
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("tollgate:per-ip:*")
+                .query_async(&mut c)
+                .await
+                .unwrap_or_default();
+            !keys.is_empty()
+        })
+        .await;
         // `kill -9` of the master: the sentinels promote the replica (at its TLS port),
         // and the store decides through it.
         master.kill();
