@@ -1510,26 +1510,34 @@ mod tests {
         let granted = answer(a.quota, 0, take.tokens, now);
         assert_eq!(t.late(&key, a, late(granted)), None);
         assert_eq!(slot(&t, &key, |s| s.tokens), take.tokens);
+        // As if it had come in time: what the shared bucket had is known again.
+        assert_eq!(slot(&t, &key, |s| s.shared_left), granted.remaining());
         let next = t.decide(&key, a, now + 300_000_000, Asking::Online);
         assert!(matches!(next.local, Local::Taken(_)));
-        // Another lease on its way meanwhile: tokens due now still add up.
-        slot(&t, &key, |s| s.taking = true);
+        // Another lease on its way meanwhile: tokens due now still add up, and the call on
+        // its way is still awaited (not settled by this answer).
+        slot(&t, &key, |s| {
+            s.taking = true;
+            s.shared_left = 0;
+        });
         assert_eq!(t.late(&key, a, late(granted)), None);
         assert_eq!(slot(&t, &key, |s| s.tokens), 2 * take.tokens - 1);
-        // The slot started afresh (another generation): the tokens go back.
+        assert!(slot(&t, &key, |s| s.taking && s.shared_left == 0));
+        // A fixed window's units, with a lease on its way, are neither held nor given
+        // back: they stay spent in their window.
+        let window = Ask {
+            algorithm: Algorithm::fixed_window(),
+            ..a
+        };
+        assert_eq!(t.late(&key, window, late(granted)), None);
+        assert_eq!(slot(&t, &key, |s| s.tokens), 2 * take.tokens - 1);
+        // The slot started afresh (another generation): the tokens go back, and a fixed
+        // window's units are never given back.
         slot(&t, &key, |s| s.generation += 1);
         assert_eq!(
             t.late(&key, a, late(granted)),
             Some((key.clone(), a.quota, a.algorithm, take.tokens))
         );
-        // A fixed window's units are never given back.
-        let window = Ask {
-            algorithm: Algorithm::fixed_window(),
-            ..a
-        };
-        slot(&t, &key, |s| {
-            s.salt = super::super::quota_salt(&window.quota)
-        });
         assert_eq!(t.late(&key, window, late(granted)), None);
     }
 
@@ -1632,6 +1640,17 @@ mod tests {
         let d = t.decide(&key, a, now + 500_000_000, Asking::Online);
         assert!(d.take.is_none(), "held off while the late call may answer");
         assert!(matches!(d.local, Local::Remote));
+        // Another generation's refusal says nothing of this call.
+        let other = Answer {
+            asked: take.tokens,
+            generation: take.generation + 1,
+            sent_at: now,
+            answered_at: now + 600_000_000,
+            outcome: Some(answer(a.quota, 100, take.tokens, now)),
+            last: false,
+        };
+        assert_eq!(t.late(&key, a, other), None);
+        assert_eq!(slot(&t, &key, |s| s.late_until), now + 1_000_000_000);
         // It answers, refused: nothing held, and the next lease may start.
         let refused = Answer {
             asked: take.tokens,
