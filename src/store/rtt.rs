@@ -35,9 +35,8 @@ impl RoundTrips {
             .store((srtt - srtt / 8 + rtt_ns / 8).max(1), Ordering::Relaxed);
     }
 
-    /// How long a call usually takes: twice the smoothed round trip (a call past it is
-    /// slow, though not yet timed out), `floor` while nothing was seen, at most the
-    /// timeout.
+    /// How long a call usually takes: the smoothed round trip (a call past it is slow,
+    /// though not yet timed out), `floor` while nothing was seen, at most the timeout.
     pub(crate) fn usual(&self, floor: Duration, hint: Option<Duration>) -> Duration {
         let srtt = self.srtt.load(Ordering::Relaxed);
         let timeout = self.timeout(floor, hint);
