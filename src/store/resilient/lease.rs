@@ -569,9 +569,18 @@ impl LeaseTable {
             // reply, perhaps lost): the requests do not wait for it, refused or not; they
             // ask the backend, which decides them exactly, and the late answer's tokens
             // are still spent here if it comes (see `late`).
-            let late = slot.taking
-                && now.saturating_sub(slot.since) > self.patience_ns.load(Ordering::Relaxed);
-            if late {
+            let patience = self.patience_ns.load(Ordering::Relaxed);
+            let late = slot.taking && now.saturating_sub(slot.since) > patience;
+            // Holding a request for a lease (refused near exhaustion, or waiting) moves it
+            // to when the lease comes; a GCRA bucket absorbs that only if it is soon next
+            // to the time the bucket takes to fill: a request held longer reaches the
+            // bucket (if at all) after tokens it could have had were lost to a full bucket.
+            // Such a request asks the backend now, which decides it exactly.
+            let far = !ask.algorithm.is_window() && {
+                let fill = ask.quota.burst_size().saturating_mul(ask.quota.t_ns());
+                slot.since.saturating_add(patience).saturating_sub(now) > fill / 2
+            };
+            if late || (slot.taking && far) {
                 counts.remote += 1;
                 Local::Remote
             } else if slot.exhausted && !offline {
@@ -1324,6 +1333,9 @@ mod tests {
             ..ask(Quota::per_second(1_000).burst(80), Lease::tokens(10))
         };
         let key = Key::from_part("held");
+        // A bucket full in 80 ms: requests wait for a lease only if it usually comes
+        // within 40 ms (see `far_leases_hold_no_request`).
+        t.patience(Duration::from_millis(1));
         exhausted(&t, &key, a);
         let now = 2_000_000_000;
         slot(&t, &key, |s| {
@@ -1565,6 +1577,58 @@ mod tests {
         let d = t.decide(&key, a, after + 20_000_001, Asking::Online);
         assert!(matches!(d.local, Local::Remote), "past it");
         assert!(d.take.is_none(), "no second lease call");
+    }
+
+    /// A request is held for a lease on its way (waiting, or refused near exhaustion) only
+    /// if the lease usually comes within half the time its GCRA bucket takes to fill;
+    /// further off, the request asks the backend now (held, it would reach the bucket
+    /// after tokens it could have had were lost to a full bucket). A fixed window's
+    /// requests wait as before: a window loses nothing to a delay inside it.
+    #[test]
+    fn far_leases_hold_no_request() {
+        // 1,000/s with a burst of 100: full in 100 ms.
+        let gcra = ask(Quota::per_second(1_000).burst(100), Lease::auto());
+        let window = Ask {
+            algorithm: Algorithm::fixed_window(),
+            ..gcra
+        };
+        for (usual_ms, held) in [(10, true), (50, true), (51, false), (300, false)] {
+            for a in [gcra, window] {
+                let t = table();
+                t.patience(Duration::from_millis(usual_ms));
+                let key = Key::from_part("k");
+                let now = 1_000_000_000;
+                let d = t.decide(&key, a, now, Asking::Online);
+                assert!(d.take.is_some(), "a lease call");
+                let held = held || a.algorithm.is_window();
+                assert_eq!(
+                    matches!(d.local, Local::Wait),
+                    held,
+                    "{usual_ms} ms, {:?}",
+                    a.algorithm
+                );
+                if !held {
+                    assert!(matches!(d.local, Local::Remote));
+                    // Once the lease is due within half the fill time, requests wait.
+                    let soon = now + (usual_ms - 50) * 1_000_000;
+                    let d = t.decide(&key, a, soon, Asking::Online);
+                    assert!(matches!(d.local, Local::Wait), "{usual_ms} ms, soon");
+                }
+            }
+            if usual_ms == 300 {
+                // Near exhaustion too: not refused here while the lease is far.
+                let t = table();
+                let key = Key::from_part("k");
+                exhausted(&t, &key, gcra);
+                t.patience(Duration::from_millis(usual_ms));
+                let after = slot(&t, &key, |s| s.refused_until);
+                let d = t.decide(&key, gcra, after, Asking::Online);
+                assert!(d.take.is_some(), "a lease call");
+                assert!(matches!(d.local, Local::Remote), "far");
+                let d = t.decide(&key, gcra, after + 250_000_000, Asking::Online);
+                assert!(matches!(d.local, Local::Refused(_)), "soon");
+            }
+        }
     }
 
     /// A key's first request, whenever it comes, asks for a tenth of a lease's worth (its
