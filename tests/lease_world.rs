@@ -1597,7 +1597,6 @@ mod issue_41_shares {
                 let requests = script(spell(count, 5.0, &all));
                 let (granted, d) = play(&rt, &world, &fleet, &requests, &[], Duration::ZERO);
                 let bound = exact(quota, d);
-                let ratio = granted as f64 / bound as f64;
                 let served = granted as f64 / exact(quota, Duration::from_secs(5)) as f64;
                 eprintln!(
                     "in order, one reply in five 300 ms late, {lease:?}, {n} instances, {load}/10 of the limit: {granted} granted, exact {bound} over the run, {served:.2} of exact over the traffic"
