@@ -37,6 +37,9 @@ pub(super) const DEFAULT_MAX_BATCH: usize = 128;
 pub(super) const MAX_BATCH_BYTES: usize = 64 * 1024;
 /// The most checks waiting for one slot; past it a check sends its own call.
 pub(super) const MAX_WAITING: usize = 4_096;
+/// Calls to one slot in flight at most, per connection, when checks have waited their
+/// longest behind slow calls (see [`Request::leave_by`]).
+pub(super) const MAX_IN_FLIGHT_LATE: usize = 8 * MAX_IN_FLIGHT;
 
 /// One request's limits in one slot: `group` indexes `parts`.
 pub(super) struct Request {
@@ -54,6 +57,22 @@ impl Request {
             .sum()
     }
 
+    /// How long this request may wait in a slot's queue: half the time the quickest of
+    /// its buckets takes to fill (burst × emission interval; a window: its length). A
+    /// check held longer behind slow calls (late replies) reaches Redis after tokens it
+    /// could have had were lost to a full bucket, and the checks held with it arrive
+    /// together, as a burst: it goes in a call of its own turn instead.
+    fn patience_ns(&self) -> u64 {
+        self.group
+            .iter()
+            .map(|&i| {
+                let q = &self.parts[i].quota;
+                q.burst_size().saturating_mul(q.t_ns()) / 2
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
     /// The integers this request's part of the reply holds.
     fn width(&self) -> usize {
         self.group.iter().map(|&i| self.parts[i].width()).sum()
@@ -65,12 +84,42 @@ type Reply = Result<Vec<i64>, Failure>;
 struct Waiting {
     request: Request,
     tx: oneshot::Sender<Reply>,
+    /// When it has waited as long as it may (see [`Request::patience_ns`]).
+    leave_by: tokio::time::Instant,
 }
 
 #[derive(Default)]
 struct Queue {
     in_flight: usize,
     waiting: VecDeque<Waiting>,
+}
+
+/// What a check arriving at a slot's queue does.
+#[derive(Debug, PartialEq, Eq)]
+enum Admit {
+    /// Sends its own call, on a turn of its own.
+    Own,
+    /// Waits for the next batch.
+    Wait,
+    /// Waits, and the queue goes now on a turn of its own: its oldest check waited as long
+    /// as it may while the calls in flight were slow.
+    Flush,
+}
+
+impl Queue {
+    /// What a check arriving at `now` does, with `max_in_flight` turns.
+    fn admit(&self, now: tokio::time::Instant, max_in_flight: usize) -> Admit {
+        if self.in_flight < max_in_flight || self.waiting.len() >= MAX_WAITING {
+            return Admit::Own;
+        }
+        let overdue = self.waiting.front().is_some_and(|w| w.leave_by <= now);
+        let late_turns = max_in_flight / MAX_IN_FLIGHT * MAX_IN_FLIGHT_LATE;
+        if overdue && self.in_flight < late_turns {
+            Admit::Flush
+        } else {
+            Admit::Wait
+        }
+    }
 }
 
 /// The queues of one store's backend, by slot (one on a single node); a slot's queue is
@@ -134,9 +183,11 @@ impl Batcher {
         if self.max_requests == 1 {
             return Turn::Own(request, None);
         }
+        let now = tokio::time::Instant::now();
         let mut queues = self.lock();
         let queue = queues.entry(slot).or_default();
-        if queue.in_flight < self.max_in_flight || queue.waiting.len() >= MAX_WAITING {
+        let admit = queue.admit(now, self.max_in_flight);
+        if admit == Admit::Own {
             queue.in_flight += 1;
             drop(queues);
             let turn = InFlight {
@@ -146,8 +197,34 @@ impl Batcher {
             return Turn::Own(request, Some(turn));
         }
         let (tx, rx) = oneshot::channel();
-        queue.waiting.push_back(Waiting { request, tx });
+        let leave_by = now + std::time::Duration::from_nanos(request.patience_ns());
+        queue.waiting.push_back(Waiting {
+            request,
+            tx,
+            leave_by,
+        });
+        if admit == Admit::Flush {
+            let batch = self.take(queue);
+            queue.in_flight += 1;
+            drop(queues);
+            self.send_on_new_turn(backend, slot, batch);
+        }
         Turn::Queued(rx)
+    }
+
+    /// Sends `batch` on a turn just counted for `slot`, in a task of its own.
+    fn send_on_new_turn(&self, backend: &RedisBackend, slot: Slot, batch: Vec<Waiting>) {
+        let turn = InFlight {
+            backend: backend.clone(),
+            slot,
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(run(turn, batch));
+            }
+            // No runtime: the checks fail (their senders dropped), the turn goes back.
+            Err(_) => drop((batch, turn)),
+        }
     }
 
     /// A call to `slot` ended: the next batch goes out in a task of its own (keeping the
@@ -320,6 +397,7 @@ mod tests {
             queue.waiting.push_back(Waiting {
                 request: request(size),
                 tx,
+                leave_by: tokio::time::Instant::now(),
             });
             receivers.push(rx);
         }
@@ -393,6 +471,52 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         panic!("turns not handed back: {:?}", backend.batcher.lock().len());
+    }
+
+    /// Behind slow calls (late replies), checks wait at most half the time their bucket
+    /// takes to fill: the next check after that sends the queue on a turn of its own,
+    /// up to `MAX_IN_FLIGHT_LATE` turns per connection.
+    #[test]
+    fn checks_held_behind_slow_calls_leave_by_their_bound() {
+        // 10/s with a burst of 10: full in 1 s, so a check waits at most 500 ms.
+        assert_eq!(request(4).patience_ns(), 500_000_000);
+        let now = tokio::time::Instant::now();
+        let ms = std::time::Duration::from_millis;
+        let (mut queue, _rx) = queue(&[]);
+        let max = MAX_IN_FLIGHT * 2; // two connections
+        for in_flight in 0..max {
+            queue.in_flight = in_flight;
+            assert_eq!(queue.admit(now, max), Admit::Own, "a turn is free");
+        }
+        queue.in_flight = max;
+        assert_eq!(queue.admit(now, max), Admit::Wait, "nothing waiting yet");
+        let (tx, _rx1) = oneshot::channel();
+        queue.waiting.push_back(Waiting {
+            request: request(4),
+            tx,
+            leave_by: now + ms(500),
+        });
+        assert_eq!(queue.admit(now + ms(499), max), Admit::Wait);
+        assert_eq!(queue.admit(now + ms(500), max), Admit::Flush);
+        queue.in_flight = MAX_IN_FLIGHT_LATE * 2 - 1;
+        assert_eq!(queue.admit(now + ms(500), max), Admit::Flush);
+        queue.in_flight = MAX_IN_FLIGHT_LATE * 2;
+        assert_eq!(
+            queue.admit(now + ms(900), max),
+            Admit::Wait,
+            "at most MAX_IN_FLIGHT_LATE turns per connection"
+        );
+        // A full queue: a check sends its own call, as before.
+        queue.in_flight = max;
+        while queue.waiting.len() < MAX_WAITING {
+            let (tx, _) = oneshot::channel();
+            queue.waiting.push_back(Waiting {
+                request: request(4),
+                tx,
+                leave_by: now + ms(500),
+            });
+        }
+        assert_eq!(queue.admit(now, max), Admit::Own);
     }
 
     #[test]
