@@ -466,6 +466,38 @@ async fn a_slow_redis_times_out_into_the_policy() {
     );
 }
 
+/// A Redis slow but alive: a reply 800 ms late is still read by a store opened from a URL,
+/// within the store's own timeout (2 s here; a check that times out there is followed to
+/// its late answer). redis-rs's own response timeout, 500 ms by default, gave such a call
+/// up and dropped its answer: the check went to the failure policy, and what Redis had
+/// decided was lost (a grant never used, or a refusal never charged).
+#[tokio::test]
+async fn a_reply_later_than_half_a_second_is_still_read() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url())
+        .unwrap()
+        .timeout(Duration::from_secs(2));
+    let table = store.table("late");
+    let item = || Item::new(&table, Key::global(), Quota::per_second(5), 1);
+    // Connected, script loaded.
+    let s = check(&store, &[item()]).await;
+    assert!(matches!(s[0], Status::Checked(_)), "{s:?}");
+    // Redis answers no client for 800 ms once it has said OK (the pause ends by itself).
+    let mut c = server.connection().await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(800)
+        .arg("ALL")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let s = check(&store, &[item()]).await;
+    assert!(
+        matches!(s[0], Status::Checked(o) if o.is_allowed()),
+        "answered by Redis, not the policy: {s:?}"
+    );
+}
+
 #[tokio::test]
 async fn keys_expire_when_their_bucket_is_full_again() {
     let server = RedisServer::start();

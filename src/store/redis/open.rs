@@ -19,6 +19,13 @@ use crate::store::resilient::Resilient;
 /// The most connections [`RedisStore::open_pool`] opens.
 const MAX_CONNECTIONS: usize = 64;
 
+/// How long a connection waits for a reply before it gives the call up: long past the
+/// failure policy's own timeout, so that the answer of a call that timed out there is
+/// still read when it comes late (a Redis slow but alive: it decided the call, and what
+/// it decided is settled, see `Resilient`). redis-rs's default, 500 ms, dropped those
+/// answers: a check Redis granted was lost, one it refused went uncharged.
+const RESPONSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl RedisStore {
     /// A store on the Redis server at `url` (`redis://[user:password@]host[:port][/db]`,
     /// `rediss://` with the feature `redis-tls`, `unix:///path`) that never fails
@@ -132,7 +139,8 @@ impl RedisStore {
             ));
         }
         let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(std::time::Duration::from_secs(1)));
+            .set_connection_timeout(Some(std::time::Duration::from_secs(1)))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT));
         let conns = (0..connections.clamp(1, MAX_CONNECTIONS))
             .map(|_| client.get_connection_manager_lazy(config.clone()))
             .collect::<Result<Vec<_>, _>>()
@@ -154,6 +162,13 @@ impl RedisStore {
 
     /// A store on one Redis server (or a primary with replicas behind one address),
     /// through an auto-reconnecting connection manager.
+    ///
+    /// Give the manager a response timeout of several seconds
+    /// (`ConnectionManagerConfig::set_response_timeout`; [`open`](Self::open) sets 10 s):
+    /// with redis-rs's default of 500 ms, a reply later than that is dropped, and a check
+    /// that timed out into the failure policy can no longer be settled with what Redis
+    /// decided. The store's own [`timeout`](Self::timeout) bounds how long a request
+    /// waits.
     pub fn new(conn: ConnectionManager) -> Self {
         Self(Resilient::new(RedisBackend::with_connection(
             Connection::Single(conn),
