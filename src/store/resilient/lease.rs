@@ -1673,6 +1673,38 @@ mod tests {
         assert_eq!(slot(&t, &key, |s| s.tokens), 0);
     }
 
+    /// A slot started afresh for a changed quota holds its tokens at the new quota at once:
+    /// a lease taken before the key's next request still goes back (at that quota) when
+    /// the sweep lets it go.
+    #[test]
+    fn a_slot_started_for_a_new_quota_gives_its_lease_back_at_that_quota() {
+        let t = table();
+        let key = Key::from_part("k");
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        let b = ask(Quota::per_second(50).burst(100), Lease::auto());
+        let now = 1_000_000_000;
+        t.decide(&key, a, now, Asking::Online)
+            .take
+            .expect("a lease call");
+        let take = t
+            .decide(&key, b, now + 1, Asking::Online)
+            .take
+            .expect("a lease call for the new quota");
+        settle(
+            &t,
+            &key,
+            b,
+            take,
+            now + 1,
+            answer(b.quota, 0, take.tokens, now + 1),
+        );
+        assert_eq!(slot(&t, &key, |s| s.tokens), take.tokens);
+        assert_eq!(
+            slot(&t, &key, |s| s.release(&key)),
+            Some((key.clone(), b.quota, b.algorithm, take.tokens))
+        );
+    }
+
     /// Issue 41, item 5: a lease call that timed out holds off the next lease of its own
     /// slot (same quota, same generation), until it answers or its lease's age has passed.
     #[test]
