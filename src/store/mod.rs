@@ -30,6 +30,7 @@ mod breaker;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+pub mod regions;
 mod resilient;
 mod rtt;
 

@@ -50,6 +50,8 @@
 
 mod backend;
 mod clock;
+mod regions;
 
 pub use backend::{SimBackend, SimBackendBuilder};
 pub use clock::TokioClock;
+pub use regions::{SimRegions, SimRegionsBuilder};
