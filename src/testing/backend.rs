@@ -16,8 +16,8 @@ use crate::store::{
     Backend, Checked, Item, MemoryStore, MemoryTable, Op, Resilient, Statuses, Store, StoreError,
 };
 
+use super::book::Escrowed;
 use super::clock::TokioClock;
-use super::regions::Escrowed;
 
 /// The latency each way unless set: a store in the same data centre.
 const DEFAULT_LATENCY: Duration = Duration::from_micros(200);
@@ -590,7 +590,11 @@ impl Backend for SimBackend {
                 let statuses = s.apply(op, &calls);
                 if op == Op::Check {
                     let now = backend.clock.now();
-                    s.escrow.record(&calls, &statuses, now);
+                    let checks = calls.iter().zip(&statuses).map(|(c, st)| {
+                        let allowed = st.outcome().is_some_and(|o| o.is_allowed());
+                        (c.table.as_str(), &c.key, c.cost, allowed)
+                    });
+                    s.escrow.record(checks, now);
                 }
                 statuses
             };

@@ -49,6 +49,7 @@
 //! ```
 
 mod backend;
+mod book;
 mod clock;
 mod regions;
 

@@ -1,7 +1,6 @@
 //! `SimRegions`: several simulated stores, one per region, a link between them with a
 //! delay and partitions, and a mover per region.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -13,83 +12,11 @@ use crate::store::regions::{
     Demand, Escrow, EscrowFuture, Ledger, Mover, MoverReport, MoverSettings, MoverStats, Regional,
     TransferId, bound, partition_bound, share,
 };
-use crate::store::{Op, Resilient, Statuses};
+use crate::store::{Op, Resilient};
 
 use super::backend::{Call, SimBackend, State};
+use super::book::LEDGER_TTL;
 use super::clock::TokioClock;
-
-/// How long a server remembers the transfers it applied: longer than any partition a
-/// test makes.
-const LEDGER_TTL: Duration = Duration::from_secs(3600);
-
-/// What a region's server keeps for its movers: the demand each key met (counted per
-/// mover interval), the transfers applied, the lead.
-pub(super) struct Escrowed {
-    /// The length of a demand window in ns; 0 while the server is no region's.
-    window: u64,
-    book: HashMap<(String, Key), Seen>,
-    ledger: Ledger,
-    lead: Option<(String, u64)>,
-    /// The movers' calls that reached the server.
-    pub(super) calls: u64,
-}
-
-/// Grants and refusals of one key: the current window's and the previous one's.
-#[derive(Default)]
-struct Seen {
-    window: u64,
-    now: (u64, u64),
-    before: (u64, u64),
-}
-
-impl Seen {
-    fn roll(&mut self, window: u64) {
-        if window == self.window.saturating_add(1) {
-            self.before = self.now;
-        } else if window != self.window {
-            self.before = (0, 0);
-        }
-        if window != self.window {
-            self.now = (0, 0);
-            self.window = window;
-        }
-    }
-}
-
-impl Escrowed {
-    pub(super) fn new() -> Self {
-        Self {
-            window: 0,
-            book: HashMap::new(),
-            ledger: Ledger::new(LEDGER_TTL),
-            lead: None,
-            calls: 0,
-        }
-    }
-
-    /// Counts the instances' checks (grants and refusals per key), while a region's.
-    pub(super) fn record(&mut self, calls: &[Call], statuses: &Statuses, now: u64) {
-        if self.window == 0 {
-            return;
-        }
-        let window = now / self.window;
-        for (c, s) in calls.iter().zip(statuses) {
-            if c.cost == 0 {
-                continue;
-            }
-            let seen = self
-                .book
-                .entry((c.table.clone(), c.key.clone()))
-                .or_default();
-            seen.roll(window);
-            if s.outcome().is_some_and(|o| o.is_allowed()) {
-                seen.now.0 += 1;
-            } else {
-                seen.now.1 += 1;
-            }
-        }
-    }
-}
 
 fn demand(s: &mut State, now: u64, table: &str, quota: Quota) -> Vec<Demand> {
     if s.escrow.window == 0 {
