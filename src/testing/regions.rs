@@ -355,7 +355,8 @@ impl SimRegionsBuilder {
                             settings.clone(),
                             format!("{}-{m}", self.names[i]),
                             (i as u64) << 32 | m as u64,
-                        );
+                        )
+                        .region(&self.names[i]);
                         (mover.stats(), tokio::spawn(mover.run()))
                     })
                     .collect()

@@ -68,11 +68,10 @@ impl Key {
         }
     }
 
-    /// Appends the rendered form (the [`Display`](fmt::Display) form) to `out`.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The key whose rendered form (its [`Display`](fmt::Display), what Redis stores) is
     /// `rendered`: a digest from `~` and 64 hex digits, any other text of at most 64
     /// bytes as it is (an address too: it renders the same); `None` otherwise.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_rendered(rendered: &[u8]) -> Option<Self> {
         if rendered.len() == 65 && rendered[0] == b'~' {
             let mut d = [0u8; 32];
@@ -97,6 +96,8 @@ impl Key {
         })
     }
 
+    /// Appends the rendered form (the [`Display`](fmt::Display) form) to `out`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn render_into(&self, out: &mut Vec<u8>) {
         struct VecWriter<'a>(&'a mut Vec<u8>);
         impl fmt::Write for VecWriter<'_> {

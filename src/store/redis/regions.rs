@@ -324,6 +324,7 @@ impl RedisRegions {
             holder,
             epoch,
         )
+        .region(self.local())
     }
 }
 

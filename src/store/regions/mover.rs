@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::algo::quota::Quota;
 use crate::model::key::Key;
+use crate::observe::probe::RegionMetrics;
 use crate::store::StoreError;
 
 use super::escrow::{Demand, Escrow, TransferId};
@@ -194,6 +195,8 @@ pub struct Mover {
     seq: u64,
     pending: Option<Pending>,
     stats: Arc<MoverStats>,
+    /// Registered at the first tick (labelled with the index) unless named before.
+    metrics: Option<RegionMetrics>,
 }
 
 impl std::fmt::Debug for Mover {
@@ -240,7 +243,15 @@ impl Mover {
             seq: 0,
             pending: None,
             stats: Arc::default(),
+            metrics: None,
         }
+    }
+
+    /// Names the mover's region in its metrics (feature `metrics`: the `region` label of
+    /// `tollgate_region_*`; its index unless named).
+    pub fn region(mut self, name: &str) -> Self {
+        self.metrics = Some(RegionMetrics::new(name));
+        self
     }
 
     /// Its counters and gauges, shared (for metrics).
@@ -273,6 +284,7 @@ impl Mover {
             return;
         }
         if !self.finish().await {
+            self.record();
             return;
         }
         let limits = self.limits.clone();
@@ -281,6 +293,16 @@ impl Mover {
                 break;
             }
         }
+        self.record();
+    }
+
+    fn record(&mut self) {
+        let index = self.index;
+        let metrics = self
+            .metrics
+            .get_or_insert_with(|| RegionMetrics::new(&index.to_string()));
+        let r = self.stats.report();
+        metrics.record(r.held, r.spent, r.moved, r.lag.as_secs_f64(), r.unreachable);
     }
 
     async fn call<T>(
