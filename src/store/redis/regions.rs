@@ -25,6 +25,9 @@ const RECORD_LIFE: Duration = Duration::from_secs(24 * 3600);
 const MAX_LOOK_KEYS: usize = 10_000;
 const LOOK_BATCH: usize = 500;
 
+/// Each key's TAT and Redis's time at an escrow's previous look, by limit and key (µs).
+type Seen = HashMap<(String, Key), (u64, u64)>;
+
 /// One region's Redis as a [`Mover`] reaches it: debits and credits by `lua/regions.lua`
 /// under the transfer's id (a key `{prefix}regions:transfer:{id}:{debit|credit}` kept a
 /// day), the region's lead by `SET NX PX` on `{prefix}regions:lead`, and the demand from
@@ -36,7 +39,7 @@ const LOOK_BATCH: usize = 500;
 pub struct RedisEscrow {
     backend: RedisBackend,
     /// Each key's TAT and Redis's time at the previous look (µs).
-    seen: Arc<Mutex<HashMap<(String, Key), (u64, u64)>>>,
+    seen: Arc<Mutex<Seen>>,
 }
 
 impl fmt::Debug for RedisEscrow {
