@@ -213,6 +213,7 @@ mod tests {
     #[test]
     fn what_is_older_than_the_ttl_is_forgotten() {
         let mut ledger = Ledger::new(Duration::from_nanos(100));
+        assert!(ledger.is_empty());
         ledger.debit(id(1), 0, || 5);
         ledger.credit(id(1), 60, || ());
         ledger.debit(id(2), 150, || 1); // prunes: the debit of 0 is past its ttl
