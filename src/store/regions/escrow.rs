@@ -216,10 +216,13 @@ mod tests {
         assert!(ledger.is_empty());
         ledger.debit(id(1), 0, || 5);
         ledger.credit(id(1), 60, || ());
+        ledger.debit(id(9), 140, || 4);
         ledger.debit(id(2), 150, || 1); // prunes: the debit of 0 is past its ttl
-        assert_eq!(ledger.len(), 2);
+        assert_eq!(ledger.len(), 3);
         assert!(!ledger.credit(id(1), 160, || ()));
-        assert_eq!(ledger.debit(id(3), 300, || 2), 2); // everything before 200 goes
+        assert_eq!(ledger.debit(id(9), 160, || 7), 4, "kept through the prune");
+        // One ttl after the last prune, exactly: everything up to 150 goes.
+        assert_eq!(ledger.debit(id(3), 250, || 2), 2);
         assert_eq!(ledger.len(), 1);
         assert!(!ledger.is_empty());
     }
