@@ -48,6 +48,8 @@
 //!   URL forms of Azure Cache, ElastiCache and MemoryDB, Memorystore, Redis Cloud and
 //!   Upstash.
 //! - [Leases](leases): shared limits without a call per request.
+//! - [One limit across regions](regions): a Redis per region, the quota split between
+//!   them and moved where it is spent, the over-grant bound through partitions.
 //! - [Testing your limits](testing): a simulated shared store with latency, outages and
 //!   restarts, instances over it and tokio's paused clock (feature `testing`), for
 //!   deterministic tests of your limits and failure policy.
@@ -105,6 +107,7 @@ chapter!(sql if feature = "rules-sql");
 chapter!(redis if feature = "redis");
 chapter!(managed_redis if all(feature = "redis-tls", feature = "redis-cluster", feature = "redis-sentinel"));
 chapter!(leases);
+chapter!(regions if all(feature = "testing", feature = "redis"));
 chapter!(metrics);
 chapter!(operations);
 chapter!(audit);

@@ -222,6 +222,62 @@ mod schema {
         }
     }
 
+    /// A limit across regions: each region's mover reports the tokens moved out, held and
+    /// spent, and the other regions out of reach while the link is cut.
+    #[cfg(feature = "testing")]
+    #[test]
+    fn a_regions_mover_reports_its_quota_and_partitions() {
+        use tollgate::testing::SimRegions;
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let quota = Quota::per_second(100);
+        let (busy, during, after) = ::metrics::with_local_recorder(&recorder, || {
+            rt.block_on(async {
+                let regions = SimRegions::builder()
+                    .region("eu")
+                    .region("us")
+                    .link_delay(Duration::from_millis(20))
+                    .limit("api", quota)
+                    .build();
+                let eu = tollgate::Limiter::builder(regions.store("eu"))
+                    .limit(tollgate::LimitSpec::new("api", quota))
+                    .build()
+                    .unwrap();
+                for _ in 0..400 {
+                    eu.check("api", "k", 1).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let busy = series(&snapshotter);
+                regions.partition(true);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let during = series(&snapshotter);
+                regions.partition(false);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                (busy, during, series(&snapshotter))
+            })
+        });
+        let moved = during["tollgate_region_tokens_moved_total{region=us}"];
+        assert!(moved > 0.0, "{during:?}");
+        assert_eq!(during["tollgate_region_tokens_moved_total{region=eu}"], 0.0);
+        assert_eq!(during["tollgate_region_unreachable{region=us}"], 1.0);
+        assert_eq!(after["tollgate_region_unreachable{region=us}"], 0.0);
+        assert!(
+            busy["tollgate_region_tokens_spent{region=eu}"] > 0.0,
+            "{busy:?}"
+        );
+        assert!(busy.contains_key("tollgate_region_tokens_held{region=eu}"));
+        assert!(
+            !busy.keys().any(|k| k.contains("region=0")),
+            "named regions only"
+        );
+        assert!(during.contains_key("tollgate_region_mover_lag_seconds{region=us}"));
+    }
+
     /// Settled costs: one count per settle that took or gave back, and its tokens; an
     /// exact estimate and a dropped one settle nothing.
     #[test]

@@ -753,6 +753,11 @@ fn every_error_names_file_line_and_field() {
         ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=1B\"\nper = \"byte\"\n".into(), 3, "limits[0].quota", "burst: 1 bytes is less than one token"),
         ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=256KiB\"\nper = \"byte\"\nrate_after = \"1 parsec\"\n".into(), 5, "limits[0].rate_after", "unknown unit `parsec`"),
         ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=256KiB\"\nper = \"byte\"\nin_flight = 3\n".into(), 3, "limits[0].quota", "in flight"),
+        // One limit across regions (issue 43).
+        (format!("{base}[regions]\nlocal = \"ap\"\n[regions.stores]\neu = \"redis://eu\"\n"), 5, "regions.local", "not one of the regions"),
+        (format!("{base}[regions]\nlocal = \"eu\"\ninterval = \"often\"\n[regions.stores]\neu = \"redis://eu\"\n"), 6, "regions.interval", "unit"),
+        (format!("{base}[regions]\nlocal = \"eu\"\nfloor = 2.0\n[regions.stores]\neu = \"redis://eu\"\n"), 6, "regions.floor", "0 to 1"),
+        ("[[limits]]\nname = \"a\"\nquota = \"1/s\"\n[regions]\nlocal = \"eu\"\n[regions.stores]\neu = \"redis://eu\"\nus = \"redis://us\"\n".into(), 3, "limits[0].quota", "split between 2 regions"),
     ];
     for (text, line, field, reason) in cases {
         let err = error_of(text, Format::Toml);

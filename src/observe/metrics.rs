@@ -102,6 +102,17 @@ pub const RELOADS_TOTAL: &str = "tollgate_reloads_total";
 /// `tollgate_rules_healthy`.
 pub const RULES_HEALTHY: &str = "tollgate_rules_healthy";
 
+/// `tollgate_region_tokens_held{region}`.
+pub const REGION_TOKENS_HELD: &str = "tollgate_region_tokens_held";
+/// `tollgate_region_tokens_spent{region}`.
+pub const REGION_TOKENS_SPENT: &str = "tollgate_region_tokens_spent";
+/// `tollgate_region_tokens_moved_total{region}`.
+pub const REGION_TOKENS_MOVED_TOTAL: &str = "tollgate_region_tokens_moved_total";
+/// `tollgate_region_mover_lag_seconds{region}`.
+pub const REGION_MOVER_LAG_SECONDS: &str = "tollgate_region_mover_lag_seconds";
+/// `tollgate_region_unreachable{region}`.
+pub const REGION_UNREACHABLE: &str = "tollgate_region_unreachable";
+
 /// The values of `result` in `tollgate_requests_total`.
 pub const RESULTS: [&str; 7] = [
     "allowed",
@@ -463,5 +474,59 @@ impl ReloadMetrics {
     /// Whether the running rules are the newest.
     pub(crate) fn healthy(&self, healthy: bool) {
         self.healthy.set(if healthy { 1.0 } else { 0.0 });
+    }
+}
+
+/// A region's mover (`store::regions::Mover`): the quota its region held, spent and moved
+/// out, the age of its transfer in flight, the other regions it could not reach.
+pub(crate) struct RegionMetrics {
+    held: Gauge,
+    spent: Gauge,
+    moved: Counter,
+    lag: Gauge,
+    unreachable: Gauge,
+}
+
+impl RegionMetrics {
+    pub(crate) fn new(region: &str) -> Self {
+        ::metrics::describe_gauge!(
+            REGION_TOKENS_HELD,
+            "Tokens the region's buckets with demand held at the mover's last look"
+        );
+        ::metrics::describe_gauge!(
+            REGION_TOKENS_SPENT,
+            "Tokens the region spent over the mover's last interval (keys with demand)"
+        );
+        ::metrics::describe_counter!(
+            REGION_TOKENS_MOVED_TOTAL,
+            "Tokens the region's mover moved to other regions"
+        );
+        ::metrics::describe_gauge!(
+            REGION_MOVER_LAG_SECONDS,
+            "How long the mover's transfer in flight has been on its way (0: none)"
+        );
+        ::metrics::describe_gauge!(
+            REGION_UNREACHABLE,
+            "Other regions the mover could not reach lately: a partition while above 0"
+        );
+        let label = region.to_owned();
+        let this = Self {
+            held: ::metrics::gauge!(REGION_TOKENS_HELD, "region" => label.clone()),
+            spent: ::metrics::gauge!(REGION_TOKENS_SPENT, "region" => label.clone()),
+            moved: ::metrics::counter!(REGION_TOKENS_MOVED_TOTAL, "region" => label.clone()),
+            lag: ::metrics::gauge!(REGION_MOVER_LAG_SECONDS, "region" => label.clone()),
+            unreachable: ::metrics::gauge!(REGION_UNREACHABLE, "region" => label),
+        };
+        this.record(0, 0, 0, 0.0, 0);
+        this
+    }
+
+    /// What the mover reports after a look.
+    pub(crate) fn record(&self, held: u64, spent: u64, moved: u64, lag_s: f64, unreachable: u64) {
+        self.held.set(held as f64);
+        self.spent.set(spent as f64);
+        self.moved.absolute(moved);
+        self.lag.set(lag_s);
+        self.unreachable.set(unreachable as f64);
     }
 }

@@ -7,8 +7,8 @@
 pub(crate) use crate::observe::metrics::ReloadMetrics;
 #[cfg(feature = "metrics")]
 pub(crate) use crate::observe::metrics::{
-    AuditMetrics, BanMetrics, DelayMetrics, ErrorKind, LimitMetrics, SettleMetrics, StoreMetrics,
-    StreamMetrics, deny_cache_hits, keys, writeback_dropped,
+    AuditMetrics, BanMetrics, DelayMetrics, ErrorKind, LimitMetrics, RegionMetrics, SettleMetrics,
+    StoreMetrics, StreamMetrics, deny_cache_hits, keys, writeback_dropped,
 };
 #[cfg(feature = "metrics")]
 pub(crate) use ::metrics::{Counter, Gauge};
@@ -49,6 +49,28 @@ mod off {
 
         #[inline(always)]
         pub(crate) fn record(&self, _wait: Duration) {}
+    }
+
+    /// A region's mover's quota, lag and partitions.
+    #[derive(Debug)]
+    pub(crate) struct RegionMetrics;
+
+    impl RegionMetrics {
+        #[inline(always)]
+        pub(crate) fn new(_region: &str) -> Self {
+            Self
+        }
+
+        #[inline(always)]
+        pub(crate) fn record(
+            &self,
+            _held: u64,
+            _spent: u64,
+            _moved: u64,
+            _lag_s: f64,
+            _unreachable: u64,
+        ) {
+        }
     }
 
     /// A settling limit's settles.

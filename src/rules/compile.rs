@@ -4,6 +4,7 @@
 
 mod keys;
 mod plans;
+mod regions;
 mod settle;
 mod stream;
 
@@ -17,6 +18,8 @@ pub(crate) use self::keys::CustomKeys;
 use self::keys::{Composite, One, Source, key_part, source, unknown};
 pub use self::plans::MAX_PLAN_KEYS;
 use self::plans::{Gated, parse_quota, plans_table};
+pub use self::regions::RegionsPlan;
+pub(crate) use self::regions::regions as regions_plan;
 use crate::algo::algorithm::Algorithm;
 use crate::algo::quota::{Quota, parse_period};
 use crate::base::error::ConfigError;
@@ -147,6 +150,7 @@ pub(crate) fn compile_maybe_empty(
         ));
     }
     let mut names: HashMap<&str, usize> = HashMap::new();
+    regions::regions(doc)?;
     let mut limits = Vec::with_capacity(doc.limits.len());
     for (i, rule) in doc.limits.iter().enumerate() {
         let at = format!("limits[{i}]");

@@ -49,6 +49,41 @@ pub struct Document {
     /// `[[limits]]`: the limits, checked all or nothing on each request they apply to.
     #[serde(default)]
     pub limits: Vec<LimitRule>,
+    /// `[regions]`: the limits are one limit across regions (see
+    /// [`store::regions`](crate::store::regions)).
+    #[serde(default)]
+    pub regions: Option<RegionsRule>,
+}
+
+/// `[regions]` of a rules document: each limit is one limit across these regions, each
+/// region deciding from its own store on its part of the quota, movers carrying unspent
+/// tokens between them.
+///
+/// ```toml
+/// [regions]
+/// local = "eu"             # the region this file's processes run in
+/// interval = "100ms"       # the movers' interval (default 100ms)
+/// link_delay = "50ms"      # the link's delay each way (default 50ms): sizes a transfer
+/// floor = 0.1              # the part of its burst a region keeps (default 0.1)
+///
+/// [regions.stores]         # each region's store, by name (indexed in the names' order)
+/// eu = "redis://eu.internal:6379"
+/// us = "redis://us.internal:6379"
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegionsRule {
+    /// `local`: the name of the region this file is read in.
+    pub local: String,
+    /// `stores`: each region's store URL, by region name; the regions are indexed in
+    /// their names' order, so that every region's file splits the quotas alike.
+    pub stores: BTreeMap<String, String>,
+    /// `interval`: how often a mover looks and moves (`"100ms"`).
+    pub interval: Option<String>,
+    /// `link_delay`: the link's delay each way between two regions (`"50ms"`).
+    pub link_delay: Option<String>,
+    /// `floor`: the part of its burst a region keeps, 0 to 1.
+    pub floor: Option<Factor>,
 }
 
 /// `[settings]` of a rules document.

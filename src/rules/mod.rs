@@ -92,9 +92,10 @@ mod watch;
 
 #[cfg(feature = "rules-sql")]
 pub(crate) use compile::CustomKeys;
-pub use compile::MAX_PLAN_KEYS;
+pub use compile::{MAX_PLAN_KEYS, RegionsPlan};
 pub use document::{
-    BanRule, CostSpec, Document, Factor, KeySpec, LeaseSpec, LimitRule, Plans, Settings,
+    BanRule, CostSpec, Document, Factor, KeySpec, LeaseSpec, LimitRule, Plans, RegionsRule,
+    Settings,
 };
 pub use format::Format;
 pub use reload::{ReloadStatus, Rules, RulesBuilder};
@@ -143,6 +144,34 @@ impl Document {
     /// ```
     pub fn unmet_routes(&self) -> Result<Vec<String>, ConfigError> {
         compile::unmet_routes(self)
+    }
+
+    /// The document's `[regions]`, checked (`None` without one): the regions, the local
+    /// one, their stores and the movers' settings, and the limits the movers move (see
+    /// [`RegionsPlan::open`] for the stores, with feature `redis`).
+    ///
+    /// ```
+    /// use tollgate::rules::Document;
+    ///
+    /// let doc = Document::from_toml(r#"
+    ///     [[limits]]
+    ///     name = "api"
+    ///     quota = "1000/s"
+    ///
+    ///     [regions]
+    ///     local = "eu"
+    ///     link_delay = "80ms"
+    ///     [regions.stores]
+    ///     eu = "redis://eu.internal:6379"
+    ///     us = "redis://us.internal:6379"
+    /// "#)?;
+    /// let plan = doc.regions()?.unwrap();
+    /// assert_eq!(plan.names(), ["eu", "us"]);
+    /// assert_eq!(plan.movers().max_move(plan.limits()[0].1), 260);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn regions(&self) -> Result<Option<RegionsPlan>, ConfigError> {
+        compile::regions_plan(self)
     }
 
     /// A [`RateLimitLayer`] with these rules over `store`, for rules read once, without

@@ -325,6 +325,7 @@ fn map(
         document: Document {
             settings: options.settings.clone(),
             limits,
+            regions: None,
         },
         rows: ids,
     })

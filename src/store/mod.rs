@@ -30,6 +30,7 @@ mod breaker;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+pub mod regions;
 mod resilient;
 mod rtt;
 
@@ -50,7 +51,9 @@ pub use redis::RedisTls;
 pub use redis::SentinelOptions;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis::{IN_FLIGHT_DEADLINE, RedisBackend, RedisStore, RedisTable};
+pub use redis::{
+    IN_FLIGHT_DEADLINE, RedisBackend, RedisEscrow, RedisRegions, RedisStore, RedisTable,
+};
 pub use resilient::{LeaseStats, Resilient, ResilientTable};
 
 use crate::algo::algorithm::Algorithm;

@@ -16,6 +16,7 @@ use crate::store::{
     Backend, Checked, Item, MemoryStore, MemoryTable, Op, Resilient, Statuses, Store, StoreError,
 };
 
+use super::book::Escrowed;
 use super::clock::TokioClock;
 
 /// The latency each way unless set: a store in the same data centre.
@@ -158,6 +159,7 @@ impl SimBackendBuilder {
                 noticed_after: u64::try_from(self.noticed_after.as_nanos()).unwrap_or(u64::MAX),
                 instances: self.instances,
                 calls: 0,
+                escrow: Escrowed::new(),
             })),
             clock,
         }
@@ -165,8 +167,8 @@ impl SimBackendBuilder {
 }
 
 /// The server's state and the conditions of the network.
-struct State {
-    live: Buckets,
+pub(super) struct State {
+    pub(super) live: Buckets,
     /// A copy kept in step with `live` until frozen: the snapshot a restore brings back.
     snapshot: Option<Buckets>,
     frozen: bool,
@@ -179,10 +181,12 @@ struct State {
     noticed_after: u64,
     instances: u64,
     calls: u64,
+    /// What a region's mover keeps in this server (`regions.rs`): demand, transfers, lead.
+    pub(super) escrow: Escrowed,
 }
 
 /// A server's buckets: a memory store and its tables (held, so the buckets live).
-struct Buckets {
+pub(super) struct Buckets {
     store: MemoryStore<TokioClock>,
     tables: HashMap<String, MemoryTable>,
 }
@@ -195,7 +199,7 @@ impl Buckets {
         }
     }
 
-    fn apply(&mut self, op: Op, calls: &[Call]) -> Statuses {
+    pub(super) fn apply(&mut self, op: Op, calls: &[Call]) -> Statuses {
         for c in calls {
             if !self.tables.contains_key(&c.table) {
                 let t = self.store.table(&c.table);
@@ -220,14 +224,41 @@ impl Buckets {
 
 /// What one item of a call carries to the server.
 #[derive(Clone)]
-struct Call {
-    table: String,
-    key: Key,
-    quota: Quota,
-    cost: u32,
+pub(super) struct Call {
+    pub(super) table: String,
+    pub(super) key: Key,
+    pub(super) quota: Quota,
+    pub(super) cost: u32,
     mode: Mode,
     algorithm: Algorithm,
     max_wait: Duration,
+}
+
+impl Call {
+    /// A GCRA call of `cost` on `key` of `table` under `quota`.
+    pub(super) fn gcra(table: &str, key: Key, quota: Quota, cost: u32) -> Self {
+        Self {
+            table: table.to_owned(),
+            key,
+            quota,
+            cost,
+            mode: Mode::Enforce,
+            algorithm: Algorithm::Gcra,
+            max_wait: Duration::ZERO,
+        }
+    }
+}
+
+impl State {
+    /// Applies `op` to the live buckets, and to the snapshot while it follows them.
+    pub(super) fn apply(&mut self, op: Op, calls: &[Call]) -> Statuses {
+        if !self.frozen
+            && let Some(snap) = &mut self.snapshot
+        {
+            snap.apply(op, calls);
+        }
+        self.live.apply(op, calls)
+    }
 }
 
 impl Default for SimBackend {
@@ -248,7 +279,7 @@ impl SimBackend {
         SimBackendBuilder::default()
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    pub(super) fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -459,17 +490,40 @@ impl SimBackend {
     /// (GCRA), whatever the faults: what the instances would see if they asked. Call it
     /// inside the runtime (tokio's clock is read).
     pub fn remaining(&self, limit: &str, key: impl IntoKey, quota: Quota) -> u64 {
-        let call = Call {
-            table: limit.to_owned(),
-            key: key.into_key(),
-            quota,
-            cost: 0,
-            mode: Mode::Enforce,
-            algorithm: Algorithm::Gcra,
-            max_wait: Duration::ZERO,
-        };
+        let call = Call::gcra(limit, key.into_key(), quota, 0);
         let statuses = self.state().live.apply(Op::Check, &[call]);
         statuses[0].outcome().map_or(0, |o| o.remaining())
+    }
+
+    /// A call of a region's mover (`regions.rs`): the latency each way and the faults of
+    /// any call, `f` applied on the server (at the clock's time) when it is reached.
+    pub(super) fn serve<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut State, u64) -> T + Send + 'static,
+    ) -> Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>> {
+        let backend = self.clone();
+        Box::pin(async move {
+            let latency = backend.state().latency;
+            tokio::time::sleep(latency).await;
+            let (failing, hole) = {
+                let s = backend.state();
+                (s.failing, s.black_hole)
+            };
+            if hole {
+                std::future::pending::<()>().await;
+            }
+            if failing {
+                return Err(StoreError::new("connection refused"));
+            }
+            let answer = {
+                let now = backend.clock.now();
+                let mut s = backend.state();
+                s.escrow.calls += 1;
+                f(&mut s, now)
+            };
+            tokio::time::sleep(latency).await;
+            Ok(answer)
+        })
     }
 
     /// How many calls the instances made so far (each reaching the server or not).
@@ -533,12 +587,16 @@ impl Backend for SimBackend {
             }
             let statuses = {
                 let mut s = backend.state();
-                if !s.frozen
-                    && let Some(snap) = &mut s.snapshot
-                {
-                    snap.apply(op, &calls);
+                let statuses = s.apply(op, &calls);
+                if op == Op::Check {
+                    let now = backend.clock.now();
+                    let checks = calls.iter().zip(&statuses).map(|(c, st)| {
+                        let allowed = st.outcome().is_some_and(|o| o.is_allowed());
+                        (c.table.as_str(), &c.key, c.cost, allowed)
+                    });
+                    s.escrow.record(checks, now);
                 }
-                s.live.apply(op, &calls)
+                statuses
             };
             // The answer takes its time back, whether or not the caller still waits.
             tokio::time::sleep(latency).await;

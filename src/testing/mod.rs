@@ -49,7 +49,10 @@
 //! ```
 
 mod backend;
+mod book;
 mod clock;
+mod regions;
 
 pub use backend::{SimBackend, SimBackendBuilder};
 pub use clock::TokioClock;
+pub use regions::{SimRegions, SimRegionsBuilder};

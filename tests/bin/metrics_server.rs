@@ -39,6 +39,7 @@ use tollgate::audit::{AuditLog, BoxError, Violation};
 use tollgate::key::Header;
 use tollgate::pace::{OverLimit, PacedBody, Per};
 use tollgate::rules::Rules;
+use tollgate::store::regions::MoverSettings;
 use tollgate::store::{MemoryStore, RedisStore};
 use tollgate::{
     Ban, Cost, FailurePolicy, Limit, LimitSpec, Limiter, Quota, RateLimitLayer, Settle,
@@ -133,6 +134,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A short cool-down: the breaker lets a request probe the store every second, so
         // errors keep coming while it is open.
         .breaker(3, Duration::from_secs(1));
+    // A limit across two regions whose stores are nowhere: the region metrics are there.
+    let mover = RedisStore::regions([("eu", store.clone()), ("us", store.clone())], "eu")?.mover(
+        [("remote-open", Quota::per_second(100))],
+        MoverSettings::new(),
+        "metrics-server",
+        1,
+    );
+    tokio::spawn(mover.run());
     let remote = RateLimitLayer::builder(store)
         .limit(
             Limit::new("remote-open", Quota::per_second(100))

@@ -68,6 +68,34 @@ impl Key {
         }
     }
 
+    /// The key whose rendered form (its [`Display`](fmt::Display), what Redis stores) is
+    /// `rendered`: a digest from `~` and 64 hex digits, any other text of at most 64
+    /// bytes as it is (an address too: it renders the same); `None` otherwise.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn from_rendered(rendered: &[u8]) -> Option<Self> {
+        if rendered.len() == 65 && rendered[0] == b'~' {
+            let mut d = [0u8; 32];
+            for (i, pair) in rendered[1..].chunks(2).enumerate() {
+                let hex = std::str::from_utf8(pair).ok()?;
+                d[i] = u8::from_str_radix(hex, 16).ok()?;
+            }
+            return Some(Self {
+                repr: Repr::Digest(d),
+            });
+        }
+        if rendered.len() > INLINE || !rendered.is_ascii() {
+            return None;
+        }
+        let mut buf = [0u8; INLINE];
+        buf[..rendered.len()].copy_from_slice(rendered);
+        Some(Self {
+            repr: Repr::Text {
+                len: rendered.len() as u8,
+                buf,
+            },
+        })
+    }
+
     /// Appends the rendered form (the [`Display`](fmt::Display) form) to `out`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn render_into(&self, out: &mut Vec<u8>) {
@@ -158,4 +186,27 @@ fn masked_v4(v4: Ipv4Addr, prefix: u8) -> ([u8; 16], u8) {
     // forward from.
     let mapped = (0xffff_u128 << 32) | u128::from(u32::from(v4) & mask);
     (mapped.to_be_bytes(), 96 + prefix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rendered_key_reads_back_as_the_key_it_renders() {
+        let long = Key::from_part("x".repeat(100).as_str());
+        for key in [Key::from_part("user%40example.com"), long] {
+            let rendered = key.to_string();
+            let back = Key::from_rendered(rendered.as_bytes()).unwrap();
+            assert_eq!(back.to_string(), rendered);
+        }
+        assert_eq!(
+            Key::from_rendered(b"~zz").map(|k| k.to_string()).as_deref(),
+            Some("~zz")
+        );
+        let bad_hex = format!("~{}", "g".repeat(64));
+        assert!(Key::from_rendered(bad_hex.as_bytes()).is_none());
+        assert!(Key::from_rendered("é".as_bytes()).is_none());
+        assert!(Key::from_rendered(&[b'a'; 65]).is_none());
+    }
 }

@@ -13,7 +13,7 @@ pub(super) struct Lua {
 }
 
 impl Lua {
-    fn new(code: &'static str) -> Self {
+    pub(super) fn new(code: &'static str) -> Self {
         Self {
             script: Script::new(code),
             code,

@@ -8,6 +8,7 @@ mod epoch;
 mod held;
 mod keys;
 mod open;
+mod regions;
 mod reply;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
@@ -16,6 +17,7 @@ mod settle;
 mod tls;
 mod url;
 
+pub use self::regions::{RedisEscrow, RedisRegions};
 #[cfg(feature = "redis-sentinel")]
 pub use self::sentinel::SentinelOptions;
 #[cfg(feature = "redis-tls")]

@@ -1,0 +1,229 @@
+//! What a mover asks of one region's store: its demand, and transfers applied once.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::algo::quota::Quota;
+use crate::model::key::Key;
+use crate::store::StoreError;
+
+/// The answer of an [`Escrow`] call.
+pub type EscrowFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+/// The demand one key of one limit met in a region lately, as its store counted it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Demand {
+    /// The bucket.
+    pub key: Key,
+    /// Requests granted over the last whole mover interval.
+    pub granted: u64,
+    /// Requests refused over the last whole interval and the current one.
+    pub refused: u64,
+    /// The tokens the region's bucket holds now, under the region's part of the quota.
+    pub remaining: u64,
+}
+
+impl Demand {
+    /// A key's demand.
+    pub fn new(key: Key, granted: u64, refused: u64, remaining: u64) -> Self {
+        Self {
+            key,
+            granted,
+            refused,
+            remaining,
+        }
+    }
+}
+
+/// The name of one transfer, unique across the regions and the movers' restarts: the
+/// source region's index, the mover's epoch (when it started, or a random number) and a
+/// sequence number. The debit at the source and the credit at the destination are each
+/// applied once under it, however often they are sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TransferId {
+    /// The source region's index.
+    pub region: u32,
+    /// The mover's epoch.
+    pub epoch: u64,
+    /// The transfer's number in that mover's life.
+    pub seq: u64,
+}
+
+impl fmt::Display for TransferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{:x}-{}", self.region, self.epoch, self.seq)
+    }
+}
+
+/// One region's store as a [`Mover`](super::Mover) reaches it: its own region's, or
+/// another's through the link between them.
+///
+/// `debit` and `credit` are idempotent by id: sent again (a lost answer, a retry after a
+/// partition), they do nothing more and answer as the first time.
+pub trait Escrow: Send + Sync + 'static {
+    /// The keys of limit `table` refused or granted lately, with their buckets' tokens
+    /// under `quota` (this region's part).
+    fn demand(&self, table: &str, quota: Quota) -> EscrowFuture<Vec<Demand>>;
+
+    /// Takes up to `most` tokens from the bucket `key` of `table` (under `quota`), leaving
+    /// at least `keep`, and records the amount taken under `id`; answers it. Sent again
+    /// under the same `id`, takes nothing and answers the recorded amount.
+    fn debit(
+        &self,
+        id: TransferId,
+        table: &str,
+        key: &Key,
+        quota: Quota,
+        most: u64,
+        keep: u64,
+    ) -> EscrowFuture<u64>;
+
+    /// Gives `amount` tokens to the bucket `key` of `table` (under `quota`; never beyond
+    /// a full bucket), once under `id`: `true` if applied now, `false` if it was already.
+    fn credit(
+        &self,
+        id: TransferId,
+        table: &str,
+        key: &Key,
+        quota: Quota,
+        amount: u64,
+    ) -> EscrowFuture<bool>;
+
+    /// Whether `holder` leads this region's movers for `ttl` from now (taken if free or
+    /// already `holder`'s; Redis: `SET NX PX`, renewed by its holder). By default every
+    /// caller leads (a region with one mover).
+    fn lead(&self, holder: &str, ttl: Duration) -> EscrowFuture<bool> {
+        let _ = (holder, ttl);
+        Box::pin(async { Ok(true) })
+    }
+}
+
+/// The transfers a store applied, kept for `ttl` (a retry after that is a new transfer:
+/// the ttl must outlast any partition a mover retries through). What the Redis script
+/// keeps in keys with a TTL, for stores kept in memory (the simulated backend).
+#[derive(Debug)]
+pub struct Ledger {
+    debits: HashMap<TransferId, (u64, u64)>,
+    credits: HashMap<TransferId, u64>,
+    ttl: u64,
+    pruned: u64,
+}
+
+impl Ledger {
+    /// A ledger keeping what it applied for `ttl`.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            debits: HashMap::new(),
+            credits: HashMap::new(),
+            ttl: u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX),
+            pruned: 0,
+        }
+    }
+
+    /// The debit `id` at `now` (ns): `take()` once, its amount recorded and answered; the
+    /// recorded amount afterwards.
+    pub fn debit(&mut self, id: TransferId, now: u64, take: impl FnOnce() -> u64) -> u64 {
+        self.prune(now);
+        if let Some(&(amount, _)) = self.debits.get(&id) {
+            return amount;
+        }
+        let amount = take();
+        self.debits.insert(id, (amount, now));
+        amount
+    }
+
+    /// The credit `id` at `now` (ns): `give()` once (`true`); nothing afterwards (`false`).
+    pub fn credit(&mut self, id: TransferId, now: u64, give: impl FnOnce()) -> bool {
+        self.prune(now);
+        if self.credits.contains_key(&id) {
+            return false;
+        }
+        give();
+        self.credits.insert(id, now);
+        true
+    }
+
+    /// How many transfers the ledger remembers.
+    pub fn len(&self) -> usize {
+        self.debits.len() + self.credits.len()
+    }
+
+    /// Whether it remembers none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn prune(&mut self, now: u64) {
+        // At most once per ttl, so that a ledger of many transfers is not scanned each time.
+        if now < self.pruned.saturating_add(self.ttl) {
+            return;
+        }
+        self.pruned = now;
+        let ttl = self.ttl;
+        self.debits
+            .retain(|_, (_, at)| at.saturating_add(ttl) > now);
+        self.credits.retain(|_, at| at.saturating_add(ttl) > now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(seq: u64) -> TransferId {
+        TransferId {
+            region: 1,
+            epoch: 0xab,
+            seq,
+        }
+    }
+
+    #[test]
+    fn a_debit_and_a_credit_apply_once_per_id() {
+        let mut ledger = Ledger::new(Duration::from_secs(60));
+        let mut taken = 0;
+        assert_eq!(
+            ledger.debit(id(1), 0, || {
+                taken += 5;
+                5
+            }),
+            5
+        );
+        assert_eq!(
+            ledger.debit(id(1), 10, || {
+                taken += 7;
+                7
+            }),
+            5
+        );
+        assert_eq!(taken, 5);
+        assert_eq!(ledger.debit(id(2), 10, || 3), 3);
+        let mut given = 0;
+        assert!(ledger.credit(id(1), 20, || given += 5));
+        assert!(!ledger.credit(id(1), 30, || given += 5));
+        assert_eq!(given, 5);
+        assert_eq!(ledger.len(), 3);
+        assert_eq!(id(4).to_string(), "1-ab-4");
+    }
+
+    #[test]
+    fn what_is_older_than_the_ttl_is_forgotten() {
+        let mut ledger = Ledger::new(Duration::from_nanos(100));
+        assert!(ledger.is_empty());
+        ledger.debit(id(1), 0, || 5);
+        ledger.credit(id(1), 60, || ());
+        ledger.debit(id(9), 140, || 4);
+        ledger.debit(id(2), 150, || 1); // prunes: the debit of 0 is past its ttl
+        assert_eq!(ledger.len(), 3);
+        assert!(!ledger.credit(id(1), 160, || ()));
+        assert_eq!(ledger.debit(id(9), 160, || 7), 4, "kept through the prune");
+        // One ttl after the last prune, exactly: everything up to 150 goes.
+        assert_eq!(ledger.debit(id(3), 250, || 2), 2);
+        assert_eq!(ledger.len(), 1);
+        assert!(!ledger.is_empty());
+    }
+}

@@ -1,0 +1,455 @@
+//! The mover: one per region (elected), moving unspent quota to where it is refused.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::algo::quota::Quota;
+use crate::model::key::Key;
+use crate::observe::probe::RegionMetrics;
+use crate::store::StoreError;
+
+use super::escrow::{Demand, Escrow, TransferId};
+use super::split::{max_move, share};
+
+/// How long a mover's lead lasts unless renewed: three intervals.
+const LEAD_INTERVALS: u32 = 3;
+
+/// The settings of the movers of a set of regions: their interval, the link's delay each
+/// way (which sizes a transfer, see [`max_move`]), the floor a region keeps.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct MoverSettings {
+    interval: Duration,
+    link_delay: Duration,
+    floor: f64,
+}
+
+impl Default for MoverSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(100),
+            link_delay: Duration::from_millis(50),
+            floor: 0.1,
+        }
+    }
+}
+
+impl MoverSettings {
+    /// The defaults: a move every 100 ms at most, a link of 50 ms each way, a floor of
+    /// a tenth of each region's burst.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How often a mover looks at the demand and moves (default 100 ms; at least 1 ms).
+    pub fn interval(mut self, every: Duration) -> Self {
+        self.interval = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The link's delay each way between two regions (default 50 ms): a transfer moves
+    /// up to `⌈r · (interval + 2 × delay)⌉` tokens, and a call over the link is given up
+    /// after `interval + 2 × delay`.
+    pub fn link_delay(mut self, one_way: Duration) -> Self {
+        self.link_delay = one_way;
+        self
+    }
+
+    /// The part of its burst a region keeps whatever the demand elsewhere (default 0.1;
+    /// clamped to 0..=1).
+    pub fn floor(mut self, part: f64) -> Self {
+        self.floor = if part.is_nan() {
+            0.0
+        } else {
+            part.clamp(0.0, 1.0)
+        };
+        self
+    }
+
+    /// The interval.
+    pub fn every(&self) -> Duration {
+        self.interval
+    }
+
+    /// The link's delay each way.
+    pub fn delay(&self) -> Duration {
+        self.link_delay
+    }
+
+    /// The most tokens one transfer of a limit of `quota` moves: [`max_move`].
+    pub fn max_move(&self, quota: Quota) -> u64 {
+        max_move(quota, self.interval, self.link_delay)
+    }
+
+    fn floor_of(&self, quota: Quota) -> u64 {
+        (quota.burst_size() as f64 * self.floor).ceil() as u64
+    }
+
+    fn remote_timeout(&self) -> Duration {
+        self.interval + self.link_delay * 2
+    }
+}
+
+/// What a mover did, as counters and gauges (read them with [`MoverStats::report`]).
+#[derive(Debug, Default)]
+pub struct MoverStats {
+    moved: AtomicU64,
+    transfers: AtomicU64,
+    in_flight: AtomicU64,
+    lag_ns: AtomicU64,
+    unreachable: AtomicU64,
+    failures: AtomicU64,
+    held: AtomicU64,
+    spent: AtomicU64,
+    refused: AtomicU64,
+    leading: AtomicU64,
+}
+
+/// A copy of a mover's [`MoverStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MoverReport {
+    /// Tokens moved out of this region and credited elsewhere, in all.
+    pub moved: u64,
+    /// Transfers completed, in all.
+    pub transfers: u64,
+    /// Tokens debited here and not yet credited (0 or one transfer's).
+    pub in_flight: u64,
+    /// How long the transfer in flight has been on its way (zero without one).
+    pub lag: Duration,
+    /// The other regions the last look could not reach: a partition while above 0.
+    pub unreachable: u64,
+    /// Calls that failed or timed out, in all.
+    pub failures: u64,
+    /// The tokens this region's buckets with demand held at the last look.
+    pub held: u64,
+    /// Requests granted in this region over the last whole interval (keys with demand).
+    pub spent: u64,
+    /// Requests refused in this region lately (keys with demand).
+    pub refused: u64,
+    /// Whether this mover led its region at its last look.
+    pub leading: bool,
+}
+
+impl MoverStats {
+    /// The counters and gauges now.
+    pub fn report(&self) -> MoverReport {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MoverReport {
+            moved: get(&self.moved),
+            transfers: get(&self.transfers),
+            in_flight: get(&self.in_flight),
+            lag: Duration::from_nanos(get(&self.lag_ns)),
+            unreachable: get(&self.unreachable),
+            failures: get(&self.failures),
+            held: get(&self.held),
+            spent: get(&self.spent),
+            refused: get(&self.refused),
+            leading: get(&self.leading) == 1,
+        }
+    }
+}
+
+/// How much a region wants more of a key: its refusals, and what it spent over the last
+/// interval beyond what it holds now (a region's instances refuse from their deny cache
+/// without asking their store, so a bucket spent as fast as it refills shows few
+/// refusals; it shows grants and an empty bucket).
+fn need(d: &Demand) -> u64 {
+    d.refused + d.granted.saturating_sub(d.remaining)
+}
+
+/// A transfer debited (or being debited) and not yet credited.
+#[derive(Clone, Debug)]
+struct Pending {
+    id: TransferId,
+    table: String,
+    key: Key,
+    quota: Quota,
+    to: usize,
+    most: u64,
+    keep: u64,
+    /// The amount debited once the debit answered.
+    debited: Option<u64>,
+    since: tokio::time::Instant,
+}
+
+/// One region's mover: every interval, if it leads its region, it finishes its transfer
+/// in flight (the same id until it is credited: a partition delays it, never doubles it),
+/// else looks at the demand of every region for each limit and moves up to
+/// [`max_move`] tokens of one key from this region, where it is not wanted, to the
+/// region wanting it most (its refusals, and its grants over the last interval beyond
+/// what its bucket holds now): a debit here first, then a credit there, under one
+/// [`TransferId`]. It keeps this region's floor and the tokens its own demand spent over
+/// the last interval, and credits no more than the destination's bucket lacks.
+///
+/// One transfer in flight at most, whatever the link does: the tokens out of every bucket
+/// at once are at most `n ×` [`max_move`], the movers' term of [`bound`](super::bound).
+pub struct Mover {
+    index: usize,
+    regions: Vec<Arc<dyn Escrow>>,
+    limits: Vec<(String, Quota)>,
+    settings: MoverSettings,
+    holder: String,
+    epoch: u64,
+    seq: u64,
+    pending: Option<Pending>,
+    stats: Arc<MoverStats>,
+    /// Registered at the first tick (labelled with the index) unless named before.
+    metrics: Option<RegionMetrics>,
+}
+
+impl std::fmt::Debug for Mover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mover")
+            .field("index", &self.index)
+            .field("regions", &self.regions.len())
+            .field("limits", &self.limits)
+            .field("settings", &self.settings)
+            .field("holder", &self.holder)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Mover {
+    /// The mover of region `index` of `regions` (each region's store as this mover
+    /// reaches it: its own directly, the others over the link), for `limits` (each
+    /// limit's name and global quota), named `holder` in its region's election and
+    /// numbering its transfers from `epoch` (make it unique per mover's life: the time it
+    /// started, or a random number).
+    ///
+    /// # Panics
+    ///
+    /// If `index` is not one of the regions.
+    pub fn new(
+        index: usize,
+        regions: Vec<Arc<dyn Escrow>>,
+        limits: Vec<(String, Quota)>,
+        settings: MoverSettings,
+        holder: impl Into<String>,
+        epoch: u64,
+    ) -> Self {
+        assert!(
+            index < regions.len(),
+            "the mover's region is one of the regions"
+        );
+        Self {
+            index,
+            regions,
+            limits,
+            settings,
+            holder: holder.into(),
+            epoch,
+            seq: 0,
+            pending: None,
+            stats: Arc::default(),
+            metrics: None,
+        }
+    }
+
+    /// Names the mover's region in its metrics (feature `metrics`: the `region` label of
+    /// `tollgate_region_*`; its index unless named).
+    pub fn region(mut self, name: &str) -> Self {
+        self.metrics = Some(RegionMetrics::new(name));
+        self
+    }
+
+    /// Its counters and gauges, shared (for metrics).
+    pub fn stats(&self) -> Arc<MoverStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Ticks every interval, forever (spawn it; drop the task to stop it).
+    pub async fn run(mut self) {
+        let mut every = tokio::time::interval(self.settings.interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            self.tick().await;
+        }
+    }
+
+    /// One look and at most one transfer (what [`run`](Self::run) does each interval).
+    pub async fn tick(&mut self) {
+        let ttl = self.settings.interval * LEAD_INTERVALS;
+        let local = Arc::clone(&self.regions[self.index]);
+        let leading = self
+            .call(local.lead(&self.holder, ttl), self.settings.interval)
+            .await
+            .unwrap_or(false);
+        self.stats
+            .leading
+            .store(u64::from(leading), Ordering::Relaxed);
+        if !leading {
+            return;
+        }
+        if !self.finish().await {
+            self.record();
+            return;
+        }
+        let limits = self.limits.clone();
+        for (table, global) in &limits {
+            if self.move_one(table, *global).await {
+                break;
+            }
+        }
+        self.record();
+    }
+
+    fn record(&mut self) {
+        let index = self.index;
+        let metrics = self
+            .metrics
+            .get_or_insert_with(|| RegionMetrics::new(&index.to_string()));
+        let r = self.stats.report();
+        metrics.record(r.held, r.spent, r.moved, r.lag.as_secs_f64(), r.unreachable);
+    }
+
+    async fn call<T>(
+        &self,
+        future: super::escrow::EscrowFuture<T>,
+        timeout: Duration,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(timeout, future).await {
+            Ok(Ok(t)) => Ok(t),
+            Ok(Err(e)) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+            Err(_) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                Err(StoreError::new("timed out"))
+            }
+        }
+    }
+
+    /// Carries the transfer in flight one step further; `true` once there is none.
+    async fn finish(&mut self) -> bool {
+        let Some(mut p) = self.pending.take() else {
+            self.stats.lag_ns.store(0, Ordering::Relaxed);
+            return true;
+        };
+        let lag = u64::try_from(p.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.lag_ns.store(lag, Ordering::Relaxed);
+        if p.debited.is_none() {
+            let local = Arc::clone(&self.regions[self.index]);
+            let debit = local.debit(p.id, &p.table, &p.key, p.quota, p.most, p.keep);
+            match self.call(debit, self.settings.interval).await {
+                Ok(0) => {
+                    self.stats.lag_ns.store(0, Ordering::Relaxed);
+                    return true;
+                }
+                Ok(n) => {
+                    p.debited = Some(n);
+                    self.stats.in_flight.store(n, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    self.pending = Some(p);
+                    return false;
+                }
+            }
+        }
+        let amount = p.debited.unwrap_or(0);
+        let n = self.regions.len();
+        let global = self
+            .limits
+            .iter()
+            .find(|(t, _)| *t == p.table)
+            .map(|(_, q)| *q);
+        let quota = global.map_or(p.quota, |g| share(g, p.to, n));
+        let remote = Arc::clone(&self.regions[p.to]);
+        let credit = remote.credit(p.id, &p.table, &p.key, quota, amount);
+        match self.call(credit, self.settings.remote_timeout()).await {
+            Ok(_) => {
+                self.stats.moved.fetch_add(amount, Ordering::Relaxed);
+                self.stats.transfers.fetch_add(1, Ordering::Relaxed);
+                self.stats.in_flight.store(0, Ordering::Relaxed);
+                self.stats.lag_ns.store(0, Ordering::Relaxed);
+                true
+            }
+            Err(_) => {
+                // Its destination is out of reach: a partition until a look says otherwise.
+                self.stats.unreachable.fetch_max(1, Ordering::Relaxed);
+                self.pending = Some(p);
+                false
+            }
+        }
+    }
+
+    /// Looks at the demand of `table` everywhere; starts a transfer if one is due
+    /// (`true`).
+    async fn move_one(&mut self, table: &str, global: Quota) -> bool {
+        let n = self.regions.len();
+        let mine = share(global, self.index, n);
+        let local = Arc::clone(&self.regions[self.index]);
+        let Ok(here) = self
+            .call(local.demand(table, mine), self.settings.interval)
+            .await
+        else {
+            return false;
+        };
+        self.stats
+            .held
+            .store(here.iter().map(|d| d.remaining).sum(), Ordering::Relaxed);
+        self.stats
+            .spent
+            .store(here.iter().map(|d| d.granted).sum(), Ordering::Relaxed);
+        self.stats
+            .refused
+            .store(here.iter().map(|d| d.refused).sum(), Ordering::Relaxed);
+        let mut unreachable = 0;
+        // The key refused most elsewhere and not refused here.
+        let mut best: Option<(usize, Demand)> = None;
+        for j in (0..n).filter(|&j| j != self.index) {
+            let remote = Arc::clone(&self.regions[j]);
+            let theirs = share(global, j, n);
+            let Ok(there) = self
+                .call(remote.demand(table, theirs), self.settings.remote_timeout())
+                .await
+            else {
+                unreachable += 1;
+                continue;
+            };
+            for d in there {
+                let wanted_here = here.iter().any(|h| h.key == d.key && need(h) > 0);
+                let room = theirs.burst_size().saturating_sub(d.remaining);
+                if need(&d) == 0 || wanted_here || room == 0 {
+                    continue;
+                }
+                if best.as_ref().is_none_or(|(_, b)| need(&d) > need(b)) {
+                    best = Some((j, d));
+                }
+            }
+        }
+        self.stats.unreachable.store(unreachable, Ordering::Relaxed);
+        let Some((to, want)) = best else {
+            return false;
+        };
+        let theirs = share(global, to, n);
+        let spent_here = here
+            .iter()
+            .find(|h| h.key == want.key)
+            .map_or(0, |h| h.granted);
+        let keep = self.settings.floor_of(mine).saturating_add(spent_here);
+        let room = theirs.burst_size().saturating_sub(want.remaining);
+        let most = self.settings.max_move(global).min(room);
+        self.seq += 1;
+        self.pending = Some(Pending {
+            id: TransferId {
+                region: u32::try_from(self.index).unwrap_or(u32::MAX),
+                epoch: self.epoch,
+                seq: self.seq,
+            },
+            table: table.to_owned(),
+            key: want.key,
+            quota: mine,
+            to,
+            most,
+            keep,
+            debited: None,
+            since: tokio::time::Instant::now(),
+        });
+        self.finish().await;
+        true
+    }
+}

@@ -1,0 +1,619 @@
+//! `SimRegions`: several simulated stores, one per region, a link between them with a
+//! delay and partitions, and a mover per region.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::algo::quota::Quota;
+use crate::model::key::IntoKey;
+use crate::model::key::Key;
+use crate::store::regions::{
+    Demand, Escrow, EscrowFuture, Ledger, Mover, MoverReport, MoverSettings, MoverStats, Regional,
+    TransferId, bound, partition_bound, share,
+};
+use crate::store::{Op, Resilient};
+
+use super::backend::{Call, SimBackend, State};
+use super::book::LEDGER_TTL;
+use super::clock::TokioClock;
+
+fn demand(s: &mut State, now: u64, table: &str, quota: Quota) -> Vec<Demand> {
+    if s.escrow.window == 0 {
+        return Vec::new();
+    }
+    let window = now / s.escrow.window;
+    let mut keys = Vec::new();
+    s.escrow.book.retain(|(t, key), seen| {
+        seen.roll(window);
+        let idle = seen.before == (0, 0) && seen.now == (0, 0);
+        if t == table && !idle && (seen.before != (0, 0) || seen.now.1 > 0) {
+            keys.push((key.clone(), seen.before.0, seen.before.1 + seen.now.1));
+        }
+        !idle
+    });
+    keys.into_iter()
+        .map(|(key, granted, refused)| {
+            let look = s
+                .live
+                .apply(Op::Check, &[Call::gcra(table, key.clone(), quota, 0)]);
+            let remaining = look[0].outcome().map_or(0, |o| o.remaining());
+            Demand::new(key, granted, refused, remaining)
+        })
+        .collect()
+}
+
+impl Escrow for SimBackend {
+    fn demand(&self, table: &str, quota: Quota) -> EscrowFuture<Vec<Demand>> {
+        let table = table.to_owned();
+        self.serve(move |s, now| demand(s, now, &table, quota))
+    }
+
+    fn debit(
+        &self,
+        id: TransferId,
+        table: &str,
+        key: &Key,
+        quota: Quota,
+        most: u64,
+        keep: u64,
+    ) -> EscrowFuture<u64> {
+        let (table, key) = (table.to_owned(), key.clone());
+        self.serve(move |s, now| {
+            let mut ledger = std::mem::replace(&mut s.escrow.ledger, Ledger::new(LEDGER_TTL));
+            let taken = ledger.debit(id, now, || {
+                let look = s.apply(Op::Check, &[Call::gcra(&table, key.clone(), quota, 0)]);
+                let remaining = look[0].outcome().map_or(0, |o| o.remaining());
+                let take = most.min(remaining.saturating_sub(keep));
+                let take = u32::try_from(take).unwrap_or(u32::MAX);
+                if take == 0 {
+                    return 0;
+                }
+                let done = s.apply(Op::Check, &[Call::gcra(&table, key, quota, take)]);
+                if done[0].outcome().is_some_and(|o| o.is_allowed()) {
+                    u64::from(take)
+                } else {
+                    0
+                }
+            });
+            s.escrow.ledger = ledger;
+            taken
+        })
+    }
+
+    fn credit(
+        &self,
+        id: TransferId,
+        table: &str,
+        key: &Key,
+        quota: Quota,
+        amount: u64,
+    ) -> EscrowFuture<bool> {
+        let (table, key) = (table.to_owned(), key.clone());
+        self.serve(move |s, now| {
+            let mut ledger = std::mem::replace(&mut s.escrow.ledger, Ledger::new(LEDGER_TTL));
+            let applied = ledger.credit(id, now, || {
+                let cost = u32::try_from(amount).unwrap_or(u32::MAX);
+                s.apply(Op::Refund, &[Call::gcra(&table, key, quota, cost)]);
+            });
+            s.escrow.ledger = ledger;
+            applied
+        })
+    }
+
+    fn lead(&self, holder: &str, ttl: Duration) -> EscrowFuture<bool> {
+        let holder = holder.to_owned();
+        let ttl = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
+        self.serve(move |s, now| match &s.escrow.lead {
+            Some((h, until)) if *h != holder && *until > now => false,
+            _ => {
+                s.escrow.lead = Some((holder, now.saturating_add(ttl)));
+                true
+            }
+        })
+    }
+}
+
+/// The link between the regions: its delay each way, whether it is cut.
+struct Link {
+    delay: Duration,
+    partitioned: bool,
+    calls: u64,
+}
+
+/// Another region's store as a mover reaches it: over the link.
+struct Linked {
+    to: SimBackend,
+    link: Arc<Mutex<Link>>,
+}
+
+fn lock(link: &Mutex<Link>) -> MutexGuard<'_, Link> {
+    link.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Linked {
+    /// The call travels the link's delay; cut on arrival, it is lost (never applied);
+    /// it travels back; cut then, the answer is lost (applied all the same).
+    fn over<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&SimBackend) -> EscrowFuture<T> + Send + 'static,
+    ) -> EscrowFuture<T> {
+        let to = self.to.clone();
+        let link = Arc::clone(&self.link);
+        Box::pin(async move {
+            let delay = {
+                let mut l = lock(&link);
+                l.calls += 1;
+                l.delay
+            };
+            tokio::time::sleep(delay).await;
+            if lock(&link).partitioned {
+                std::future::pending::<()>().await;
+            }
+            let answer = call(&to).await;
+            tokio::time::sleep(delay).await;
+            if lock(&link).partitioned {
+                std::future::pending::<()>().await;
+            }
+            answer
+        })
+    }
+}
+
+impl Escrow for Linked {
+    fn demand(&self, table: &str, quota: Quota) -> EscrowFuture<Vec<Demand>> {
+        let table = table.to_owned();
+        self.over(move |to| to.demand(&table, quota))
+    }
+
+    fn debit(
+        &self,
+        id: TransferId,
+        table: &str,
+        key: &Key,
+        quota: Quota,
+        most: u64,
+        keep: u64,
+    ) -> EscrowFuture<u64> {
+        let (table, key) = (table.to_owned(), key.clone());
+        self.over(move |to| to.debit(id, &table, &key, quota, most, keep))
+    }
+
+    fn credit(
+        &self,
+        id: TransferId,
+        table: &str,
+        key: &Key,
+        quota: Quota,
+        amount: u64,
+    ) -> EscrowFuture<bool> {
+        let (table, key) = (table.to_owned(), key.clone());
+        self.over(move |to| to.credit(id, &table, &key, quota, amount))
+    }
+}
+
+/// Regions simulated in the test's process: a [`SimBackend`] per region (its own store,
+/// with its own faults), a link between them whose delay and partitions the test sets,
+/// and the movers of each region (elected through their region's store) carrying unspent
+/// quota where it is refused, as `tollgate::store::regions` describes. Instances of a
+/// region are [`store`](Self::store)s: a [`Regional`] store (the region's part of each
+/// quota) over a `Resilient` one on the region's backend.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::testing::SimRegions;
+/// use tollgate::{LimitSpec, Limiter, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let quota = Quota::per_second(100);
+/// let regions = SimRegions::builder()
+///     .region("eu")
+///     .region("us")
+///     .link_delay(Duration::from_millis(40))
+///     .limit("api", quota)
+///     .build();
+/// let eu = Limiter::builder(regions.store("eu"))
+///     .limit(LimitSpec::new("api", quota))
+///     .build()
+///     .unwrap();
+///
+/// // All the demand is in eu: its half first, then what the mover brings from us.
+/// let mut granted = 0;
+/// for _ in 0..2000 {
+///     if eu.check("api", "k", 1).await.unwrap().allowed() {
+///         granted += 1;
+///     }
+///     tokio::time::sleep(Duration::from_millis(5)).await; // 200 a second
+/// }
+/// // 10 s at 100 a second: far more than eu's own 50 a second.
+/// assert!(granted > 850, "{granted}");
+/// assert!(regions.report("us").moved > 0);
+/// # }
+/// ```
+pub struct SimRegions {
+    clock: TokioClock,
+    names: Vec<String>,
+    backends: Vec<SimBackend>,
+    link: Arc<Mutex<Link>>,
+    settings: MoverSettings,
+    movers: Vec<Vec<(Arc<MoverStats>, tokio::task::JoinHandle<()>)>>,
+}
+
+/// The settings of [`SimRegions`]: [`SimRegions::builder`].
+#[derive(Clone, Debug, Default)]
+#[must_use]
+pub struct SimRegionsBuilder {
+    names: Vec<String>,
+    latency: Option<Duration>,
+    link_delay: Option<Duration>,
+    settings: Option<MoverSettings>,
+    limits: Vec<(String, Quota)>,
+    movers: usize,
+    clock: Option<TokioClock>,
+}
+
+impl SimRegionsBuilder {
+    /// Adds a region named `name` (in order: the first is index 0).
+    pub fn region(mut self, name: impl Into<String>) -> Self {
+        self.names.push(name.into());
+        self
+    }
+
+    /// The latency each way between a region's instances and its store (default 200 µs).
+    pub fn latency(mut self, one_way: Duration) -> Self {
+        self.latency = Some(one_way);
+        self
+    }
+
+    /// The link's delay each way between two regions (default 50 ms); the movers' setting
+    /// too unless [`movers`](Self::movers) says otherwise.
+    pub fn link_delay(mut self, one_way: Duration) -> Self {
+        self.link_delay = Some(one_way);
+        self
+    }
+
+    /// The movers' settings (default: [`MoverSettings::new`] with the link's delay).
+    pub fn movers(mut self, settings: MoverSettings) -> Self {
+        self.settings = Some(settings);
+        self
+    }
+
+    /// How many movers each region runs (default 1): as many as its instances would,
+    /// one of them leading at a time.
+    pub fn movers_per_region(mut self, n: usize) -> Self {
+        self.movers = n;
+        self
+    }
+
+    /// A limit the movers move tokens of, by name and global quota.
+    pub fn limit(mut self, name: impl Into<String>, quota: Quota) -> Self {
+        self.limits.push((name.into(), quota));
+        self
+    }
+
+    /// The clock (default: a [`TokioClock`] made by [`build`](Self::build)).
+    pub fn clock(mut self, clock: TokioClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The regions, the link up, the movers started (spawned: call it inside the runtime).
+    ///
+    /// # Panics
+    ///
+    /// Without a region.
+    pub fn build(self) -> SimRegions {
+        assert!(!self.names.is_empty(), "regions need at least one region");
+        let clock = self.clock.unwrap_or_default();
+        let delay = self.link_delay.unwrap_or(Duration::from_millis(50));
+        let settings = self
+            .settings
+            .unwrap_or_else(|| MoverSettings::new().link_delay(delay));
+        let window = u64::try_from(settings.every().as_nanos()).unwrap_or(u64::MAX);
+        let backends: Vec<SimBackend> = self
+            .names
+            .iter()
+            .map(|_| {
+                let b = SimBackend::builder().clock(clock);
+                let b = match self.latency {
+                    Some(l) => b.latency(l),
+                    None => b,
+                };
+                let b = b.build();
+                b.state().escrow.window = window;
+                b
+            })
+            .collect();
+        let link = Arc::new(Mutex::new(Link {
+            delay,
+            partitioned: false,
+            calls: 0,
+        }));
+        let movers = (0..backends.len())
+            .map(|i| {
+                (0..self.movers.max(1))
+                    .map(|m| {
+                        let escrows: Vec<Arc<dyn Escrow>> = backends
+                            .iter()
+                            .enumerate()
+                            .map(|(j, b)| -> Arc<dyn Escrow> {
+                                if i == j {
+                                    Arc::new(b.clone())
+                                } else {
+                                    Arc::new(Linked {
+                                        to: b.clone(),
+                                        link: Arc::clone(&link),
+                                    })
+                                }
+                            })
+                            .collect();
+                        let mover = Mover::new(
+                            i,
+                            escrows,
+                            self.limits.clone(),
+                            settings.clone(),
+                            format!("{}-{m}", self.names[i]),
+                            (i as u64) << 32 | m as u64,
+                        )
+                        .region(&self.names[i]);
+                        (mover.stats(), tokio::spawn(mover.run()))
+                    })
+                    .collect()
+            })
+            .collect();
+        SimRegions {
+            clock,
+            names: self.names,
+            backends,
+            link,
+            settings,
+            movers,
+        }
+    }
+}
+
+impl SimRegions {
+    /// The settings: regions, link, movers, limits.
+    pub fn builder() -> SimRegionsBuilder {
+        SimRegionsBuilder::default()
+    }
+
+    fn index(&self, region: &str) -> usize {
+        self.names
+            .iter()
+            .position(|n| n == region)
+            .unwrap_or_else(|| panic!("no region {region:?}: {:?}", self.names))
+    }
+
+    /// The clock every region reads.
+    pub fn clock(&self) -> &TokioClock {
+        &self.clock
+    }
+
+    /// The regions' names, in order.
+    pub fn regions(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Region `region`'s store (to make it fail, go silent, lose its state...).
+    ///
+    /// # Panics
+    ///
+    /// If there is no such region.
+    pub fn backend(&self, region: &str) -> &SimBackend {
+        &self.backends[self.index(region)]
+    }
+
+    /// A new instance of `region`: its part of each quota, over its region's store.
+    ///
+    /// # Panics
+    ///
+    /// If there is no such region.
+    /// Its `Resilient` store runs without a deny cache: a mover's credit lands in the
+    /// region's store, where a cached denial would not see it.
+    pub fn store(&self, region: &str) -> Regional<Resilient<SimBackend>> {
+        let i = self.index(region);
+        Regional::new(
+            self.backends[i].store().deny_cache(false),
+            i,
+            self.names.len(),
+        )
+    }
+
+    /// Cuts the link between every two regions (`true`) or heals it: a call over the link
+    /// arriving while it is cut is lost, an answer coming back is lost.
+    pub fn partition(&self, on: bool) {
+        lock(&self.link).partitioned = on;
+    }
+
+    /// Sets the link's delay each way from now on (the movers' setting stays).
+    pub fn set_link_delay(&self, one_way: Duration) {
+        lock(&self.link).delay = one_way;
+    }
+
+    /// What the leading mover of `region` did (the first mover's if none leads).
+    ///
+    /// # Panics
+    ///
+    /// If there is no such region.
+    pub fn report(&self, region: &str) -> MoverReport {
+        let reports: Vec<MoverReport> = self.movers[self.index(region)]
+            .iter()
+            .map(|(s, _)| s.report())
+            .collect();
+        let moved = reports.iter().map(|r| r.moved).sum();
+        let transfers = reports.iter().map(|r| r.transfers).sum();
+        let mut report = reports
+            .iter()
+            .find(|r| r.leading)
+            .copied()
+            .unwrap_or(reports[0]);
+        report.moved = moved;
+        report.transfers = transfers;
+        report
+    }
+
+    /// The tokens each region's bucket `key` of `limit` holds now under its part of
+    /// `quota` (the global one), in the regions' order.
+    pub fn held(&self, limit: &str, key: impl IntoKey, quota: Quota) -> Vec<u64> {
+        let key = key.into_key();
+        let n = self.names.len();
+        self.backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| b.remaining(limit, key.clone(), share(quota, i, n)))
+            .collect()
+    }
+
+    /// Calls over the link so far (the movers' traffic between regions).
+    pub fn link_calls(&self) -> u64 {
+        lock(&self.link).calls
+    }
+
+    /// The movers' calls that reached a region's store so far (their own and the others').
+    pub fn mover_calls(&self) -> u64 {
+        self.backends.iter().map(|b| b.state().escrow.calls).sum()
+    }
+
+    /// [`bound`] for these regions and movers: the most a limit of `quota` grants over
+    /// `window`, all regions together.
+    pub fn bound(&self, quota: Quota, window: Duration) -> u64 {
+        bound(
+            quota,
+            self.names.len(),
+            self.settings.max_move(quota),
+            window,
+        )
+    }
+
+    /// [`partition_bound`]: the most it grants over a window inside a partition.
+    pub fn partition_bound(&self, quota: Quota, window: Duration) -> u64 {
+        partition_bound(quota, self.names.len(), window)
+    }
+}
+
+impl Drop for SimRegions {
+    fn drop(&mut self) {
+        for (_, task) in self.movers.iter().flatten() {
+            task.abort();
+        }
+    }
+}
+
+impl fmt::Debug for SimRegions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimRegions")
+            .field("regions", &self.names)
+            .field("settings", &self.settings)
+            .field("partitioned", &lock(&self.link).partitioned)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Limiter;
+    use crate::model::spec::LimitSpec;
+
+    const Q: Quota = Quota::per_second(10);
+
+    fn id(seq: u64) -> TransferId {
+        TransferId {
+            region: 0,
+            epoch: 1,
+            seq,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_debit_and_a_credit_sent_again_change_nothing_more() {
+        let b = SimBackend::new();
+        let k = Key::from_part("k");
+        assert_eq!(b.debit(id(1), "api", &k, Q, 4, 0).await.unwrap(), 4);
+        assert_eq!(b.debit(id(1), "api", &k, Q, 4, 0).await.unwrap(), 4);
+        assert_eq!(b.remaining("api", "k", Q), 6);
+        // Leaves `keep`: 6 held, 5 kept, 1 taken.
+        assert_eq!(b.debit(id(2), "api", &k, Q, 4, 5).await.unwrap(), 1);
+        assert_eq!(b.debit(id(3), "api", &k, Q, 4, 5).await.unwrap(), 0);
+        assert!(b.credit(id(1), "api", &k, Q, 3).await.unwrap());
+        assert!(!b.credit(id(1), "api", &k, Q, 3).await.unwrap());
+        assert_eq!(b.remaining("api", "k", Q), 8);
+        assert_eq!(b.state().escrow.calls, 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_mover_leads_a_region_until_its_lead_lapses() {
+        let b = SimBackend::new();
+        let ttl = Duration::from_millis(300);
+        assert!(b.lead("a", ttl).await.unwrap());
+        assert!(!b.lead("b", ttl).await.unwrap());
+        assert!(b.lead("a", ttl).await.unwrap());
+        tokio::time::sleep(ttl).await;
+        assert!(b.lead("b", ttl).await.unwrap());
+
+        let regions = SimRegions::builder()
+            .region("eu")
+            .region("us")
+            .movers_per_region(3)
+            .limit("api", Q)
+            .build();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for movers in &regions.movers {
+            let leading = movers.iter().filter(|(s, _)| s.report().leading).count();
+            assert_eq!(leading, 1);
+        }
+        assert!(regions.report("eu").leading);
+        assert_eq!(regions.regions(), ["eu", "us"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transfer_cut_by_a_partition_lands_once_after_it() {
+        let quota = Quota::per_second(100);
+        let regions = SimRegions::builder()
+            .region("eu")
+            .region("us")
+            .link_delay(Duration::from_millis(20))
+            .limit("api", quota)
+            .build();
+        let eu = Limiter::builder(regions.store("eu"))
+            .limit(LimitSpec::new("api", quota))
+            .build()
+            .unwrap();
+        // eu spends its 50 and asks for more; us's mover debits, then the link is cut.
+        for _ in 0..60 {
+            eu.check("api", "k", 1).await.unwrap();
+        }
+        let mut cut = false;
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            eu.check("api", "k", 1).await.unwrap();
+            if regions.report("us").in_flight > 0 {
+                regions.partition(true);
+                cut = true;
+                break;
+            }
+        }
+        assert!(cut, "a transfer was on its way");
+        let in_flight = regions.report("us").in_flight;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let during = regions.report("us");
+        assert_eq!(
+            during.in_flight, in_flight,
+            "the same transfer, not another"
+        );
+        assert!(during.lag >= Duration::from_secs(1));
+        assert_eq!(during.unreachable, 1, "a partition");
+        assert!(during.failures > 0);
+        let moved = during.moved;
+        regions.partition(false);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = regions.report("us");
+        assert!(after.moved >= moved + in_flight);
+        assert_eq!(after.lag, Duration::ZERO);
+        assert_eq!(after.unreachable, 0);
+        assert!(regions.link_calls() > 0 && regions.mover_calls() > 0);
+        assert!(format!("{regions:?}").contains("partitioned: false"));
+    }
+}
