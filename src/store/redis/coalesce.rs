@@ -15,8 +15,6 @@
 //! all or nothing across its limits. Plain: GCRA, no reservation, no settle, no calendar
 //! window, no in-flight units, no key twice in the request; anything else goes alone.
 
-use std::collections::HashMap;
-
 use super::{Mode, Part};
 use crate::algo::algorithm::Algorithm;
 
@@ -63,7 +61,8 @@ pub(super) fn entries<'a>(
     }
     let plains: Vec<bool> = all.iter().map(|&(p, g)| plain(p, g)).collect();
     // The entry that last touched each key.
-    let mut last: HashMap<&[u8], usize> = HashMap::with_capacity(all.len());
+    let mut last: hashbrown::HashMap<&[u8], usize, foldhash::fast::RandomState> =
+        hashbrown::HashMap::with_capacity_and_hasher(all.len(), Default::default());
     for (r, &(parts, group)) in all.iter().enumerate() {
         let key = |i: usize| parts[i].redis_key.as_slice();
         let joined = plains[r]
@@ -280,6 +279,32 @@ mod tests {
         assert!(!plain(&rs[6].0, &rs[6].1));
         assert!(plain(&rs[0].0, &rs[0].1));
         assert!(!plain(&rs[0].0, &[]));
+    }
+
+    #[test]
+    fn only_plain_gcra_checks_are_plain() {
+        let ok = || part("k", Q, 1, Mode::Enforce);
+        let is_plain = |p: Part| plain(&[p], &[0]);
+        assert!(is_plain(ok()));
+        assert!(is_plain(part("k", Q, 0, Mode::Shadow)));
+        let mut p = ok();
+        p.algorithm = Algorithm::fixed_window();
+        assert!(!is_plain(p));
+        let mut p = ok();
+        p.span = Some((0, 1));
+        assert!(!is_plain(p));
+        let mut p = ok();
+        p.held = Some((1, std::sync::Arc::from("m")));
+        assert!(!is_plain(p));
+        let mut p = ok();
+        p.settle = Some(super::super::settle::Settle::Credit);
+        assert!(!is_plain(p));
+        let mut p = ok();
+        p.max_wait_us = 1;
+        assert!(!is_plain(p));
+        let two = [ok(), part("j", Q, 1, Mode::Enforce), ok()];
+        assert!(plain(&two, &[0, 1]));
+        assert!(!plain(&two, &[0, 1, 2]), "k twice");
     }
 
     #[test]
