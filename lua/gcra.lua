@@ -14,7 +14,8 @@ KEYS     the buckets of every limit of every request of the batch, request after
 
 ARGV[1]  now, in microseconds since the Unix epoch, or "" to use Redis TIME (one clock for
          every app instance, read once per batch).
-Then per request: n, its number of limits (its next n KEYS), and five arguments per limit:
+Then per request, or per group of requests ("g", then `group` below: several requests of
+the same plain GCRA limits, coalesced by the client): n, its number of limits (its next n KEYS), and five arguments per limit:
   t        emission interval in microseconds (>= 1); a window limit: the window (µs)
   burst    bucket capacity in tokens (>= 1); a window limit: its limit
   cost     tokens this request takes (0 looks without consuming)
@@ -318,11 +319,101 @@ local function decide(k0, a0, n)
   end
 end
 
+-- Decides a group: m requests of the same n GCRA limits (KEYS[k0 + 1 .. k0 + n], each
+-- once), one after the other, as `decide` would decide each, with one read and at most one
+-- SET per key for all m (the last value `decide` would write, with its expiry). Arguments
+-- from ARGV[a0], four per limit: t, burst, enforce ("1" or "0"), and the members' costs:
+-- one integer for all, or m integers separated by commas. Replies the number of requests
+-- that proceeded, then per limit the TAT read (0 if absent) and the TAT after the group;
+-- the client replays the m decisions from these (batch.rs) and checks it ends where the
+-- script did.
+local gt, gb, ge, gc, gtat, gstart, gw, gcost, gok = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local function group(k0, a0, m, n)
+  for i = 1, n do
+    local v = fresh[KEYS[k0 + i]]
+    if v == nil then
+      v = read[k0 + i]
+    end
+    local tat = tonumber(v) or 0
+    gtat[i], gstart[i], gw[i] = tat, tat, false
+    local a = a0 + 4 * (i - 1)
+    gt[i] = tonumber(ARGV[a])
+    gb[i] = tonumber(ARGV[a + 1])
+    ge[i] = ARGV[a + 2] == '1'
+    local costs = ARGV[a + 3]
+    local one = tonumber(costs)
+    if one then
+      gc[i] = one
+    else
+      local list, j = {}, 0
+      for c in string.gmatch(costs, '%d+') do
+        j = j + 1
+        list[j] = tonumber(c)
+      end
+      gc[i] = list
+    end
+  end
+  local proceeded = 0
+  for j = 1, m do
+    local refused = false
+    for i = 1, n do
+      local cost = gc[i]
+      if type(cost) == 'table' then
+        cost = cost[j]
+      end
+      gcost[i] = cost
+      local base = now
+      if gtat[i] > now then
+        base = gtat[i]
+      end
+      -- as `decide`: never (cost > burst) and denied refuse when enforced; a peek passes
+      local ok = cost <= gb[i] and (cost == 0 or base + cost * gt[i] - now <= gb[i] * gt[i])
+      gok[i] = ok
+      if not ok and ge[i] then
+        refused = true
+      end
+    end
+    if not refused then
+      proceeded = proceeded + 1
+      for i = 1, n do
+        local cost = gcost[i]
+        if gok[i] and cost > 0 then
+          local base = now
+          if gtat[i] > now then
+            base = gtat[i]
+          end
+          gtat[i] = base + cost * gt[i]
+          gw[i] = true
+        end
+      end
+    end
+  end
+  reply[nreply + 1] = proceeded
+  nreply = nreply + 1
+  for i = 1, n do
+    local v = gtat[i]
+    if gw[i] then
+      redis.call('SET', KEYS[k0 + i], v, 'PX', math.floor((v - now + 999) / 1000) + 1)
+      fresh[KEYS[k0 + i]] = v
+    end
+    reply[nreply + 1] = gstart[i]
+    reply[nreply + 2] = v
+    nreply = nreply + 2
+  end
+end
+
 local k0, a, nargs = 0, 2, #ARGV
 while a <= nargs do
-  local n = tonumber(ARGV[a])
-  decide(k0, a + 1, n)
-  k0 = k0 + n
-  a = a + 1 + 5 * n
+  if ARGV[a] == 'g' then
+    local m, n = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    group(k0, a + 3, m, n)
+    k0 = k0 + n
+    a = a + 3 + 4 * n
+  else
+    local n = tonumber(ARGV[a])
+    decide(k0, a + 1, n)
+    k0 = k0 + n
+    a = a + 1 + 5 * n
+  end
 end
 return reply

@@ -10,7 +10,8 @@
 //! 10 s: a key's log holds a few dozen entries at the usual rates).
 //!
 //! Each of `--tasks` tasks checks requests of `--limits` limits each (keys drawn from a pool
-//! of 10,000 per limit, quotas so large every request passes, so every decision writes),
+//! of `--keys` per limit, 10,000 by default; `--keys 1`: one hot key every request shares;
+//! quotas so large every request passes, so every decision writes),
 //! one after the other, for `--seconds`, on one thread (as `redis-benchmark` is one
 //! event loop: on a small machine the client and Redis then compete for fewer cores). The
 //! last line is
@@ -44,6 +45,8 @@ struct Args {
     batch: usize,
     connections: usize,
     threads: usize,
+    /// The pool of keys per limit (1: one hot key every request shares).
+    keys: usize,
     /// The CA of a `rediss://` URL (feature `redis-tls`).
     ca: Option<String>,
     /// Where Redis's statistics are read (default: `url`).
@@ -61,6 +64,7 @@ fn parse_args() -> Result<Args, String> {
         batch: 128,
         connections: 1,
         threads: 1,
+        keys: 10_000,
         ca: None,
         admin_url: None,
     };
@@ -85,6 +89,7 @@ fn parse_args() -> Result<Args, String> {
             "--threads" => {
                 args.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?
             }
+            "--keys" => args.keys = value()?.parse().map_err(|e| format!("--keys: {e}"))?,
             "--ca" => args.ca = Some(value()?),
             "--admin-url" => args.admin_url = Some(value()?),
             other => return Err(format!("unknown argument {other}")),
@@ -95,9 +100,11 @@ fn parse_args() -> Result<Args, String> {
         || args.seconds == 0
         || args.connections == 0
         || args.threads == 0
+        || args.keys == 0
     {
         return Err(
-            "--tasks, --limits, --seconds, --connections and --threads must be at least 1".into(),
+            "--tasks, --limits, --seconds, --connections, --threads and --keys must be at least 1"
+                .into(),
         );
     }
     Ok(args)
@@ -105,7 +112,7 @@ fn parse_args() -> Result<Args, String> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args().map_err(|e| {
-        format!("{e}\nusage: redis_bench --url URL --tasks N --seconds S --limits L [--prefix P] [--algorithm A] [--batch N] [--connections N] [--threads N] [--ca FILE] [--admin-url URL]")
+        format!("{e}\nusage: redis_bench --url URL --tasks N --seconds S --limits L [--prefix P] [--algorithm A] [--batch N] [--connections N] [--threads N] [--keys N] [--ca FILE] [--admin-url URL]")
     })?;
     let runtime = if args.threads == 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -176,6 +183,7 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(200_000);
                 let mut failures = 0u64;
+                let keys = args.keys;
                 let mut n = task * 7_919;
                 while Instant::now() < deadline {
                     n += 1;
@@ -183,7 +191,7 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                         .iter()
                         .enumerate()
                         .map(|(i, t)| {
-                            Item::new(t, Key::from_part(((n + i * 31) % 10_000) as u32), quota, 1)
+                            Item::new(t, Key::from_part(((n + i * 31) % keys) as u32), quota, 1)
                                 .algorithm(algorithm)
                         })
                         .collect();

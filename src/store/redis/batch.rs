@@ -7,7 +7,8 @@
 //! bounds: requests and bytes) goes out as one call that decides each request on its own,
 //! one after the other, each all or nothing across its limits (see the script). Redis then pays one
 //! script invocation, one `TIME` and one `MGET` for the whole batch instead of one each per
-//! request.
+//! request; requests of the same plain GCRA limits (a hot key) go as one group, decided in
+//! one pass with one `SET` per key (`coalesce.rs`).
 //!
 //! A batch runs in a task of its own, so a caller that gives up (a timeout, a client gone)
 //! never strands the others; a caller that gave up before its batch left is not sent. A
@@ -21,6 +22,7 @@ use std::sync::Mutex;
 
 use tokio::sync::oneshot;
 
+use super::coalesce;
 use super::keys::Slot;
 use super::reply::Failure;
 use super::*;
@@ -322,25 +324,38 @@ async fn run(turn: InFlight, mut batch: Vec<Waiting>) {
 }
 
 impl RedisBackend {
-    /// One `gcra.lua` call deciding `requests` (keys in one slot) one after the other;
-    /// answers each request's reply as if it had been alone: `now`, then its limits'.
+    /// One `gcra.lua` call deciding `requests` (keys in one slot) one after the other,
+    /// those of the same plain GCRA limits coalesced into groups (`coalesce.rs`); answers
+    /// each request's reply as if it had been alone: `now`, then its limits'.
     pub(super) async fn send(&self, requests: &[&Request]) -> Result<Vec<Vec<i64>>, Failure> {
-        let keys = requests.iter().map(|r| r.group.len()).sum();
+        let view = |r: usize| (&requests[r].parts[..], &requests[r].group[..]);
+        let entries = coalesce::entries(requests.iter().map(|r| (&r.parts[..], &r.group[..])));
+        let keys = entries.iter().map(|e| requests[e[0]].group.len()).sum();
         let mut cmd = evalsha(&GCRA, keys);
-        for r in requests {
+        for e in &entries {
+            let r = requests[e[0]];
             for &i in &r.group {
                 cmd.arg(r.parts[i].redis_key.as_slice());
             }
         }
         cmd.arg(self.now_arg());
-        for r in requests {
-            cmd.arg(r.group.len());
-            for &i in &r.group {
-                r.parts[i].push_args(&mut cmd);
+        for e in &entries {
+            if let [one] = e[..] {
+                let r = requests[one];
+                cmd.arg(r.group.len());
+                for &i in &r.group {
+                    r.parts[i].push_args(&mut cmd);
+                }
+            } else {
+                coalesce::push_group(&mut cmd, e.iter().map(|&r| view(r)));
             }
         }
+        let width = |e: &coalesce::Entry| match e[..] {
+            [one] => requests[one].width(),
+            _ => coalesce::width(requests[e[0]].group.len()),
+        };
         let reply: Vec<i64> = self.conn.eval(&cmd, &GCRA).await.map_err(Failure::Redis)?;
-        let expected = 1 + requests.iter().map(|r| r.width()).sum::<usize>();
+        let expected = 1 + entries.iter().map(width).sum::<usize>();
         if reply.len() != expected {
             return Err(Failure::Reply(reply.len()));
         }
@@ -351,17 +366,24 @@ impl RedisBackend {
         }
         let now = reply[0];
         let mut rest = &reply[1..];
-        Ok(requests
-            .iter()
-            .map(|r| {
-                let (mine, tail) = rest.split_at(r.width());
-                rest = tail;
-                let mut out = Vec::with_capacity(1 + mine.len());
-                out.push(now);
-                out.extend_from_slice(mine);
-                out
-            })
-            .collect())
+        let mut out = vec![Vec::new(); requests.len()];
+        for e in &entries {
+            let (mine, tail) = rest.split_at(width(e));
+            rest = tail;
+            if let [one] = e[..] {
+                let mut r = Vec::with_capacity(1 + mine.len());
+                r.push(now);
+                r.extend_from_slice(mine);
+                out[one] = r;
+            } else {
+                let replies = coalesce::expand(now, mine, e.iter().map(|&r| view(r)))
+                    .ok_or(Failure::Reply(reply.len()))?;
+                for (&r, reply) in e.iter().zip(replies) {
+                    out[r] = reply;
+                }
+            }
+        }
+        Ok(out)
     }
 }
 

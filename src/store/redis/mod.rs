@@ -3,6 +3,7 @@
 mod admin;
 mod ban;
 mod batch;
+mod coalesce;
 mod command;
 mod epoch;
 mod held;
