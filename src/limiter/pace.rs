@@ -677,8 +677,16 @@ mod tests {
         assert!(waited.is_err(), "the second token is due in 100 ms");
         assert_eq!(pacer.waiting.load(Ordering::Relaxed), 1);
         drop(pacer);
-        let other = limiter.pacer("l", "j").unwrap();
+        let other = limiter
+            .pacer("l", "j")
+            .unwrap()
+            .over_limit(OverLimit::wait(SECOND).max_waiters(1));
         assert_eq!(other.waiting.load(Ordering::Relaxed), 0);
+        // A charge the bucket covers at once needs no place, even when none is left.
+        let charging = other.start(1);
+        let taken = Place::take(&other.waiting, 1).expect("the last place");
+        charging.await.expect("covered at once");
+        drop(taken);
     }
 
     #[tokio::test(start_paused = true)]
