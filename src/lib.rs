@@ -181,7 +181,7 @@ pub mod pace {
     pub use crate::limiter::pace::{PaceError, Pacer};
     pub use crate::middleware::events::PacedEvents;
     pub use crate::middleware::pace::{BoxError, PacedBody};
-    pub use crate::model::stream::{Direction, OverLimit, Per};
+    pub use crate::model::stream::{DEFAULT_MAX_WAITERS, Direction, OverLimit, Per};
 }
 
 /// WebSocket messages charged to limits of messages or bytes: [`Limited`](ws::Limited),

@@ -749,6 +749,8 @@ fn every_error_names_file_line_and_field() {
         ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\non_limit = \"delay\"\n".into(), 5, "limits[0].on_limit", "`over_limit` says"),
         ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\nover_limit = \"end\"\nmax_wait = \"1s\"\n".into(), 6, "limits[0].max_wait", "only a limit with `over_limit = \"wait\"`"),
         ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\nmax_wait = \"100us\"\n".into(), 5, "limits[0].max_wait", "at least 1ms"),
+        ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\nover_limit = \"end\"\nmax_waiters = 3\n".into(), 6, "limits[0].max_waiters", "only a limit with `over_limit = \"wait\"` has waiters"),
+        ("[[limits]]\nname = \"s\"\nquota = \"10/s\"\nper = \"message\"\nmax_waiters = 0\n".into(), 5, "limits[0].max_waiters", "at least 1"),
         ("[[limits]]\nname = \"b\"\nquota = \"1MiB/fortnight\"\nper = \"byte\"\n".into(), 3, "limits[0].quota", "period"),
         ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=1B\"\nper = \"byte\"\n".into(), 3, "limits[0].quota", "burst: 1 bytes is less than one token"),
         ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=256KiB\"\nper = \"byte\"\nrate_after = \"1 parsec\"\n".into(), 5, "limits[0].rate_after", "unknown unit `parsec`"),
@@ -1538,6 +1540,7 @@ async fn stream_limits_are_charged_by_pacers_not_by_requests() {
         per = "message"
         direction = "both"
         max_wait = "2s"
+        max_waiters = 50
     "#;
     let rules = from_text(text);
     let app = router(&rules);
@@ -1563,7 +1566,7 @@ async fn stream_limits_are_charged_by_pacers_not_by_requests() {
         (
             Per::Message,
             Direction::Both,
-            OverLimit::wait(Duration::from_secs(2))
+            OverLimit::wait(Duration::from_secs(2)).max_waiters(50)
         )
     );
     assert_eq!(chat.piece(), 5);
@@ -1594,7 +1597,7 @@ async fn stream_limits_are_charged_by_pacers_not_by_requests() {
         "  counts: each byte sent, the first 1MiB of each body free",
         "  over limit: end the stream",
         "  counts: each message received or sent",
-        "  over limit: wait up to 2s",
+        "  over limit: wait up to 2s (50 waiters)",
         "  charged by the streams that name it (`Limiter::pacer`)",
     ] {
         assert!(shown.lines().any(|l| l == line), "no {line:?} in:\n{shown}");

@@ -105,6 +105,31 @@ impl Waiters {
     }
 }
 
+/// A stream's place among the waiters of a limit ([`OverLimit::Wait`]'s `max_waiters`,
+/// counted with the limit's waiting requests): left when dropped (the stream's charge was
+/// paid, refused, or dropped with its stream).
+///
+/// [`OverLimit::Wait`]: crate::model::stream::OverLimit::Wait
+pub(crate) struct Place(Arc<AtomicUsize>);
+
+impl Place {
+    /// A place among the `max` waiters counted in `waiting`; `None` if all are taken.
+    pub(crate) fn take(waiting: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
+        if waiting.fetch_add(1, Ordering::AcqRel) < max {
+            Some(Self(waiting.clone()))
+        } else {
+            waiting.fetch_sub(1, Ordering::AcqRel);
+            None
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// What the engine decided for a request that waits: how long, the waiters' places it
 /// took (bound indices), and the tokens it reserved (plan index and key of each limit that
 /// consumed).
@@ -138,10 +163,20 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).sum()
         });
         assert_eq!(entered, 3, "three places, never more");
+        // Streams' places count with the requests': none left.
+        assert!(Place::take(&w.waiting, 3).is_none());
+        assert_eq!(w.waiting(), 3, "a place refused takes nothing");
         assert_eq!(w.waiting(), 3);
         assert!(!w.has_room());
         w.leave();
         assert!(w.has_room());
+        let place = Place::take(&w.waiting, 3).expect("the place a request left");
+        assert!(
+            !w.has_room(),
+            "a stream's place is taken from the requests'"
+        );
+        drop(place);
+        assert!(w.has_room(), "and given back when the stream stops waiting");
         assert!(w.enter());
     }
 }

@@ -157,6 +157,12 @@ impl<St: Store> Engine<St> {
         Ok(index)
     }
 
+    /// How many requests and streams of the limit called `name` wait (delay mode, and
+    /// streams that wait for their units).
+    pub(crate) fn wait_count(&self, name: &str) -> Arc<std::sync::atomic::AtomicUsize> {
+        self.waits.of(name)
+    }
+
     /// The store's item for `key` in limit `index`, with `quota` and `cost`.
     #[inline]
     pub(crate) fn item(

@@ -10,6 +10,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -126,8 +127,15 @@ pub(crate) fn can_wait(algorithm: Algorithm, over: OverLimit) -> bool {
 pub(crate) type Calls<'a> = SmallVec<[(&'a str, Key, u32); 2]>;
 
 /// A limit as a stream charges it: interned name, quota, algorithm, stream settings, rule
-/// id.
-pub(crate) type Paced = (&'static str, Quota, Algorithm, Streaming, Option<u64>);
+/// id, and the count of its waiters (shared with its requests in delay mode).
+pub(crate) type Paced = (
+    &'static str,
+    Quota,
+    Algorithm,
+    Streaming,
+    Option<u64>,
+    Arc<AtomicUsize>,
+);
 
 /// What one item was: limit name, quota, cost, mode.
 type Meta = (&'static str, Quota, u32, Mode);
@@ -221,6 +229,7 @@ impl<St: Store> Handle for Engine<St> {
                 bound.spec.algorithm,
                 bound.spec.stream,
                 bound.spec.rule_id,
+                self.wait_count(bound.name),
             )
         })
     }
@@ -462,7 +471,8 @@ impl Limiter {
     /// [`LimiterError::Unsupported`] (they take no reservations), as does an in-flight
     /// limit either way.
     pub fn pacer(&self, limit: &str, key: impl IntoKey) -> Result<Pacer, LimiterError> {
-        let Some((name, quota, algorithm, stream, rule_id)) = self.inner.paced(limit) else {
+        let Some((name, quota, algorithm, stream, rule_id, waiting)) = self.inner.paced(limit)
+        else {
             return Err(LimiterError::unknown(limit, self.inner.names()));
         };
         let over = stream.over_limit.unwrap_or_default();
@@ -478,6 +488,7 @@ impl Limiter {
             key.into_key(),
             quota.burst_size(),
             stream,
+            waiting,
         )
         .with_rule_id(rule_id))
     }

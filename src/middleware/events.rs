@@ -232,4 +232,20 @@ mod tests {
         // A CRLF split between frames ends one line, not two.
         assert_eq!(charges("data: a\r\ndata: b\r\n\r\n", 8), vec![0]);
     }
+
+    #[test]
+    fn its_debug_form_names_the_body_the_pacer_and_what_it_holds() {
+        let limiter = crate::Limiter::builder(crate::store::MemoryStore::new())
+            .limit(crate::LimitSpec::new(
+                "events",
+                crate::Quota::per_second(10),
+            ))
+            .build()
+            .unwrap();
+        let body = PacedEvents::new("inner body", limiter.pacer("events", "k").unwrap());
+        let shown = format!("{body:?}");
+        for part in ["PacedEvents", "\"inner body\"", "Pacer", "held: 0"] {
+            assert!(shown.contains(part), "{part} not in {shown}");
+        }
+    }
 }

@@ -379,6 +379,17 @@ impl LimitDecision {
         self.outcome()?.retry_after()
     }
 
+    /// This limit's allowed reservation as a refusal, with its wait as the time to retry
+    /// (a stream that found every waiter's place taken).
+    pub(crate) fn refused_after_wait(mut self) -> Self {
+        if let Status::Checked(o) | Status::Fallback(o) = &mut self.status
+            && o.is_allowed()
+        {
+            *o = o.refused_after_wait();
+        }
+        self
+    }
+
     /// Whether this limit enforces and refused the request.
     pub(crate) fn denies(&self) -> bool {
         self.mode == Mode::Enforce && !self.allowed() && self.status != Status::FailedClosed

@@ -52,19 +52,56 @@ pub enum OverLimit {
     /// Backpressure: the units are reserved and the stream waits until they are due, at
     /// most `max_wait` per charge (a charge that would wait longer is refused, and takes
     /// nothing). The stream is not read meanwhile, so the peer's flow control slows it.
+    ///
+    /// Bounded like delay mode: while `max_waiters` streams of the limit wait on this
+    /// instance (a layer and its reloads; counted with the requests of a limit of the same
+    /// name in delay mode), a charge that would wait is refused instead, as past
+    /// `max_wait`; one that the bucket covers at once still passes.
     Wait {
         /// The longest one charge may wait.
         max_wait: Duration,
+        /// The most streams of the limit that wait at once ([`DEFAULT_MAX_WAITERS`] by
+        /// default).
+        max_waiters: usize,
     },
     /// The charge is refused at once: the stream ends the way its protocol says (a
     /// WebSocket close, a gRPC status, a body that fails).
     End,
 }
 
+/// How many streams of a limit may wait at once unless it says otherwise
+/// ([`OverLimit::max_waiters`]).
+pub const DEFAULT_MAX_WAITERS: usize = 10_000;
+
 impl OverLimit {
-    /// [`OverLimit::Wait`] for at most `max_wait` per charge.
+    /// [`OverLimit::Wait`] for at most `max_wait` per charge, at most
+    /// [`DEFAULT_MAX_WAITERS`] streams of the limit waiting at once.
     pub const fn wait(max_wait: Duration) -> Self {
-        Self::Wait { max_wait }
+        Self::Wait {
+            max_wait,
+            max_waiters: DEFAULT_MAX_WAITERS,
+        }
+    }
+
+    /// At most `n` streams of the limit wait at once (with [`OverLimit::Wait`]; `End`
+    /// waits for nothing and is returned as it is).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::pace::OverLimit;
+    ///
+    /// let over = OverLimit::wait(Duration::from_secs(5)).max_waiters(100);
+    /// assert_eq!(over, OverLimit::Wait { max_wait: Duration::from_secs(5), max_waiters: 100 });
+    /// assert_eq!(OverLimit::End.max_waiters(100), OverLimit::End);
+    /// ```
+    pub const fn max_waiters(self, n: usize) -> Self {
+        match self {
+            Self::Wait { max_wait, .. } => Self::Wait {
+                max_wait,
+                max_waiters: n,
+            },
+            Self::End => Self::End,
+        }
     }
 }
 
@@ -121,13 +158,23 @@ impl Streaming {
         if self.unit == Some(0) {
             return Err(ConfigError::new("unit", "must be at least 1"));
         }
-        if let Some(OverLimit::Wait { max_wait }) = self.over_limit
-            && max_wait < Duration::from_millis(1)
+        if let Some(OverLimit::Wait {
+            max_wait,
+            max_waiters,
+        }) = self.over_limit
         {
-            return Err(ConfigError::new(
-                "max_wait",
-                "must be at least 1ms (use `over_limit = \"end\"` to refuse at once)",
-            ));
+            if max_wait < Duration::from_millis(1) {
+                return Err(ConfigError::new(
+                    "max_wait",
+                    "must be at least 1ms (use `over_limit = \"end\"` to refuse at once)",
+                ));
+            }
+            if max_waiters == 0 {
+                return Err(ConfigError::new(
+                    "max_waiters",
+                    "must be at least 1 (use `over_limit = \"end\"` to refuse at once)",
+                ));
+            }
         }
         Ok(())
     }
@@ -175,6 +222,16 @@ mod tests {
             ..ok
         };
         assert_eq!(instant.validate(false).unwrap_err().field(), "max_wait");
+        let nobody = Streaming {
+            over_limit: Some(OverLimit::wait(Duration::from_secs(1)).max_waiters(0)),
+            ..ok
+        };
+        assert_eq!(nobody.validate(false).unwrap_err().field(), "max_waiters");
+        let one = Streaming {
+            over_limit: Some(OverLimit::wait(Duration::from_millis(1)).max_waiters(1)),
+            ..ok
+        };
+        one.validate(false).unwrap();
         assert!(ok.is_stream() && !Streaming::default().is_stream());
         assert!(Streaming::default().validate(false).is_ok());
     }

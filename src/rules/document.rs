@@ -162,7 +162,8 @@ pub struct LimitRule {
     /// (`"2s"`, `"500ms"`); required there, refused elsewhere.
     pub max_wait: Option<String>,
     /// `max_waiters`: with `on_limit = "delay"`, how many requests of the limit may wait
-    /// at once; default 100.
+    /// at once, default 100; with `over_limit = "wait"` (a limit of messages or bytes),
+    /// how many streams, default 10,000.
     pub max_waiters: Option<usize>,
     /// `max_reserved`: the tokens one key may have reserved ahead (delay mode and
     /// [`Limiter::reserve`](crate::Limiter::reserve)); GCRA only.

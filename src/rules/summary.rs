@@ -135,8 +135,10 @@ fn stream(f: &mut fmt::Formatter<'_>, rule: &LimitRule, per: &str) -> fmt::Resul
         Some("end") => writeln!(f, "  over limit: end the stream")?,
         _ => writeln!(
             f,
-            "  over limit: wait up to {}",
-            rule.max_wait.as_deref().unwrap_or("30s")
+            "  over limit: wait up to {} ({} waiters)",
+            rule.max_wait.as_deref().unwrap_or("30s"),
+            rule.max_waiters
+                .unwrap_or(crate::model::stream::DEFAULT_MAX_WAITERS)
         )?,
     }
     if let Some(lease) = &rule.lease {

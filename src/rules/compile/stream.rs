@@ -222,12 +222,24 @@ pub(super) fn settings(
         })?),
     };
     limit = limit.over_limit(match rule.over_limit.as_deref() {
-        None | Some("wait") => max_wait.map_or_else(OverLimit::default, OverLimit::wait),
+        None | Some("wait") => {
+            let over = max_wait.map_or_else(OverLimit::default, OverLimit::wait);
+            match rule.max_waiters {
+                Some(n) => over.max_waiters(n),
+                None => over,
+            }
+        }
         Some("end") => {
             if max_wait.is_some() {
                 return Err(ConfigError::new(
                     "max_wait",
                     "only a limit with `over_limit = \"wait\"` waits",
+                ));
+            }
+            if rule.max_waiters.is_some() {
+                return Err(ConfigError::new(
+                    "max_waiters",
+                    "only a limit with `over_limit = \"wait\"` has waiters",
                 ));
             }
             OverLimit::End
