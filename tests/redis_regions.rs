@@ -16,8 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate::key::Key;
 use tollgate::store::RedisStore;
-use tollgate::store::regions::{Escrow, MoverSettings, TransferId, share};
-use tollgate::{LimitSpec, Limiter, Quota};
+use tollgate::store::regions::{Escrow, MoverSettings, TransferId, bound, share};
+use tollgate::{LimitSpec, Limiter, Quota, Status};
 
 async fn store(url: &str) -> RedisStore {
     RedisStore::open(url)
@@ -265,5 +265,210 @@ async fn the_quota_moves_to_the_region_spending_it_and_a_black_hole_delays_a_tra
             .remaining()
             .unwrap()
             <= part
+    );
+}
+
+/// One decision of a paced instance: when its answer came, granted or not, and whether
+/// its region's Redis decided it (`Checked`) or its failure policy did (`Fallback`).
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    at: Instant,
+    granted: bool,
+    from_redis: bool,
+    fallback: bool,
+}
+
+/// An instance checking `rate` times a second until `stop`; its calls, shared as they
+/// come (for the conditions a test waits on).
+fn pace(
+    limiter: Limiter,
+    rate: u32,
+    stop: Arc<AtomicBool>,
+) -> (
+    Arc<std::sync::Mutex<Vec<Call>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = Arc::clone(&calls);
+    let task = tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(1) / rate);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        while !stop.load(Ordering::SeqCst) {
+            every.tick().await;
+            let d = limiter.check("api", "k", 1).await.unwrap();
+            let call = Call {
+                at: Instant::now(),
+                granted: d.allowed(),
+                from_redis: matches!(d.status(), Status::Checked(_)),
+                fallback: matches!(d.status(), Status::Fallback(_)),
+            };
+            out.lock().unwrap().push(call);
+        }
+    });
+    (calls, task)
+}
+
+fn count(calls: &std::sync::Mutex<Vec<Call>>, f: impl Fn(&Call) -> bool) -> usize {
+    calls.lock().unwrap().iter().filter(|c| f(c)).count()
+}
+
+/// `⌈rate · window⌉ + burst` of `quota`: what one bucket of it grants over `window`.
+fn one_bucket(quota: Quota, window: Duration) -> u64 {
+    bound(quota, 1, 0, window) - 1
+}
+
+/// A region's Redis killed with SIGKILL under load, then restarted empty: the other region
+/// keeps deciding from its own Redis alone, within its own part (plus the one transfer
+/// that may have been on the link); the killed region's instance follows its failure
+/// policy (`Share`: its part, from this instance's traffic); the whole run stays within
+/// the regions' bound plus that region's outage term (`burst + rate · o` of its part);
+/// once restarted, the region decides from Redis again and its mover leads and moves
+/// tokens again. Every phase ends on a condition, none on a sleep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regions_redis_killed_and_restarted_empty() {
+    let (eu, mut us) = (RedisServer::start(), RedisServer::start());
+    let link = Duration::from_millis(30);
+    let us_from_eu = proxy(us.port(), link).await;
+    let eu_from_us = proxy(eu.port(), link).await;
+    let quota = Quota::per_second(100);
+    let at_eu = RedisStore::regions(
+        [
+            ("eu", RedisStore::open(&eu.url()).unwrap()),
+            (
+                "us",
+                store(&format!("redis://127.0.0.1:{}", us_from_eu.port)).await,
+            ),
+        ],
+        "eu",
+    )
+    .unwrap();
+    let at_us = RedisStore::regions(
+        [
+            (
+                "eu",
+                store(&format!("redis://127.0.0.1:{}", eu_from_us.port)).await,
+            ),
+            ("us", RedisStore::open(&us.url()).unwrap()),
+        ],
+        "us",
+    )
+    .unwrap();
+    let settings = MoverSettings::new()
+        .interval(Duration::from_millis(100))
+        .link_delay(link);
+    let m = settings.max_move(quota);
+    let eu_mover = at_eu.mover([("api", quota)], settings.clone(), "eu-1", 1);
+    let us_mover = at_us.mover([("api", quota)], settings, "us-1", 2);
+    let (eu_stats, us_stats) = (eu_mover.stats(), us_mover.stats());
+    let movers = [tokio::spawn(eu_mover.run()), tokio::spawn(us_mover.run())];
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let limiter = |regions: &tollgate::store::RedisRegions| {
+        Limiter::builder(regions.store())
+            .limit(LimitSpec::new("api", quota))
+            .build()
+            .unwrap()
+    };
+    let start = Instant::now();
+    // eu asks 150 a second (its part is 50), us 20: us's mover moves its unspent tokens.
+    let (eu_calls, eu_task) = pace(limiter(&at_eu), 150, Arc::clone(&stop));
+    let (us_calls, us_task) = pace(limiter(&at_us), 20, Arc::clone(&stop));
+    let wait = Duration::from_secs(30);
+    assert!(
+        until(wait, || us_stats.report().moved > 0
+            && count(&us_calls, |c| c.from_redis) >= 20)
+        .await,
+        "{:?}",
+        us_stats.report()
+    );
+
+    // kill -9 us's Redis.
+    let pid = us.pid().unwrap();
+    let killed = Instant::now();
+    us.kill();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the server process is gone"
+    );
+    let before = count(&us_calls, |_| true);
+    // us's instance follows its failure policy (20 decisions of it: about a second), us's
+    // mover no longer leads (its lead is in the dead Redis), eu's finds us out of reach.
+    assert!(
+        until(wait, || count(&us_calls, |c| c.fallback) >= 20
+            && !us_stats.report().leading
+            && eu_stats.report().unreachable > 0)
+        .await,
+        "us {:?}, eu {:?}",
+        us_stats.report(),
+        eu_stats.report()
+    );
+    // Restarted empty, on the same port.
+    us.restart();
+    let restarted = Instant::now();
+    let (us_moved, us_transfers) = (us_stats.report().moved, us_stats.report().transfers);
+    // Recovered: us decides from its Redis again, its mover leads and lands a transfer,
+    // eu's mover reaches us again.
+    let checked = count(&us_calls, |c| c.from_redis);
+    assert!(
+        until(wait, || count(&us_calls, |c| c.from_redis) >= checked + 20
+            && us_stats.report().transfers > us_transfers
+            && us_stats.report().leading
+            && eu_stats.report().unreachable == 0)
+        .await,
+        "us {:?}, eu {:?}",
+        us_stats.report(),
+        eu_stats.report()
+    );
+    stop.store(true, Ordering::SeqCst);
+    eu_task.await.unwrap();
+    us_task.await.unwrap();
+    let end = Instant::now();
+    for m in movers {
+        m.abort();
+    }
+    let (eu_calls, us_calls) = (
+        eu_calls.lock().unwrap().clone(),
+        us_calls.lock().unwrap().clone(),
+    );
+    assert!(us_stats.report().moved > us_moved);
+
+    // eu never asked anything of us's Redis for a decision.
+    assert!(eu_calls.iter().all(|c| c.from_redis), "eu decided alone");
+    let granted = |calls: &[Call], from: Instant, to: Instant| {
+        calls
+            .iter()
+            .filter(|c| c.granted && c.at >= from && c.at <= to)
+            .count() as u64
+    };
+    let (eu_part, us_part) = (share(quota, 0, 2), share(quota, 1, 2));
+    // The outage: from the kill to the restart, as its decisions' answers saw it (a
+    // decision answered after the restart may have been made before it: the window
+    // reaches a second past it, the local stores' timeout being at most a second).
+    let outage = restarted + Duration::from_secs(1) - killed;
+    let eu_out = granted(&eu_calls, killed, restarted);
+    assert!(eu_out > 0, "eu kept granting");
+    assert!(
+        eu_out <= one_bucket(eu_part, outage) + m + 1,
+        "eu, {eu_out} in the outage of {outage:?}"
+    );
+    // us's failure policy: what it answered without Redis is its share of its part.
+    let us_fallback: Vec<Call> = us_calls.iter().copied().filter(|c| c.fallback).collect();
+    assert!(us_fallback.len() >= 20);
+    assert!(us_calls[..before].iter().all(|c| !c.fallback));
+    let us_out = us_fallback.iter().filter(|c| c.granted).count() as u64;
+    assert!(
+        us_out <= one_bucket(us_part, outage),
+        "us, {us_out} in the outage of {outage:?}"
+    );
+    // The whole run: the regions' bound and us's outage term.
+    let run = end - start;
+    let total = granted(&eu_calls, start, end) + granted(&us_calls, start, end);
+    let most = bound(quota, 2, m, run) + one_bucket(us_part, outage);
+    assert!(total <= most, "{total} granted over {run:?}, bound {most}");
+    eprintln!(
+        "run {run:?}: {total} granted (bound {most}); outage {outage:?}: eu {eu_out}, us {us_out} \
+         ({} decisions by the failure policy); us moved {} tokens",
+        us_fallback.len(),
+        us_stats.report().moved
     );
 }
