@@ -472,3 +472,55 @@ async fn a_regions_redis_killed_and_restarted_empty() {
         us_stats.report().moved
     );
 }
+
+/// A link whose round trip is longer than the movers' interval (80 ms each way, a move
+/// every 100 ms): a look at the other region's demand is two round trips (a `SCAN`, then
+/// the script), 320 ms, and still answers in time; the quota moves and the other region
+/// does not read as out of reach.
+#[tokio::test]
+async fn a_link_slower_than_the_interval_still_moves_the_quota() {
+    let (eu, us) = (RedisServer::start(), RedisServer::start());
+    let link = Duration::from_millis(80);
+    let eu_from_us = proxy(eu.port(), link).await;
+    let quota = Quota::per_second(100);
+    let at_eu = RedisStore::regions(
+        [
+            ("eu", store(&eu.url()).await),
+            ("us", store(&us.url()).await),
+        ],
+        "eu",
+    )
+    .unwrap();
+    let at_us = RedisStore::regions(
+        [
+            (
+                "eu",
+                store(&format!("redis://127.0.0.1:{}", eu_from_us.port)).await,
+            ),
+            ("us", store(&us.url()).await),
+        ],
+        "us",
+    )
+    .unwrap();
+    let settings = MoverSettings::new()
+        .interval(Duration::from_millis(100))
+        .link_delay(link);
+    let mover = at_us.mover([("api", quota)], settings, "us-1", 1);
+    let stats = mover.stats();
+    let task = tokio::spawn(mover.run());
+    let eu_limiter = Limiter::builder(at_eu.store())
+        .limit(LimitSpec::new("api", quota))
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (_, spend) = pace(eu_limiter, 200, Arc::clone(&stop));
+    assert!(
+        until(Duration::from_secs(20), || stats.report().moved >= 20).await,
+        "{:?}",
+        stats.report()
+    );
+    assert_eq!(stats.report().unreachable, 0, "{:?}", stats.report());
+    stop.store(true, Ordering::SeqCst);
+    spend.await.unwrap();
+    task.abort();
+}

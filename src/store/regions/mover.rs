@@ -50,7 +50,8 @@ impl MoverSettings {
 
     /// The link's delay each way between two regions (default 50 ms): a transfer moves
     /// up to `⌈r · (interval + 2 × delay)⌉` tokens, and a call over the link is given up
-    /// after `interval + 2 × delay`.
+    /// after `interval + 4 × delay`: two round trips (a look at a Redis region's demand is
+    /// a `SCAN` and a script) and an interval.
     pub fn link_delay(mut self, one_way: Duration) -> Self {
         self.link_delay = one_way;
         self
@@ -86,8 +87,12 @@ impl MoverSettings {
         (quota.burst_size() as f64 * self.floor).ceil() as u64
     }
 
+    /// How long a call over the link may take: an interval and two round trips (a Redis
+    /// region's demand is a `SCAN`, then a script). With one round trip only, a link whose
+    /// round trip is longer than an interval (80 ms each way, every 100 ms) failed every
+    /// look at a Redis region's demand: nothing moved, and the region read as unreachable.
     fn remote_timeout(&self) -> Duration {
-        self.interval + self.link_delay * 2
+        self.interval + self.link_delay * 4
     }
 }
 
@@ -451,5 +456,20 @@ impl Mover {
         });
         self.finish().await;
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_over_the_link_has_an_interval_and_two_round_trips() {
+        let s = MoverSettings::new()
+            .interval(Duration::from_millis(100))
+            .link_delay(Duration::from_millis(80));
+        assert_eq!(s.remote_timeout(), Duration::from_millis(420));
+        assert_eq!(s.every(), Duration::from_millis(100));
+        assert_eq!(s.delay(), Duration::from_millis(80));
     }
 }
