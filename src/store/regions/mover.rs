@@ -464,12 +464,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_call_over_the_link_has_an_interval_and_two_round_trips() {
+    fn the_settings_read_back_and_size_the_moves() {
         let s = MoverSettings::new()
-            .interval(Duration::from_millis(100))
-            .link_delay(Duration::from_millis(80));
-        assert_eq!(s.remote_timeout(), Duration::from_millis(420));
-        assert_eq!(s.every(), Duration::from_millis(100));
+            .interval(Duration::from_millis(250))
+            .link_delay(Duration::from_millis(80))
+            .floor(0.5);
+        assert_eq!(s.every(), Duration::from_millis(250));
         assert_eq!(s.delay(), Duration::from_millis(80));
+        // A call over the link: an interval and two round trips.
+        assert_eq!(s.remote_timeout(), Duration::from_millis(570));
+        // ⌈100 · (0.25 + 0.16)⌉
+        assert_eq!(s.max_move(Quota::per_second(100)), 41);
+        assert_eq!(s.floor_of(Quota::per_second(10).burst(7)), 4);
+        assert_eq!(MoverSettings::new().floor(f64::NAN).floor, 0.0);
+        assert_eq!(MoverSettings::new().floor(3.0).floor, 1.0);
+        assert_eq!(
+            MoverSettings::new().interval(Duration::ZERO).every(),
+            Duration::from_millis(1)
+        );
+    }
+
+    #[test]
+    fn a_report_copies_the_stats() {
+        let stats = MoverStats::default();
+        assert!(!stats.report().leading);
+        stats.leading.store(1, Ordering::Relaxed);
+        stats.moved.store(5, Ordering::Relaxed);
+        stats.lag_ns.store(2_000_000, Ordering::Relaxed);
+        let r = stats.report();
+        assert!(r.leading);
+        assert_eq!((r.moved, r.lag), (5, Duration::from_millis(2)));
+    }
+
+    #[test]
+    fn a_regions_need_is_its_refusals_and_what_it_spent_beyond_what_it_holds() {
+        let key = Key::from_part("k");
+        assert_eq!(need(&Demand::new(key.clone(), 10, 3, 4)), 9);
+        assert_eq!(need(&Demand::new(key.clone(), 2, 0, 4)), 0);
+        assert_eq!(need(&Demand::new(key, 0, 2, 0)), 2);
     }
 }
