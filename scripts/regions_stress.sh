@@ -22,8 +22,8 @@
 #   kill       25 s, 75 % / 25 % at 2x (us at its part); us's Redis killed with kill -9
 #              at 8 s, restarted empty at 13 s. Target: the run's grants <= the regions'
 #              bound + us's outage term (its part's burst + rate x 5 s).
-#   under      20 s, 400/s in each region (0.8x), then one region alone at 400/s (a plain
-#              Redis store, no regions) for the latency. Targets: 0 refused; p99 latency
+#   under      20 s, 400/s in each region (0.8x), then one region alone at 400/s (the same
+#              process with a single region: its own Redis, no link) for the latency. Targets: 0 refused; p99 latency
 #              like one region alone.
 #
 # Every 100 ms slot of each region is counted (granted, refused, by the failure policy);
@@ -177,7 +177,7 @@ if name == "kill":
     print("us by its failure policy per second:", " ".join(str(sum(b[2] for b in us[i:i + 10])) for i in range(0, len(us) - 1, 10)))
 if alone:
     a, a_lat, _ = read(alone)
-    print(f"one region alone (plain RedisStore... the same process, one region): p50/p99/max {a_lat[0]}/{a_lat[1]}/{a_lat[2]} us, refused {sum(x[1] for x in a)}")
+    print(f"one region alone (the same process with one region: its own Redis, no link): p50/p99/max {a_lat[0]}/{a_lat[1]}/{a_lat[2]} us, refused {sum(x[1] for x in a)}")
 PY
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   pids=()
