@@ -51,6 +51,8 @@ pub struct LimitSpec {
     pub(crate) ban: Option<crate::model::ban::Ban>,
     /// What a token pays for inside long-lived requests (`model/stream.rs`).
     pub(crate) stream: Streaming,
+    /// Stripes of a hot key in the memory store (1: one bucket).
+    pub(crate) stripes: u8,
 }
 
 impl LimitSpec {
@@ -70,6 +72,7 @@ impl LimitSpec {
             max_debt: None,
             ban: None,
             stream: Streaming::default(),
+            stripes: 1,
         }
     }
 
@@ -117,6 +120,20 @@ impl LimitSpec {
     /// [`Limit::max_reserved`](crate::Limit::max_reserved).
     pub fn max_reserved(mut self, tokens: u32) -> Self {
         self.max_reserved = Some(tokens);
+        self
+    }
+
+    /// Splits each key of this limit into `n` stripes in the memory store, so that one hot
+    /// key (a global limit, a big tenant) scales with cores: see
+    /// [`Limit::striped`](crate::Limit::striped). Other stores ignore it.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0 or above 64.
+    #[track_caller]
+    pub fn striped(mut self, n: u8) -> Self {
+        assert!((1..=64).contains(&n), "stripes must be 1 to 64");
+        self.stripes = n;
         self
     }
 

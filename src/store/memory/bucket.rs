@@ -10,18 +10,47 @@ impl<C: Clock> MemoryStore<C> {
         if item.algorithm.is_window() {
             return self.window_check_one(item, now);
         }
-        let table = &*item.table.table;
-        let params = params(item);
-        let cost = u64::from(item.cost);
-        let slot = self.slot(item);
-        let max_wait = max_wait_ns(item);
+        let n = stripes::count(item);
+        let decided = if n == 1 {
+            let table = &*item.table.table;
+            let slot = self.slot(item);
+            let params = Params::new(item.quota.t_ns(), item.quota.burst_size());
+            self.decide_at(
+                table,
+                slot,
+                params,
+                now,
+                u64::from(item.cost),
+                max_wait_ns(item),
+            )
+        } else {
+            self.check_striped(item, n, now)
+        };
+        Status::Checked(Outcome::new(
+            decided.verdict,
+            decided.reset_after(now),
+            report_params(item),
+            1,
+        ))
+    }
+
+    /// One GCRA check of the bucket at `slot`, by CAS; an absent key starts from
+    /// `initial_tat` and is inserted only if the request consumes.
+    #[inline]
+    pub(super) fn decide_at(
+        &self,
+        table: &Table,
+        slot: Slot,
+        params: Params,
+        now: u64,
+        cost: u64,
+        max_wait: u64,
+    ) -> gcra::Decided {
         let decide = |cur| gcra::decide_within(params, cur, now, cost, max_wait);
         let run = |tat: &AtomicU64| update(tat, decide).0;
-        let decided = match self.with_existing(table, slot, run) {
+        match self.with_existing(table, slot, run) {
             Some(d) => d,
             None => {
-                // An absent key starts from `initial_tat`: insert only if the request
-                // consumes.
                 let d = decide(table.initial_tat());
                 if d.new_tat.is_some() {
                     self.with_entry(table, slot, run)
@@ -29,13 +58,7 @@ impl<C: Clock> MemoryStore<C> {
                     d
                 }
             }
-        };
-        Status::Checked(Outcome::new(
-            decided.verdict,
-            decided.reset_after(now),
-            params,
-            1,
-        ))
+        }
     }
 
     /// Applies an operation other than a check to one bucket, in one
@@ -44,10 +67,24 @@ impl<C: Clock> MemoryStore<C> {
         if item.algorithm.is_window() {
             return self.window_update_one(op, item, now);
         }
+        let n = stripes::count(item);
+        if n > 1 && matches!(op, Op::Block(_) | Op::Restore(_) | Op::Reset) {
+            // The whole key: every stripe; reported as the last one stands.
+            let key = self.plain_key(item);
+            let mut status = None;
+            for i in 0..n {
+                status = Some(self.update_at(op, item, self.stripe_slot(key, i), now));
+            }
+            return status.expect("at least one stripe");
+        }
+        self.update_at(op, item, self.slot(item), now)
+    }
+
+    /// [`update_one`](Self::update_one) on the bucket at `slot`.
+    fn update_at(&self, op: Op, item: &Item<'_, MemoryTable>, slot: Slot, now: u64) -> Status {
         let table = &*item.table.table;
         let params = params(item);
         let cost_time = u64::from(item.cost).saturating_mul(params.t());
-        let slot = self.slot(item);
         let set = |tat: &AtomicU64, f: &dyn Fn(u64) -> u64| -> u64 {
             let mut cur = tat.load(Ordering::Acquire);
             loop {
@@ -95,7 +132,12 @@ impl<C: Clock> MemoryStore<C> {
             Op::Check => unreachable!("checks take the check path"),
         };
         let o = gcra::peek(params, after, now);
-        Status::Checked(Outcome::new(o.verdict, o.reset_after, params, 1))
+        Status::Checked(Outcome::new(
+            o.verdict,
+            o.reset_after,
+            report_params(item),
+            1,
+        ))
     }
 
     /// The key's TAT as it stands (an absent key's is the one it would start from).
@@ -115,7 +157,7 @@ impl<C: Clock> MemoryStore<C> {
         prev: u64,
         now: u64,
     ) {
-        let cost_time = u64::from(item.cost).saturating_mul(item.quota.t_ns());
+        let cost_time = u64::from(item.cost).saturating_mul(params(item).t());
         let table = &*item.table.table;
         let give_back = |tat: &AtomicU64| {
             let mut cur = tat.load(Ordering::Acquire);
@@ -138,7 +180,19 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
+/// The bucket a GCRA item's slot holds: the limit's, or one stripe's (`stripes.rs`).
+#[inline]
 pub(super) fn params(item: &Item<'_, MemoryTable>) -> Params {
+    match stripes::count(item) {
+        1 => report_params(item),
+        n => stripes::stripe_params(item, n),
+    }
+}
+
+/// The limit's bucket, which outcomes report (a stripe's state scaled to the key: a
+/// stripe `n` times slower holding `1/n` of the tokens is full again at the same time).
+#[inline]
+pub(super) fn report_params(item: &Item<'_, MemoryTable>) -> Params {
     Params::new(item.quota.t_ns(), item.quota.burst_size())
 }
 
