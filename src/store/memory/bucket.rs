@@ -10,21 +10,53 @@ impl<C: Clock> MemoryStore<C> {
         if item.algorithm.is_window() {
             return self.window_check_one(item, now);
         }
-        let n = stripes::count(item);
-        let decided = if n == 1 {
-            let table = &*item.table.table;
-            let slot = self.slot(item);
-            let params = Params::new(item.quota.t_ns(), item.quota.burst_size());
-            self.decide_at(
-                table,
-                slot,
-                params,
-                now,
-                u64::from(item.cost),
-                max_wait_ns(item),
-            )
-        } else {
-            self.check_striped(item, n, now)
+        if item.stripes > 1 {
+            return self.check_one_striped(item, now);
+        }
+        let table = &*item.table.table;
+        let params = report_params(item);
+        let cost = u64::from(item.cost);
+        let key = self.plain_key(item);
+        let slot = Slot {
+            hash: self.inner.hasher.hash_one(key),
+            key,
+        };
+        let max_wait = max_wait_ns(item);
+        let decide = |cur| gcra::decide_within(params, cur, now, cost, max_wait);
+        let run = |tat: &AtomicU64| update(tat, decide).0;
+        let decided = match self.with_existing(table, slot, run) {
+            Some(d) => d,
+            None => {
+                // An absent key starts from `initial_tat`: insert only if the request
+                // consumes.
+                let d = decide(table.initial_tat());
+                if d.new_tat.is_some() {
+                    self.with_entry(table, slot, run)
+                } else {
+                    d
+                }
+            }
+        };
+        Status::Checked(Outcome::new(
+            decided.verdict,
+            decided.reset_after(now),
+            params,
+            1,
+        ))
+    }
+
+    /// [`check_one`](Self::check_one) of an item that asks for stripes (kept out of the
+    /// common path).
+    #[inline(never)]
+    fn check_one_striped(&self, item: &Item<'_, MemoryTable>, now: u64) -> Status {
+        let decided = match stripes::count(item) {
+            1 => {
+                let table = &*item.table.table;
+                let cost = u64::from(item.cost);
+                let slot = self.slot(item);
+                self.decide_at(table, slot, params(item), now, cost, max_wait_ns(item))
+            }
+            n => self.check_striped(item, n, now),
         };
         Status::Checked(Outcome::new(
             decided.verdict,
@@ -183,10 +215,13 @@ impl<C: Clock> MemoryStore<C> {
 /// The bucket a GCRA item's slot holds: the limit's, or one stripe's (`stripes.rs`).
 #[inline]
 pub(super) fn params(item: &Item<'_, MemoryTable>) -> Params {
-    match stripes::count(item) {
-        1 => report_params(item),
-        n => stripes::stripe_params(item, n),
+    if item.stripes > 1 {
+        let n = stripes::count(item);
+        if n > 1 {
+            return stripes::stripe_params(item, n);
+        }
     }
+    report_params(item)
 }
 
 /// The limit's bucket, which outcomes report (a stripe's state scaled to the key: a

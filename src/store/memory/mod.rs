@@ -247,12 +247,15 @@ impl<C: Clock> MemoryStore<C> {
     #[inline]
     fn slot(&self, item: &Item<'_, MemoryTable>) -> Slot {
         let key = self.plain_key(item);
-        match stripes::count(item) {
-            1 => Slot {
-                hash: self.inner.hasher.hash_one(key),
-                key,
-            },
-            n => self.own_stripe(key, n),
+        if item.stripes > 1 {
+            let n = stripes::count(item);
+            if n > 1 {
+                return self.own_stripe(key, n);
+            }
+        }
+        Slot {
+            hash: self.inner.hasher.hash_one(key),
+            key,
         }
     }
 
