@@ -354,6 +354,30 @@ mod tests {
         assert!((three - (-3f64).exp()).abs() < 0.01, "{three}");
     }
 
+    /// A key quiet for more than four horizons is forgotten: the value given for an
+    /// unknown key, not a faded fraction (within the four, a faded one).
+    #[test]
+    fn a_key_quiet_for_four_horizons_is_unknown_again() {
+        let traffic = Traffic::default();
+        let quota = Quota::per_second(10);
+        let key = Key::from_part("k");
+        let mut at = 0;
+        for _ in 0..20 {
+            at += T;
+            traffic.observe(1, &key, quota, Algorithm::Gcra, at, at, 1, &answer(T));
+        }
+        // The horizon is 1 s (eight intervals of 0.1 s, at least 1 s).
+        let mut r = {
+            let shard = traffic.shard(&(1, key.clone()));
+            let r = shard.get(&(1, key.clone())).unwrap();
+            Record { frozen: None, ..*r }
+        };
+        let faded = fraction_of(&mut r, quota, at + 3_900_000_000).unwrap().f;
+        assert!(faded > 0.0 && faded < 0.1, "{faded}");
+        let after = traffic.fraction_or(1, &key, quota, at + 4_100_000_000, 0.3);
+        assert_eq!(after.f, 0.3);
+    }
+
     /// An unknown key gets the value given, frozen like a known key's until an answer.
     #[test]
     fn an_unknown_key_gets_the_unknown_share_frozen_until_an_answer() {
