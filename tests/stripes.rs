@@ -289,3 +289,28 @@ fn stripes_beyond_the_burst_are_lowered_to_it() {
         .count();
     assert_eq!(granted, 3);
 }
+
+/// Stripes outside 1 to 64 are a configuration error naming the limit and the field when
+/// the limiter is built, not a panic.
+#[test]
+fn stripes_outside_one_to_sixty_four_are_a_config_error() {
+    for n in [0u8, 65, 255] {
+        let err = Limiter::builder(MemoryStore::new())
+            .limit(LimitSpec::new("global", Quota::per_second(8)).striped(n))
+            .build()
+            .err()
+            .unwrap_or_else(|| panic!("{n} stripes built"));
+        let text = err.to_string();
+        assert!(text.contains("striped"), "{text}");
+        assert!(text.contains("global"), "{text}");
+        assert!(text.contains(&format!("not {n}")), "{text}");
+    }
+    for n in [1u8, 64] {
+        assert!(
+            Limiter::builder(MemoryStore::new())
+                .limit(LimitSpec::new("global", Quota::per_second(8)).striped(n))
+                .build()
+                .is_ok()
+        );
+    }
+}

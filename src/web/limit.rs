@@ -221,10 +221,8 @@ impl Limit {
     /// # let _ = everyone;
     /// ```
     ///
-    /// # Panics
-    ///
-    /// If `n` is 0 or above 64.
-    #[track_caller]
+    /// `n` outside 1 to 64 is a [`ConfigError`](crate::ConfigError) when the layer or
+    /// limiter is built (field `striped`).
     pub fn striped(mut self, n: u8) -> Self {
         self.spec = self.spec.striped(n);
         self
