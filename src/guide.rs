@@ -27,6 +27,7 @@
 //! - [Settled costs](settle): token budgets, the actual cost settled when the body ends.
 //! - [Bans](bans): keys refused too often, banned with escalating lengths.
 //! - [In-flight requests per key](in_flight): concurrency, released when the body ends.
+//! - [Hot keys](hot_keys): one key checked by many cores, split into stripes.
 //! - [Limits inside long-lived requests](streams): messages and bytes per second per key,
 //!   charged as they pass (pacers, paced bodies, WebSockets), waiting or ending over the
 //!   limit.
@@ -99,6 +100,7 @@ chapter!(waiting);
 chapter!(settle);
 chapter!(bans);
 chapter!(in_flight);
+chapter!(hot_keys);
 chapter!(streams if feature = "axum");
 chapter!(rules if all(feature = "rules", feature = "axum"));
 chapter!(simulate if feature = "rules");

@@ -149,6 +149,18 @@ pub struct Decided {
     after: u64,
 }
 
+impl Decided {
+    /// A decision made by other means than one bucket's check (a striped key's, which
+    /// gathers its cost from several buckets): `after` is the TAT it reports.
+    pub(crate) const fn made(verdict: Admission, new_tat: Option<u64>, after: u64) -> Self {
+        Self {
+            verdict,
+            new_tat,
+            after,
+        }
+    }
+}
+
 /// See [`Decided`].
 #[inline]
 pub fn decide(params: Params, tat: u64, now: u64, cost: u64) -> Decided {

@@ -178,6 +178,7 @@ impl<St: Store> Engine<St> {
             .on_failure(bound.spec.on_failure)
             .algorithm(bound.spec.algorithm)
             .lease(bound.spec.lease)
+            .stripes(bound.spec.stripes)
     }
 
     /// Asks the store; a request no limit applies to (skipped keys, a route without

@@ -117,9 +117,10 @@ pub enum FailurePolicy {
     /// (`1/4` if it never reached the store). When the store answers again, what each
     /// share granted and has not refilled is charged to the shared bucket (at most the
     /// share's burst), so over a run the grants stay within the exact limiter plus one
-    /// limit over the outage, `burst + rate·o` (or `(U/N + K/4)` of it when the `U`
-    /// counted instances and `K` unreached ones the key is new to add up to more). See
-    /// the guide's chapter on Redis.
+    /// limit over the outage, `burst + rate·o` (or `F` of it when the shares' sum
+    /// `F = F_s + U/N + K/4` is more than one: `F_s`, at most 1, the fractions of the
+    /// instances that served the key and still do, `U` counted instances and `K`
+    /// unreached ones the key is new to). See the guide's chapter on Redis.
     #[default]
     Share,
     /// Check the request against a local in-memory limiter with the whole quota: each

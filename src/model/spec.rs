@@ -51,6 +51,8 @@ pub struct LimitSpec {
     pub(crate) ban: Option<crate::model::ban::Ban>,
     /// What a token pays for inside long-lived requests (`model/stream.rs`).
     pub(crate) stream: Streaming,
+    /// Stripes of a hot key in the memory store (1: one bucket).
+    pub(crate) stripes: u8,
 }
 
 impl LimitSpec {
@@ -70,6 +72,7 @@ impl LimitSpec {
             max_debt: None,
             ban: None,
             stream: Streaming::default(),
+            stripes: 1,
         }
     }
 
@@ -117,6 +120,15 @@ impl LimitSpec {
     /// [`Limit::max_reserved`](crate::Limit::max_reserved).
     pub fn max_reserved(mut self, tokens: u32) -> Self {
         self.max_reserved = Some(tokens);
+        self
+    }
+
+    /// Splits each key of this limit into `n` stripes in the memory store, so that one hot
+    /// key (a global limit, a big tenant) scales with cores: see
+    /// [`Limit::striped`](crate::Limit::striped). Other stores ignore it. `n` outside
+    /// 1 to 64 is a [`ConfigError`](crate::ConfigError) at build time.
+    pub fn striped(mut self, n: u8) -> Self {
+        self.stripes = n;
         self
     }
 
@@ -226,6 +238,13 @@ impl LimitSpec {
         self.algorithm
             .validate(&self.quota)
             .map_err(|(field, reason)| ConfigError::new(field, reason).within(at()))?;
+        if !(1..=MAX_STRIPES).contains(&self.stripes) {
+            return Err(ConfigError::new(
+                "striped",
+                format!("must be 1 to {MAX_STRIPES}, not {}", self.stripes),
+            )
+            .within(at()));
+        }
         if self.algorithm.is_in_flight() && self.lease.is_some() {
             return Err(ConfigError::new(
                 "lease",
@@ -345,6 +364,9 @@ impl fmt::Debug for LimitSpec {
 /// A name must be printable ASCII (it is an RFC 9651 string in the headers) of 1 to 64
 /// characters, without spaces at either end (a name that is only spaces, or that differs
 /// from another by a trailing space, would be unreadable in headers and logs).
+/// Stripes a key may be split into, at most ([`LimitSpec::striped`]).
+const MAX_STRIPES: u8 = 64;
+
 pub(crate) fn validate_name(name: &str) -> Result<(), ConfigError> {
     let field = || format!("limits[{name:?}].name");
     if name.is_empty() {

@@ -354,6 +354,9 @@ fn limit(
     if let Some(id) = rule.rule_id {
         limit = limit.rule_id(id);
     }
+    if let Some(n) = rule.striped {
+        limit = limit.striped(n);
+    }
     limit = stream::settings(rule, per, unit, limit)?;
     limit = if per == Per::Request {
         on_limit(rule, limit)?

@@ -165,6 +165,9 @@ pub struct LimitRule {
     /// at once, default 100; with `over_limit = "wait"` (a limit of messages or bytes),
     /// how many streams, default 10,000.
     pub max_waiters: Option<usize>,
+    /// `striped`: split each key into this many stripes in the memory store (1 to 64,
+    /// default 1), so that a hot key scales with cores ([`Limit::striped`](crate::Limit::striped)).
+    pub striped: Option<u8>,
     /// `max_reserved`: the tokens one key may have reserved ahead (delay mode and
     /// [`Limiter::reserve`](crate::Limiter::reserve)); GCRA only.
     pub max_reserved: Option<u32>,

@@ -159,6 +159,10 @@ pub struct Item<'a, T> {
     /// instance blocks the bucket, so that instance's first refusal is the ban's). Other
     /// stores ignore it.
     pub bans: bool,
+    /// Stripes for a hot key (GCRA only; 1: one bucket): see
+    /// [`LimitSpec::striped`](crate::LimitSpec::striped). The memory store splits the key
+    /// into this many buckets; other stores ignore it.
+    pub stripes: u8,
 }
 
 impl<'a, T> Item<'a, T> {
@@ -189,6 +193,7 @@ impl<'a, T> Item<'a, T> {
             max_wait: Duration::ZERO,
             lease: None,
             bans: false,
+            stripes: 1,
         }
     }
 
@@ -206,12 +211,20 @@ impl<'a, T> Item<'a, T> {
             max_wait: self.max_wait,
             lease: self.lease,
             bans: self.bans,
+            stripes: self.stripes,
         }
     }
 
     /// Sets whether the item's limit bans (see [`Item::bans`](Item#structfield.bans)).
     pub fn bans(mut self, bans: bool) -> Self {
         self.bans = bans;
+        self
+    }
+
+    /// Splits the item's key into `n` stripes in the memory store (see
+    /// [`Item::stripes`](Item#structfield.stripes)).
+    pub fn stripes(mut self, n: u8) -> Self {
+        self.stripes = n;
         self
     }
 

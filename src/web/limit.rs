@@ -196,6 +196,38 @@ impl Limit {
         self
     }
 
+    /// Splits each key of this limit into `n` stripes in the memory store (1 to 64; 1,
+    /// the default, is one bucket per key), so that a hot key (a global limit, a big
+    /// tenant, every client behind one NAT) scales with cores instead of every core
+    /// writing one bucket. Each stripe is a bucket of `burst / n` tokens refilled at
+    /// `rate / n`; a thread checks its own stripe and, when that one refuses, borrows from
+    /// the others in turn, so a request is refused only when no stripe holds its cost.
+    ///
+    /// **The bound.** Over any interval `d`, a striped key grants at most
+    /// `n·(⌊burst/n⌋ + d/(n·T)) ≤ burst + d/T` tokens, the same bound as one bucket (`T`
+    /// the time per token); so a striped key is never more generous than its limit. It may
+    /// be less: its burst is `n·⌊burst/n⌋` (at most `n − 1` tokens fewer), and a request
+    /// costing more than `⌊burst/n⌋` can never pass (choose `n ≤ burst / largest cost`);
+    /// `n` is lowered to the burst when it is larger. Headers report the stripe that
+    /// answered, scaled to the key. GCRA only (window algorithms ignore it); stores other
+    /// than the memory store ignore it. See the hot keys chapter ([`guide::hot_keys`](crate::guide::hot_keys)).
+    ///
+    /// ```
+    /// use tollgate::{key::Global, Limit, Quota};
+    ///
+    /// let everyone = Limit::new("global", Quota::per_second(100_000))
+    ///     .key(Global)
+    ///     .striped(8);
+    /// # let _ = everyone;
+    /// ```
+    ///
+    /// `n` outside 1 to 64 is a [`ConfigError`](crate::ConfigError) when the layer or
+    /// limiter is built (field `striped`).
+    pub fn striped(mut self, n: u8) -> Self {
+        self.spec = self.spec.striped(n);
+        self
+    }
+
     /// Bans the keys this limit keeps refusing (see [`Ban`](crate::Ban)): `after`
     /// refusals within `within` ban the key for `for`, longer for each repeat. A banned
     /// key's requests are refused before the store is asked, with the ban's remaining time

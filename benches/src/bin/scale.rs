@@ -13,6 +13,9 @@
 //! - `tollgate-instant`: the same store on `std::time::Instant` ([`MonotonicClock`]);
 //! - `tollgate-coarse`: the same store on the opt-in [`CoarseClock`] (a cached monotonic
 //!   time refreshed every 100 µs by a thread: one atomic load per read);
+//! - `tollgate-striped`: the `tollgate` store with every key split into 8 stripes
+//!   ([`Item::stripes`], `Limit::striped(8)`): a hot key's threads write different
+//!   buckets;
 //! - `governor`: `DefaultKeyedRateLimiter<IpAddr>::check_key` (its DashMap store and its
 //!   default TSC-based `quanta` clock);
 //! - `governor-std`: the same limiter on `std::time::Instant` (governor's
@@ -137,15 +140,17 @@ enum Impl {
     Tollgate,
     TollgateInstant,
     TollgateCoarse,
+    TollgateStriped,
     Governor,
     GovernorStd,
 }
 
 impl Impl {
-    const ALL: [Impl; 5] = [
+    const ALL: [Impl; 6] = [
         Impl::Tollgate,
         Impl::TollgateInstant,
         Impl::TollgateCoarse,
+        Impl::TollgateStriped,
         Impl::Governor,
         Impl::GovernorStd,
     ];
@@ -155,6 +160,7 @@ impl Impl {
             Impl::Tollgate => "tollgate",
             Impl::TollgateInstant => "tollgate-instant",
             Impl::TollgateCoarse => "tollgate-coarse",
+            Impl::TollgateStriped => "tollgate-striped",
             Impl::Governor => "governor",
             Impl::GovernorStd => "governor-std",
         }
@@ -173,6 +179,8 @@ struct Tollgate<C: Clock> {
     store: MemoryStore<C>,
     table: MemoryTable,
     quota: Quota,
+    /// Stripes per key (1: one bucket).
+    stripes: u8,
 }
 
 impl<C: Clock> Tollgate<C> {
@@ -182,14 +190,20 @@ impl<C: Clock> Tollgate<C> {
             store,
             table,
             quota: Quota::per_second(u64::from(rate)).burst(u64::from(burst)),
+            stripes: 1,
         }
+    }
+
+    fn striped(mut self, n: u8) -> Self {
+        self.stripes = n;
+        self
     }
 }
 
 impl<C: Clock> Limiter for Tollgate<C> {
     #[inline]
     fn check(&self, ip: IpAddr) -> bool {
-        let item = Item::new(&self.table, Key::from_part(ip), self.quota, 1);
+        let item = Item::new(&self.table, Key::from_part(ip), self.quota, 1).stripes(self.stripes);
         match self.store.check(std::slice::from_ref(&item)) {
             Checked::Ready(statuses) => statuses[0].outcome().is_some_and(|o| o.is_allowed()),
             Checked::Pending(_) => unreachable!("the memory store answers at once"),
@@ -250,7 +264,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: scale [--threads 1,2,4] [--seconds S] [--warmup S] \
-    [--cases hot_key,many_keys,many_keys_refilled] [--impls tollgate,tollgate-instant,tollgate-coarse,governor,governor-std] \
+    [--cases hot_key,many_keys,many_keys_refilled] [--impls tollgate,tollgate-instant,tollgate-coarse,tollgate-striped,governor,governor-std] \
     [--csv]";
 
 fn parse_list<T: Copy>(
@@ -448,6 +462,10 @@ fn run_cell(which: Impl, case: Case, keys: &[IpAddr], threads: usize, args: &Arg
             threads,
             args,
         ),
+        Impl::TollgateStriped => {
+            let store: MemoryStore<CpuClock> = MemoryStore::new();
+            measure(Tollgate::new(store, rate).striped(8), keys, threads, args)
+        }
         Impl::Governor => measure(
             Governor(RateLimiter::keyed(governor_quota(rate))),
             keys,
@@ -507,8 +525,8 @@ fn main() -> ExitCode {
             print!(" {name:>12}");
         }
         print!(
-            " {:>17} {:>21} {:>16}",
-            "tollgate/governor", "instant/governor-std", "coarse/governor"
+            " {:>17} {:>21} {:>16} {:>17}",
+            "tollgate/governor", "instant/governor-std", "coarse/governor", "striped/governor"
         );
         println!(" {:>14}", "tollgate keys");
     }
@@ -560,6 +578,7 @@ fn main() -> ExitCode {
                 (Impl::Tollgate, Impl::Governor, 17),
                 (Impl::TollgateInstant, Impl::GovernorStd, 21),
                 (Impl::TollgateCoarse, Impl::Governor, 16),
+                (Impl::TollgateStriped, Impl::Governor, 17),
             ];
             for (ours, theirs, width) in pairs {
                 let ratio = match (of(ours), of(theirs)) {

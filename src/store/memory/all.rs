@@ -49,7 +49,7 @@ impl<C: Clock> MemoryStore<C> {
                     })
                 });
                 let undo = d.new_tat.map(|written| Undo::Gcra { written, prev });
-                let o = Outcome::new(d.verdict, d.reset_after(now), params, 1);
+                let o = Outcome::new(d.verdict, d.reset_after(now), super::report_params(item), 1);
                 (Status::Checked(o), undo)
             };
             match undo {
@@ -85,7 +85,12 @@ impl<C: Clock> MemoryStore<C> {
         let tat = self.load(item, slot);
         let o = gcra::decide_within(params, tat, now, cost, super::max_wait_ns(item))
             .report(params, now);
-        Status::Checked(Outcome::new(o.verdict, o.reset_after, params, 1))
+        Status::Checked(Outcome::new(
+            o.verdict,
+            o.reset_after,
+            super::report_params(item),
+            1,
+        ))
     }
 
     /// The statuses of a refused request: the refusing limits as checked, the others as

@@ -10,10 +10,17 @@ impl<C: Clock> MemoryStore<C> {
         if item.algorithm.is_window() {
             return self.window_check_one(item, now);
         }
+        if item.stripes > 1 {
+            return self.check_one_striped(item, now);
+        }
         let table = &*item.table.table;
-        let params = params(item);
+        let params = report_params(item);
         let cost = u64::from(item.cost);
-        let slot = self.slot(item);
+        let key = self.plain_key(item);
+        let slot = Slot {
+            hash: self.inner.hasher.hash_one(key),
+            key,
+        };
         let max_wait = max_wait_ns(item);
         let decide = |cur| gcra::decide_within(params, cur, now, cost, max_wait);
         let run = |tat: &AtomicU64| update(tat, decide).0;
@@ -38,16 +45,78 @@ impl<C: Clock> MemoryStore<C> {
         ))
     }
 
+    /// [`check_one`](Self::check_one) of an item that asks for stripes (kept out of the
+    /// common path).
+    #[inline(never)]
+    fn check_one_striped(&self, item: &Item<'_, MemoryTable>, now: u64) -> Status {
+        let decided = match stripes::count(item) {
+            1 => {
+                let table = &*item.table.table;
+                let cost = u64::from(item.cost);
+                let slot = self.slot(item);
+                self.decide_at(table, slot, params(item), now, cost, max_wait_ns(item))
+            }
+            n => self.check_striped(item, n, now),
+        };
+        Status::Checked(Outcome::new(
+            decided.verdict,
+            decided.reset_after(now),
+            report_params(item),
+            1,
+        ))
+    }
+
+    /// One GCRA check of the bucket at `slot`, by CAS; an absent key starts from
+    /// `initial_tat` and is inserted only if the request consumes.
+    #[inline]
+    pub(super) fn decide_at(
+        &self,
+        table: &Table,
+        slot: Slot,
+        params: Params,
+        now: u64,
+        cost: u64,
+        max_wait: u64,
+    ) -> gcra::Decided {
+        let decide = |cur| gcra::decide_within(params, cur, now, cost, max_wait);
+        let run = |tat: &AtomicU64| update(tat, decide).0;
+        match self.with_existing(table, slot, run) {
+            Some(d) => d,
+            None => {
+                let d = decide(table.initial_tat());
+                if d.new_tat.is_some() {
+                    self.with_entry(table, slot, run)
+                } else {
+                    d
+                }
+            }
+        }
+    }
+
     /// Applies an operation other than a check to one bucket, in one
     /// compare-and-swap, and reports the bucket as it is afterwards.
     pub(super) fn update_one(&self, op: Op, item: &Item<'_, MemoryTable>, now: u64) -> Status {
         if item.algorithm.is_window() {
             return self.window_update_one(op, item, now);
         }
+        let n = stripes::count(item);
+        if n > 1 && matches!(op, Op::Block(_) | Op::Restore(_) | Op::Reset) {
+            // The whole key: every stripe; reported as the last one stands.
+            let key = self.plain_key(item);
+            let mut status = None;
+            for i in 0..n {
+                status = Some(self.update_at(op, item, self.stripe_slot(key, i), now));
+            }
+            return status.expect("at least one stripe");
+        }
+        self.update_at(op, item, self.slot(item), now)
+    }
+
+    /// [`update_one`](Self::update_one) on the bucket at `slot`.
+    fn update_at(&self, op: Op, item: &Item<'_, MemoryTable>, slot: Slot, now: u64) -> Status {
         let table = &*item.table.table;
         let params = params(item);
         let cost_time = u64::from(item.cost).saturating_mul(params.t());
-        let slot = self.slot(item);
         let set = |tat: &AtomicU64, f: &dyn Fn(u64) -> u64| -> u64 {
             let mut cur = tat.load(Ordering::Acquire);
             loop {
@@ -95,7 +164,12 @@ impl<C: Clock> MemoryStore<C> {
             Op::Check => unreachable!("checks take the check path"),
         };
         let o = gcra::peek(params, after, now);
-        Status::Checked(Outcome::new(o.verdict, o.reset_after, params, 1))
+        Status::Checked(Outcome::new(
+            o.verdict,
+            o.reset_after,
+            report_params(item),
+            1,
+        ))
     }
 
     /// The key's TAT as it stands (an absent key's is the one it would start from).
@@ -115,7 +189,7 @@ impl<C: Clock> MemoryStore<C> {
         prev: u64,
         now: u64,
     ) {
-        let cost_time = u64::from(item.cost).saturating_mul(item.quota.t_ns());
+        let cost_time = u64::from(item.cost).saturating_mul(params(item).t());
         let table = &*item.table.table;
         let give_back = |tat: &AtomicU64| {
             let mut cur = tat.load(Ordering::Acquire);
@@ -138,7 +212,22 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
+/// The bucket a GCRA item's slot holds: the limit's, or one stripe's (`stripes.rs`).
+#[inline]
 pub(super) fn params(item: &Item<'_, MemoryTable>) -> Params {
+    if item.stripes > 1 {
+        let n = stripes::count(item);
+        if n > 1 {
+            return stripes::stripe_params(item, n);
+        }
+    }
+    report_params(item)
+}
+
+/// The limit's bucket, which outcomes report (a stripe's state scaled to the key: a
+/// stripe `n` times slower holding `1/n` of the tokens is full again at the same time).
+#[inline]
+pub(super) fn report_params(item: &Item<'_, MemoryTable>) -> Params {
     Params::new(item.quota.t_ns(), item.quota.burst_size())
 }
 

@@ -23,11 +23,12 @@ mod bucket;
 mod calendar;
 mod inflight;
 mod markers;
+mod stripes;
 mod sweep;
 mod table;
 mod windows;
 
-use bucket::{max_wait_ns, params, update};
+use bucket::{max_wait_ns, params, report_params, update};
 pub use table::MemoryTable;
 use table::{Entry, Slot, Table, Tables, random_u64};
 
@@ -241,14 +242,28 @@ impl<C: Clock> MemoryStore<C> {
         self
     }
 
+    /// Where the item's bucket is: its key's entry, or (a striped key) this thread's
+    /// stripe's.
     #[inline]
     fn slot(&self, item: &Item<'_, MemoryTable>) -> Slot {
-        let k = item.key.compact(&self.inner.secret);
-        let key = [(k >> 64) as u64, k as u64];
+        let key = self.plain_key(item);
+        if item.stripes > 1 {
+            let n = stripes::count(item);
+            if n > 1 {
+                return self.own_stripe(key, n);
+            }
+        }
         Slot {
             hash: self.inner.hasher.hash_one(key),
             key,
         }
+    }
+
+    /// The item's key compacted to 16 bytes.
+    #[inline]
+    fn plain_key(&self, item: &Item<'_, MemoryTable>) -> [u64; 2] {
+        let k = item.key.compact(&self.inner.secret);
+        [(k >> 64) as u64, k as u64]
     }
 
     /// Runs `f` on the TAT of an existing entry, under the shard's read lock.
