@@ -192,3 +192,23 @@ fn give(tat: &AtomicU64, x: u64) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::thread_index;
+
+    /// A thread keeps its stripe index, and threads get theirs in turn: different ones,
+    /// so that threads checking one hot key write different stripes.
+    #[test]
+    fn each_thread_keeps_its_stripe_and_threads_get_different_ones() {
+        let mine = thread_index();
+        assert_eq!(thread_index(), mine);
+        let mut all: Vec<u64> = (0..4)
+            .map(|_| std::thread::spawn(thread_index).join().unwrap())
+            .collect();
+        all.push(mine);
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 5, "{all:?}");
+    }
+}
