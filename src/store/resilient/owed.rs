@@ -71,3 +71,100 @@ impl Owed {
         debts.drain().map(|(_, d)| d).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::algo::algorithm::Algorithm;
+    use crate::base::clock::SharedClock;
+    use crate::store::resilient::lease::{Remote, RemoteCall};
+    use crate::store::{MemoryStore, Op, Store};
+
+    /// A backend whose calls never answer: the debts are only noted and taken here.
+    struct Never;
+
+    impl Remote for Never {
+        fn call(&self, _: Op, _: &Key, _: Quota, _: Algorithm, _: u32, _: Duration) -> RemoteCall {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    fn remote() -> Arc<LeaseTable> {
+        Arc::new(LeaseTable::new(
+            Box::new(Never),
+            Arc::default(),
+            Arc::default(),
+            SharedClock::default(),
+            Duration::from_millis(50),
+        ))
+    }
+
+    fn debt(remote: &Arc<LeaseTable>, key: &str, share: Quota, granted: u64) -> Debt {
+        Debt {
+            remote: remote.clone(),
+            key: Key::from_part(key),
+            quota: Quota::per_second(100),
+            local: MemoryStore::new().table("api"),
+            share,
+            granted,
+        }
+    }
+
+    /// A key granted on its share twice is one debt: the grants add up, and the share is
+    /// the one granted from last (the next charge is of what that share lacks).
+    #[test]
+    fn a_key_owed_twice_is_one_debt_with_both_grants_and_the_last_share() {
+        let owed = Owed::default();
+        let remote = remote();
+        assert!(owed.add(debt(&remote, "k", Quota::per_second(10), 3)));
+        assert!(owed.add(debt(&remote, "k", Quota::per_second(20), 4)));
+        let debts = owed.take();
+        assert_eq!(debts.len(), 1);
+        assert_eq!(debts[0].granted, 7);
+        assert_eq!(debts[0].share, Quota::per_second(20));
+    }
+
+    /// Taking empties the list: a second take finds nothing, and a key noted after it is
+    /// taken again. Nothing noted: nothing taken.
+    #[test]
+    fn take_empties_the_list_and_finds_what_is_noted_after() {
+        let owed = Owed::default();
+        assert!(owed.take().is_empty());
+        let remote = remote();
+        assert!(owed.add(debt(&remote, "a", Quota::per_second(10), 1)));
+        assert!(owed.add(debt(&remote, "b", Quota::per_second(10), 2)));
+        let mut keys: Vec<u64> = owed.take().iter().map(|d| d.granted).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, [1, 2]);
+        assert!(owed.take().is_empty());
+        assert!(owed.add(debt(&remote, "a", Quota::per_second(10), 5)));
+        let again = owed.take();
+        assert_eq!(again.len(), 1);
+        assert_eq!(
+            again[0].granted, 5,
+            "a fresh debt, not added to the taken one"
+        );
+    }
+
+    /// At `MAX_OWED_KEYS` keys a new key is not noted (`false`), a key already owed still
+    /// is; and once taken the list has room again.
+    #[test]
+    fn a_full_list_refuses_new_keys_and_keeps_adding_to_owed_ones() {
+        let owed = Owed::default();
+        let remote = remote();
+        for i in 0..MAX_OWED_KEYS {
+            assert!(owed.add(debt(&remote, &i.to_string(), Quota::per_second(10), 1)));
+        }
+        assert!(!owed.add(debt(&remote, "new", Quota::per_second(10), 1)));
+        assert!(owed.add(debt(&remote, "0", Quota::per_second(10), 1)));
+        let debts = owed.take();
+        assert_eq!(debts.len(), MAX_OWED_KEYS);
+        assert_eq!(
+            debts.iter().map(|d| d.granted).sum::<u64>(),
+            MAX_OWED_KEYS as u64 + 1
+        );
+        assert!(owed.add(debt(&remote, "new", Quota::per_second(10), 1)));
+    }
+}
