@@ -4,7 +4,7 @@
 # Installs redis-server and redis-tools from the Debian packages when they are missing;
 # the tests spawn their own Redis servers and a 3-node Redis Cluster on free loopback
 # ports, so nothing needs to be running beforehand. Installs chromium the same way, for
-# the browser check of the simulate report.
+# the browser check of the simulate report, and python3-grpcio for the stock gRPC client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,6 +48,16 @@ if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium
+fi
+
+# tests/grpc_streams.rs checks gRPC stream limits with a stock gRPC client: grpcio, gRPC's
+# own (C core) client, from Python (tests/support/grpc_stock_client.py).
+if ! /usr/bin/python3 -c 'import grpc' >/dev/null 2>&1; then
+  step "installing python3-grpcio (Debian package: the stock gRPC client)"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-grpcio
 fi
 
 # tests/dashboards.rs starts its own Prometheus on a free loopback port and runs promtool.

@@ -21,7 +21,7 @@ use tollgate::key::PeerIp;
 use tollgate::pace::{OverLimit, Per};
 use tollgate::store::MemoryStore;
 use tollgate::{LimitSpec, Limiter, Quota};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Status, Streaming};
@@ -120,18 +120,27 @@ impl tower::Service<http::Request<tonic::body::Body>> for Chat {
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
         let talk = Talk(self.seen.clone());
-        Box::pin(async move { Ok(tonic::server::Grpc::new(Raw).streaming(talk, req).await) })
+        // gzip-compressed messages are taken too (the layer counts them as they are on
+        // the wire).
+        let mut grpc = tonic::server::Grpc::new(Raw).accept_compressed(CompressionEncoding::Gzip);
+        Box::pin(async move { Ok(grpc.streaming(talk, req).await) })
     }
 }
 
 /// 10 messages a second, 5 at once, per client address, on `chat.Chat/Talk` only.
 async fn serve(over: OverLimit) -> (SocketAddr, Chat) {
+    serve_limit(
+        LimitSpec::new("chat-messages", Quota::per_second(10).burst(5))
+            .per(Per::Message)
+            .over_limit(over),
+    )
+    .await
+}
+
+/// `spec` (named `chat-messages`) per client address, on `chat.Chat/Talk` only.
+async fn serve_limit(spec: LimitSpec) -> (SocketAddr, Chat) {
     let limiter = Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
-        .limit(
-            LimitSpec::new("chat-messages", Quota::per_second(10).burst(5))
-                .per(Per::Message)
-                .over_limit(over),
-        )
+        .limit(spec)
         .build()
         .unwrap();
     let layer = StreamLimitLayer::new(limiter, "chat-messages", ["/chat.Chat/Talk"], |parts| {
@@ -160,6 +169,19 @@ async fn flood(
     method: &'static str,
     d: Duration,
 ) -> (Vec<Instant>, Option<Status>) {
+    let (echoes, status) = flood_with(addr, method, d, |i| Bytes::from(i.to_string()), false).await;
+    (echoes.into_iter().map(|(at, _)| at).collect(), status)
+}
+
+/// [`flood`] with the messages `message(i)`, gzip-compressed by the client when
+/// `gzip`: the echoes (instant and message) and the status.
+async fn flood_with(
+    addr: SocketAddr,
+    method: &'static str,
+    d: Duration,
+    message: fn(u64) -> Bytes,
+    gzip: bool,
+) -> (Vec<(Instant, Bytes)>, Option<Status>) {
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .tcp_nodelay(true)
@@ -167,6 +189,9 @@ async fn flood(
         .await
         .unwrap();
     let mut client = tonic::client::Grpc::new(channel);
+    if gzip {
+        client = client.send_compressed(CompressionEncoding::Gzip);
+    }
     client.ready().await.unwrap();
     let end = Instant::now() + d;
     let outbound = stream::unfold(0u64, move |i| async move {
@@ -174,7 +199,7 @@ async fn flood(
             return None;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
-        Some((Bytes::from(i.to_string()), i + 1))
+        Some((message(i), i + 1))
     });
     let response = client
         .streaming(
@@ -190,7 +215,7 @@ async fn flood(
     let mut echoes = Vec::new();
     loop {
         match tokio::time::timeout_at(end, inbound.next()).await {
-            Ok(Some(Ok(_))) => echoes.push(Instant::now()),
+            Ok(Some(Ok(echo))) => echoes.push((Instant::now(), echo)),
             Ok(Some(Err(status))) => return (echoes, Some(status)),
             Ok(None) | Err(_) => return (echoes, None),
         }
@@ -275,4 +300,218 @@ async fn other_methods_are_not_charged() {
     assert!(status.is_none(), "{status:?}");
     assert!(echoes.len() >= 95, "{}", echoes.len());
     assert_eq!(chat.seen.lock().unwrap().len(), echoes.len());
+}
+
+/// A message of 1,000 bytes: its number, then zeros (gzip makes it a few dozen bytes).
+fn compressible(i: u64) -> Bytes {
+    let mut m = format!("{i}:").into_bytes();
+    m.resize(1000, 0);
+    Bytes::from(m)
+}
+
+/// Messages the client compresses (tonic's, gzip: the compressed flag set) are found and
+/// counted one by one like any others: `end` lets the burst of 5 pass, intact, then ends
+/// the call.
+#[tokio::test(start_paused = true)]
+async fn compressed_messages_are_counted_one_by_one() {
+    let (addr, chat) = serve(OverLimit::End).await;
+    let (echoes, status) = flood_with(
+        addr,
+        "/chat.Chat/Talk",
+        Duration::from_secs(10),
+        compressible,
+        true,
+    )
+    .await;
+    let status = status.expect("the call ended with a status");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(chat.seen.lock().unwrap().len(), 5);
+    let echoed: Vec<Bytes> = echoes.into_iter().map(|(_, m)| m).collect();
+    assert_eq!(echoed, (0..5).map(compressible).collect::<Vec<_>>());
+}
+
+/// The smallest a gzip member can be: a 10-byte header and an 8-byte trailer.
+const GZIP_MIN: u64 = 18;
+
+/// 2,000 bytes a second, 2,000 at once, `end`: a limit of bytes per client address.
+fn bytes_limit() -> LimitSpec {
+    LimitSpec::new("chat-messages", Quota::per_second(2000).burst(2000))
+        .per(Per::Byte)
+        .over_limit(OverLimit::End)
+}
+
+/// A limit of bytes counts a message's length on the wire: compressed, a 1,000-byte
+/// message is a few dozen bytes, so many more pass than the 2 that fit uncompressed, and
+/// never more than the limit's bytes could hold at the smallest a gzip message can be.
+#[tokio::test(start_paused = true)]
+async fn a_limit_of_bytes_counts_compressed_messages_by_their_length_on_the_wire() {
+    let (addr, chat) = serve_limit(bytes_limit()).await;
+    let start = Instant::now();
+    let (plain, status) = flood_with(
+        addr,
+        "/chat.Chat/Talk",
+        Duration::from_secs(10),
+        compressible,
+        false,
+    )
+    .await;
+    assert_eq!(status.expect("ended").code(), Code::ResourceExhausted);
+    assert_eq!(plain.len(), 2, "2,000 bytes hold two uncompressed messages");
+
+    let (addr, chat2) = serve_limit(bytes_limit()).await;
+    let (gzipped, status) = flood_with(
+        addr,
+        "/chat.Chat/Talk",
+        Duration::from_secs(10),
+        compressible,
+        true,
+    )
+    .await;
+    let d = (Instant::now() - start).as_secs_f64();
+    assert!(
+        gzipped.len() >= 20,
+        "compressed, many more pass: {}",
+        gzipped.len()
+    );
+    let bound = ((2000.0 + 2000.0 * d) / GZIP_MIN as f64) as usize + 1;
+    assert!(gzipped.len() <= bound, "{} > {bound}", gzipped.len());
+    let echoed: Vec<Bytes> = gzipped.iter().map(|(_, m)| m.clone()).collect();
+    let sent: Vec<Bytes> = (0..echoed.len() as u64).map(compressible).collect();
+    assert_eq!(echoed, sent, "every message passed intact");
+    // 100 a second of a few dozen bytes is more than 2,000 bytes a second: the call ends.
+    assert_eq!(status.expect("ended").code(), Code::ResourceExhausted);
+    assert_eq!(chat.seen.lock().unwrap().len(), 2);
+    assert_eq!(chat2.seen.lock().unwrap().len(), gzipped.len());
+}
+
+/// A Python interpreter with grpcio (gRPC's own client, on its C core: the Debian package
+/// `python3-grpcio`, which `scripts/test.sh` installs); `None` outside CI when there is
+/// none (the stock-client checks are then skipped, and say so).
+fn grpcio_python() -> Option<String> {
+    let candidates = std::env::var("GRPCIO_PYTHON")
+        .into_iter()
+        .chain(["/usr/bin/python3".to_owned(), "python3".to_owned()]);
+    for python in candidates {
+        let imports = std::process::Command::new(&python)
+            .args(["-c", "import grpc"])
+            .stderr(std::process::Stdio::null())
+            .status();
+        if imports.is_ok_and(|s| s.success()) {
+            return Some(python);
+        }
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "no python3 with grpcio, and CI=true: the stock gRPC client's checks cannot be \
+         skipped in CI (scripts/test.sh installs the Debian package `python3-grpcio`)"
+    );
+    eprintln!("SKIPPED: no python3 with grpcio (apt-get install python3-grpcio)");
+    None
+}
+
+/// One call of `tests/support/grpc_stock_client.py` to `addr`: `count` messages of `size`
+/// bytes, gzip-compressed when `gzip`; what it printed.
+async fn stock_call(
+    python: String,
+    addr: SocketAddr,
+    count: u32,
+    size: u32,
+    gzip: bool,
+) -> serde_json::Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/support/grpc_stock_client.py");
+    let args = [
+        script.to_owned(),
+        addr.to_string(),
+        count.to_string(),
+        size.to_string(),
+        (if gzip { "gzip" } else { "none" }).to_owned(),
+    ];
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .args(args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let call: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    eprintln!("stock client, {count} messages of {size} bytes, gzip {gzip}: {call}");
+    call
+}
+
+/// The hex form of `s`, as the client prints binary metadata.
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The issue's black-box check: a stock gRPC client (grpcio) floods a bidirectional call
+/// past 10 msg/s burst 5 (`end`), on the real clock: it sees `RESOURCE_EXHAUSTED`, the
+/// message, `grpc-retry-pushback-ms` and the rich details in the trailers, after at most
+/// 5 + 10·d + 1 echoes, every one intact.
+#[tokio::test]
+async fn a_stock_grpc_client_sees_resource_exhausted_with_pushback_and_details() {
+    let Some(python) = grpcio_python() else {
+        return;
+    };
+    let (addr, chat) = serve(OverLimit::End).await;
+    let call = stock_call(python, addr, 1000, 16, false).await;
+    assert_eq!(call["code"], "RESOURCE_EXHAUSTED", "{call}");
+    let details = call["details"].as_str().unwrap();
+    assert!(
+        details.starts_with("rate limit \"chat-messages\" exceeded; retry in "),
+        "{call}"
+    );
+    let pushback: u64 = call["trailing"]["grpc-retry-pushback-ms"]
+        .as_str()
+        .expect("grpc-retry-pushback-ms")
+        .parse()
+        .unwrap();
+    assert!((1..=100).contains(&pushback), "{pushback}");
+    let rich = call["trailing"]["grpc-status-details-bin"]
+        .as_str()
+        .expect("grpc-status-details-bin");
+    assert!(rich.contains(&hex("RATE_LIMIT_EXCEEDED")), "{call}");
+    assert!(rich.contains(&hex("chat-messages")), "{call}");
+    let echoes = call["echoes"].as_u64().unwrap();
+    let d = call["seconds"].as_f64().unwrap();
+    assert!(echoes >= 5, "the burst passes: {call}");
+    assert!(echoes as f64 <= 5.0 + 10.0 * d + 1.0, "{call}");
+    assert_eq!(call["intact"], true, "{call}");
+    assert_eq!(chat.seen.lock().unwrap().len() as u64, echoes);
+}
+
+/// The stock client compressing its messages (grpcio, gzip): a limit of bytes counts them
+/// as they are on the wire (many more pass than the 2 of 1,000 bytes that fit
+/// uncompressed, the same client sending them plain), each intact.
+#[tokio::test]
+async fn a_stock_grpc_client_compressing_is_charged_the_compressed_bytes() {
+    let Some(python) = grpcio_python() else {
+        return;
+    };
+    let (addr, _) = serve_limit(bytes_limit()).await;
+    let plain = stock_call(python.clone(), addr, 300, 1000, false).await;
+    assert_eq!(plain["code"], "RESOURCE_EXHAUSTED", "{plain}");
+    let d = plain["seconds"].as_f64().unwrap();
+    let echoes = plain["echoes"].as_u64().unwrap();
+    assert!(
+        echoes >= 2 && echoes as f64 <= 2.0 + 2.0 * d + 1.0,
+        "{plain}"
+    );
+
+    let (addr, chat) = serve_limit(bytes_limit()).await;
+    let gzipped = stock_call(python, addr, 300, 1000, true).await;
+    let echoes = gzipped["echoes"].as_u64().unwrap();
+    let d = gzipped["seconds"].as_f64().unwrap();
+    assert!(echoes >= 20, "compressed, many more pass: {gzipped}");
+    assert!(
+        echoes as f64 <= (2000.0 + 2000.0 * d) / GZIP_MIN as f64 + 1.0,
+        "{gzipped}"
+    );
+    assert_eq!(gzipped["intact"], true, "{gzipped}");
+    assert_eq!(chat.seen.lock().unwrap().len() as u64, echoes);
 }
