@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use tollgate::clock::FakeClock;
 use tollgate::key::Key;
 use tollgate::store::{Checked, Item, MemoryStore, MemoryTable, Store};
-use tollgate::{LimitSpec, Limiter, Quota};
+use tollgate::{Algorithm, LimitSpec, Limiter, Outcome, Quota};
 
 /// Rates dividing 10^9, so that `T` (ns per token, rounded up by the quota) is exact.
 const RATES: [u64; 6] = [100, 250, 400, 1_000, 2_000, 5_000];
@@ -313,4 +313,74 @@ fn stripes_outside_one_to_sixty_four_are_a_config_error() {
                 .is_ok()
         );
     }
+}
+
+/// One check of `cost` on the striped key `hot` (2 stripes) that may wait up to 1 ms (a
+/// reservation, as delay mode makes): its outcome.
+fn reserve(
+    store: &MemoryStore<FakeClock>,
+    table: &MemoryTable,
+    quota: Quota,
+    cost: u32,
+) -> Outcome {
+    let item = Item::new(table, Key::from_part("hot"), quota, cost)
+        .stripes(2)
+        .max_wait(Duration::from_millis(1));
+    let Checked::Ready(s) = store.check(&[item]) else {
+        unreachable!("the memory store answers at once")
+    };
+    *s[0].outcome().expect("checked")
+}
+
+/// A reservation on a striped key is never gathered from several stripes (a gathered cost
+/// is a check, not a reservation): refused when no stripe can hold it within `max_wait`,
+/// it says when the soonest stripe will, whichever stripe the thread checks first.
+#[test]
+fn a_striped_reservation_refused_waits_for_the_soonest_stripe() {
+    let clock = FakeClock::at(Duration::from_secs(1));
+    let store = MemoryStore::with_clock(clock.clone());
+    let table = store.table("hot");
+    // 2 stripes of 2 tokens, one per 20 ms each.
+    let quota = Quota::per_second(100).burst(4);
+    assert!(
+        reserve(&store, &table, quota, 2).is_allowed(),
+        "this thread's stripe, emptied"
+    );
+    assert!(
+        reserve(&store, &table, quota, 1).is_allowed(),
+        "the other stripe, 1 token left"
+    );
+    // 2 tokens: this thread's stripe holds them in 40 ms, the other in 20 ms, and the two
+    // hold 1 between them now: refused, retry in 20 ms (gathering them would say 10 ms;
+    // the first stripe checked, 40 ms).
+    let refused = reserve(&store, &table, quota, 2);
+    assert!(!refused.is_allowed());
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(20)));
+    clock.advance(Duration::from_millis(20));
+    assert!(
+        reserve(&store, &table, quota, 2).is_allowed(),
+        "the other stripe, full"
+    );
+}
+
+/// A window limit is never striped: one thread gets its whole count in a window, where 4
+/// stripes of a GCRA bucket would hold 4 of 5.
+#[test]
+fn a_window_limit_asking_for_stripes_keeps_one_count() {
+    let clock = FakeClock::at(Duration::from_secs(1));
+    let store = MemoryStore::with_clock(clock);
+    let table = store.table("hot");
+    let quota = Quota::per_second(5);
+    let granted = (0..10)
+        .filter(|_| {
+            let item = Item::new(&table, Key::from_part("window"), quota, 1)
+                .stripes(4)
+                .algorithm(Algorithm::fixed_window());
+            let Checked::Ready(s) = store.check(&[item]) else {
+                unreachable!()
+            };
+            s[0].outcome().unwrap().is_allowed()
+        })
+        .count();
+    assert_eq!(granted, 5);
 }
