@@ -324,6 +324,14 @@ mod tests {
         assert!((f - 1.0 / 14.0).abs() < 1e-3, "{f}");
     }
 
+    /// A copy of the record of `key` in table `table` without its frozen fraction: what
+    /// `fraction_of` computes afresh (asking freezes the fraction).
+    fn thawed(traffic: &Traffic, table: usize, key: &Key) -> Record {
+        let shard = traffic.shard(&(table, key.clone()));
+        let r = shard.get(&(table, key.clone())).unwrap();
+        Record { frozen: None, ..*r }
+    }
+
     /// A key this instance stopped serving fades: asked long after its last answer (more
     /// than two of its gaps, within the four horizons it is remembered), its fraction is
     /// a small part of what it was, and less the longer it has been quiet.
@@ -339,11 +347,7 @@ mod tests {
         }
         let fraction = |since: u64| {
             // A fresh copy of the record: asking freezes the fraction.
-            let mut r = {
-                let shard = traffic.shard(&(1, key.clone()));
-                let r = shard.get(&(1, key.clone())).unwrap();
-                Record { frozen: None, ..*r }
-            };
+            let mut r = thawed(&traffic, 1, &key);
             fraction_of(&mut r, quota, at + since).unwrap().f
         };
         // Within two of its gaps (about 0.19 s): the whole key still.
@@ -367,11 +371,7 @@ mod tests {
             traffic.observe(1, &key, quota, Algorithm::Gcra, at, at, 1, &answer(T));
         }
         // The horizon is 1 s (eight intervals of 0.1 s, at least 1 s).
-        let mut r = {
-            let shard = traffic.shard(&(1, key.clone()));
-            let r = shard.get(&(1, key.clone())).unwrap();
-            Record { frozen: None, ..*r }
-        };
+        let mut r = thawed(&traffic, 1, &key);
         let faded = fraction_of(&mut r, quota, at + 3_900_000_000).unwrap().f;
         assert!(faded > 0.0 && faded < 0.1, "{faded}");
         let after = traffic.fraction_or(1, &key, quota, at + 4_100_000_000, 0.3);
