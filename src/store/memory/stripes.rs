@@ -196,6 +196,7 @@ fn give(tat: &AtomicU64, x: u64) {
 #[cfg(test)]
 mod tests {
     use super::thread_index;
+    use crate::store::MemoryStore;
 
     /// A thread keeps its stripe index, and threads get theirs in turn: different ones,
     /// so that threads checking one hot key write different stripes.
@@ -210,5 +211,33 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), 5, "{all:?}");
+    }
+
+    /// A key's stripes are distinct keys, stripe 0 the key itself, whatever the key's bits
+    /// (all clear, all set, mixed), and where the others land depends on the store's
+    /// secret: another store puts none of them at the same place, so no client can choose
+    /// a key that lands on another key's stripe.
+    #[test]
+    fn stripe_keys_are_distinct_and_follow_the_stores_secret() {
+        let (one, other) = (MemoryStore::new(), MemoryStore::new());
+        for key in [
+            [0, 0],
+            [u64::MAX, u64::MAX],
+            [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210],
+            [1, u64::MAX - 1],
+        ] {
+            let mut stripes: Vec<[u64; 2]> = (0..64).map(|i| one.stripe_key(key, i)).collect();
+            assert_eq!(stripes[0], key);
+            for i in 1..64 {
+                assert_ne!(
+                    one.stripe_key(key, i),
+                    other.stripe_key(key, i),
+                    "{key:?} {i}"
+                );
+            }
+            stripes.sort_unstable();
+            stripes.dedup();
+            assert_eq!(stripes.len(), 64, "{key:?}");
+        }
     }
 }
