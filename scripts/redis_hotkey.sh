@@ -10,6 +10,8 @@
 # --keys 10000; quotas so large every request passes. Prints per run decisions/s, the
 # scripts' time per decision (INFO commandstats) and the server's whole CPU per decision
 # (INFO cpu: used_cpu_sys + used_cpu_user), then the medians.
+#
+# REDIS_CPUS and BENCH_CPUS (taskset CPU lists) pin the server and the benchmark apart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-3}"
@@ -32,7 +34,9 @@ for _ in $(seq "$rounds"); do
       bin=$before
       [ "$build" = after ] && bin=$after
       redis-cli -p "$port" flushall >/dev/null
-      line=$("$bin" --url "redis://127.0.0.1:$port/" --tasks 256 --seconds "$seconds" \
+      pin=()
+      if [ -n "${BENCH_CPUS:-}" ]; then pin=(taskset -c "$BENCH_CPUS"); fi
+      line=$("${pin[@]}" "$bin" --url "redis://127.0.0.1:$port/" --tasks 256 --seconds "$seconds" \
         --limits 1 --keys "$keys" | tail -1)
       d=$(field decisions_per_sec "$line")
       s=$(field script_us_per_decision "$line")
