@@ -10,7 +10,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::limiter::pace::Pacer;
-use crate::middleware::pace::BoxError;
+use crate::middleware::pace::{BoxError, held_hint, pull};
 
 /// Where the scan of an event stream is (`text/event-stream`: lines ended by CRLF, LF or
 /// CR; an empty line ends an event; a line starting with `:` is a comment).
@@ -164,19 +164,8 @@ where
             if *this.done {
                 return Poll::Ready(None);
             }
-            match ready!(this.inner.as_mut().poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => *this.held = data,
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
-                },
-                Some(Err(e)) => {
-                    *this.done = true;
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-                None => {
-                    *this.done = true;
-                    return Poll::Ready(None);
-                }
+            if let Some(out) = ready!(pull(this.inner.as_mut(), cx, this.held, this.done)) {
+                return Poll::Ready(out);
             }
         }
     }
@@ -190,13 +179,7 @@ where
             return SizeHint::with_exact(self.held.len() as u64);
         }
         let inner = self.inner.size_hint();
-        let held = self.held.len() as u64;
-        let mut hint = SizeHint::new();
-        hint.set_lower(inner.lower().saturating_add(held));
-        if let Some(upper) = inner.upper() {
-            hint.set_upper(upper.saturating_add(held));
-        }
-        hint
+        held_hint(&inner, self.held.len())
     }
 }
 

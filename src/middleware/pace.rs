@@ -152,19 +152,8 @@ where
             if *this.done {
                 return Poll::Ready(None);
             }
-            match ready!(this.inner.as_mut().poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => *this.held = data,
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
-                },
-                Some(Err(e)) => {
-                    *this.done = true;
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-                None => {
-                    *this.done = true;
-                    return Poll::Ready(None);
-                }
+            if let Some(out) = ready!(pull(this.inner.as_mut(), cx, this.held, this.done)) {
+                return Poll::Ready(out);
             }
         }
     }
@@ -178,14 +167,56 @@ where
             return SizeHint::with_exact(self.held.len() as u64);
         }
         let inner = self.inner.size_hint();
-        let held = self.held.len() as u64;
-        let mut hint = SizeHint::new();
-        hint.set_lower(inner.lower().saturating_add(held));
-        if let Some(upper) = inner.upper() {
-            hint.set_upper(upper.saturating_add(held));
-        }
-        hint
+        held_hint(&inner, self.held.len())
     }
+}
+
+/// What a pacing body returns as it is: a frame, an error, or the end.
+pub(crate) type Passed = Option<Result<Frame<Bytes>, BoxError>>;
+
+/// The next frame of `inner` for a body that paces one data frame at a time: `None` when
+/// it was data, now in `held` (empty before); else what the pacing body returns as it is:
+/// a frame that is not data (trailers), the inner body's error or its end (both setting
+/// `done`).
+pub(crate) fn pull<B>(
+    inner: Pin<&mut B>,
+    cx: &mut Context<'_>,
+    held: &mut Bytes,
+    done: &mut bool,
+) -> Poll<Option<Passed>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    Poll::Ready(match ready!(inner.poll_frame(cx)) {
+        Some(Ok(frame)) => match frame.into_data() {
+            Ok(data) => {
+                *held = data;
+                None
+            }
+            Err(frame) => Some(Some(Ok(frame))),
+        },
+        Some(Err(e)) => {
+            *done = true;
+            Some(Some(Err(e.into())))
+        }
+        None => {
+            *done = true;
+            Some(None)
+        }
+    })
+}
+
+/// The size hint of a pacing body: what the inner body has left (`inner`) and the `held`
+/// bytes not yet passed.
+pub(crate) fn held_hint(inner: &SizeHint, held: usize) -> SizeHint {
+    let held = held as u64;
+    let mut hint = SizeHint::new();
+    hint.set_lower(inner.lower().saturating_add(held));
+    if let Some(upper) = inner.upper() {
+        hint.set_upper(upper.saturating_add(held));
+    }
+    hint
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use super::RATE_LIMIT_EXCEEDED;
 use crate::base::round::ceil_ms;
 use crate::limiter::Limiter;
 use crate::limiter::pace::{PaceError, Pacer};
-use crate::middleware::pace::BoxError;
+use crate::middleware::pace::{BoxError, held_hint, pull};
 use crate::model::key::Key;
 use crate::model::stream::Per;
 
@@ -249,19 +249,8 @@ where
             if *this.done {
                 return Poll::Ready(None);
             }
-            match ready!(this.inner.as_mut().poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => *this.held = data,
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
-                },
-                Some(Err(e)) => {
-                    *this.done = true;
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-                None => {
-                    *this.done = true;
-                    return Poll::Ready(None);
-                }
+            if let Some(out) = ready!(pull(this.inner.as_mut(), cx, this.held, this.done)) {
+                return Poll::Ready(out);
             }
         }
     }
@@ -276,13 +265,7 @@ where
         } else {
             self.inner.size_hint()
         };
-        let held = self.held.len() as u64;
-        let mut hint = SizeHint::new();
-        hint.set_lower(inner.lower().saturating_add(held));
-        if let Some(upper) = inner.upper() {
-            hint.set_upper(upper.saturating_add(held));
-        }
-        hint
+        held_hint(&inner, self.held.len())
     }
 }
 
