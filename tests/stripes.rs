@@ -13,7 +13,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tollgate::clock::FakeClock;
 use tollgate::key::Key;
-use tollgate::store::{Checked, Item, MemoryStore, MemoryTable, Store};
+use tollgate::store::{Checked, Item, MemoryStore, MemoryTable, Op, Store};
 use tollgate::{Algorithm, LimitSpec, Limiter, Outcome, Quota};
 
 /// Rates dividing 10^9, so that `T` (ns per token, rounded up by the quota) is exact.
@@ -383,4 +383,101 @@ fn a_window_limit_asking_for_stripes_keeps_one_count() {
         })
         .count();
     assert_eq!(granted, 5);
+}
+
+/// Applies `op` to the key `key` of `quota` in `n` stripes, reserving (up to 1 ms) when
+/// `wait`: whether it was allowed.
+fn apply(
+    store: &MemoryStore<FakeClock>,
+    table: &MemoryTable,
+    op: Op,
+    (key, quota, n): (&str, Quota, u8),
+    cost: u32,
+    wait: bool,
+) -> bool {
+    let mut item = Item::new(table, Key::from_part(key), quota, cost).stripes(n);
+    if wait {
+        item = item.max_wait(Duration::from_millis(1));
+    }
+    let Checked::Ready(s) = store.apply(op, &[item]) else {
+        unreachable!("the memory store answers at once")
+    };
+    s[0].outcome().expect("applied").is_allowed()
+}
+
+/// Runs `f` on 8 new threads one after the other (threads are given stripes in turn, so
+/// they cover several stripes and indices past the stripe count), each with its own key.
+fn on_new_threads(f: impl Fn(&str) + Sync) {
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let f = &f;
+            s.spawn(move || f(&format!("thread {t}"))).join().unwrap();
+        }
+    });
+}
+
+/// A penalty lands on the thread's own stripe, one of the key's: the key grants that much
+/// less, on whichever thread (2 stripes of 4: a penalty of 8 leaves the other 4).
+#[test]
+fn a_penalty_on_a_striped_key_lands_on_one_of_its_stripes() {
+    let clock = FakeClock::at(Duration::from_secs(1));
+    let store = MemoryStore::with_clock(clock);
+    let table = store.table("hot");
+    let quota = Quota::per_second(1).burst(8);
+    on_new_threads(|key| {
+        assert!(apply(
+            &store,
+            &table,
+            Op::Penalize,
+            (key, quota, 2),
+            8,
+            false
+        ));
+        let granted = (0..10)
+            .filter(|_| apply(&store, &table, Op::Check, (key, quota, 2), 1, false))
+            .count();
+        assert_eq!(granted, 4, "{key}");
+    });
+}
+
+/// A check takes from the thread's own stripe first, the one its penalties land on: after
+/// a check of 1 and a penalty of 1 on 2 stripes of 2, the other stripe is whole and a
+/// reservation of 2 (never gathered) passes there.
+#[test]
+fn a_check_starts_at_the_threads_own_stripe() {
+    let clock = FakeClock::at(Duration::from_secs(1));
+    let store = MemoryStore::with_clock(clock);
+    let table = store.table("hot");
+    let quota = Quota::per_second(1).burst(4);
+    on_new_threads(|key| {
+        assert!(apply(&store, &table, Op::Check, (key, quota, 2), 1, false));
+        assert!(apply(
+            &store,
+            &table,
+            Op::Penalize,
+            (key, quota, 2),
+            1,
+            false
+        ));
+        assert!(
+            apply(&store, &table, Op::Check, (key, quota, 2), 2, true),
+            "{key}: the other stripe holds 2"
+        );
+    });
+}
+
+/// Reservations (never gathered) reach every stripe in turn: 4 stripes of 1 token grant 4
+/// reservations of 1 to one thread, then refuse.
+#[test]
+fn a_threads_reservations_reach_every_stripe() {
+    let clock = FakeClock::at(Duration::from_secs(1));
+    let store = MemoryStore::with_clock(clock);
+    let table = store.table("hot");
+    let quota = Quota::per_second(1).burst(4);
+    on_new_threads(|key| {
+        let granted = (0..6)
+            .filter(|_| apply(&store, &table, Op::Check, (key, quota, 4), 1, true))
+            .count();
+        assert_eq!(granted, 4, "{key}");
+    });
 }
