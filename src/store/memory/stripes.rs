@@ -214,12 +214,14 @@ mod tests {
     }
 
     /// A key's stripes are distinct keys, stripe 0 the key itself, whatever the key's bits
-    /// (all clear, all set, mixed), and where the others land depends on the store's
-    /// secret: another store puts none of them at the same place, so no client can choose
-    /// a key that lands on another key's stripe.
+    /// (all clear, all set, mixed); each half of a stripe's key differs from the key's, and
+    /// where it lands depends on the store's secret: of three stores, no two put a stripe's
+    /// half at the same place, so no client can choose a key that lands on another key's
+    /// stripe.
     #[test]
     fn stripe_keys_are_distinct_and_follow_the_stores_secret() {
-        let (one, other) = (MemoryStore::new(), MemoryStore::new());
+        let stores = [MemoryStore::new(), MemoryStore::new(), MemoryStore::new()];
+        let one = &stores[0];
         for key in [
             [0, 0],
             [u64::MAX, u64::MAX],
@@ -229,11 +231,13 @@ mod tests {
             let mut stripes: Vec<[u64; 2]> = (0..64).map(|i| one.stripe_key(key, i)).collect();
             assert_eq!(stripes[0], key);
             for i in 1..64 {
-                assert_ne!(
-                    one.stripe_key(key, i),
-                    other.stripe_key(key, i),
-                    "{key:?} {i}"
-                );
+                let halves = stores.each_ref().map(|s| s.stripe_key(key, i));
+                for h in 0..2 {
+                    assert_ne!(halves[0][h], key[h], "{key:?} {i} {h}");
+                    for (a, b) in [(0, 1), (0, 2), (1, 2)] {
+                        assert_ne!(halves[a][h], halves[b][h], "{key:?} {i} {h}");
+                    }
+                }
             }
             stripes.sort_unstable();
             stripes.dedup();
