@@ -314,6 +314,17 @@ mod tests {
         assert!(entries(view(&rs[..0])).is_empty());
     }
 
+    /// Two requests of one key, the smallest batch that can share a step, are one group.
+    #[test]
+    fn two_requests_of_one_key_are_one_group() {
+        let rs = [
+            one(part("hot", Q, 1, Mode::Enforce)),
+            one(part("hot", Q, 3, Mode::Enforce)),
+        ];
+        let e: Vec<Vec<usize>> = entries(view(&rs)).into_iter().map(|e| e.to_vec()).collect();
+        assert_eq!(e, [vec![0, 1]]);
+    }
+
     #[test]
     fn the_arguments_name_the_costs_once_when_all_pay_the_same() {
         let rs = [
