@@ -484,3 +484,45 @@ fn a_threads_reservations_reach_every_stripe() {
         assert_eq!(granted, 4, "{key}");
     });
 }
+
+/// A cost gathered from several stripes reports when the key is full again as one bucket
+/// would: 3 tokens of 2 stripes of 2 (one per 20 ms each), 30 ms.
+#[test]
+fn a_gathered_cost_reports_the_keys_reset_as_one_bucket() {
+    let clock = FakeClock::at(Duration::from_secs(1));
+    let store = MemoryStore::with_clock(clock);
+    let table = store.table("hot");
+    let quota = Quota::per_second(100).burst(4);
+    on_new_threads(|key| {
+        let item = Item::new(&table, Key::from_part(key), quota, 3).stripes(2);
+        let Checked::Ready(s) = store.check(&[item]) else {
+            unreachable!()
+        };
+        let outcome = s[0].outcome().unwrap();
+        assert!(outcome.is_allowed(), "{key}");
+        assert_eq!(outcome.reset_after(), Duration::from_millis(30), "{key}");
+    });
+}
+
+/// A gather that fails gives each stripe back what it took from that stripe: the key
+/// still holds what it held (3 of 4), so a cost of 3 passes after a cost of 4 was refused.
+#[test]
+fn a_failed_gather_gives_each_stripe_back_its_own() {
+    let clock = FakeClock::at(Duration::from_secs(1));
+    let store = MemoryStore::with_clock(clock);
+    let table = store.table("hot");
+    let quota = Quota::per_second(1).burst(4);
+    on_new_threads(|key| {
+        let stripes = (key, quota, 2);
+        assert!(apply(&store, &table, Op::Check, stripes, 1, false));
+        assert!(
+            !apply(&store, &table, Op::Check, stripes, 4, false),
+            "{key}"
+        );
+        assert!(apply(&store, &table, Op::Check, stripes, 3, false), "{key}");
+        assert!(
+            !apply(&store, &table, Op::Check, stripes, 1, false),
+            "{key}"
+        );
+    });
+}
