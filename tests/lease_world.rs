@@ -981,6 +981,67 @@ mod issue_41_shares {
         assert!(during <= 80);
     }
 
+    /// The world as a backend that cannot count its instances: it answers 1, the default,
+    /// and says it does not count them.
+    #[derive(Clone)]
+    struct Uncounted(World);
+
+    impl Backend for Uncounted {
+        type Table = String;
+        type Future = <World as Backend>::Future;
+
+        fn table(&self, name: &str) -> String {
+            self.0.table(name)
+        }
+
+        fn apply(&self, op: Op, items: &[Item<'_, String>]) -> Self::Future {
+            self.0.apply(op, items)
+        }
+    }
+
+    /// A key at 3/s of 10/s (burst 1) on the only instance Redis counts, 9/s during a 10 s
+    /// outage, still under the limit: the instance keeps the whole limit (nobody else spent
+    /// what it left of the key), where its own rate, 3/s, would have refused two thirds.
+    /// A backend that cannot count its instances (its 1 says nothing) keeps the key's
+    /// fraction: were it one of several, each taking the whole limit would grant several.
+    #[test]
+    fn a_lone_counted_instance_keeps_the_whole_limit_for_its_keys() {
+        let mut during = Vec::new();
+        for counted in [true, false] {
+            let rt = runtime();
+            let clock = rt.block_on(async { TokioClock::new() });
+            let world = world(&clock, 1);
+            let quota = Quota::per_second(10).burst(1);
+            let spec = LimitSpec::new("api", quota);
+            let fleet = if counted {
+                fleet(&world, 1, &[spec])
+            } else {
+                let store = Resilient::new(Uncounted(world.clone())).clock(*world.clock());
+                vec![Instance {
+                    plans: vec![Limiter::builder(store).limit(spec).build().unwrap()],
+                    store: world.store(),
+                }]
+            };
+            let mut at = spell(30, 10.0, &[0]);
+            at.extend(spell_at(10.0, 90, 10.0, &[0]));
+            let faults = [
+                (Duration::from_secs(10), Fault::Failing(true)),
+                (Duration::from_secs(20), Fault::Failing(false)),
+            ];
+            let start = clock.now();
+            let (grants, _) =
+                play_grants(&rt, &world, &fleet, &script(at), &faults, Duration::ZERO);
+            // The last request before the outage at 9.67 s, the first of it at 10 s.
+            assert_eq!(granted_within(&grants, start, 0.0, 9.9), 30);
+            during.push(granted_within(&grants, start, 9.9, 20.0));
+        }
+        eprintln!(
+            "9/s of 10/s on a lone instance in an outage, counted then not: {during:?} of 90"
+        );
+        assert!(during[0] >= 89, "counted: {} of 90 granted", during[0]);
+        assert!(during[1] <= 32, "not counted: {} of 90 granted", during[1]);
+    }
+
     /// Issue 41, item 2: two instances that start during an outage (never reached Redis,
     /// which counts them N = 1) take a share of an unknown key, not a whole quota each.
     /// Before: 12,296 granted against 6,102 for the exact limiter.
@@ -1371,6 +1432,67 @@ mod issue_41_shares {
             outage_ms: 720,
         })
         .unwrap();
+    }
+
+    /// A case the property test found on 2026-11-28 (a fresh clone's CI run): one instance
+    /// serving a key at 0.3x of 49/s with a burst of 1 through a 2.3 s outage: 65 of 82
+    /// granted.
+    #[test]
+    fn one_instance_at_a_third_of_a_burst_of_one_keeps_its_traffic_through_an_outage() {
+        share_run(ShareRun {
+            old: 1,
+            leaving: 0,
+            joining: 0,
+            unreached: 0,
+            rate: 49,
+            burst: 1,
+            load: 3,
+            outage_ms: 2313,
+        })
+        .unwrap();
+    }
+
+    /// The bug the property found on 2026-11-28, over a grid of 480 deployments where each
+    /// instance keeps its traffic (1 to 8 instances taking a key in turn, 10/s to 200/s,
+    /// bursts of 1 to 20, 30 to 90 % of the limit, outages of 0.7 s and 2.3 s): a share was
+    /// its traffic's rate, in whole tokens rounded down, so steady traffic whose rate came
+    /// out a hair over the share's lost up to half its requests during the outage (151 of
+    /// the 480 lost more than 5 %). Each share now has room for one early request, and a
+    /// lone instance keeps the whole limit.
+    #[test]
+    fn small_shares_keep_steady_traffic_under_the_limit() {
+        let mut losing = Vec::new();
+        let mut runs = 0;
+        for old in [1usize, 2, 3, 5, 8] {
+            for rate in [10u64, 49, 137, 200] {
+                for burst in [1u64, 2, 5, 20] {
+                    for load in [3u64, 5, 9] {
+                        for outage_ms in [700u64, 2_313] {
+                            runs += 1;
+                            let run = ShareRun {
+                                old,
+                                leaving: 0,
+                                joining: 0,
+                                unreached: 0,
+                                rate,
+                                burst,
+                                load,
+                                outage_ms,
+                            };
+                            if let Err(e) = share_run(run) {
+                                losing.push(format!("{e}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(runs, 480);
+        assert!(
+            losing.is_empty(),
+            "{} of 480 runs failed: {losing:#?}",
+            losing.len()
+        );
     }
 
     /// The world with one reply in five 300 ms late (applied on the server at once).

@@ -306,8 +306,11 @@ impl Quota {
 
     /// A share `f` of this quota (`0 < f <= 1`): what one instance may spend on its own
     /// when it served that part of the limit's traffic. GCRA: the rate times `f` (a period
-    /// `1/f` times longer) and a burst of `burst * f` rounded down, at least 1 (the caller
-    /// starts a share under one token spent by the missing part); a window: a limit of
+    /// `1/f` times longer) and a burst of `burst * f` rounded up, at least 2 (the caller
+    /// starts the share spent by the part over `burst * f`, so it holds `burst * f` tokens
+    /// at first, and the rest is room for traffic that comes a little before its token:
+    /// what it spends over the outage is still at most `burst * f` plus its rate's);
+    /// a window: a limit of
     /// `rate * f` rounded down over the same window. `None` when nothing is left (`f` of
     /// 0, a window's limit under 1, a period the quota cannot express).
     pub(crate) fn portion(&self, f: f64, window: bool) -> Option<Quota> {
@@ -335,7 +338,7 @@ impl Quota {
         build(
             self.rate,
             Duration::from_nanos(period as u64),
-            part(self.burst).max(1),
+            ((self.burst as f64 * f).ceil() as u64).clamp(2, self.burst.max(2)),
         )
         .ok()
     }
@@ -774,5 +777,28 @@ mod tests {
             (s.rate(), s.period(), s.burst_size()),
             (10, Duration::from_secs(60), 10)
         );
+    }
+
+    #[test]
+    fn a_portion_has_its_rate_and_room_beyond_its_burst() {
+        let q = Quota::per_second(137).burst(20);
+        // 1.996 tokens: a bucket of 2 (rounded down to 1 it had no room).
+        let p = q.portion(0.0998, false).unwrap();
+        assert_eq!(p.burst_size(), 2);
+        assert_eq!(p.rate(), 137);
+        assert_eq!(p.period_ns(), (1e9 / 0.0998) as u64);
+        // 5.2 tokens: 6; under one token: 2; a burst of 1: 2 as well.
+        assert_eq!(q.portion(0.26, false).unwrap().burst_size(), 6);
+        assert_eq!(q.portion(0.01, false).unwrap().burst_size(), 2);
+        let one = Quota::per_second(5).burst(1);
+        assert_eq!(one.portion(0.5, false).unwrap().burst_size(), 2);
+        // Never over the quota's burst when that is 2 or more; the whole of it at 1.
+        assert_eq!(q.portion(0.999, false).unwrap().burst_size(), 20);
+        assert_eq!(q.portion(1.0, false), Some(q));
+        assert_eq!(q.portion(0.0, false), None);
+        // A window: its limit times f, rounded down, over the same window.
+        let w = Quota::new(100, Duration::from_secs(60)).unwrap();
+        let s = w.portion(0.257, true).unwrap();
+        assert_eq!((s.rate(), s.period()), (25, Duration::from_secs(60)));
     }
 }

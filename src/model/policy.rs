@@ -97,17 +97,20 @@ pub enum FailurePolicy {
     ///   bucket's TAT, a window's count), which is never less than what all the instances
     ///   spent together, so the fractions of the instances add up to at most 1. A key on
     ///   one instance (session affinity) gets its traffic whole (the whole limit at or
-    ///   above it), a key spread over `N` instances about `1/N` each.
+    ///   above it), a key spread over `N` instances about `1/N` each. An instance the
+    ///   store counts as the only one (`Backend::counts_instances`) keeps the whole
+    ///   limit for the keys it served: nobody else spent what it left.
     /// - **A key it knows no traffic of** gets `1/N`, `N` the live instances counted in
     ///   the store (a store that cannot count them counts 1); an instance that has not
     ///   counted them yet (it never reached the store: started during the outage) counts
     ///   4, never 1.
     ///
-    /// A share of `f` is a burst of `f·burst` and a rate of `f·rate` (a window: `f·limit`
-    /// per window), in whole tokens rounded down: a share under one token starts spent by
-    /// what it lacks, so the shares of a burst of `B` never add up to more than `B`, and a
-    /// window's shares never to more than its limit (a window share under one unit
-    /// refuses). A key seen spent starts its share as spent (a fixed window: until it
+    /// A share of `f` is a rate of `f·rate` and holds `f·burst` tokens when the outage
+    /// starts (its bucket holds `f·burst` rounded up, at least 2, and starts spent by the
+    /// rest, which is room for traffic that comes a little before its token), so the shares
+    /// of a burst of `B` never add up to more than `B`; a window's share is `f·limit` per
+    /// window rounded down, and its shares never add up to more than its limit (a window
+    /// share under one unit refuses). A key seen spent starts its share as spent (a fixed window: until it
     /// ends). The share is frozen when the store stops answering.
     ///
     /// The bound: over an outage of length `o`, the instances grant a key at most

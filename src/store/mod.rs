@@ -396,6 +396,17 @@ pub trait Backend: Clone + Send + Sync + 'static {
         1
     }
 
+    /// Whether [`instances`](Self::instances) is a count the backend keeps (`false`, the
+    /// default: the `1` it answers says nothing). When it counts one instance, that
+    /// instance is the only one spending the backend's buckets: under
+    /// [`FailurePolicy::Share`] a key it served keeps the whole limit (whatever it did
+    /// not spend of it, nobody did).
+    ///
+    /// [`FailurePolicy::Share`]: crate::FailurePolicy
+    fn counts_instances(&self) -> bool {
+        false
+    }
+
     /// A round trip to the backend it measured on its own, lately (Redis: its probe,
     /// once a second), if any: [`Resilient`] sizes its timeout from it too, so a backend
     /// farther away than the configured timeout, whose every call would time out and so

@@ -621,6 +621,10 @@ impl Backend for SimBackend {
         self.state().instances
     }
 
+    fn counts_instances(&self) -> bool {
+        true
+    }
+
     /// What a `RedisStore`'s own probe measures: the round trip as it stands.
     fn round_trip(&self) -> Option<Duration> {
         Some(self.state().latency * 2)

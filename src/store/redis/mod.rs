@@ -965,6 +965,10 @@ impl Backend for RedisBackend {
         self.epoch.instances()
     }
 
+    fn counts_instances(&self) -> bool {
+        true
+    }
+
     /// The probe's last round trip (its heartbeat script, once a second).
     fn round_trip(&self) -> Option<std::time::Duration> {
         self.epoch.round_trip()

@@ -185,13 +185,11 @@ impl<B: Backend> Resilient<B> {
             let Checked::Ready(s) = self.inner.fallback.apply(Op::Check, &look) else {
                 unreachable!("the memory store answers at once")
             };
-            let left = s
+            let until_full = s
                 .first()
                 .and_then(Status::outcome)
-                .map_or(0, Outcome::remaining);
-            // At most what was granted on the share: a share that started as spent as
-            // the shared bucket lacks what the backend already counted too.
-            let lacks = d.share.burst_size().saturating_sub(left).min(d.granted);
+                .map_or(Duration::ZERO, Outcome::reset_after);
+            let lacks = lacks(d.quota, d.share, until_full, d.granted);
             if lacks == 0 {
                 continue;
             }
@@ -243,9 +241,15 @@ impl<B: Backend> Resilient<B> {
             n => n,
         };
         let table = Arc::as_ptr(&p.remote) as usize;
-        let fraction = inner
+        let mut fraction = inner
             .traffic
             .fraction_or(table, &p.key, p.quota, now, 1.0 / n as f64);
+        if n == 1 && inner.backend.counts_instances() {
+            // The only instance the backend counts: what it did not spend of the key,
+            // nobody did (the bucket sat full). The whole limit, not its own rate, which a
+            // key under the limit would meet exactly, refusing what comes a little early.
+            fraction.f = 1.0;
+        }
         let window = p.algorithm.is_window();
         let quota = if window && !p.algorithm.is_fixed() {
             // A sliding window or log: `1/N` as before (no traffic is followed).
@@ -253,11 +257,16 @@ impl<B: Backend> Resilient<B> {
         } else {
             p.quota.portion(fraction.f, window)
         };
-        // Under one token (GCRA): the share starts spent by the part it lacks, from the
-        // outage's start, so that the shares of a burst of B never add up to more than B.
-        let lacking = (1.0 - fraction.f * p.quota.burst_size() as f64).max(0.0);
+        // GCRA: the share's burst is `f·B` rounded up; it starts spent by the part over
+        // `f·B`, from the outage's start, so that the shares of a burst of B never hold
+        // more than B at first, and each has the rest as room for traffic that comes a
+        // little before its token (a share of 1.99 tokens rounded down to 1 refused half
+        // of a key's steady traffic when its rate came out a hair under the traffic's).
+        let lacking = quota.map_or(0.0, |q| {
+            (q.burst_size() as f64 - fraction.f * p.quota.burst_size() as f64).max(0.0)
+        });
         let full_at = match quota {
-            Some(q) if !window && lacking > 0.0 => {
+            Some(q) if !window && lacking > 1e-9 => {
                 let ns = lacking * q.t_ns() as f64;
                 Some(
                     fraction
@@ -371,6 +380,19 @@ impl<B: Backend> Resilient<B> {
     }
 }
 
+/// What a share of `quota` whose local bucket is full again in `until_full` lacks of the
+/// `f·B` tokens it held at the outage's start (`f` the share's rate over the quota's; its
+/// burst beyond them is room, never granted from), rounded up: what is charged back. At
+/// most `granted`, what was granted on it: a share that started as spent as the shared
+/// bucket lacks what the backend already counted too.
+fn lacks(quota: Quota, share: Quota, until_full: Duration, granted: u64) -> u64 {
+    let f = (quota.t_ns() as f64 / share.t_ns().max(1) as f64).min(1.0);
+    let held = (f * quota.burst_size() as f64).min(share.burst_size() as f64);
+    let room = share.burst_size() as f64 - held;
+    let missing = until_full.as_nanos() as f64 / share.t_ns().max(1) as f64;
+    ((missing - room - 1e-6).ceil().max(0.0) as u64).min(granted)
+}
+
 /// Charge-back calls in flight at once, at most.
 const REPAYING: usize = 64;
 
@@ -404,6 +426,32 @@ mod tests {
     use crate::algo::quota::Quota;
     use crate::model::key::Key;
     use crate::store::resilient::tests::{Down, Silent};
+
+    /// The charge-back is what a share lacks of the `f·B` tokens it held, never its room:
+    /// a third of 10/s with a burst of 6, holding 2 tokens in a bucket of 2; a third of 1/s
+    /// with a burst of 1, holding 1/3 of a token in a bucket of 2.
+    #[test]
+    fn a_share_is_charged_what_it_lacks_of_what_it_held_never_its_room() {
+        let ms = Duration::from_millis;
+        let quota = Quota::per_second(10).burst(6);
+        let share = quota.portion(1.0 / 3.0, false).unwrap();
+        assert_eq!(share.burst_size(), 2);
+        assert_eq!(lacks(quota, share, Duration::ZERO, 5), 0);
+        // One token short (10/3 a second: 300 ms a token); a hair more, two.
+        assert_eq!(lacks(quota, share, ms(300), 5), 1);
+        assert_eq!(lacks(quota, share, ms(301), 5), 2);
+        assert_eq!(lacks(quota, share, ms(600), 5), 2);
+        // Never more than was granted on it.
+        assert_eq!(lacks(quota, share, ms(600), 1), 1);
+        let quota = Quota::per_second(1);
+        let share = quota.portion(1.0 / 3.0, false).unwrap();
+        assert_eq!(share.burst_size(), 2);
+        // Its bucket 5/3 tokens short (3 s a token): as it started, nothing owed.
+        assert_eq!(lacks(quota, share, ms(5_000), 3), 0);
+        // A token granted since, a third refilled: one owed.
+        assert_eq!(lacks(quota, share, ms(7_000), 3), 1);
+        assert_eq!(lacks(quota, share, ms(3_000), 3), 0);
+    }
 
     async fn in_flight_check<B: Backend>(store: &Resilient<B>) -> Status {
         let table = store.table("jobs");
