@@ -217,7 +217,7 @@ mod tests {
         ledger.debit(id(1), 0, || 5);
         ledger.credit(id(1), 60, || ());
         ledger.debit(id(9), 140, || 4);
-        ledger.debit(id(2), 150, || 1); // prunes: the debit of 0 is past its ttl
+        ledger.debit(id(2), 150, || 1); // the prune at 140 forgot the debit of 0
         assert_eq!(ledger.len(), 3);
         assert!(!ledger.credit(id(1), 160, || ()));
         assert_eq!(ledger.debit(id(9), 160, || 7), 4, "kept through the prune");
@@ -225,5 +225,18 @@ mod tests {
         assert_eq!(ledger.debit(id(3), 250, || 2), 2);
         assert_eq!(ledger.len(), 1);
         assert!(!ledger.is_empty());
+    }
+
+    /// The boundaries: the prune runs exactly one ttl after the last, and a credit applied
+    /// exactly one ttl before is forgotten by it (applied again if it comes again).
+    #[test]
+    fn a_credit_is_forgotten_exactly_one_ttl_after_it() {
+        let mut ledger = Ledger::new(Duration::from_nanos(100));
+        let mut given = 0;
+        assert!(ledger.credit(id(1), 0, || given += 1));
+        assert!(!ledger.credit(id(1), 99, || given += 1));
+        assert!(ledger.credit(id(1), 100, || given += 1));
+        assert_eq!(given, 2);
+        assert_eq!(ledger.len(), 1);
     }
 }
