@@ -16,6 +16,14 @@ use tollgate::key::Key;
 use tollgate::store::{Checked, Item, MemoryStore, MemoryTable, Op, Store};
 use tollgate::{Algorithm, LimitSpec, Limiter, Outcome, Quota};
 
+/// A store on a fake clock at `secs` seconds, and its table `hot`.
+fn hot(secs: u64) -> (FakeClock, MemoryStore<FakeClock>, MemoryTable) {
+    let clock = FakeClock::at(Duration::from_secs(secs));
+    let store = MemoryStore::with_clock(clock.clone());
+    let table = store.table("hot");
+    (clock, store, table)
+}
+
 /// Rates dividing 10^9, so that `T` (ns per token, rounded up by the quota) is exact.
 const RATES: [u64; 6] = [100, 250, 400, 1_000, 2_000, 5_000];
 
@@ -67,9 +75,7 @@ fn run(
     steps: u64,
     seed: u64,
 ) -> (u64, u64, u64) {
-    let clock = FakeClock::at(Duration::from_secs(1_000));
-    let store = MemoryStore::with_clock(clock.clone());
-    let table = store.table("hot");
+    let (clock, store, table) = hot(1_000);
     let quota = Quota::per_second(rate).burst(burst);
     let t = 1_000_000_000 / rate;
     let step = Duration::from_nanos(t * step_tokens);
@@ -179,9 +185,7 @@ proptest! {
         let mut totals = [0u64; 2];
         let mut span = 0;
         for (k, n) in [1u8, stripes].into_iter().enumerate() {
-            let clock = FakeClock::at(Duration::from_secs(1_000));
-            let store = MemoryStore::with_clock(clock.clone());
-            let table = store.table("hot");
+            let (clock, store, table) = hot(1_000);
             span = 0;
             for (i, &(wait_permille, cost)) in ops.iter().enumerate() {
                 if i > 0 {
@@ -214,9 +218,7 @@ proptest! {
 /// bucket passes it.
 #[test]
 fn costs_beyond_a_stripe_are_gathered_and_beyond_all_never_pass() {
-    let clock = FakeClock::at(Duration::from_secs(1));
-    let store = MemoryStore::with_clock(clock.clone());
-    let table = store.table("hot");
+    let (clock, store, table) = hot(1);
     let quota = Quota::per_second(100).burst(9);
     assert!(check(&store, &store.table("one bucket"), quota, 1, 9));
     let never = |cost| {
@@ -280,9 +282,7 @@ async fn the_limiter_stripes_a_limit_that_asks() {
 /// Lowered to the burst: 64 stripes of a burst of 3 are 3 stripes of one token.
 #[test]
 fn stripes_beyond_the_burst_are_lowered_to_it() {
-    let clock = FakeClock::at(Duration::from_secs(1));
-    let store = MemoryStore::with_clock(clock);
-    let table = store.table("hot");
+    let (_clock, store, table) = hot(1);
     let quota = Quota::per_second(1).burst(3);
     let granted = (0..10)
         .filter(|_| check(&store, &table, quota, 64, 1))
@@ -337,9 +337,7 @@ fn reserve(
 /// it says when the soonest stripe will, whichever stripe the thread checks first.
 #[test]
 fn a_striped_reservation_refused_waits_for_the_soonest_stripe() {
-    let clock = FakeClock::at(Duration::from_secs(1));
-    let store = MemoryStore::with_clock(clock.clone());
-    let table = store.table("hot");
+    let (clock, store, table) = hot(1);
     // 2 stripes of 2 tokens, one per 20 ms each.
     let quota = Quota::per_second(100).burst(4);
     assert!(
@@ -367,9 +365,7 @@ fn a_striped_reservation_refused_waits_for_the_soonest_stripe() {
 /// threads, on several stripes' slots were it striped, 2 checks each: 5 granted in all).
 #[test]
 fn a_window_limit_asking_for_stripes_keeps_one_count() {
-    let clock = FakeClock::at(Duration::from_secs(1));
-    let store = MemoryStore::with_clock(clock);
-    let table = store.table("hot");
+    let (_clock, store, table) = hot(1);
     let quota = Quota::per_second(5);
     let granted = AtomicU64::new(0);
     on_new_threads(|_| {
@@ -423,9 +419,7 @@ fn on_new_threads(f: impl Fn(&str) + Sync) {
 /// less, on whichever thread (2 stripes of 4: a penalty of 8 leaves the other 4).
 #[test]
 fn a_penalty_on_a_striped_key_lands_on_one_of_its_stripes() {
-    let clock = FakeClock::at(Duration::from_secs(1));
-    let store = MemoryStore::with_clock(clock);
-    let table = store.table("hot");
+    let (_clock, store, table) = hot(1);
     let quota = Quota::per_second(1).burst(8);
     on_new_threads(|key| {
         assert!(apply(
@@ -448,9 +442,7 @@ fn a_penalty_on_a_striped_key_lands_on_one_of_its_stripes() {
 /// reservation of 2 (never gathered) passes there.
 #[test]
 fn a_check_starts_at_the_threads_own_stripe() {
-    let clock = FakeClock::at(Duration::from_secs(1));
-    let store = MemoryStore::with_clock(clock);
-    let table = store.table("hot");
+    let (_clock, store, table) = hot(1);
     let quota = Quota::per_second(1).burst(4);
     on_new_threads(|key| {
         assert!(apply(&store, &table, Op::Check, (key, quota, 2), 1, false));
@@ -473,9 +465,7 @@ fn a_check_starts_at_the_threads_own_stripe() {
 /// reservations of 1 to one thread, then refuse.
 #[test]
 fn a_threads_reservations_reach_every_stripe() {
-    let clock = FakeClock::at(Duration::from_secs(1));
-    let store = MemoryStore::with_clock(clock);
-    let table = store.table("hot");
+    let (_clock, store, table) = hot(1);
     let quota = Quota::per_second(1).burst(4);
     on_new_threads(|key| {
         let granted = (0..6)
@@ -489,9 +479,7 @@ fn a_threads_reservations_reach_every_stripe() {
 /// would: 3 tokens of 2 stripes of 2 (one per 20 ms each), 30 ms.
 #[test]
 fn a_gathered_cost_reports_the_keys_reset_as_one_bucket() {
-    let clock = FakeClock::at(Duration::from_secs(1));
-    let store = MemoryStore::with_clock(clock);
-    let table = store.table("hot");
+    let (_clock, store, table) = hot(1);
     let quota = Quota::per_second(100).burst(4);
     on_new_threads(|key| {
         let item = Item::new(&table, Key::from_part(key), quota, 3).stripes(2);
@@ -508,9 +496,7 @@ fn a_gathered_cost_reports_the_keys_reset_as_one_bucket() {
 /// still holds what it held (3 of 4), so a cost of 3 passes after a cost of 4 was refused.
 #[test]
 fn a_failed_gather_gives_each_stripe_back_its_own() {
-    let clock = FakeClock::at(Duration::from_secs(1));
-    let store = MemoryStore::with_clock(clock);
-    let table = store.table("hot");
+    let (_clock, store, table) = hot(1);
     let quota = Quota::per_second(1).burst(4);
     on_new_threads(|key| {
         let stripes = (key, quota, 2);
