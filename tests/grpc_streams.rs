@@ -309,20 +309,28 @@ fn compressible(i: u64) -> Bytes {
     Bytes::from(m)
 }
 
+/// 10 s of [`compressible`] messages on `/chat.Chat/Talk`, gzip-compressed or not.
+async fn flood_compressible(
+    addr: SocketAddr,
+    gzip: bool,
+) -> (Vec<(Instant, Bytes)>, Option<Status>) {
+    flood_with(
+        addr,
+        "/chat.Chat/Talk",
+        Duration::from_secs(10),
+        compressible,
+        gzip,
+    )
+    .await
+}
+
 /// Messages the client compresses (tonic's, gzip: the compressed flag set) are found and
 /// counted one by one like any others: `end` lets the burst of 5 pass, intact, then ends
 /// the call.
 #[tokio::test(start_paused = true)]
 async fn compressed_messages_are_counted_one_by_one() {
     let (addr, chat) = serve(OverLimit::End).await;
-    let (echoes, status) = flood_with(
-        addr,
-        "/chat.Chat/Talk",
-        Duration::from_secs(10),
-        compressible,
-        true,
-    )
-    .await;
+    let (echoes, status) = flood_compressible(addr, true).await;
     let status = status.expect("the call ended with a status");
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert_eq!(chat.seen.lock().unwrap().len(), 5);
@@ -347,26 +355,12 @@ fn bytes_limit() -> LimitSpec {
 async fn a_limit_of_bytes_counts_compressed_messages_by_their_length_on_the_wire() {
     let (addr, chat) = serve_limit(bytes_limit()).await;
     let start = Instant::now();
-    let (plain, status) = flood_with(
-        addr,
-        "/chat.Chat/Talk",
-        Duration::from_secs(10),
-        compressible,
-        false,
-    )
-    .await;
+    let (plain, status) = flood_compressible(addr, false).await;
     assert_eq!(status.expect("ended").code(), Code::ResourceExhausted);
     assert_eq!(plain.len(), 2, "2,000 bytes hold two uncompressed messages");
 
     let (addr, chat2) = serve_limit(bytes_limit()).await;
-    let (gzipped, status) = flood_with(
-        addr,
-        "/chat.Chat/Talk",
-        Duration::from_secs(10),
-        compressible,
-        true,
-    )
-    .await;
+    let (gzipped, status) = flood_compressible(addr, true).await;
     let d = (Instant::now() - start).as_secs_f64();
     assert!(
         gzipped.len() >= 20,
