@@ -265,17 +265,12 @@ impl<B: Backend> Resilient<B> {
         let lacking = quota.map_or(0.0, |q| {
             (q.burst_size() as f64 - fraction.f * p.quota.burst_size() as f64).max(0.0)
         });
-        let full_at = match quota {
-            Some(q) if !window && lacking > 1e-9 => {
-                let ns = lacking * q.t_ns() as f64;
-                Some(
-                    fraction
-                        .since
-                        .saturating_add(ns.min(u64::MAX as f64 / 2.0) as u64),
-                )
-            }
-            _ => None,
-        };
+        // (A window's share starts whole: rounded down, it lacks nothing.)
+        let full_at = quota.filter(|_| !window).map(|q| {
+            // A float's `as` saturates: a huge wait is "never" (u64::MAX).
+            let ns = (lacking * q.t_ns() as f64) as u64;
+            fraction.since.saturating_add(ns)
+        });
         Portion { quota, full_at }
     }
 
@@ -406,7 +401,8 @@ pub(super) const UNHEARD_INSTANCES: u64 = 4;
 struct Portion {
     /// The share's quota; `None`: nothing (refused).
     quota: Option<Quota>,
-    /// A share under one token: when its first token is whole (the store's clock).
+    /// When the share holds the `f·B` tokens it starts with and the rest of its bucket is
+    /// room (the store's clock; `since` when it lacks nothing); `None` without a share.
     full_at: Option<u64>,
 }
 
