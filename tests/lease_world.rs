@@ -855,36 +855,40 @@ mod issue_41_shares {
     use super::*;
     use tollgate::store::{Backend, Item, Op};
 
-    /// The world as an instance that never reached it sees it: it has counted nobody yet
-    /// (Redis's probe before its first answer: 0; before issue 41 it said 1).
+    /// The world as a backend that does not count its instances and answers `instances`:
+    /// 0 is an instance that never reached it (Redis's probe before its first answer;
+    /// before issue 41 it said 1), 1 a backend that cannot count (the trait's default).
     #[derive(Clone)]
-    struct Unreached(World);
+    struct Uncounting {
+        world: World,
+        instances: u64,
+    }
 
-    impl Backend for Unreached {
+    impl Backend for Uncounting {
         type Table = String;
         type Future = <World as Backend>::Future;
 
         fn table(&self, name: &str) -> String {
-            self.0.table(name)
+            self.world.table(name)
         }
 
         fn apply(&self, op: Op, items: &[Item<'_, String>]) -> Self::Future {
-            self.0.apply(op, items)
-        }
-
-        fn name(&self) -> &'static str {
-            "the world, unreached"
+            self.world.apply(op, items)
         }
 
         fn instances(&self) -> u64 {
-            0
+            self.instances
         }
     }
 
-    /// An instance over `Unreached` (its `store` field is a placeholder: `play` reads the
+    /// An instance over `Uncounting` (its `store` field is a placeholder: `play` reads the
     /// plans).
-    fn unreached_instance(world: &World, specs: &[LimitSpec]) -> Instance {
-        let store = Resilient::new(Unreached(world.clone())).clock(*world.clock());
+    fn uncounting_instance(world: &World, instances: u64, specs: &[LimitSpec]) -> Instance {
+        let backend = Uncounting {
+            world: world.clone(),
+            instances,
+        };
+        let store = Resilient::new(backend).clock(*world.clock());
         let plans = specs
             .iter()
             .map(|spec| {
@@ -898,6 +902,11 @@ mod issue_41_shares {
             store: world.store(),
             plans,
         }
+    }
+
+    /// An instance that never reached the world.
+    fn unreached_instance(world: &World, specs: &[LimitSpec]) -> Instance {
+        uncounting_instance(world, 0, specs)
     }
 
     /// `count` requests spread evenly over `from..from + seconds` on `instances`, in turn.
@@ -981,24 +990,6 @@ mod issue_41_shares {
         assert!(during <= 80);
     }
 
-    /// The world as a backend that cannot count its instances: it answers 1, the default,
-    /// and says it does not count them.
-    #[derive(Clone)]
-    struct Uncounted(World);
-
-    impl Backend for Uncounted {
-        type Table = String;
-        type Future = <World as Backend>::Future;
-
-        fn table(&self, name: &str) -> String {
-            self.0.table(name)
-        }
-
-        fn apply(&self, op: Op, items: &[Item<'_, String>]) -> Self::Future {
-            self.0.apply(op, items)
-        }
-    }
-
     /// A key at 3/s of 10/s (burst 1) on the only instance Redis counts, 9/s during a 10 s
     /// outage, still under the limit: the instance keeps the whole limit (nobody else spent
     /// what it left of the key), where its own rate, 3/s, would have refused two thirds.
@@ -1016,11 +1007,7 @@ mod issue_41_shares {
             let fleet = if counted {
                 fleet(&world, 1, &[spec])
             } else {
-                let store = Resilient::new(Uncounted(world.clone())).clock(*world.clock());
-                vec![Instance {
-                    plans: vec![Limiter::builder(store).limit(spec).build().unwrap()],
-                    store: world.store(),
-                }]
+                vec![uncounting_instance(&world, 1, &[spec])]
             };
             let mut at = spell(30, 10.0, &[0]);
             at.extend(spell_at(10.0, 90, 10.0, &[0]));
