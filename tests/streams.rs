@@ -223,8 +223,180 @@ async fn an_upload_is_read_at_the_rate() {
     );
 }
 
+/// `n` MiB in 64 KiB chunks, streamed.
+fn mebibytes(n: usize) -> Body {
+    let chunks = (0..n * 16).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![7u8; CHUNK])));
+    Body::from_stream(stream::iter(chunks))
+}
+
+/// Reads `path` to its end or its first error: the status (`None`: the connection ended
+/// before the response's head came), the bytes read, whether the body ended with an
+/// error, and how long it took on tokio's clock.
+async fn read_to_end(addr: SocketAddr, path: &str) -> (Option<StatusCode>, u64, bool, Duration) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let start = Instant::now();
+    let sent = client
+        .request(
+            Request::get(format!("http://{addr}{path}"))
+                .body(Full::default())
+                .unwrap(),
+        )
+        .await;
+    let Ok(response) = sent else {
+        return (None, 0, true, start.elapsed());
+    };
+    let status = response.status();
+    let mut body = response.into_body();
+    let (mut total, mut failed) = (0u64, false);
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => total += frame.into_data().map_or(0, |d| d.len() as u64),
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    (Some(status), total, failed, start.elapsed())
+}
+
+/// Issue 42, "rules files can say it": a limit of bytes given routes in a rules file paces
+/// the response bodies of those routes per key with no code in the handlers (nginx's
+/// `limit_rate` on a `location`), `over_limit = "end"` cuts a body short, and the app's
+/// other routes pass at once.
+#[cfg(feature = "rules")]
+#[tokio::test(start_paused = true)]
+async fn a_rules_files_limit_of_bytes_paces_the_response_bodies_of_its_routes() {
+    let text = r#"
+            [[limits]]
+            name = "requests"
+            key = "peer_ip"
+            quota = "100/min"
+
+            [[limits]]
+            name = "download"
+            key = "peer_ip"
+            per = "byte"
+            quota = "1MiB/s; burst=256KiB"
+            direction = "out"
+            routes = ["GET /files/{*path}"]
+
+            [[limits]]
+            name = "strict"
+            key = "peer_ip"
+            per = "byte"
+            quota = "1MiB/s; burst=256KiB"
+            direction = "out"
+            over_limit = "end"
+            routes = ["GET /strict"]
+            "#;
+    let rules = tollgate::rules::Rules::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .text(text)
+        .build()
+        .unwrap();
+    // `tollgate-rules check` and the reload log say so.
+    let shown = tollgate::rules::Document::from_toml(text)
+        .unwrap()
+        .to_string();
+    assert!(
+        shown
+            .lines()
+            .any(|l| l == "  paces the response bodies of: GET /files/{*path}"),
+        "{shown}"
+    );
+    let app = Router::new()
+        .route("/files/{*path}", get(|| async { mebibytes(2) }))
+        .route("/strict", get(|| async { mebibytes(2) }))
+        .route("/other", get(|| async { mebibytes(2) }))
+        .layer(rules.layer());
+    let addr = serve(app).await;
+    // Not on the route: at once.
+    let (status, bytes, failed, elapsed) = read_to_end(addr, "/other").await;
+    assert_eq!(
+        (status, bytes, failed),
+        (Some(StatusCode::OK), 2 * MIB, false)
+    );
+    assert!(elapsed < Duration::from_millis(100), "{elapsed:?}");
+    // Two downloads on the route from one address share its rate: 4 MiB in all, 256 KiB
+    // at once, the rest at 1 MiB/s.
+    let (a, b) = tokio::join!(
+        read_to_end(addr, "/files/a.bin"),
+        read_to_end(addr, "/files/b.bin")
+    );
+    assert_eq!((a.0, a.1, a.2), (Some(StatusCode::OK), 2 * MIB, false));
+    assert_eq!((b.0, b.1, b.2), (Some(StatusCode::OK), 2 * MIB, false));
+    let last = a.3.max(b.3);
+    assert!(last >= Duration::from_millis(3_750), "{last:?}");
+    assert!(within(last, Duration::from_millis(3_750), 0.05), "{last:?}");
+    // `over_limit = "end"`: at most the burst passes, then the body ends with an error
+    // (hyper resets the connection, here before it flushed the head it had buffered with
+    // the burst: the client sees the connection end).
+    let (status, bytes, failed, _) = read_to_end(addr, "/strict").await;
+    assert!(matches!(status, None | Some(StatusCode::OK)), "{status:?}");
+    assert!(failed, "the body was cut short");
+    assert!(
+        bytes <= 256 * KIB,
+        "{bytes} bytes passed a burst of 256 KiB"
+    );
+}
+
+/// Over a body type the layer cannot pace (hyper's `Full`), a request a limit of bytes
+/// would pace is answered 500 before the service is called, never served unpaced; other
+/// routes pass. Over axum's body the same layer paces.
+#[tokio::test(start_paused = true)]
+async fn a_route_paced_over_a_body_that_cannot_be_paced_is_a_500_not_a_bypass() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tollgate::{Limit, RateLimitLayer};
+    use tower::{Layer, ServiceExt};
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .route(
+            "GET /files/{*path}",
+            Limit::new("download", Quota::per_second(1024).burst(256))
+                .per(Per::Byte)
+                .unit(1024)
+                .direction(Direction::Out),
+        )
+        .build()
+        .unwrap();
+    let called = Arc::new(AtomicUsize::new(0));
+    let seen = called.clone();
+    let service = layer.layer(tower::service_fn(move |_: Request<Full<Bytes>>| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("x"))))
+        }
+    }));
+    let request = |path: &str| Request::get(path).body(Full::default()).unwrap();
+    let r = service.clone().oneshot(request("/files/a")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let text = r.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.contains("PacedBody"), "{text}");
+    assert_eq!(
+        called.load(Ordering::SeqCst),
+        0,
+        "the service was not called"
+    );
+    let r = service.oneshot(request("/other")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(called.load(Ordering::SeqCst), 1);
+    // The same layer over axum: the download is paced, 1 MiB at 1 MiB/s after 256 KiB.
+    let app = Router::new()
+        .route("/files/{*path}", get(|| async { mebibytes(1) }))
+        .layer(layer);
+    let addr = serve(app).await;
+    let (status, bytes, failed, elapsed) = read_to_end(addr, "/files/a").await;
+    assert_eq!((status, bytes, failed), (Some(StatusCode::OK), MIB, false));
+    assert!(elapsed >= Duration::from_millis(750), "{elapsed:?}");
+    assert!(
+        within(elapsed, Duration::from_millis(750), 0.05),
+        "{elapsed:?}"
+    );
+}
+
 /// A layer binds its limits of messages and bytes (its limiter paces them) but checks no
-/// request against them, and gives them no route.
+/// request against them, and gives a limit of messages no route.
 #[tokio::test(start_paused = true)]
 async fn a_layers_stream_limits_are_paced_not_checked_per_request() {
     use tollgate::{Limit, RateLimitLayer};

@@ -13,6 +13,9 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::limiter::pace::Pacer;
+use crate::middleware::pace::PacedBody;
+
 /// How a response body ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ending {
@@ -40,6 +43,11 @@ pub(crate) trait AfterBody: Send + Sync + 'static {
     fn trailers(&mut self, trailers: &HeaderMap);
     /// The body ended (or was dropped).
     fn ended(&mut self, ending: Ending);
+    /// The pacers of the limits of bytes that pace this response's body (taken once,
+    /// when the response comes).
+    fn take_pacers(&mut self) -> Vec<Pacer> {
+        Vec::new()
+    }
 }
 
 pin_project! {
@@ -124,13 +132,31 @@ impl<B> ResponseBody<B> {
 ///     fn follow(body: ResponseBody<Self>) -> Self::Body { body }
 /// }
 /// ```
+///
+/// A limit of bytes given routes ([`Limit::per`](crate::Limit::per) `Per::Byte`,
+/// `direction = "out"`) paces the response bodies of its routes: the layer does so for
+/// bodies whose `Follow` says [`PACES`](Follow::PACES) (axum's and tonic's). Over another
+/// body type a request such a limit would pace is answered `500` before the service is
+/// called (and the misconfiguration logged): wrap that body in
+/// [`PacedBody`](crate::pace::PacedBody) in the handler instead.
 pub trait Follow: Sized {
     /// The body of the layer's responses.
     type Body;
+    /// Whether [`paced`](Follow::paced) paces (`false` by default: the layer refuses
+    /// to serve a route it would pace over this body type, rather than let its bytes
+    /// through unpaced).
+    const PACES: bool = false;
     /// The body, followed by nothing.
     fn plain(self) -> Self::Body;
     /// The body, followed to its end.
     fn follow(body: ResponseBody<Self>) -> Self::Body;
+    /// The body, followed to its end, its bytes paced by each of `pacers` (one per limit
+    /// of bytes on its route). Called only when [`PACES`](Follow::PACES) is `true`; the
+    /// default, for bodies that do not pace, is [`follow`](Follow::follow).
+    fn paced(body: ResponseBody<Self>, pacers: Vec<Pacer>) -> Self::Body {
+        drop(pacers);
+        Self::follow(body)
+    }
 }
 
 /// `Self`'s `Follow` as `ResponseBody<Self>`.
@@ -176,22 +202,38 @@ impl<D> Follow for http_body_util::Empty<D> {
 /// axum's body (`axum::body::Body`), whether or not the `axum` feature is on.
 impl Follow for axum_core::body::Body {
     type Body = Self;
+    const PACES: bool = true;
     fn plain(self) -> Self {
         self
     }
     fn follow(body: ResponseBody<Self>) -> Self {
         axum_core::body::Body::new(body)
     }
+    fn paced(body: ResponseBody<Self>, pacers: Vec<Pacer>) -> Self {
+        pacers
+            .into_iter()
+            .fold(axum_core::body::Body::new(body), |body, pacer| {
+                axum_core::body::Body::new(PacedBody::new(body, pacer))
+            })
+    }
 }
 
 #[cfg(feature = "grpc")]
 impl Follow for tonic::body::Body {
     type Body = Self;
+    const PACES: bool = true;
     fn plain(self) -> Self {
         self
     }
     fn follow(body: ResponseBody<Self>) -> Self {
         tonic::body::Body::new(body)
+    }
+    fn paced(body: ResponseBody<Self>, pacers: Vec<Pacer>) -> Self {
+        pacers
+            .into_iter()
+            .fold(tonic::body::Body::new(body), |body, pacer| {
+                tonic::body::Body::new(PacedBody::new(body, pacer))
+            })
     }
 }
 

@@ -184,6 +184,7 @@ where
         inner: &mut S,
         req: Request<ReqBody>,
         queued: Option<Queued>,
+        can_pace: bool,
     ) -> Self {
         let (mut parts, body) = req.into_parts();
         let shared = &version.shared;
@@ -222,7 +223,14 @@ where
                     drop(items);
                     return Self::queue(version, inner, parts, body, places);
                 }
-                let next = proceed(version, &mut prepared, statuses, &mut parts, &items[..]);
+                let next = proceed(
+                    version,
+                    &mut prepared,
+                    statuses,
+                    &mut parts,
+                    &items[..],
+                    can_pace,
+                );
                 drop(items);
                 match next {
                     Ok(passed) if passed.delay.is_none() => {
@@ -425,7 +433,14 @@ where
                         state.set(next.state);
                         continue;
                     }
-                    match proceed(w.version, &mut prepared, statuses, &mut parts, &w.keys[..]) {
+                    match proceed(
+                        w.version,
+                        &mut prepared,
+                        statuses,
+                        &mut parts,
+                        &w.keys[..],
+                        ResBody::PACES,
+                    ) {
                         Ok(passed) => {
                             let service = w.service.take().expect("service taken once");
                             let next = Self::passed(passed, service, parts, body);
@@ -453,6 +468,7 @@ where
                         q.service,
                         Request::from_parts(parts, body),
                         Some(places),
+                        ResBody::PACES,
                     );
                     state.set(next.state);
                 }
@@ -488,10 +504,15 @@ where
                     }
                     std::mem::take(fields).apply(response.headers_mut());
                     let mut after = after.take();
+                    let mut pacers = Vec::new();
                     if let Some(after) = after.as_mut() {
                         after.head(response.status(), response.headers(), response.extensions());
+                        pacers = after.take_pacers();
                     }
                     return Poll::Ready(Ok(response.map(|body| match after {
+                        Some(after) if !pacers.is_empty() => {
+                            ResBody::paced(ResponseBody::with_after(body, Some(after)), pacers)
+                        }
                         Some(after) => ResBody::follow(ResponseBody::with_after(body, Some(after))),
                         None => body.plain(),
                     })));

@@ -12,6 +12,7 @@ pub(crate) mod guard;
 pub(crate) mod handles;
 pub(crate) mod layer;
 pub(crate) mod pace;
+pub(crate) mod routed;
 pub(crate) mod service;
 pub(crate) mod settle;
 pub(crate) mod shared;

@@ -73,7 +73,8 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let inner = &mut self.inner;
-        self.source
-            .with_version(|version| ResponseFuture::start(version, inner, req, None))
+        self.source.with_version(|version| {
+            ResponseFuture::start(version, inner, req, None, ResBody::PACES)
+        })
     }
 }

@@ -121,6 +121,12 @@ impl AfterBody for Both {
         self.0.ended(ending);
         self.1.ended(ending);
     }
+
+    fn take_pacers(&mut self) -> Vec<crate::limiter::pace::Pacer> {
+        let mut pacers = self.0.take_pacers();
+        pacers.append(&mut self.1.take_pacers());
+        pacers
+    }
 }
 
 /// `a` and `b`, whichever exist, as one guard.

@@ -155,10 +155,13 @@ fn stream(f: &mut fmt::Formatter<'_>, rule: &LimitRule, per: &str) -> fmt::Resul
     if let Some(id) = rule.rule_id {
         writeln!(f, "  rule {id}")?;
     }
-    writeln!(
-        f,
-        "  charged by the streams that name it (`Limiter::pacer`)"
-    )
+    match &rule.routes {
+        Some(routes) => writeln!(f, "  paces the response bodies of: {}", routes.join(", ")),
+        None => writeln!(
+            f,
+            "  charged by the streams that name it (`Limiter::pacer`)"
+        ),
+    }
 }
 
 /// `kind: rate (gcra)`, `kind: in-flight (retry after 1s)`, `kind: calendar (months in

@@ -9,7 +9,9 @@ use crate::audit::Recorder;
 use crate::base::error::ConfigError;
 use crate::engine::delay::WaitCounts;
 use crate::engine::{DEFAULT_MAX_LIMITS, Engine, unique_names};
+use crate::limiter::can_wait;
 use crate::model::policy::Mode;
+use crate::model::stream::{Direction, Per};
 use crate::store::Store;
 use crate::web::headers;
 use crate::web::hooks::{HookSettings, Hooks};
@@ -105,6 +107,40 @@ pub(crate) fn never_met(routes: &RouteTable, app: &[String]) -> Result<Vec<Strin
     Ok(unmet)
 }
 
+/// Whether the stream limit `limit` may be given a route: a limit of bytes that paces
+/// response bodies (`direction = "out"`), with an algorithm a pacer takes. Messages are
+/// counted by the streams that name them; request bodies are paced by the handler that
+/// reads them (the layer keeps the request's body type).
+fn routed_stream(limit: &Limit) -> Result<(), ConfigError> {
+    let stream = &limit.spec.stream;
+    if stream.per != Per::Byte {
+        return Err(ConfigError::new(
+            "per",
+            "a limit of messages is charged by the streams that name it (`Limiter::pacer`), \
+             not by route: give it no route (only a limit of bytes paces the response bodies \
+             of its routes)",
+        ));
+    }
+    if stream.direction != Some(Direction::Out) {
+        return Err(ConfigError::new(
+            "direction",
+            "a limit of bytes given routes paces their response bodies: say `direction = \
+             \"out\"` (`Direction::Out`); a request body is paced by the handler that reads \
+             it (`PacedBody`), with the limit given no route",
+        ));
+    }
+    let over = stream.over_limit.unwrap_or_default();
+    if limit.spec.algorithm.is_in_flight() || !can_wait(limit.spec.algorithm, over) {
+        return Err(ConfigError::new(
+            "algorithm",
+            "a limit of bytes that waits paces with GCRA or a fixed window (sliding windows \
+             and calendar windows take no reservations: `over_limit = \"end\"`, or another \
+             algorithm)",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a configuration and compiles it into an engine and its HTTP policy.
 pub(crate) fn compile<St: Store>(
     store: St,
@@ -156,14 +192,14 @@ pub(crate) fn compile<St: Store>(
         }
     }
     let mut routes = RouteTable::default();
+    // The limits of bytes that pace each group's response bodies.
+    let mut group_paced: Vec<SmallVec<[usize; 1]>> = vec![SmallVec::new()];
     for (spec, limit) in s.routes {
-        if limit.spec.stream.is_stream() {
-            return Err(ConfigError::new(
-                "per",
-                "a limit of messages or bytes is charged by the streams that name it \
-                 (`Limiter::pacer`), not by route: give it no route",
-            )
-            .within(format!("routes[{spec:?}].limits[{:?}]", limit.spec.name())));
+        let paced = limit.spec.stream.is_stream();
+        if paced {
+            routed_stream(&limit).map_err(|e| {
+                e.within(format!("routes[{spec:?}].limits[{:?}]", limit.spec.name()))
+            })?;
         }
         let (method, path) = parse_route(&spec)?;
         let entries = routes
@@ -173,12 +209,17 @@ pub(crate) fn compile<St: Store>(
             Some(&(_, g)) => g,
             None => {
                 group_limits.push(always.clone());
+                group_paced.push(SmallVec::new());
                 entries.push((method, group_limits.len() - 1));
                 group_limits.len() - 1
             }
         };
         let index = bind(limit).map_err(|e| e.within(format!("routes[{spec:?}]")))?;
-        group_limits[group].push(index);
+        if paced {
+            group_paced[group].push(index);
+        } else {
+            group_limits[group].push(index);
+        }
     }
     if let Some(app) = &s.app_routes {
         for entry in never_met(&routes, app)? {
@@ -195,7 +236,8 @@ pub(crate) fn compile<St: Store>(
     let shadow_headers = s.options.shadow_headers;
     let groups = group_limits
         .into_iter()
-        .map(|members| {
+        .zip(group_paced)
+        .map(|(members, paced)| {
             check_unique(&limits, &members)?;
             let reported: Vec<&Limit> = members
                 .iter()
@@ -234,6 +276,7 @@ pub(crate) fn compile<St: Store>(
                 settled: members.iter().map(limit).any(|l| l.settle.is_some()),
                 banned: members.iter().any(|&i| engine.bounds[i].bans.is_some()),
                 limits: members,
+                paced,
             })
         })
         .collect::<Result<Vec<_>, ConfigError>>()?;

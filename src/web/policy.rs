@@ -129,6 +129,8 @@ pub(crate) struct Group {
     pub(crate) settled: bool,
     /// Whether a limit of the group bans the keys it refuses too often.
     pub(crate) banned: bool,
+    /// The limits of bytes that pace the group's response bodies (bound indices).
+    pub(crate) paced: SmallVec<[usize; 1]>,
 }
 
 /// A layer's HTTP policy over its engine.
@@ -225,6 +227,50 @@ impl Policy {
                 })
             }
         }
+    }
+
+    /// The limits of bytes that pace the response body of a request of `group`, each with
+    /// the request's key by its extractor (a limit that skips keyless requests paces none
+    /// of them). `can_pace`: whether the service's body type can be paced; when it cannot,
+    /// or an extractor is misconfigured, the request is refused (500, logged once per
+    /// limit) rather than its bytes let through unpaced.
+    pub(crate) fn paced_keys(
+        &self,
+        group: usize,
+        parts: &Parts,
+        can_pace: bool,
+    ) -> Result<SmallVec<[(usize, Key); 1]>, Early<'_>> {
+        let mut keys = SmallVec::new();
+        for &index in &self.groups[group].paced {
+            let rules = &self.limits[index];
+            if !can_pace {
+                let reason = "the service's response body type cannot be paced by the layer \
+                              (axum's and tonic's can; see `Follow::PACES`): wrap the body in \
+                              `PacedBody` in the handler, and give the limit no route";
+                log_misconfiguration(rules, reason);
+                return Err(Early::Refuse(Rejection::Misconfigured {
+                    limit: &rules.limit.spec.name,
+                    reason,
+                }));
+            }
+            let mut builder = KeyBuilder::new();
+            let key = match rules.limit.key.extract(parts, &mut builder) {
+                Ok(()) => builder.take(),
+                Err(KeyError::Missing) => match rules.limit.missing {
+                    MissingKey::Skip => continue,
+                    _ => Key::missing(),
+                },
+                Err(KeyError::Misconfigured(reason)) => {
+                    log_misconfiguration(rules, reason);
+                    return Err(Early::Refuse(Rejection::Misconfigured {
+                        limit: &rules.limit.spec.name,
+                        reason,
+                    }));
+                }
+            };
+            keys.push((index, key));
+        }
+        Ok(keys)
     }
 
     /// Extracts each limit's key, quota and cost into `items` and the plan.

@@ -184,9 +184,10 @@ pub(super) fn settings(
         }
         return Ok(limit);
     }
-    // What a limit of requests has and a stream limit does not.
+    // What a limit of requests has and a stream limit does not (but a limit of bytes
+    // may pace the response bodies of its routes).
     for (field, set) in [
-        ("routes", rule.routes.is_some()),
+        ("routes", rule.routes.is_some() && per != Per::Byte),
         ("plans", rule.plans.is_some()),
         ("cost", rule.cost.is_some()),
         ("settle", rule.settle.is_some()),
@@ -199,9 +200,10 @@ pub(super) fn settings(
             return Err(ConfigError::new(
                 field,
                 "a limit of messages or bytes is charged by the streams that name it, not when \
-                 requests arrive: it takes no `routes`, `plans`, `cost`, `settle`, `ban`, \
-                 `on_limit`, `in_flight` or `on_missing_key` (`over_limit` says what a stream \
-                 over it does)",
+                 requests arrive: it takes no `plans`, `cost`, `settle`, `ban`, `on_limit`, \
+                 `in_flight` or `on_missing_key`, and only a limit of bytes takes `routes` \
+                 (it paces their response bodies; `over_limit` says what a stream over it \
+                 does)",
             ));
         }
     }

@@ -134,8 +134,12 @@ impl Body for Replayed {
     }
 }
 
+/// A replayed response has no bytes: a limit of bytes on its route paces nothing and
+/// refuses no request (as live, where it slows the body and never refuses the request),
+/// so its pacers are dropped unused.
 impl Follow for Replayed {
     type Body = ResponseBody<Self>;
+    const PACES: bool = true;
     fn plain(self) -> Self::Body {
         ResponseBody::new(self)
     }
