@@ -94,6 +94,29 @@ fn refusals_of_a_small_log_by_hand() {
     assert_eq!(login.per_minute, vec![(start, 1)]);
 }
 
+/// A limit of bytes on a route paces the route's response bodies live and refuses no
+/// request; the rehearsal agrees: the same refusals with it as without it, none of them
+/// its own.
+#[test]
+fn a_routed_limit_of_bytes_refuses_no_request_in_the_rehearsal() {
+    let paced = format!(
+        "{RULES}\n[[limits]]\nname = \"download\"\nkey = \"peer_ip\"\nper = \"byte\"\n\
+         quota = \"1KiB/s; burst=1KiB\"\ndirection = \"out\"\nroutes = [\"GET /files/{{*path}}\"]\n"
+    );
+    let mut log = String::new();
+    for t in 0..10 {
+        log.push_str(&line("192.0.2.1", t * 7, "GET", "/files/big.iso", 200));
+        log.push_str(&line("192.0.2.2", t * 7, "GET", "/files/small.txt", 200));
+    }
+    let without = run(RULES, &log);
+    let with = run(&paced, &log);
+    assert_eq!(with.requests, 20);
+    assert!(without.refused > 0, "per-ip refuses some: {without}");
+    assert_eq!(with.refused, without.refused);
+    let download = with.limits.iter().find(|l| l.name == "download").unwrap();
+    assert_eq!(download.refused, 0);
+}
+
 /// A line earlier than the one before it is replayed at the latest time: A's third
 /// request, logged at 0 s after one at 30 s, is replayed at 30 s.
 #[test]
