@@ -150,6 +150,50 @@ async fn a_streams_refusals_are_audited() {
     assert_eq!(v.retry_after, Some(Duration::from_secs(30)));
 }
 
+/// Issue 42: a routed limit of bytes paces response bodies with pacers the layer makes;
+/// their refusals are audited like a refused request's: the limit, the request's key,
+/// route and client.
+#[tokio::test]
+async fn a_routed_limit_of_bytes_audits_the_bodies_it_ends() {
+    use http_body_util::BodyExt;
+    use tollgate::pace::{Direction, OverLimit, Per};
+    let (batches, audit) = collecting();
+    let layer = RateLimitLayer::builder(store())
+        .route(
+            "GET /files/{*path}",
+            Limit::new("download", Quota::per_second(1_024).burst(1_024))
+                .key(PeerIp::new())
+                .per(Per::Byte)
+                .direction(Direction::Out)
+                .over_limit(OverLimit::End),
+        )
+        .audit(audit.clone())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/files/{*path}",
+            get(|| async {
+                let chunks = (0..4).map(|_| Ok::<_, Infallible>(Bytes::from(vec![7u8; 1_024])));
+                axum::body::Body::from_stream(futures_util::stream::iter(chunks))
+            }),
+        )
+        .route_layer(layer);
+    let response = send(&app, req("/files/a.bin", "203.0.113.7")).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    // The burst (1 KiB) passes, then the body ends with the refusal.
+    assert!(response.into_body().collect().await.is_err());
+    let stats = settled(&audit).await;
+    assert_eq!((stats.accepted, stats.written), (1, 1));
+    let batches = batches.lock().unwrap();
+    let v = &batches[0][0];
+    let client: IpAddr = "203.0.113.7".parse().unwrap();
+    assert_eq!(
+        (v.limit, v.key.as_str(), v.client, v.route.as_str()),
+        ("download", "@203.0.113.7", Some(client), "/files/{*path}")
+    );
+}
+
 #[tokio::test]
 async fn a_custom_sink_gets_batches_with_hashed_keys_routes_rule_ids_and_shadow_flags() {
     let (batches, audit) = collecting();

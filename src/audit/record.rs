@@ -38,6 +38,20 @@ impl Recorder {
         }
     }
 
+    /// What the pacer of a stream this request starts (a routed limit of bytes) records
+    /// its refusals with: the log, the request's route and client, as a refused request
+    /// is recorded.
+    pub(crate) fn for_stream<'p>(
+        &self,
+        parts: &'p Parts,
+    ) -> (AuditLog, &'p str, Option<std::net::IpAddr>) {
+        (
+            self.log.clone(),
+            crate::web::routes::logged_route(parts),
+            self.address.client_ip(parts).ok(),
+        )
+    }
+
     /// Records that limit `bound` refused (or, `shadow`, would have refused) the request.
     pub(crate) fn record(
         &self,

@@ -192,9 +192,11 @@ where
             );
             let paced = PaceGuard::boxed(
                 || version.limiter(),
-                paced
-                    .into_iter()
-                    .map(|(i, key)| (engine.bounds[i].name, key)),
+                paced.into_iter().map(|(i, key)| {
+                    let bound = &engine.bounds[i];
+                    (bound.name, bound.spec.stream.unit.unwrap_or(1), key)
+                }),
+                policy.hooks.audit.as_ref().map(|a| a.for_stream(parts)),
             );
             let after = crate::middleware::settle::chain(after, settle);
             Ok(Passed {
