@@ -281,6 +281,13 @@ async fn a_rules_files_limit_of_bytes_paces_the_response_bodies_of_its_routes() 
             direction = "out"
             routes = ["GET /files/{*path}"]
 
+            # Held until each body ends: its guard and the pacers travel together.
+            [[limits]]
+            name = "downloads-at-once"
+            key = "peer_ip"
+            in_flight = 4
+            routes = ["GET /files/{*path}"]
+
             [[limits]]
             name = "strict"
             key = "peer_ip"
@@ -338,6 +345,71 @@ async fn a_rules_files_limit_of_bytes_paces_the_response_bodies_of_its_routes() 
         bytes <= 256 * KIB,
         "{bytes} bytes passed a burst of 256 KiB"
     );
+}
+
+/// A routed pacer takes 64 KiB of tokens per store call (with Redis, a round trip per
+/// 64 KiB at most), however small the body's chunks; a request without the limit's key,
+/// under `MissingKey::Skip`, is not paced.
+#[tokio::test(start_paused = true)]
+async fn a_routed_pacer_takes_64_kib_per_store_call_and_skips_keyless_requests() {
+    use tollgate::key::Header;
+    use tollgate::{Limit, MissingKey, RateLimitLayer};
+    use tower::ServiceExt;
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .route(
+            "GET /files/{*path}",
+            Limit::new("download", Quota::per_second(1024).burst(256))
+                .key(Header::new("x-user"))
+                .on_missing_key(MissingKey::Skip)
+                .per(Per::Byte)
+                .unit(1024)
+                .direction(Direction::Out),
+        )
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    // 1 MiB in chunks of 4 KiB.
+    let app = Router::new()
+        .route(
+            "/files/{*path}",
+            get(|| async {
+                let chunks =
+                    (0..256).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![7u8; 4096])));
+                Body::from_stream(stream::iter(chunks))
+            }),
+        )
+        .layer(layer);
+    let request = |user: Option<&str>| {
+        let mut r = Request::get("/files/a.bin");
+        if let Some(user) = user {
+            r = r.header("x-user", user);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    let response = app.clone().oneshot(request(Some("alice"))).await.unwrap();
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(first.len(), 4096);
+    let (parts, _) = request(Some("alice")).into_parts();
+    let key = limiter
+        .pacer_for("download", &parts)
+        .unwrap()
+        .unwrap()
+        .key()
+        .clone();
+    let left = limiter.peek("download", key).await.unwrap().remaining();
+    assert_eq!(
+        left,
+        Some(256 - 64),
+        "the first 4 KiB took one batch of 64 KiB from the bucket"
+    );
+    drop(body);
+    // No key, skipped: 1 MiB at once, where the limit would take 0.75 s.
+    let start = Instant::now();
+    let response = app.oneshot(request(None)).await.unwrap();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(bytes.len() as u64, MIB);
+    assert_eq!(start.elapsed(), Duration::ZERO);
 }
 
 /// Over a body type the layer cannot pace (hyper's `Full`), a request a limit of bytes

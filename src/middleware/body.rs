@@ -369,6 +369,84 @@ mod tests {
         assert_eq!(*seen.0.lock().unwrap(), ["Complete"]);
     }
 
+    /// Tokio's (paused) clock, for the store of paced bodies.
+    #[derive(Clone)]
+    struct Tokio(tokio::time::Instant);
+
+    impl crate::base::clock::Clock for Tokio {
+        fn now(&self) -> u64 {
+            1_000_000_000_000 + self.0.elapsed().as_nanos() as u64
+        }
+    }
+
+    /// `bytes`: 1,000 a second, 100 at once; `slow`: 500 a second, 100 at once.
+    fn pacing() -> crate::limiter::Limiter {
+        use crate::algo::quota::Quota;
+        use crate::model::spec::LimitSpec;
+        crate::limiter::Limiter::builder(crate::store::MemoryStore::with_clock(Tokio(
+            tokio::time::Instant::now(),
+        )))
+        .limit(LimitSpec::new("bytes", Quota::per_second(1_000).burst(100)))
+        .limit(LimitSpec::new("slow", Quota::per_second(500).burst(100)))
+        .build()
+        .unwrap()
+    }
+
+    /// axum's body paced (a routed limit of bytes): its bytes at the pacer's rate, and
+    /// still followed to its end.
+    #[tokio::test(start_paused = true)]
+    async fn an_axum_body_is_paced_and_followed_to_its_end() {
+        use axum_core::body::Body as AxumBody;
+        assert!(<AxumBody as Follow>::PACES);
+        let limiter = pacing();
+        let seen = Seen::default();
+        let start = tokio::time::Instant::now();
+        let body = <AxumBody as Follow>::paced(
+            followed(AxumBody::from(vec![1u8; 600]), &seen),
+            vec![limiter.pacer("bytes", "a").unwrap()],
+        );
+        assert_eq!(body.collect().await.unwrap().to_bytes().len(), 600);
+        // 100 at once, 500 at 1,000 a second.
+        let elapsed = start.elapsed();
+        assert!((500..=520).contains(&elapsed.as_millis()), "{elapsed:?}");
+        assert_eq!(*seen.0.lock().unwrap(), ["Complete"]);
+    }
+
+    /// tonic's body paced by two limits at once: the slower one sets the pace.
+    #[cfg(feature = "grpc")]
+    #[tokio::test(start_paused = true)]
+    async fn a_tonic_body_is_paced_by_each_of_its_pacers() {
+        use tonic::body::Body as TonicBody;
+        assert!(<TonicBody as Follow>::PACES);
+        let limiter = pacing();
+        let seen = Seen::default();
+        let start = tokio::time::Instant::now();
+        let inner = TonicBody::new(Full::new(Bytes::from(vec![1u8; 600])));
+        let body = <TonicBody as Follow>::paced(
+            followed(inner, &seen),
+            vec![
+                limiter.pacer("bytes", "a").unwrap(),
+                limiter.pacer("slow", "a").unwrap(),
+            ],
+        );
+        assert_eq!(body.collect().await.unwrap().to_bytes().len(), 600);
+        // 100 at once, 500 at 500 a second.
+        let elapsed = start.elapsed();
+        assert!(
+            (1_000..=1_040).contains(&elapsed.as_millis()),
+            "{elapsed:?}"
+        );
+        assert_eq!(*seen.0.lock().unwrap(), ["Complete"]);
+    }
+
+    /// Bodies that do not say they pace are not paced by the layer (it refuses their
+    /// routes instead): the default `paced` only follows.
+    #[test]
+    fn a_body_that_does_not_pace_says_so() {
+        assert!(!<Full<Bytes> as Follow>::PACES);
+        assert!(!<http_body_util::Empty<Bytes> as Follow>::PACES);
+    }
+
     #[test]
     fn the_debug_form_says_whether_the_body_is_followed() {
         let plain = ResponseBody::new(http_body_util::Empty::<Bytes>::new());
