@@ -397,7 +397,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_axum_body_is_paced_and_followed_to_its_end() {
         use axum_core::body::Body as AxumBody;
-        assert!(<AxumBody as Follow>::PACES);
+        const { assert!(<AxumBody as Follow>::PACES) };
         let limiter = pacing();
         let seen = Seen::default();
         let start = tokio::time::Instant::now();
@@ -417,7 +417,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_tonic_body_is_paced_by_each_of_its_pacers() {
         use tonic::body::Body as TonicBody;
-        assert!(<TonicBody as Follow>::PACES);
+        const { assert!(<TonicBody as Follow>::PACES) };
         let limiter = pacing();
         let seen = Seen::default();
         let start = tokio::time::Instant::now();
@@ -443,8 +443,8 @@ mod tests {
     /// routes instead): the default `paced` only follows.
     #[test]
     fn a_body_that_does_not_pace_says_so() {
-        assert!(!<Full<Bytes> as Follow>::PACES);
-        assert!(!<http_body_util::Empty<Bytes> as Follow>::PACES);
+        const { assert!(!<Full<Bytes> as Follow>::PACES) };
+        const { assert!(!<http_body_util::Empty<Bytes> as Follow>::PACES) };
     }
 
     #[test]
