@@ -153,8 +153,30 @@ impl Limit {
     /// What a token pays for: a request (the default), or a message or byte inside
     /// long-lived requests ([`LimitSpec::per`]): a limit of messages or bytes is bound in
     /// the layer (its [`limiter`](crate::RateLimitLayer::limiter) makes
-    /// [`Pacer`](crate::pace::Pacer)s of it) but checked by no request, and takes no
-    /// route.
+    /// [`Pacer`](crate::pace::Pacer)s of it) but checked by no request. Only a limit of
+    /// bytes sent ([`Direction::Out`](crate::pace::Direction::Out)) takes a route: it
+    /// paces the response bodies of the route, per key, with nothing in the handlers; a
+    /// route for any other is a [`ConfigError`](crate::ConfigError).
+    ///
+    /// ```
+    /// use tollgate::pace::{Direction, Per};
+    /// use tollgate::{key::PeerIp, store::MemoryStore, Limit, Quota, RateLimitLayer};
+    ///
+    /// // Downloads under /files at 1 MiB/s per client address, 256 KiB at once (a token
+    /// // is a KiB).
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .route(
+    ///         "GET /files/{*path}",
+    ///         Limit::new("download", Quota::per_second(1024).burst(256))
+    ///             .key(PeerIp::new())
+    ///             .per(Per::Byte)
+    ///             .unit(1024)
+    ///             .direction(Direction::Out),
+    ///     )
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
     pub fn per(mut self, per: crate::pace::Per) -> Self {
         self.spec = self.spec.per(per);
         self
