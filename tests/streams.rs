@@ -413,8 +413,9 @@ async fn a_routed_pacer_takes_64_kib_per_store_call_and_skips_keyless_requests()
 }
 
 /// Over a body type the layer cannot pace (hyper's `Full`), a request a limit of bytes
-/// would pace is answered 500 before the service is called, never served unpaced; other
-/// routes pass. Over axum's body the same layer paces.
+/// would pace is answered 500 before the store and the service are called (the route's
+/// rate limit keeps its token), never served unpaced; other routes pass. Over axum's body
+/// the same layer paces.
 #[tokio::test(start_paused = true)]
 async fn a_route_paced_over_a_body_that_cannot_be_paced_is_a_500_not_a_bypass() {
     use std::sync::Arc;
@@ -429,8 +430,13 @@ async fn a_route_paced_over_a_body_that_cannot_be_paced_is_a_500_not_a_bypass() 
                 .unit(1024)
                 .direction(Direction::Out),
         )
+        .route(
+            "GET /files/{*path}",
+            Limit::new("files", Quota::per_minute(5)),
+        )
         .build()
         .unwrap();
+    let limiter = layer.limiter();
     let called = Arc::new(AtomicUsize::new(0));
     let seen = called.clone();
     let service = layer.layer(tower::service_fn(move |_: Request<Full<Bytes>>| {
@@ -449,6 +455,15 @@ async fn a_route_paced_over_a_body_that_cannot_be_paced_is_a_500_not_a_bypass() 
         called.load(Ordering::SeqCst),
         0,
         "the service was not called"
+    );
+    let files = limiter
+        .peek("files", tollgate::key::Key::global())
+        .await
+        .unwrap();
+    assert_eq!(
+        files.remaining(),
+        Some(5),
+        "the refused request took nothing"
     );
     let r = service.oneshot(request("/other")).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);

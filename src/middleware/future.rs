@@ -193,7 +193,7 @@ where
         let mut prepared = Prepared::empty();
         match shared
             .policy
-            .prepare(engine, &parts, &mut items, &mut prepared)
+            .prepare(engine, &parts, &mut items, &mut prepared, can_pace)
         {
             Ok(()) => {}
             Err(Early::Pass) => {
@@ -223,14 +223,7 @@ where
                     drop(items);
                     return Self::queue(version, inner, parts, body, places);
                 }
-                let next = proceed(
-                    version,
-                    &mut prepared,
-                    statuses,
-                    &mut parts,
-                    &items[..],
-                    can_pace,
-                );
+                let next = proceed(version, &mut prepared, statuses, &mut parts, &items[..]);
                 drop(items);
                 match next {
                     Ok(passed) if passed.delay.is_none() => {
@@ -433,14 +426,7 @@ where
                         state.set(next.state);
                         continue;
                     }
-                    match proceed(
-                        w.version,
-                        &mut prepared,
-                        statuses,
-                        &mut parts,
-                        &w.keys[..],
-                        ResBody::PACES,
-                    ) {
+                    match proceed(w.version, &mut prepared, statuses, &mut parts, &w.keys[..]) {
                         Ok(passed) => {
                             let service = w.service.take().expect("service taken once");
                             let next = Self::passed(passed, service, parts, body);

@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime};
 use http::Response;
 use http::header::{CACHE_CONTROL, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::request::Parts;
-use smallvec::SmallVec;
 
 use crate::engine::Engine;
 use crate::limiter::{Applied, Calls, Handle, Limiter, LimiterError};
@@ -22,7 +21,7 @@ use crate::observe::offenders::RefusedKey;
 use crate::store::{Op, Statuses, Store};
 use crate::web::headers::{self, Fields};
 use crate::web::hooks::Keys;
-use crate::web::policy::{Early, Next, Policy, Prepared};
+use crate::web::policy::{Next, Policy, Prepared};
 use crate::web::response::{OnRejection, Rejection};
 
 /// Everything a layer and its services share.
@@ -139,7 +138,6 @@ pub(crate) fn proceed<St, R, B>(
     statuses: Statuses,
     parts: &mut Parts,
     keys: &(impl Keys + ?Sized),
-    can_pace: bool,
 ) -> Result<Passed<St>, Response<B>>
 where
     St: Store,
@@ -147,13 +145,6 @@ where
 {
     let shared = &version.shared;
     let policy = &shared.policy;
-    // The limits of bytes that pace its response body, keyed now (before its parts go to
-    // the service).
-    let paced = match policy.paced_keys(prepared.group, parts, can_pace) {
-        Ok(paced) => paced,
-        Err(Early::Refuse(rejection)) => return Err(shared.early(&rejection)),
-        Err(Early::Pass) => SmallVec::new(),
-    };
     // A key another instance banned: refused by its blocked bucket, answered as the ban
     // it is (as a ban this instance knew is, before the store).
     if let Some(rejection) =
@@ -190,14 +181,16 @@ where
                 prepared.charge_keys.take(),
                 &charged,
             );
-            let paced = PaceGuard::boxed(
-                || version.limiter(),
-                paced.into_iter().map(|(i, key)| {
-                    let bound = &engine.bounds[i];
-                    (bound.name, bound.spec.stream.unit.unwrap_or(1), key)
-                }),
-                policy.hooks.audit.as_ref().map(|a| a.for_stream(parts)),
-            );
+            let paced = prepared.paced.take().and_then(|paced| {
+                PaceGuard::boxed(
+                    || version.limiter(),
+                    paced.into_iter().map(|(i, key)| {
+                        let bound = &engine.bounds[i];
+                        (bound.name, bound.spec.stream.unit.unwrap_or(1), key)
+                    }),
+                    policy.hooks.audit.as_ref().map(|a| a.for_stream(parts)),
+                )
+            });
             let after = crate::middleware::settle::chain(after, settle);
             Ok(Passed {
                 fields,

@@ -157,6 +157,8 @@ pub(crate) struct Prepared {
     /// The plan indices and keys of the limits that settle their cost when the response
     /// ends.
     pub(crate) settle_keys: Option<Box<ChargeKeys>>,
+    /// The limits of bytes that pace its response body, with its keys (bound indices).
+    pub(crate) paced: Option<Box<SmallVec<[(usize, Key); 1]>>>,
 }
 
 impl Prepared {
@@ -169,6 +171,7 @@ impl Prepared {
             plan: Plan::new(),
             charge_keys: None,
             settle_keys: None,
+            paced: None,
         }
     }
 }
@@ -280,6 +283,7 @@ impl Policy {
         parts: &Parts,
         items: &mut SmallVec<[Item<'a, St::Table>; 4]>,
         prepared: &mut Prepared,
+        can_pace: bool,
     ) -> Result<(), Early<'a>> {
         if let Some(lists) = &self.lists {
             match lists.classify(parts) {
@@ -383,6 +387,10 @@ impl Policy {
                 item = item.max_wait(limit.spec.reservation_wait(&quota, wait));
             }
             items.push(item);
+        }
+        // Keyed before the store is asked: a request refused for them takes nothing.
+        if !g.paced.is_empty() {
+            prepared.paced = Some(Box::new(self.paced_keys(group, parts, can_pace)?));
         }
         Ok(())
     }
