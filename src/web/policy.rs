@@ -149,6 +149,9 @@ pub(crate) struct Policy {
 /// The queues a request waits in: (bound index, key hash).
 pub(crate) type QueueAt = SmallVec<[(usize, u64); 1]>;
 
+/// The limits of bytes that pace a response body: bound index, the request's key.
+pub(crate) type PacedKeys = SmallVec<[(usize, Key); 1]>;
+
 /// A request, prepared for the store.
 pub(crate) struct Prepared {
     pub(crate) group: usize,
@@ -158,7 +161,7 @@ pub(crate) struct Prepared {
     /// ends.
     pub(crate) settle_keys: Option<Box<ChargeKeys>>,
     /// The limits of bytes that pace its response body, with its keys (bound indices).
-    pub(crate) paced: Option<Box<SmallVec<[(usize, Key); 1]>>>,
+    pub(crate) paced: Option<Box<PacedKeys>>,
 }
 
 impl Prepared {
@@ -242,7 +245,7 @@ impl Policy {
         group: usize,
         parts: &Parts,
         can_pace: bool,
-    ) -> Result<SmallVec<[(usize, Key); 1]>, Early<'_>> {
+    ) -> Result<PacedKeys, Early<'_>> {
         let mut keys = SmallVec::new();
         for &index in &self.groups[group].paced {
             let rules = &self.limits[index];
