@@ -146,6 +146,51 @@ mod tests {
         let _ = store.inner();
     }
 
+    /// A store that shares bans, as Redis does: it answers each ban call, and keeps what
+    /// it was asked.
+    #[derive(Clone, Default)]
+    struct Banning(MemoryStore, std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl Store for Banning {
+        type Table = <MemoryStore as Store>::Table;
+        type Future = <MemoryStore as Store>::Future;
+
+        fn table(&self, name: &str) -> Self::Table {
+            self.0.table(name)
+        }
+
+        fn apply(&self, op: Op, items: &[Item<'_, Self::Table>]) -> Checked<Self::Future> {
+            self.0.apply(op, items)
+        }
+
+        fn ban(&self, _table: &Self::Table, key: &Key, call: BanCall) -> Option<BanFuture> {
+            self.1.lock().unwrap().push(format!("{key} {call:?}"));
+            Some(Box::pin(async {
+                Ok(crate::store::ban::BanReply::new(None, false, 0))
+            }))
+        }
+    }
+
+    /// Bans are the region's own store's: a limit that bans across regions shares its
+    /// bans through the local region (what it cannot share, it keeps locally, as ever).
+    #[test]
+    fn bans_go_to_the_regions_own_store() {
+        let inner = Banning::default();
+        let store = Regional::new(inner.clone(), 0, 2);
+        let table = store.table("login");
+        let key = Key::from_part("mallory");
+        let asked = store.ban(&table, &key, BanCall::Lift);
+        assert!(
+            asked.is_some(),
+            "the ban call reached a store that shares bans"
+        );
+        assert_eq!(inner.1.lock().unwrap().len(), 1);
+        // A store that keeps bans locally (memory) says so through the region too.
+        let local = Regional::new(MemoryStore::new(), 0, 2);
+        let table = local.table("login");
+        assert!(local.ban(&table, &key, BanCall::Lift).is_none());
+    }
+
     #[test]
     #[should_panic(expected = "region 2 is not one of 2")]
     fn the_index_is_one_of_the_regions() {
