@@ -218,6 +218,15 @@ impl Policy {
         index: usize,
         parts: &Parts,
     ) -> Result<Option<Key>, crate::limiter::LimiterError> {
+        self.stream_key(index, parts)
+            .map_err(|reason| crate::limiter::LimiterError::Unsupported {
+                limit: format!("{} ({reason})", self.limits[index].limit.spec.name),
+                operation: "key",
+            })
+    }
+
+    /// [`Policy::key_for`], its error the extractor's reason.
+    fn stream_key(&self, index: usize, parts: &Parts) -> Result<Option<Key>, &'static str> {
         let limit = &self.limits[index].limit;
         let mut builder = KeyBuilder::new();
         match limit.key.extract(parts, &mut builder) {
@@ -226,12 +235,7 @@ impl Policy {
                 MissingKey::Skip => Ok(None),
                 _ => Ok(Some(Key::missing())),
             },
-            Err(KeyError::Misconfigured(reason)) => {
-                Err(crate::limiter::LimiterError::Unsupported {
-                    limit: format!("{} ({reason})", limit.spec.name),
-                    operation: "key",
-                })
-            }
+            Err(KeyError::Misconfigured(reason)) => Err(reason),
         }
     }
 
@@ -259,22 +263,17 @@ impl Policy {
                     reason,
                 }));
             }
-            let mut builder = KeyBuilder::new();
-            let key = match rules.limit.key.extract(parts, &mut builder) {
-                Ok(()) => builder.take(),
-                Err(KeyError::Missing) => match rules.limit.missing {
-                    MissingKey::Skip => continue,
-                    _ => Key::missing(),
-                },
-                Err(KeyError::Misconfigured(reason)) => {
+            match self.stream_key(index, parts) {
+                Ok(Some(key)) => keys.push((index, key)),
+                Ok(None) => {}
+                Err(reason) => {
                     log_misconfiguration(rules, reason);
                     return Err(Early::Refuse(Rejection::Misconfigured {
                         limit: &rules.limit.spec.name,
                         reason,
                     }));
                 }
-            };
-            keys.push((index, key));
+            }
         }
         Ok(keys)
     }
