@@ -28,6 +28,8 @@ pub(super) struct Debt {
     pub(super) quota: Quota,
     pub(super) local: MemoryTable,
     pub(super) share: Quota,
+    /// The tokens the share held when the outage started (the rest of its bucket is room).
+    pub(super) held: f64,
     /// The tokens granted on the share since the backend last answered: the most that is
     /// charged (what the backend never counted).
     pub(super) granted: u64,
@@ -50,6 +52,7 @@ impl Owed {
         let id = (Arc::as_ptr(&debt.remote) as usize, debt.key.clone());
         if let Some(d) = debts.get_mut(&id) {
             d.share = debt.share;
+            d.held = debt.held;
             d.granted = d.granted.saturating_add(debt.granted);
             return true;
         }
@@ -108,6 +111,7 @@ mod tests {
             quota: Quota::per_second(100),
             local: MemoryStore::new().table("api"),
             share,
+            held: 1.0,
             granted,
         }
     }

@@ -143,6 +143,7 @@ impl<B: Backend> Resilient<B> {
                     quota: p.quota,
                     local: p.fallback.clone(),
                     share: item.quota,
+                    held: shares[i].map_or(0.0, |s| s.held),
                     granted: u64::from(p.cost),
                 };
                 if counted && !self.inner.owed.add(debt()) {
@@ -189,7 +190,7 @@ impl<B: Backend> Resilient<B> {
                 .first()
                 .and_then(Status::outcome)
                 .map_or(Duration::ZERO, Outcome::reset_after);
-            let lacks = lacks(d.quota, d.share, until_full, d.granted);
+            let lacks = lacks(d.share, d.held, until_full, d.granted);
             if lacks == 0 {
                 continue;
             }
@@ -251,27 +252,34 @@ impl<B: Backend> Resilient<B> {
             fraction.f = 1.0;
         }
         let window = p.algorithm.is_window();
-        let quota = if window && !p.algorithm.is_fixed() {
+        let mut quota = if window && !p.algorithm.is_fixed() {
             // A sliding window or log: `1/N` as before (no traffic is followed).
             Some(p.quota.share(n, true))
         } else {
             p.quota.portion(fraction.f, window)
         };
-        // GCRA: the share's burst is `f·B` rounded up; it starts spent by the part over
-        // `f·B`, from the outage's start, so that the shares of a burst of B never hold
-        // more than B at first, and each has the rest as room for traffic that comes a
-        // little before its token (a share of 1.99 tokens rounded down to 1 refused half
-        // of a key's steady traffic when its rate came out a hair under the traffic's).
-        let lacking = quota.map_or(0.0, |q| {
-            (q.burst_size() as f64 - fraction.f * p.quota.burst_size() as f64).max(0.0)
-        });
+        let held = held(p.quota, fraction.f, n, window);
+        // GCRA: the share's burst is what it holds rounded up (at least 2); it starts
+        // spent by the rest, from the outage's start, so that the shares of a burst of B
+        // never hold more than B at first, and each has the rest as room for traffic that
+        // comes a little before its token (a share of 1.99 tokens rounded down to 1
+        // refused half of a key's steady traffic when its rate came out a hair under the
+        // traffic's).
+        if let Some(q) = quota.filter(|q| !window && (q.burst_size() as f64) < held.ceil()) {
+            quota = q.try_burst(held.ceil() as u64).ok();
+        }
+        let lacking = quota.map_or(0.0, |q| (q.burst_size() as f64 - held).max(0.0));
         // (A window's share starts whole: rounded down, it lacks nothing.)
         let full_at = quota.filter(|_| !window).map(|q| {
             // A float's `as` saturates: a huge wait is "never" (u64::MAX).
             let ns = (lacking * q.t_ns() as f64) as u64;
             fraction.since.saturating_add(ns)
         });
-        Portion { quota, full_at }
+        Portion {
+            quota,
+            held,
+            full_at,
+        }
     }
 
     /// A key this instance saw spent (in the write-back list) starts its share as spent as
@@ -330,7 +338,8 @@ impl<B: Backend> Resilient<B> {
             if !(granted_here && refused_there && counted) {
                 continue;
             }
-            let Some(share) = self.portion(p, now).quota else {
+            let portion = self.portion(p, now);
+            let Some(share) = portion.quota else {
                 continue;
             };
             let debt = owed::Debt {
@@ -339,6 +348,7 @@ impl<B: Backend> Resilient<B> {
                 quota: p.quota,
                 local: p.fallback.clone(),
                 share,
+                held: portion.held,
                 granted: u64::from(p.cost),
             };
             if self.inner.owed.add(debt) {
@@ -375,14 +385,13 @@ impl<B: Backend> Resilient<B> {
     }
 }
 
-/// What a share of `quota` whose local bucket is full again in `until_full` lacks of the
-/// `f·B` tokens it held at the outage's start (`f` the share's rate over the quota's; its
-/// burst beyond them is room, never granted from), rounded up: what is charged back. At
+/// What a share whose local bucket is full again in `until_full` lacks of the `held`
+/// tokens it held at the outage's start (see [`held`]; its burst beyond them is room,
+/// never granted from), rounded up: what is charged back. At
 /// most `granted`, what was granted on it: a share that started as spent as the shared
 /// bucket lacks what the backend already counted too.
-fn lacks(quota: Quota, share: Quota, until_full: Duration, granted: u64) -> u64 {
-    let f = (quota.t_ns() as f64 / share.t_ns().max(1) as f64).min(1.0);
-    let held = (f * quota.burst_size() as f64).min(share.burst_size() as f64);
+fn lacks(share: Quota, held: f64, until_full: Duration, granted: u64) -> u64 {
+    let held = held.min(share.burst_size() as f64);
     let room = share.burst_size() as f64 - held;
     let missing = until_full.as_nanos() as f64 / share.t_ns().max(1) as f64;
     ((missing - room - 1e-6).ceil().max(0.0) as u64).min(granted)
@@ -396,12 +405,37 @@ const REPAYING: usize = 64;
 /// must not take a whole limit.
 pub(super) const UNHEARD_INSTANCES: u64 = 4;
 
+/// A GCRA share's burst is split as a whole token for each of the `N` counted instances
+/// and the rest by fraction when the burst has at least this many tokens per instance:
+/// reserving `N` tokens then costs at most a quarter of it.
+const FLOOR_BURST_PER_INSTANCE: u64 = 4;
+
+/// The tokens a share of `fraction` of `quota` holds when the outage starts, `n` the
+/// instances counted: `f·B`; for a GCRA key that some of this instance's traffic went to
+/// (`0 < f < 1`) under a burst of at least [`FLOOR_BURST_PER_INSTANCE`] tokens per
+/// instance, `1 + f·(B − N)`. Either way the shares of the instances add up to at most
+/// `B` (`Σf ≤ 1`, and at most `N` whole tokens), and the second keeps a key spread thinly
+/// over many instances from refusing the first request of an outage on each: a share of
+/// 0.2 tokens starts spent.
+fn held(quota: Quota, f: f64, n: u64, window: bool) -> f64 {
+    let b = quota.burst_size();
+    let floor = !window && f > 0.0 && f < 1.0 && b >= FLOOR_BURST_PER_INSTANCE.saturating_mul(n);
+    if floor {
+        1.0 + f * (b - n) as f64
+    } else {
+        f.clamp(0.0, 1.0) * b as f64
+    }
+}
+
 /// What `Share` gives one item.
 #[derive(Debug, Clone, Copy)]
 struct Portion {
     /// The share's quota; `None`: nothing (refused).
     quota: Option<Quota>,
-    /// When the share holds the `f·B` tokens it starts with and the rest of its bucket is
+    /// The tokens the share holds when the outage starts (see [`held`]); the rest of its
+    /// bucket is room.
+    held: f64,
+    /// When the share holds the `held` tokens it starts with and the rest of its bucket is
     /// room (the store's clock; `since` when it lacks nothing); `None` without a share.
     full_at: Option<u64>,
 }
@@ -432,21 +466,50 @@ mod tests {
         let quota = Quota::per_second(10).burst(6);
         let share = quota.portion(1.0 / 3.0, false).unwrap();
         assert_eq!(share.burst_size(), 2);
-        assert_eq!(lacks(quota, share, Duration::ZERO, 5), 0);
+        let h = held(quota, 1.0 / 3.0, 3, false);
+        assert_eq!(h, 2.0);
+        assert_eq!(lacks(share, h, Duration::ZERO, 5), 0);
         // One token short (10/3 a second: 300 ms a token); a hair more, two.
-        assert_eq!(lacks(quota, share, ms(300), 5), 1);
-        assert_eq!(lacks(quota, share, ms(301), 5), 2);
-        assert_eq!(lacks(quota, share, ms(600), 5), 2);
+        assert_eq!(lacks(share, h, ms(300), 5), 1);
+        assert_eq!(lacks(share, h, ms(301), 5), 2);
+        assert_eq!(lacks(share, h, ms(600), 5), 2);
         // Never more than was granted on it.
-        assert_eq!(lacks(quota, share, ms(600), 1), 1);
+        assert_eq!(lacks(share, h, ms(600), 1), 1);
         let quota = Quota::per_second(1);
         let share = quota.portion(1.0 / 3.0, false).unwrap();
         assert_eq!(share.burst_size(), 2);
+        let h = held(quota, 1.0 / 3.0, 3, false);
         // Its bucket 5/3 tokens short (3 s a token): as it started, nothing owed.
-        assert_eq!(lacks(quota, share, ms(5_000), 3), 0);
+        assert_eq!(lacks(share, h, ms(5_000), 3), 0);
         // A token granted since, a third refilled: one owed.
-        assert_eq!(lacks(quota, share, ms(7_000), 3), 1);
-        assert_eq!(lacks(quota, share, ms(3_000), 3), 0);
+        assert_eq!(lacks(share, h, ms(7_000), 3), 1);
+        assert_eq!(lacks(share, h, ms(3_000), 3), 0);
+    }
+
+    /// A burst of at least 4 tokens per counted instance gives each share a whole token
+    /// and splits the rest by fraction (1,000/s with a burst of 100 on 8 instances: 0.2%
+    /// of the key holds 1.18 tokens, not 0.2); under it, or for a window, `f·B`. The
+    /// shares of the instances never add up to more than the burst.
+    #[test]
+    fn a_big_burst_gives_each_counted_instance_a_whole_token() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        let quota = Quota::per_second(1_000).burst(100);
+        assert!(close(held(quota, 0.002, 8, false), 1.0 + 0.002 * 92.0));
+        assert!(close(held(quota, 0.5, 8, false), 1.0 + 46.0));
+        // A whole limit, none of it, a window, a burst under 4 a head: `f·B`.
+        assert!(close(held(quota, 1.0, 8, false), 100.0));
+        assert!(close(held(quota, 0.0, 8, false), 0.0));
+        assert!(close(held(quota, 0.002, 8, true), 0.2));
+        assert!(close(held(quota, 0.002, 25, false), 1.0 + 0.002 * 75.0));
+        assert!(close(held(quota, 0.002, 26, false), 0.2));
+        let login = Quota::per_minute(12).burst(3);
+        assert!(close(held(login, 0.1, 10, false), 0.3));
+        // An unknown key, 1/N on each: `B/N` either way.
+        assert!(close(held(quota, 1.0 / 8.0, 8, false), 12.5));
+        // Eight instances whose fractions add up to one hold the burst between them.
+        let fractions = [0.9, 0.05, 0.02, 0.01, 0.01, 0.005, 0.003, 0.002];
+        let sum: f64 = fractions.iter().map(|&f| held(quota, f, 8, false)).sum();
+        assert!(close(sum, 100.0), "{sum}");
     }
 
     async fn in_flight_check<B: Backend>(store: &Resilient<B>) -> Status {
