@@ -6,9 +6,11 @@ KEYS[i]  a bucket: its value is the TAT in microseconds since the Unix epoch; an
 
 ARGV[1]  now, in microseconds since the Unix epoch, or "" to use Redis TIME
 ARGV[2]  the operation: "refund", "penalize", "block", "restore", "reset" or "undo" (windows only:
-         give back a consumption made at the kind's `at`, for Redis Cluster), or "hold"
-         (in-flight limits only: this instance holds `amount` units, until now + D)
-Then four arguments per key (ARGV[4i-1] ... ARGV[4i+2]):
+         give back a consumption made at the kind's `at`, for Redis Cluster), "hold"
+         (in-flight limits only: this instance holds `amount` units, until now + D), or
+         "once" (penalize, once per marker: see below)
+Then four arguments per bucket (ARGV[4i-1] ... ARGV[4i+2]); the buckets are the first
+(#ARGV - 2) / 4 keys:
   t        emission interval in microseconds (>= 1); a window limit: the window (µs)
   burst    bucket capacity in tokens (>= 1); a window limit: its limit
   amount   refund, penalize, undo: tokens; block, restore: microseconds; reset: unused
@@ -22,6 +24,10 @@ Then four arguments per key (ARGV[4i-1] ... ARGV[4i+2]):
   restore   TAT := max(TAT, now + amount): at least as spent as a bucket full again in
             `amount` (a write-back after a state loss); window limits are unchanged
   reset     the key is deleted: a full bucket, unblocked
+  once      KEYS[n + i] is bucket i's marker (n buckets, in the bucket's hash slot): if it
+            exists, nothing changes (the bucket is reported as it stands); otherwise
+            penalize, and the marker is written for ONCE_MS (a charge sent again after
+            its answer was lost is applied once)
 
 A written key expires when its bucket is full again (PX = TAT - now in milliseconds,
 rounded up, + 1), as gcra.lua's keys do.
@@ -51,6 +57,10 @@ else
 end
 local op = ARGV[2]
 local MAX_TAT = 9007199254740991
+-- How long a "once" marker lives: PENALIZE_ONCE_FOR (src/store/mod.rs).
+local ONCE_MS = 120000
+local n = (#ARGV - 2) / 4
+local once = op == 'once'
 
 local MAX_USED = 4294967295
 
@@ -188,8 +198,19 @@ local function window_op(reply, key, len, limit, amount, kind)
 end
 
 local reply = { now }
-for i = 1, #KEYS do
+for i = 1, n do
   local key = KEYS[i]
+  local marker = nil
+  if once then
+    -- "seen": the charge was applied before; report the bucket, change nothing
+    marker = KEYS[n + i]
+    if redis.call('EXISTS', marker) == 1 then
+      op = 'seen'
+      marker = nil
+    else
+      op = 'penalize'
+    end
+  end
   local a = 4 * i - 1
   local t = tonumber(ARGV[a])
   local burst = tonumber(ARGV[a + 1])
@@ -215,13 +236,15 @@ for i = 1, #KEYS do
     new = math.max(tat or 0, now + amount + burst * t - t)
   elseif op == 'restore' then
     new = math.max(tat or 0, now + amount)
+  elseif op == 'seen' then
+    new = tat or 0
   else
     return redis.error_reply('tollgate ops.lua: unknown operation ' .. tostring(op))
   end
   if new > MAX_TAT then
     new = MAX_TAT
   end
-  if op ~= 'reset' then
+  if op ~= 'reset' and op ~= 'seen' then
     if new > now then
       redis.call('SET', key, new, 'PX', math.floor((new - now + 999) / 1000) + 1)
     elseif tat ~= nil then
@@ -230,6 +253,9 @@ for i = 1, #KEYS do
     end
   end
   reply[#reply + 1] = new
+  end
+  if marker then
+    redis.call('SET', marker, '1', 'PX', ONCE_MS)
   end
 end
 return reply

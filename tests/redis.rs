@@ -14,7 +14,7 @@ use redis::AsyncCommands;
 use support::redis::RedisServer;
 use support::{body_json, count, get as req, header, send, sf_param, statuses};
 use tollgate::key::{Header, Key, PeerIp};
-use tollgate::store::{Checked, Item, RedisStore, Statuses, Store};
+use tollgate::store::{Checked, Item, Op, PENALIZE_ONCE_FOR, RedisStore, Statuses, Store};
 use tollgate::{FailurePolicy, Limit, Quota, RateLimitLayer, Status};
 
 /// A store with a generous timeout: a call slowed by a loaded machine must not fall back
@@ -902,6 +902,74 @@ async fn caller_time_drives_the_fallback_and_the_deny_cache() {
     );
 }
 
+/// `op` on `items` through `store`: each item's status, which must be Redis's answer.
+async fn apply_op<S: Store>(store: &S, op: Op, items: &[Item<'_, S::Table>]) -> Vec<u64> {
+    let statuses = match store.apply(op, items) {
+        Checked::Ready(s) => s,
+        Checked::Pending(f) => f.await,
+    };
+    statuses
+        .iter()
+        .map(|s| match s {
+            Status::Checked(o) => o.remaining(),
+            other => panic!("{op:?} not answered by Redis: {other:?}"),
+        })
+        .collect()
+}
+
+/// A charge-back ([`Op::PenalizeOnce`]) sent again with its id changes nothing, on a
+/// token bucket and a fixed window alike; another id is another charge; one key's id is
+/// not another key's.
+async fn a_charge_is_applied_once_per_id(store: &RedisStore, prefix: &str) {
+    let store = store.clone().prefix(prefix).deny_cache(false);
+    let (gcra, window) = (store.table("once-gcra"), store.table("once-window"));
+    let quota = Quota::per_hour(100);
+    let items = |key: &str, cost| {
+        [
+            Item::new(&gcra, Key::from_part(key), quota, cost),
+            Item::new(&window, Key::from_part(key), quota, cost)
+                .algorithm(tollgate::Algorithm::fixed_window()),
+        ]
+    };
+    let once = |id| Op::PenalizeOnce { id };
+    assert_eq!(apply_op(&store, once(1), &items("k", 30)).await, [70, 70]);
+    assert_eq!(
+        apply_op(&store, once(1), &items("k", 30)).await,
+        [70, 70],
+        "sent again: reported as it stands"
+    );
+    assert_eq!(apply_op(&store, once(2), &items("k", 5)).await, [65, 65]);
+    assert_eq!(apply_op(&store, once(1), &items("j", 5)).await, [95, 95]);
+    assert_eq!(apply_op(&store, Op::Check, &items("k", 0)).await, [65, 65]);
+}
+
+#[tokio::test]
+async fn a_charge_sent_again_with_its_id_is_applied_once() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    a_charge_is_applied_once_per_id(&store, "tollgate:").await;
+    a_charge_is_applied_once_per_id(&store, "{rl}:").await;
+    // Each charge's marker lives two minutes beside its bucket (none is sent twice later).
+    let mut c = server.connection().await;
+    let markers: Vec<String> = c.keys("*:once:*").await.unwrap();
+    assert_eq!(markers.len(), 2 * 2 * 3, "{markers:?}");
+    for m in &markers {
+        let ttl: i64 = c.pttl(m).await.unwrap();
+        let most = PENALIZE_ONCE_FOR.as_millis() as i64;
+        assert!(ttl > most - 60_000 && ttl <= most, "{m}: {ttl} ms");
+    }
+    assert!(
+        markers
+            .iter()
+            .any(|m| m.starts_with("{tollgate:once-gcra:")),
+        "{markers:?}"
+    );
+    assert!(
+        markers.iter().any(|m| m.starts_with("{rl}:once-gcra:")),
+        "{markers:?}"
+    );
+}
+
 #[cfg(feature = "redis-cluster")]
 mod cluster {
     use super::*;
@@ -953,6 +1021,33 @@ mod cluster {
             let s = check(&store, &[Item::new(t, Key::global(), roomy, 0)]).await;
             assert_eq!(s[0].outcome().unwrap().remaining(), 98);
         }
+    }
+
+    /// A charge's marker is in its bucket's slot, with or without a hash tag in the
+    /// prefix (a script on one node, no `CROSSSLOT`); a prefix with a stray `}` and no tag,
+    /// whose bucket no marker can share a slot with, is charged as a plain penalty.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_charge_with_an_id_is_applied_once_on_a_cluster() {
+        let cluster = RedisCluster::start(3);
+        let store = RedisStore::cluster(cluster.connection().await).timeout(Duration::from_secs(5));
+        a_charge_is_applied_once_per_id(&store, "tollgate:").await;
+        a_charge_is_applied_once_per_id(&store, "{rl}:").await;
+        let odd = store.clone().prefix("a}b:").deny_cache(false);
+        let table = odd.table("once-gcra");
+        let item = [Item::new(
+            &table,
+            Key::from_part("k"),
+            Quota::per_hour(100),
+            30,
+        )];
+        assert_eq!(
+            apply_op(&odd, Op::PenalizeOnce { id: 1 }, &item).await,
+            [70]
+        );
+        assert_eq!(
+            apply_op(&odd, Op::PenalizeOnce { id: 1 }, &item).await,
+            [40]
+        );
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` | failed calls: `kind` is `timeout`, `backend` (the store answered an error) or `protocol` (a wrong answer) |
 //! | `tollgate_breaker_open` | gauge | `store` | 1 while the circuit breaker skips the store, else 0 |
 //! | `tollgate_deny_cache_hits_total` | counter | `limit` | requests refused from the remote store's local deny cache, without a call |
-//! | `tollgate_writeback_dropped_total` | counter | `store` | keys a remote store could not keep for its write-back after a state loss (the list holds one entry per key, up to 10,000): such a key starts full if the store loses its state |
+//! | `tollgate_writeback_dropped_total` | counter | `store` | keys a remote store could not keep for its write-back after a state loss (the list holds one entry per key, up to 10,000): such a key starts full if the store loses its state; and charge-backs of an outage's share grants that could not be noted (over 10,000 keys) or were never answered (given up after a minute) |
 //! | `tollgate_keys` | gauge | `limit` | keys the memory store tracks for the limit (updated on insertion and by the sweeper, never per request) |
 //! | `tollgate_delayed_total` | counter | `limit` | requests of a limit in delay mode ([`Limit::delay`](crate::Limit::delay)) that waited for their tokens instead of being refused (also counted `allowed` above) |
 //! | `tollgate_delay_seconds` | histogram | `limit` | the wait of each such request (the time it was to spend in the queue) |

@@ -75,6 +75,7 @@ use crate::model::policy::{FailurePolicy, Mode};
 /// | `Restore(d)` | GCRA: the bucket at least as spent as one that is full again in `d` (what a write-back after a state loss restores; it only ever moves a bucket forward); window limits: unchanged |
 /// | `Debit { max_debt }` | a settled cost's excess: `cost` tokens taken whatever is left, but the bucket at most `max_debt` tokens below empty (the rest is forgiven; `u64::MAX`: no cap; [`gcra::debit`](crate::gcra::debit)); never moves a bucket back. GCRA; window limits: unchanged. Remote stores send it with the checks |
 /// | `Credit` | a settled cost's overestimate: `Refund`, sent with the checks |
+/// | `PenalizeOnce { id }` | `Penalize`, at most once per `id` and bucket for two minutes: sent again with the same `id` (its answer was lost), it changes nothing. Only to a backend whose [`Backend::penalizes_once`] is `true`; the memory store applies each call |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Op {
@@ -101,7 +102,20 @@ pub enum Op {
     /// Give each item's cost back, as [`Op::Refund`] (a settle that costs less than its
     /// estimate).
     Credit,
+    /// Take each item's cost into debt, as [`Op::Penalize`], once per `id`: a call sent
+    /// again with the same `id` within [`PENALIZE_ONCE_FOR`] of the first one applied
+    /// changes nothing (it reports the bucket as it stands). What [`Resilient`] sends when
+    /// it charges an outage's grants back, so that a charge whose answer was lost can be
+    /// sent again without charging twice.
+    PenalizeOnce {
+        /// The charge's identity, unique per bucket (random, chosen by the sender).
+        id: u64,
+    },
 }
+
+/// How long a backend remembers an [`Op::PenalizeOnce`] it applied (its id, per bucket):
+/// a sender must not send the same one again later than this after the first send.
+pub const PENALIZE_ONCE_FOR: Duration = Duration::from_secs(120);
 
 /// Why a [`Backend`] could not answer: the message of the underlying error.
 #[derive(Debug)]
@@ -404,6 +418,16 @@ pub trait Backend: Clone + Send + Sync + 'static {
     ///
     /// [`FailurePolicy::Share`]: crate::FailurePolicy
     fn counts_instances(&self) -> bool {
+        false
+    }
+
+    /// Whether the backend applies [`Op::PenalizeOnce`] at most once per id and bucket
+    /// (for [`PENALIZE_ONCE_FOR`]); `false` (the default): it is never sent one.
+    /// [`Resilient`] charges an outage's grants back with it when `true`, and sends a
+    /// charge whose answer did not come (a timeout, an error) again until one is answered;
+    /// otherwise it sends [`Op::Penalize`] once and follows it to its answer (a charge
+    /// that is never answered is counted in `tollgate_writeback_dropped_total`).
+    fn penalizes_once(&self) -> bool {
         false
     }
 

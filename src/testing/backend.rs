@@ -189,6 +189,10 @@ pub(super) struct State {
 pub(super) struct Buckets {
     store: MemoryStore<TokioClock>,
     tables: HashMap<String, MemoryTable>,
+    /// The [`Op::PenalizeOnce`] applied, by (table, key, id): until when each is
+    /// remembered, on the clock (as Redis's marker keys, lost with the buckets).
+    once: HashMap<(String, Key, u64), u64>,
+    clock: TokioClock,
 }
 
 impl Buckets {
@@ -196,10 +200,41 @@ impl Buckets {
         Self {
             store: MemoryStore::with_clock(*clock).unbounded(),
             tables: HashMap::new(),
+            once: HashMap::new(),
+            clock: *clock,
         }
     }
 
     pub(super) fn apply(&mut self, op: Op, calls: &[Call]) -> Statuses {
+        if let Op::PenalizeOnce { id } = op {
+            // Per item: a charge seen is a look; a new one a penalty, remembered.
+            let now = self.clock.now();
+            let ttl = u64::try_from(crate::store::PENALIZE_ONCE_FOR.as_nanos()).unwrap_or(u64::MAX);
+            self.once.retain(|_, until| *until > now);
+            return calls
+                .iter()
+                .map(|c| {
+                    let marker = (c.table.clone(), c.key.clone(), id);
+                    let seen = match self.once.entry(marker) {
+                        std::collections::hash_map::Entry::Occupied(_) => true,
+                        std::collections::hash_map::Entry::Vacant(v) => {
+                            v.insert(now.saturating_add(ttl));
+                            false
+                        }
+                    };
+                    if seen {
+                        let look = Call {
+                            cost: 0,
+                            ..c.clone()
+                        };
+                        self.apply(Op::Check, &[look]).swap_remove(0)
+                    } else {
+                        self.apply(Op::Penalize, std::slice::from_ref(c))
+                            .swap_remove(0)
+                    }
+                })
+                .collect();
+        }
         for c in calls {
             if !self.tables.contains_key(&c.table) {
                 let t = self.store.table(&c.table);
@@ -625,6 +660,11 @@ impl Backend for SimBackend {
         true
     }
 
+    /// As Redis: each id applied once per bucket, for two minutes.
+    fn penalizes_once(&self) -> bool {
+        true
+    }
+
     /// What a `RedisStore`'s own probe measures: the round trip as it stands.
     fn round_trip(&self) -> Option<Duration> {
         Some(self.state().latency * 2)
@@ -698,6 +738,49 @@ mod tests {
                 .is_err()
         );
         assert_eq!(backend.remaining("api", "k", Q), 7);
+    }
+
+    /// A charge with an id is applied once per bucket: sent again (its answer lost), it
+    /// changes nothing; another id, or another key, is another charge; after two minutes,
+    /// or a wipe, the id is forgotten, as Redis's marker keys are.
+    #[tokio::test(start_paused = true)]
+    async fn a_charge_with_an_id_is_applied_once_per_bucket() {
+        let backend = SimBackend::new();
+        let table = backend.table("api");
+        let item = |key: &str, cost| Item::new(&table, Key::from_part(key), Q, cost);
+        let once = |id| Op::PenalizeOnce { id };
+        backend.apply(once(7), &[item("k", 2)]).await.unwrap();
+        let again = backend.apply(once(7), &[item("k", 2)]).await.unwrap();
+        assert_eq!(
+            again[0].outcome().unwrap().remaining(),
+            8,
+            "reported as it stands"
+        );
+        assert_eq!(backend.remaining("api", "k", Q), 8);
+        backend.apply(once(8), &[item("k", 3)]).await.unwrap();
+        backend.apply(once(7), &[item("j", 1)]).await.unwrap();
+        assert_eq!(backend.remaining("api", "k", Q), 5);
+        assert_eq!(backend.remaining("api", "j", Q), 9);
+        tokio::time::sleep(crate::store::PENALIZE_ONCE_FOR - Duration::from_secs(1)).await;
+        let left = backend.remaining("api", "k", Q);
+        backend.apply(once(7), &[item("k", 2)]).await.unwrap();
+        assert_eq!(
+            backend.remaining("api", "k", Q),
+            left,
+            "remembered for two minutes"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let left = backend.remaining("api", "k", Q);
+        backend.apply(once(7), &[item("k", 2)]).await.unwrap();
+        assert_eq!(backend.remaining("api", "k", Q), left - 2, "then forgotten");
+        backend.wipe();
+        backend.apply(once(7), &[item("k", 2)]).await.unwrap();
+        assert_eq!(
+            backend.remaining("api", "k", Q),
+            8,
+            "a wipe forgets the ids"
+        );
+        assert!(backend.penalizes_once());
     }
 
     #[tokio::test(start_paused = true)]

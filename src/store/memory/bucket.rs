@@ -133,7 +133,7 @@ impl<C: Clock> MemoryStore<C> {
                     set(tat, &|cur| cur.saturating_sub(cost_time).max(now))
                 })
                 .unwrap_or_else(|| table.initial_tat()),
-            Op::Penalize => self.with_entry(table, slot, |tat| {
+            Op::Penalize | Op::PenalizeOnce { .. } => self.with_entry(table, slot, |tat| {
                 set(tat, &|cur| cur.max(now).saturating_add(cost_time))
             }),
             Op::Debit { max_debt } => {

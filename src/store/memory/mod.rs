@@ -406,6 +406,11 @@ impl<C: Clock> Store for MemoryStore<C> {
         if op == Op::Check {
             return self.check(items);
         }
+        let op = match op {
+            // In the process: each call is applied, and answered, exactly once.
+            Op::PenalizeOnce { .. } => Op::Penalize,
+            op => op,
+        };
         let now = self.inner.clock.now();
         Checked::Ready(items.iter().map(|i| self.update_one(op, i, now)).collect())
     }

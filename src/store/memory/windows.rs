@@ -694,7 +694,7 @@ impl<C: Clock> MemoryStore<C> {
                 let (a, b) = ctx.current(algorithm, w);
                 match op {
                     Op::Refund => ctx.pack(algorithm, w, a.saturating_sub(cost), b),
-                    Op::Penalize if fixed => {
+                    Op::Penalize | Op::PenalizeOnce { .. } if fixed => {
                         ctx.pack(algorithm, w, a.saturating_add(cost).min(cap.max(a)), 0)
                     }
                     Op::Block(d) if fixed => {
@@ -708,7 +708,9 @@ impl<C: Clock> MemoryStore<C> {
             };
             let set = |word: &AtomicU64| set_packed(word, f);
             match op {
-                Op::Penalize | Op::Block(_) if fixed => self.with_entry(table, slot, set),
+                Op::Penalize | Op::PenalizeOnce { .. } | Op::Block(_) if fixed => {
+                    self.with_entry(table, slot, set)
+                }
                 Op::Refund | Op::Reset => self.with_existing(table, slot, set).unwrap_or(()),
                 _ => {}
             }

@@ -8,28 +8,9 @@ use crate::model::key::Key;
 use crate::store::{BanCall, BanFuture, BanReply, StoreError};
 
 /// The three keys of a bucket's ban state: `suffix`es of the bucket key that keep its hash
-/// slot. A bucket key with a hash tag (an operator's prefix such as `"{rl}:"`) keeps it as
-/// it is; one without is made the tag (`{bucket}:ban`), which Redis hashes as the bucket
-/// itself. (A prefix with a stray `}` and no tag gets the three keys in one slot of their
-/// own: the script still runs on one node.)
+/// slot ([`keys::beside`]).
 pub(super) fn ban_keys(bucket: &[u8]) -> [Vec<u8>; 3] {
-    let tagged = bucket
-        .iter()
-        .position(|&b| b == b'{')
-        .is_some_and(|open| bucket[open + 1..].iter().position(|&b| b == b'}') > Some(0));
-    ["n", "ban", "lvl"].map(|suffix| {
-        let mut out = Vec::with_capacity(bucket.len() + 6);
-        if tagged {
-            out.extend_from_slice(bucket);
-        } else {
-            out.push(b'{');
-            out.extend(bucket.iter().map(|&b| if b == b'}' { b')' } else { b }));
-            out.push(b'}');
-        }
-        out.push(b':');
-        out.extend_from_slice(suffix.as_bytes());
-        out
-    })
+    ["n", "ban", "lvl"].map(|suffix| keys::beside(bucket, suffix.as_bytes()))
 }
 
 fn ms_ceil(d: std::time::Duration) -> u64 {

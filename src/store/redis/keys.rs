@@ -52,6 +52,30 @@ pub(crate) fn table_prefix(prefix: &[u8], name: &str) -> Box<[u8]> {
     out.into_boxed_slice()
 }
 
+/// A key of the bucket `bucket`'s own (`bucket` + `:` + `suffix`) in its hash slot, so
+/// that a Redis Cluster runs a script of both on one node. A bucket key with a hash tag (an
+/// operator's prefix such as `"{rl}:"`) keeps it as it is; one without is made the tag
+/// (`{bucket}:suffix`), which Redis hashes as the bucket itself. A prefix with a stray `}`
+/// and no tag cannot be made a tag: its `}` becomes `)`, and the key is in a slot of its
+/// own (the same for every suffix of the bucket).
+pub(crate) fn beside(bucket: &[u8], suffix: &[u8]) -> Vec<u8> {
+    let tagged = bucket
+        .iter()
+        .position(|&b| b == b'{')
+        .is_some_and(|open| bucket[open + 1..].iter().position(|&b| b == b'}') > Some(0));
+    let mut out = Vec::with_capacity(bucket.len() + suffix.len() + 3);
+    if tagged {
+        out.extend_from_slice(bucket);
+    } else {
+        out.push(b'{');
+        out.extend(bucket.iter().map(|&b| if b == b'}' { b')' } else { b }));
+        out.push(b'}');
+    }
+    out.push(b':');
+    out.extend_from_slice(suffix);
+    out
+}
+
 /// The Redis key of one bucket.
 pub(crate) fn bucket_key(table_prefix: &[u8], key: &Key) -> Vec<u8> {
     let mut out = Vec::with_capacity(table_prefix.len() + 24);

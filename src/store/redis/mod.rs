@@ -702,6 +702,7 @@ impl RedisBackend {
             Op::Block(_) => "block",
             Op::Reset => "reset",
             Op::Restore(_) => "restore",
+            Op::PenalizeOnce { .. } => "once",
             Op::Check | Op::Debit { .. } | Op::Credit => {
                 unreachable!("checks and settles take the check path")
             }
@@ -712,10 +713,23 @@ impl RedisBackend {
         };
         let mut statuses = Statuses::from_elem(Status::Unchecked, parts.len());
         for (_, group) in self.groups(&parts) {
-            let mut cmd = evalsha(&OPS, group.len());
+            let markers = match op {
+                Op::PenalizeOnce { id } => self.once_markers(&parts, &group, id),
+                _ => None,
+            };
+            let numkeys = group.len() + markers.as_ref().map_or(0, Vec::len);
+            let mut cmd = evalsha(&OPS, numkeys);
             for &i in &group {
                 cmd.arg(parts[i].redis_key.as_slice());
             }
+            for m in markers.iter().flatten() {
+                cmd.arg(m.as_slice());
+            }
+            let name = match (name, &markers) {
+                // No marker can share the bucket's slot: charged as sent (see `once_markers`).
+                ("once", None) => "penalize",
+                (name, _) => name,
+            };
             cmd.arg(now.as_str()).arg(name);
             for &i in &group {
                 let p = &parts[i];
@@ -757,6 +771,25 @@ impl RedisBackend {
 }
 
 impl RedisBackend {
+    /// The markers of an [`Op::PenalizeOnce`] of `id` on the buckets of `group`: one key
+    /// per bucket, in its hash slot ([`keys::beside`]), whose presence says the charge was
+    /// applied. `None` on a cluster when a bucket's marker would be in another slot (a
+    /// prefix with a stray `}` and no hash tag): the charge is then a plain `penalize`, and
+    /// a charge sent again may be applied twice.
+    fn once_markers(&self, parts: &[Part], group: &[usize], id: u64) -> Option<Vec<Vec<u8>>> {
+        let suffix = format!("once:{id:016x}");
+        let markers: Vec<Vec<u8>> = group
+            .iter()
+            .map(|&i| keys::beside(&parts[i].redis_key, suffix.as_bytes()))
+            .collect();
+        let apart = self.conn.is_cluster()
+            && group
+                .iter()
+                .zip(&markers)
+                .any(|(&i, m)| keys::slot(m) != keys::slot(&parts[i].redis_key));
+        (!apart).then_some(markers)
+    }
+
     /// Remembers the in-flight members Redis admitted (the request passed), and starts
     /// their renewal.
     fn hold_granted(&self, parts: &[Part], answers: &[Option<Answer>]) {
@@ -949,6 +982,11 @@ impl Backend for RedisBackend {
 
     fn name(&self) -> &'static str {
         "Redis"
+    }
+
+    /// `ops.lua`'s "once": a marker key beside the bucket, for [`PENALIZE_ONCE_FOR`](crate::store::PENALIZE_ONCE_FOR).
+    fn penalizes_once(&self) -> bool {
+        true
     }
 
     /// Also reads the epoch marker, at most once a second: `Resilient` asks on every

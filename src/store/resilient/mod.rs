@@ -412,6 +412,11 @@ impl<B: Backend> Store for Resilient<B> {
         if items.is_empty() {
             return Checked::Ready(Statuses::new());
         }
+        let op = match op {
+            // A backend that does not know the op is sent it as what it does.
+            Op::PenalizeOnce { .. } if !self.inner.backend.penalizes_once() => Op::Penalize,
+            op => op,
+        };
         if op == Op::Refund && items.iter().any(|i| i.algorithm.is_in_flight()) {
             return self.release(items);
         }

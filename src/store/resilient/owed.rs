@@ -1,7 +1,9 @@
 //! The keys an instance granted on its own share while the backend could not be reached
 //! ([`FailurePolicy::Share`](crate::FailurePolicy)): once the backend answers again, what
 //! each key's share still lacks of a full share (its tokens spent and not yet refilled),
-//! at most what was granted on it, is charged to the shared bucket (`Op::Penalize`). The instances' shares together are one
+//! at most what was granted on it, is charged to the shared bucket (`Op::PenalizeOnce`,
+//! sent again until answered; `Op::Penalize` to a backend that cannot apply a charge
+//! once per id: `share.rs`, `repay`). The instances' shares together are one
 //! bucket refilling at the limit's rate, so the sum of what they lack is what the shared
 //! bucket would lack had their grants gone through it: after the outage the shared bucket
 //! is as spent as the shares were, instead of as full as it was. GCRA keys only: a fixed
@@ -19,6 +21,21 @@ use crate::store::MemoryTable;
 /// Keys owed at most; the grants of further keys are not charged (counted in
 /// `tollgate_writeback_dropped_total`).
 pub(super) const MAX_OWED_KEYS: usize = 10_000;
+
+/// A charge's id for [`Op::PenalizeOnce`](crate::store::Op::PenalizeOnce): unique in the
+/// process (a random start, then one more each time), and across processes but by a
+/// chance of about one in 2^64 per pair of charges of one bucket.
+pub(super) fn charge_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let start = *START.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(u64::from(std::process::id()));
+        h.finish()
+    });
+    start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
+}
 
 /// One key granted on its share: the limit's table and quota in the backend, and the
 /// local table and share quota it was granted from.

@@ -155,12 +155,18 @@ impl<B: Backend> Resilient<B> {
     }
 
     /// The backend answers: what the shares of the keys `Share` granted while it could not
-    /// be reached still lack is charged to the shared buckets (`Op::Penalize`), in the
-    /// background (see `owed`), at most [`REPAYING`] calls at once. A charge the backend
-    /// refused with an error changed nothing: its debt goes back on the list, charged again
-    /// at the next answer, until it is applied or has refilled (the share lacks nothing
-    /// any more). A charge that timed out may have been applied: it is not sent again (a
-    /// `Penalize` is not idempotent), and counted as dropped.
+    /// be reached still lack is charged to the shared buckets, in the background (see
+    /// `owed`), at most [`REPAYING`] calls at once.
+    ///
+    /// To a backend that applies a charge once per id ([`Backend::penalizes_once`]: Redis,
+    /// the simulated backend), each debt is an [`Op::PenalizeOnce`] of an id of its own,
+    /// sent again with that id (a timeout, an error: perhaps applied, perhaps not) until
+    /// one send is answered, the debt has passed (the share lacks nothing any more), or
+    /// [`RESEND_FOR`] has passed (counted as dropped). To any other backend, an
+    /// `Op::Penalize`: one the backend refused with an error changed nothing, and its debt
+    /// goes back on the list for the next answer; one that timed out may have been applied,
+    /// so it is not sent again (a `Penalize` is not idempotent) but followed to its answer,
+    /// and counted as dropped if none comes.
     pub(super) fn repay(&self) {
         let debts = self.inner.owed.take();
         if debts.is_empty() {
@@ -178,29 +184,28 @@ impl<B: Backend> Resilient<B> {
             "tollgate: charging {} with what was granted on this instance's share while it failed",
             self.inner.backend.name()
         );
+        let once = self.inner.backend.penalizes_once();
         let timeout = self.call_timeout();
         let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(REPAYING));
         for d in debts {
-            // What the share lacks now: the tokens spent on it and not refilled yet.
-            let look = [Item::new(&d.local, d.key.clone(), d.share, 0)];
-            let Checked::Ready(s) = self.inner.fallback.apply(Op::Check, &look) else {
-                unreachable!("the memory store answers at once")
-            };
-            let until_full = s
-                .first()
-                .and_then(Status::outcome)
-                .map_or(Duration::ZERO, Outcome::reset_after);
-            let lacks = lacks(d.share, d.held, until_full, d.granted);
+            let lacks = lacking(&self.inner.fallback, &d);
             if lacks == 0 {
                 continue;
             }
             let cost = u32::try_from(lacks).unwrap_or(u32::MAX);
             let (owed, permits) = (self.inner.owed.clone(), permits.clone());
             let dropped = self.inner.writeback_dropped.clone();
+            let (fallback, clock) = (self.inner.fallback.clone(), self.inner.clock.clone());
             runtime.spawn(async move {
                 let Ok(_permit) = permits.acquire_owned().await else {
                     return;
                 };
+                if once {
+                    if !charge_once(&d, cost, timeout, &fallback, &clock).await {
+                        dropped.increment(1);
+                    }
+                    return;
+                }
                 let mut call = d.remote.remote.call(
                     Op::Penalize,
                     &d.key,
@@ -400,6 +405,75 @@ fn lacks(share: Quota, held: f64, until_full: Duration, granted: u64) -> u64 {
 /// Charge-back calls in flight at once, at most.
 const REPAYING: usize = 64;
 
+/// How long a charge of an id is sent again, at most, after its first send: well inside
+/// [`PENALIZE_ONCE_FOR`](crate::store::PENALIZE_ONCE_FOR), the time the backend remembers
+/// the id, so that a send arriving late is still recognised.
+pub(super) const RESEND_FOR: Duration = Duration::from_secs(60);
+
+/// The pause before the first send again; it doubles up to [`RESEND_PAUSE_MAX`].
+const RESEND_PAUSE: Duration = Duration::from_millis(100);
+const RESEND_PAUSE_MAX: Duration = Duration::from_secs(5);
+
+/// What the share of `d` lacks now: the tokens spent on it and not refilled yet, at most
+/// what was granted on it ([`lacks`]).
+fn lacking(
+    fallback: &crate::store::MemoryStore<crate::base::clock::SharedClock>,
+    d: &owed::Debt,
+) -> u64 {
+    let look = [Item::new(&d.local, d.key.clone(), d.share, 0)];
+    let Checked::Ready(s) = fallback.apply(Op::Check, &look) else {
+        unreachable!("the memory store answers at once")
+    };
+    let until_full = s
+        .first()
+        .and_then(Status::outcome)
+        .map_or(Duration::ZERO, Outcome::reset_after);
+    lacks(d.share, d.held, until_full, d.granted)
+}
+
+/// Charges `cost` of `d` as one [`Op::PenalizeOnce`] of a new id, sent again with the
+/// same id until a send is answered (`true`: applied, by it or by an earlier send the
+/// backend recognised) or the debt has passed (`true`: nothing is owed any more); `false`
+/// after [`RESEND_FOR`] without either. A send again charges what the share still lacks,
+/// if less (the first send was not applied, or it was and the id makes this one nothing).
+async fn charge_once(
+    d: &owed::Debt,
+    mut cost: u32,
+    timeout: Duration,
+    fallback: &crate::store::MemoryStore<crate::base::clock::SharedClock>,
+    clock: &crate::base::clock::SharedClock,
+) -> bool {
+    let id = owed::charge_id();
+    let started = clock.now();
+    let mut pause = RESEND_PAUSE;
+    loop {
+        let call = d.remote.remote.call(
+            Op::PenalizeOnce { id },
+            &d.key,
+            d.quota,
+            Algorithm::Gcra,
+            cost,
+            Duration::ZERO,
+        );
+        if let Ok(Ok(_)) = tokio::time::timeout(timeout, call).await {
+            return true;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(RESEND_PAUSE_MAX);
+        if clock.now().saturating_sub(started) > RESEND_FOR.as_nanos() as u64 {
+            tracing::warn!(
+                key = %d.key,
+                "tollgate: a charge-back was not answered for {RESEND_FOR:?}; given up"
+            );
+            return false;
+        }
+        match lacking(fallback, d) {
+            0 => return true,
+            lacks => cost = cost.min(u32::try_from(lacks).unwrap_or(u32::MAX)),
+        }
+    }
+}
+
 /// An instance whose backend has not counted the instances yet (it never reached it)
 /// counts itself one of this many: it knows neither the traffic nor the instances, and
 /// must not take a whole limit.
@@ -454,6 +528,7 @@ fn nothing_left(p: &Part) -> Outcome {
 mod tests {
     use super::*;
     use crate::algo::quota::Quota;
+    use crate::base::clock::SharedClock;
     use crate::model::key::Key;
     use crate::store::resilient::tests::{Down, Silent};
 
@@ -510,6 +585,161 @@ mod tests {
         let fractions = [0.9, 0.05, 0.02, 0.01, 0.01, 0.005, 0.003, 0.002];
         let sum: f64 = fractions.iter().map(|&f| held(quota, f, 8, false)).sum();
         assert!(close(sum, 100.0), "{sum}");
+    }
+
+    /// What a scripted backend does with a charge: hang (never answer), fail, or answer.
+    #[derive(Clone, Copy, Debug)]
+    enum Reply {
+        Hang,
+        Fail,
+        Answer,
+    }
+
+    /// A backend answering charges as its script says (then hanging), noting each one.
+    #[derive(Default)]
+    struct Scripted {
+        replies: std::sync::Mutex<std::collections::VecDeque<Reply>>,
+        sent: Arc<std::sync::Mutex<Vec<(Op, u32)>>>,
+    }
+
+    impl crate::store::resilient::lease::Remote for Scripted {
+        fn call(
+            &self,
+            op: Op,
+            _: &Key,
+            _: Quota,
+            _: Algorithm,
+            cost: u32,
+            _: Duration,
+        ) -> crate::store::resilient::lease::RemoteCall {
+            self.sent.lock().unwrap().push((op, cost));
+            match self
+                .replies
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Reply::Hang)
+            {
+                Reply::Hang => Box::pin(std::future::pending()),
+                Reply::Fail => Box::pin(async { Err(crate::store::StoreError::new("down")) }),
+                Reply::Answer => Box::pin(async { Ok(Statuses::new()) }),
+            }
+        }
+    }
+
+    /// tokio's clock, as the store's: it moves with the paused time.
+    #[derive(Clone)]
+    struct Tokio(tokio::time::Instant);
+
+    impl Clock for Tokio {
+        fn now(&self) -> u64 {
+            self.0.elapsed().as_nanos() as u64
+        }
+    }
+
+    /// A debt, the charges sent for it, and the fallback store and clock of its share.
+    type ScriptedDebt = (
+        owed::Debt,
+        Arc<std::sync::Mutex<Vec<(Op, u32)>>>,
+        crate::store::MemoryStore<SharedClock>,
+        SharedClock,
+    );
+
+    /// A debt of `granted` tokens on a share of 10/s (burst 10) that held it all, its
+    /// local bucket spent by `spent`, over a backend replying `replies`; the fallback
+    /// store and clock `charge_once` reads.
+    fn scripted_debt(replies: &[Reply], granted: u64, spent: u32) -> ScriptedDebt {
+        let clock = SharedClock::new(Tokio(tokio::time::Instant::now()));
+        let fallback = crate::store::MemoryStore::with_clock(clock.clone());
+        let scripted = Scripted {
+            replies: std::sync::Mutex::new(replies.iter().copied().collect()),
+            ..Scripted::default()
+        };
+        let sent = scripted.sent.clone();
+        let remote = Arc::new(super::super::lease::LeaseTable::new(
+            Box::new(scripted),
+            Arc::default(),
+            Arc::default(),
+            clock.clone(),
+            Duration::from_millis(50),
+        ));
+        let share = Quota::per_second(10).burst(10);
+        let local = fallback.table("api");
+        let item = [Item::new(&local, Key::from_part("k"), share, spent)];
+        assert!(matches!(
+            fallback.apply(Op::Penalize, &item),
+            Checked::Ready(_)
+        ));
+        let debt = owed::Debt {
+            remote,
+            key: Key::from_part("k"),
+            quota: Quota::per_second(100).burst(100),
+            local,
+            share,
+            held: 10.0,
+            granted,
+        };
+        (debt, sent, fallback, clock)
+    }
+
+    /// A charge that hangs, then fails, is sent again with the same id until one send is
+    /// answered; each send again charges what the share still lacks (a token refilled
+    /// meanwhile is not charged).
+    #[tokio::test(start_paused = true)]
+    async fn a_charge_is_sent_again_with_its_id_until_one_send_is_answered() {
+        let replies = [Reply::Hang, Reply::Fail, Reply::Answer];
+        let (debt, sent, fallback, clock) = scripted_debt(&replies, 8, 8);
+        let timeout = Duration::from_millis(50);
+        let start = tokio::time::Instant::now();
+        assert!(charge_once(&debt, 8, timeout, &fallback, &clock).await);
+        let sent = sent.lock().unwrap().clone();
+        assert_eq!(sent.len(), 3, "{sent:?}");
+        let ids: Vec<u64> = sent
+            .iter()
+            .map(|(op, _)| match op {
+                Op::PenalizeOnce { id } => *id,
+                other => panic!("{other:?} sent"),
+            })
+            .collect();
+        assert!(ids.iter().all(|&id| id == ids[0]), "{ids:?}");
+        // 150 ms after the first send (a timeout of 50, a pause of 100), 1.5 of the 8
+        // tokens have refilled (7 lacked: a part of a token is a token); 200 ms later (an
+        // error at once, a pause of 200), 3.5.
+        assert_eq!(sent.iter().map(|&(_, c)| c).collect::<Vec<_>>(), [8, 7, 5]);
+        assert_eq!(start.elapsed(), Duration::from_millis(50 + 100 + 200));
+        // The next debt is a new charge: a new id.
+        let (debt, sent, fallback, clock) = scripted_debt(&[Reply::Answer], 8, 8);
+        assert!(charge_once(&debt, 8, timeout, &fallback, &clock).await);
+        assert!(!matches!(sent.lock().unwrap()[0].0, Op::PenalizeOnce { id } if id == ids[0]));
+    }
+
+    /// A charge never answered is sent again with pauses doubling up to 5 s, and given up
+    /// (`false`: counted as dropped) after `RESEND_FOR`: 17 sends in a minute, not one a
+    /// timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_charge_never_answered_is_given_up_after_a_minute() {
+        // 1,000 tokens short at 10/s: the debt lasts 100 s.
+        let (debt, sent, fallback, clock) = scripted_debt(&[], 1_000, 1_000);
+        let start = tokio::time::Instant::now();
+        let timeout = Duration::from_millis(50);
+        assert!(!charge_once(&debt, 1_000, timeout, &fallback, &clock).await);
+        let elapsed = start.elapsed();
+        assert!(
+            elapsed > RESEND_FOR && elapsed < RESEND_FOR + RESEND_PAUSE_MAX * 2,
+            "{elapsed:?}"
+        );
+        assert_eq!(sent.lock().unwrap().len(), 17);
+    }
+
+    /// A charge whose debt has passed (its share refilled while the sends hung) is not sent
+    /// again: nothing is owed any more.
+    #[tokio::test(start_paused = true)]
+    async fn a_charge_whose_debt_has_passed_is_not_sent_again() {
+        // A token spent of a share of 10/s: refilled within the first pause.
+        let (debt, sent, fallback, clock) = scripted_debt(&[], 1, 1);
+        let timeout = Duration::from_millis(50);
+        assert!(charge_once(&debt, 1, timeout, &fallback, &clock).await);
+        assert_eq!(sent.lock().unwrap().len(), 1);
     }
 
     async fn in_flight_check<B: Backend>(store: &Resilient<B>) -> Status {
