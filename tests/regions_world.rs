@@ -46,6 +46,8 @@ struct Run {
     partitions: Vec<(Duration, Duration)>,
     /// Instances (and movers) per region.
     instances: usize,
+    /// A second limit the regions split, with no traffic (its quota is not the first's).
+    beside: Option<Quota>,
 }
 
 /// Region `i`'s part of the demand at `t`.
@@ -78,6 +80,9 @@ fn play(run: &Run) -> (Vec<u64>, Vec<u64>, SimStats) {
             )
             .movers_per_region(run.instances)
             .limit(LIMIT, run.quota);
+        if let Some(q) = run.beside {
+            builder = builder.limit("beside", q);
+        }
         let names: Vec<String> = (0..run.regions).map(|i| format!("r{i}")).collect();
         for n in &names {
             builder = builder.region(n.clone());
@@ -206,6 +211,7 @@ fn shifting(quota: Quota, link_delay: Duration, interval: Duration) -> Run {
         length: Duration::from_secs(30),
         partitions: Vec::new(),
         instances: 2,
+        beside: None,
     }
 }
 
@@ -254,6 +260,136 @@ fn one_demand_in_one_region_takes_the_other_regions_quota_but_its_floor() {
     assert!(total <= (stats.settings_bound)(run.length), "{total}");
 }
 
+/// A move is credited in its own limit's terms: beside a limit of 1 a second, a move of
+/// 100/s's tokens gives the region that wants them what was taken, not a hundred times
+/// as many (the mover once looked the quota up by the wrong limit's name).
+#[test]
+fn a_move_is_credited_as_its_own_limits_tokens() {
+    let quota = Quota::per_second(100);
+    let mut run = shifting(quota, Duration::from_millis(30), Duration::from_millis(100));
+    run.first = (1.0, 1.0);
+    run.length = Duration::from_secs(10);
+    run.beside = Some(Quota::per_second(1));
+    let (grants, _, stats) = play(&run);
+    let total = grants.len() as u64;
+    eprintln!(
+        "beside a limit of 1/s: {total} granted, moved {}",
+        stats.moved
+    );
+    assert!(stats.moved > 0);
+    assert!(total <= (stats.settings_bound)(run.length), "{total}");
+    assert!(
+        busiest(&grants, 0, u64::MAX, Duration::from_secs(2))
+            <= (stats.settings_bound)(Duration::from_secs(2))
+    );
+}
+
+/// Steady demand on two regions (a link 30 ms each way, a look every 100 ms, one instance
+/// each): `(region, key, requests a second)` for `length`. Answers each demand's grants and
+/// the tokens the movers moved.
+fn play_keys(
+    quota: Quota,
+    demand: &[(usize, &'static str, f64)],
+    length: Duration,
+) -> (Vec<u64>, u64) {
+    let rt = runtime();
+    rt.block_on(async {
+        let clock = TokioClock::new();
+        let regions = SimRegions::builder()
+            .clock(clock)
+            .link_delay(Duration::from_millis(30))
+            .movers(
+                MoverSettings::new()
+                    .interval(Duration::from_millis(100))
+                    .link_delay(Duration::from_millis(30)),
+            )
+            .limit(LIMIT, quota)
+            .region("r0")
+            .region("r1")
+            .build();
+        let spec = LimitSpec::new(LIMIT, quota);
+        let limiters: Vec<Limiter> = ["r0", "r1"]
+            .iter()
+            .map(|n| {
+                Limiter::builder(regions.store(n))
+                    .limit(spec.clone())
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let granted: Arc<Vec<std::sync::atomic::AtomicU64>> =
+            Arc::new(demand.iter().map(|_| Default::default()).collect());
+        let mut due = vec![0.0f64; demand.len()];
+        let step = Duration::from_millis(1);
+        let mut t = Duration::ZERO;
+        let mut tasks = Vec::new();
+        while t < length {
+            for (i, &(region, key, rate)) in demand.iter().enumerate() {
+                due[i] += rate * step.as_secs_f64();
+                while due[i] >= 1.0 {
+                    due[i] -= 1.0;
+                    let limiter = limiters[region].clone();
+                    let granted = Arc::clone(&granted);
+                    tasks.push(tokio::spawn(async move {
+                        if limiter.check(LIMIT, key, 1).await.unwrap().allowed() {
+                            granted[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }));
+                }
+            }
+            tokio::time::sleep(step).await;
+            t += step;
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let moved = ["r0", "r1"].iter().map(|n| regions.report(n).moved).sum();
+        let grants = granted
+            .iter()
+            .map(|g| g.load(std::sync::atomic::Ordering::Relaxed))
+            .collect();
+        (grants, moved)
+    })
+}
+
+/// A key wanted in both regions stays where it is: each region refuses it, neither gives
+/// its tokens away (nothing moves), and each grants its own part.
+#[test]
+fn a_key_wanted_in_both_regions_is_not_moved() {
+    let quota = Quota::per_second(100);
+    let (grants, moved) = play_keys(
+        quota,
+        &[(0, "k", 150.0), (1, "k", 150.0)],
+        Duration::from_secs(5),
+    );
+    eprintln!("a key wanted in both regions: {grants:?} granted, moved {moved}");
+    assert_eq!(moved, 0);
+    // Each region's part: 50 of burst, 50 a second.
+    for g in grants {
+        assert!((290..=301).contains(&g), "{g}");
+    }
+}
+
+/// A key wanted in one region moves there though another key is wanted in the region it
+/// leaves: region 0 refuses "a", region 1 refuses "b"; each region's unused part of the
+/// other key moves to where it is wanted, so each key is granted more than its region's
+/// part alone.
+#[test]
+fn a_key_wanted_elsewhere_moves_while_another_is_wanted_here() {
+    let quota = Quota::per_second(100);
+    let (grants, moved) = play_keys(
+        quota,
+        &[(0, "a", 150.0), (1, "b", 150.0)],
+        Duration::from_secs(5),
+    );
+    eprintln!("two keys, one wanted in each region: {grants:?} granted, moved {moved}");
+    assert!(moved > 0);
+    // Alone, a region's part grants 50 + 50 a second: 300 over 5 s.
+    for g in grants {
+        assert!(g > 450, "{g}");
+    }
+}
+
 fn run_strategy() -> impl Strategy<Value = Run> {
     (
         (2usize..=3, 1u64..=80, 20u64..=200, 0.5f64..3.0),
@@ -285,6 +421,7 @@ fn run_strategy() -> impl Strategy<Value = Run> {
                     .map(|(at, len)| (Duration::from_millis(at), Duration::from_millis(at + len)))
                     .collect(),
                 instances,
+                beside: None,
             },
         )
 }
