@@ -465,6 +465,56 @@ mod tests {
         }
     }
 
+    /// A backend that notes the operations it is sent, and fails them.
+    #[derive(Clone, Default)]
+    struct Noting {
+        ops: Arc<std::sync::Mutex<Vec<Op>>>,
+        once: bool,
+    }
+
+    impl Backend for Noting {
+        type Table = ();
+        type Future = std::future::Ready<Result<Statuses, StoreError>>;
+        fn table(&self, _: &str) {}
+        fn apply(&self, op: Op, _: &[Item<'_, ()>]) -> Self::Future {
+            self.ops.lock().unwrap().push(op);
+            std::future::ready(Err(StoreError::new("noted")))
+        }
+        fn penalizes_once(&self) -> bool {
+            self.once
+        }
+    }
+
+    /// `Op::PenalizeOnce` reaches a backend that applies a charge once per id as it is; one
+    /// that cannot is sent an `Op::Penalize` (never an operation it does not know).
+    #[tokio::test]
+    async fn a_charge_with_an_id_reaches_only_a_backend_that_knows_ids() {
+        for once in [true, false] {
+            let backend = Noting {
+                once,
+                ..Noting::default()
+            };
+            let store = Resilient::new(backend.clone());
+            let table = store.table("api");
+            let item = Item::new(
+                &table,
+                crate::model::key::Key::from_part("k"),
+                crate::algo::quota::Quota::per_second(1),
+                1,
+            );
+            if let Checked::Pending(f) = store.apply(Op::PenalizeOnce { id: 9 }, &[item]) {
+                f.await;
+            }
+            let sent = backend.ops.lock().unwrap().clone();
+            let expected = if once {
+                Op::PenalizeOnce { id: 9 }
+            } else {
+                Op::Penalize
+            };
+            assert_eq!(sent, [expected], "penalizes_once: {once}");
+        }
+    }
+
     /// A backend that never answers: every call times out.
     #[derive(Clone)]
     pub(super) struct Silent;
