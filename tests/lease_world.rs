@@ -1181,13 +1181,23 @@ mod issue_41_shares {
     /// 2 s outage, then a client at half the limit: 150 of its 500 requests granted.
     #[test]
     fn a_key_seen_spent_is_charged_once_at_recovery() {
+        flood_outage_then_half(
+            "a flood, a 2 s outage, then half the limit",
+            |world, quota| fleet(world, 4, &[LimitSpec::new("api", quota)]),
+        );
+    }
+
+    /// 4 instances (`fleet`, over the world, of 100/s burst 1,000): a flood (8x) for 4 s,
+    /// Redis failing from 2 s to 4 s; then a client at half the limit (50/s) for 10 s. Its
+    /// 500 requests are granted (at least 475), and the run stays inside the exact
+    /// limiter's grants, a burst and 2 s at the rate.
+    fn flood_outage_then_half(what: &str, fleet: impl FnOnce(&World, Quota) -> Vec<Instance>) {
         let rt = runtime();
         let clock = rt.block_on(async { TokioClock::new() });
         let world = world(&clock, 4);
         let quota = Quota::per_second(100).burst(1_000);
-        let fleet = fleet(&world, 4, &[LimitSpec::new("api", quota)]);
+        let fleet = fleet(&world, quota);
         let all = [0, 1, 2, 3];
-        // A flood (8x) for 4 s, Redis failing from 2 s to 4 s; then 50/s for 10 s.
         let mut at = spell(3_200, 4.0, &all);
         at.extend(spell_at(4.0, 500, 10.0, &all));
         let faults = [
@@ -1199,9 +1209,7 @@ mod issue_41_shares {
         let after = granted_within(&grants, start, 4.0, 15.0);
         let total: u64 = grants.iter().map(|&(_, c)| u64::from(c)).sum();
         let bound = exact(quota, d) + quota.burst_size() + 2 * 100;
-        eprintln!(
-            "a flood, a 2 s outage, then half the limit: {after} of 500 granted after; {total} in all, bound {bound}"
-        );
+        eprintln!("{what}: {after} of 500 granted after; {total} in all, bound {bound}");
         assert!(after >= 475, "{after} of 500 granted after the outage");
         assert!(total <= bound, "{total} granted, bound {bound}");
     }
@@ -1419,28 +1427,9 @@ mod issue_41_shares {
     /// applied twice and the bucket owes the outage's grants again: 403 of 500.
     #[test]
     fn a_charge_back_sent_again_after_its_answer_was_lost_is_charged_once() {
-        let rt = runtime();
-        let clock = rt.block_on(async { TokioClock::new() });
-        let world = world(&clock, 4);
-        let quota = Quota::per_second(100).burst(1_000);
-        let fleet = losing_fleet(&world, 4, Lost::Back, quota);
-        let all = [0, 1, 2, 3];
-        let mut at = spell(3_200, 4.0, &all);
-        at.extend(spell_at(4.0, 500, 10.0, &all));
-        let faults = [
-            (Duration::from_secs(2), Fault::Failing(true)),
-            (Duration::from_secs(4), Fault::Failing(false)),
-        ];
-        let start = clock.now();
-        let (grants, d) = play_grants(&rt, &world, &fleet, &script(at), &faults, Duration::ZERO);
-        let after = granted_within(&grants, start, 4.0, 15.0);
-        let total: u64 = grants.iter().map(|&(_, c)| u64::from(c)).sum();
-        let bound = exact(quota, d) + quota.burst_size() + 2 * 100;
-        eprintln!(
-            "answers of charge-backs lost: {after} of 500 granted after; {total} in all, bound {bound}"
-        );
-        assert!(after >= 475, "{after} of 500 granted after the outage");
-        assert!(total <= bound, "{total} granted, bound {bound}");
+        flood_outage_then_half("answers of charge-backs lost", |world, quota| {
+            losing_fleet(world, 4, Lost::Back, quota)
+        });
     }
 
     /// A run of the share property: instances that served a key before an outage, some that
