@@ -285,11 +285,11 @@ fn a_move_is_credited_as_its_own_limits_tokens() {
 }
 
 /// Steady demand on two regions (a link 30 ms each way, a look every 100 ms, one instance
-/// each): `(region, key, requests a second)` for `length`. Answers each demand's grants and
-/// the tokens the movers moved.
+/// each): `(region, key, requests a second, cost, from)`, from `from` seconds to `length`.
+/// Answers the tokens each demand was granted and the tokens the movers moved.
 fn play_keys(
     quota: Quota,
-    demand: &[(usize, &'static str, f64)],
+    demand: &[(usize, &'static str, f64, u32, f64)],
     length: Duration,
 ) -> (Vec<u64>, u64) {
     let rt = runtime();
@@ -324,15 +324,19 @@ fn play_keys(
         let mut t = Duration::ZERO;
         let mut tasks = Vec::new();
         while t < length {
-            for (i, &(region, key, rate)) in demand.iter().enumerate() {
+            for (i, &(region, key, rate, cost, from)) in demand.iter().enumerate() {
+                if t.as_secs_f64() < from {
+                    continue;
+                }
                 due[i] += rate * step.as_secs_f64();
                 while due[i] >= 1.0 {
                     due[i] -= 1.0;
                     let limiter = limiters[region].clone();
                     let granted = Arc::clone(&granted);
                     tasks.push(tokio::spawn(async move {
-                        if limiter.check(LIMIT, key, 1).await.unwrap().allowed() {
-                            granted[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if limiter.check(LIMIT, key, cost).await.unwrap().allowed() {
+                            granted[i]
+                                .fetch_add(u64::from(cost), std::sync::atomic::Ordering::Relaxed);
                         }
                     }));
                 }
@@ -352,22 +356,25 @@ fn play_keys(
     })
 }
 
-/// A key wanted in both regions stays where it is: each region refuses it, neither gives
-/// its tokens away (nothing moves), and each grants its own part.
+/// A key wanted in both regions stays where it is, even while it holds tokens: in each
+/// region, requests costing 40 of its part's 50, refused until the tokens are there.
+/// Neither gives its tokens away (nothing moves): the tokens a region saves are its next
+/// costly request, and each region grants its own part. (The demand starts between two
+/// looks: a look reads its own region's demand first, then the other's over the link, and
+/// a demand starting in between is seen there before here, which moves a few tokens each
+/// way once.)
 #[test]
 fn a_key_wanted_in_both_regions_is_not_moved() {
     let quota = Quota::per_second(100);
     let (grants, moved) = play_keys(
         quota,
-        &[(0, "k", 150.0), (1, "k", 150.0)],
+        &[(0, "k", 100.0, 40, 0.05), (1, "k", 100.0, 40, 0.05)],
         Duration::from_secs(5),
     );
-    eprintln!("a key wanted in both regions: {grants:?} granted, moved {moved}");
+    eprintln!("a key wanted in both regions: {grants:?} tokens granted, moved {moved}");
     assert_eq!(moved, 0);
-    // Each region's part: 50 of burst, 50 a second.
-    for g in grants {
-        assert!((290..=301).contains(&g), "{g}");
-    }
+    // Each region's part: 50 of burst, 50 a second: 297.5 tokens, 7 requests of 40.
+    assert_eq!(grants, [280, 280]);
 }
 
 /// A key wanted in one region moves there though another key is wanted in the region it
@@ -379,7 +386,7 @@ fn a_key_wanted_elsewhere_moves_while_another_is_wanted_here() {
     let quota = Quota::per_second(100);
     let (grants, moved) = play_keys(
         quota,
-        &[(0, "a", 150.0), (1, "b", 150.0)],
+        &[(0, "a", 150.0, 1, 0.0), (1, "b", 150.0, 1, 0.0)],
         Duration::from_secs(5),
     );
     eprintln!("two keys, one wanted in each region: {grants:?} granted, moved {moved}");

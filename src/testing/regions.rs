@@ -406,12 +406,12 @@ impl SimRegions {
     }
 
     /// A new instance of `region`: its part of each quota, over its region's store.
+    /// Its `Resilient` store runs without a deny cache: a mover's credit lands in the
+    /// region's store, where a cached denial would not see it.
     ///
     /// # Panics
     ///
     /// If there is no such region.
-    /// Its `Resilient` store runs without a deny cache: a mover's credit lands in the
-    /// region's store, where a cached denial would not see it.
     pub fn store(&self, region: &str) -> Regional<Resilient<SimBackend>> {
         let i = self.index(region);
         Regional::new(
