@@ -278,6 +278,65 @@ mod schema {
         assert!(during.contains_key("tollgate_region_mover_lag_seconds{region=us}"));
     }
 
+    /// A charge-back is counted as dropped only when it is given up: one Redis answers
+    /// (after an outage's share grants) counts nothing; one whose sends all vanish (a black
+    /// hole from the moment Redis answered, for over a minute) counts its key once.
+    #[cfg(feature = "testing")]
+    #[test]
+    fn a_charge_back_is_counted_as_dropped_only_when_given_up() {
+        use tollgate::testing::SimBackend;
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        // 36 s a token: an outage's grants are owed for minutes.
+        let quota = Quota::per_hour(100);
+        let dropped = |s: &Series| {
+            s.get("tollgate_writeback_dropped_total{store=simulated}")
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let (answered, vanished) = ::metrics::with_local_recorder(&recorder, || {
+            rt.block_on(async {
+                let backend = SimBackend::new();
+                let limiter = tollgate::Limiter::builder(backend.store())
+                    .limit(tollgate::LimitSpec::new("api", quota))
+                    .build()
+                    .unwrap();
+                let outage = |vanish: bool| {
+                    let (backend, limiter) = (backend.clone(), limiter.clone());
+                    async move {
+                        for _ in 0..5 {
+                            assert!(limiter.check("api", "k", 1).await.unwrap().allowed());
+                        }
+                        backend.outage(true);
+                        for _ in 0..10 {
+                            let d = limiter.check("api", "k", 1).await.unwrap();
+                            assert!(d.allowed(), "granted on the share");
+                        }
+                        backend.outage(false);
+                        // Past the breaker's cool-down: the next check reaches Redis, whose
+                        // answer sends the charge-back (spawned, not yet running).
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        limiter.check("api", "k", 1).await.unwrap();
+                        backend.black_hole(vanish);
+                        tokio::time::sleep(Duration::from_secs(90)).await;
+                        backend.black_hole(false);
+                    }
+                };
+                outage(false).await;
+                let answered = series(&snapshotter);
+                outage(true).await;
+                (answered, series(&snapshotter))
+            })
+        });
+        assert_eq!(dropped(&answered), 0.0, "{answered:?}");
+        assert_eq!(dropped(&vanished), 1.0, "{vanished:?}");
+    }
+
     /// Settled costs: one count per settle that took or gave back, and its tokens; an
     /// exact estimate and a dropped one settle nothing.
     #[test]

@@ -783,6 +783,33 @@ mod tests {
         assert!(backend.penalizes_once());
     }
 
+    /// An id is remembered for two minutes from when it was applied, to the millisecond: a
+    /// send arriving a millisecond before the end is seen, one arriving at the end is a new
+    /// charge.
+    #[tokio::test(start_paused = true)]
+    async fn a_charge_id_is_remembered_for_exactly_two_minutes() {
+        let ms = Duration::from_millis;
+        // The send again arrives 1 ms before the end (seen), or at the end (a new charge).
+        for (before_end, left) in [(ms(1), 9), (ms(0), 8)] {
+            let backend = SimBackend::builder().latency(ms(1)).build();
+            let table = backend.table("api");
+            let charge = || {
+                let item = Item::new(&table, Key::from_part("k"), Q, 1);
+                backend.apply(Op::PenalizeOnce { id: 3 }, &[item])
+            };
+            let start = tokio::time::Instant::now();
+            charge().await.unwrap(); // applied at 1 ms: remembered until 1 ms + 2 min
+            let end = start + ms(1) + crate::store::PENALIZE_ONCE_FOR;
+            tokio::time::sleep_until(end - ms(1) - before_end).await;
+            charge().await.unwrap();
+            assert_eq!(
+                backend.remaining("api", "k", Q),
+                left,
+                "{before_end:?} before the end"
+            );
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_snapshot_follows_the_buckets_until_taken() {
         let backend = SimBackend::new();
