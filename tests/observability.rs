@@ -278,13 +278,47 @@ mod schema {
         assert!(during.contains_key("tollgate_region_mover_lag_seconds{region=us}"));
     }
 
-    /// A charge-back is counted as dropped only when it is given up: one Redis answers
-    /// (after an outage's share grants) counts nothing; one whose sends all vanish (a black
-    /// hole from the moment Redis answered, for over a minute) counts its key once.
+    /// What happens to the charge-back sent when Redis answers after an outage.
     #[cfg(feature = "testing")]
-    #[test]
-    fn a_charge_back_is_counted_as_dropped_only_when_given_up() {
-        use tollgate::testing::SimBackend;
+    #[derive(Clone, Copy, PartialEq)]
+    enum Charge {
+        /// It is answered.
+        Answered,
+        /// It meets Redis failing again (for 2 s), then is answered at the next answer.
+        Fails,
+        /// It vanishes: a black hole from the moment Redis answered, for 90 s.
+        Vanishes,
+    }
+
+    /// The simulated backend under another name, that cannot apply a charge once per id.
+    #[cfg(feature = "testing")]
+    #[derive(Clone)]
+    struct NoIds(tollgate::testing::SimBackend);
+
+    #[cfg(feature = "testing")]
+    impl Backend for NoIds {
+        type Table = String;
+        type Future = <tollgate::testing::SimBackend as Backend>::Future;
+        fn table(&self, name: &str) -> String {
+            self.0.table(name)
+        }
+        fn apply(&self, op: Op, items: &[Item<'_, String>]) -> Self::Future {
+            self.0.apply(op, items)
+        }
+        fn name(&self) -> &'static str {
+            "no-ids"
+        }
+    }
+
+    /// `tollgate_writeback_dropped_total` of `store` (over `backend`) after each of
+    /// `charges`: an outage's share grants of a key (36 s a token: owed for minutes), then
+    /// the charge-back as said.
+    #[cfg(feature = "testing")]
+    fn dropped_after<B: Backend + Clone>(
+        backend: impl FnOnce() -> (tollgate::testing::SimBackend, Resilient<B>),
+        name: &str,
+        charges: &[Charge],
+    ) -> Vec<f64> {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -292,49 +326,74 @@ mod schema {
             .start_paused(true)
             .build()
             .unwrap();
-        // 36 s a token: an outage's grants are owed for minutes.
         let quota = Quota::per_hour(100);
-        let dropped = |s: &Series| {
-            s.get("tollgate_writeback_dropped_total{store=simulated}")
-                .copied()
-                .unwrap_or(0.0)
-        };
-        let (answered, vanished) = ::metrics::with_local_recorder(&recorder, || {
+        let series_name = format!("tollgate_writeback_dropped_total{{store={name}}}");
+        ::metrics::with_local_recorder(&recorder, || {
             rt.block_on(async {
-                let backend = SimBackend::new();
-                let limiter = tollgate::Limiter::builder(backend.store())
+                let (sim, store) = backend();
+                let limiter = tollgate::Limiter::builder(store)
                     .limit(tollgate::LimitSpec::new("api", quota))
                     .build()
                     .unwrap();
-                let outage = |vanish: bool| {
-                    let (backend, limiter) = (backend.clone(), limiter.clone());
-                    async move {
-                        for _ in 0..5 {
-                            assert!(limiter.check("api", "k", 1).await.unwrap().allowed());
-                        }
-                        backend.outage(true);
-                        for _ in 0..10 {
-                            let d = limiter.check("api", "k", 1).await.unwrap();
-                            assert!(d.allowed(), "granted on the share");
-                        }
-                        backend.outage(false);
-                        // Past the breaker's cool-down: the next check reaches Redis, whose
-                        // answer sends the charge-back (spawned, not yet running).
-                        tokio::time::sleep(Duration::from_secs(2)).await;
-                        limiter.check("api", "k", 1).await.unwrap();
-                        backend.black_hole(vanish);
-                        tokio::time::sleep(Duration::from_secs(90)).await;
-                        backend.black_hole(false);
+                let mut dropped = Vec::new();
+                for &charge in charges {
+                    for _ in 0..5 {
+                        assert!(limiter.check("api", "k", 1).await.unwrap().allowed());
                     }
-                };
-                outage(false).await;
-                let answered = series(&snapshotter);
-                outage(true).await;
-                (answered, series(&snapshotter))
+                    sim.outage(true);
+                    for _ in 0..10 {
+                        let d = limiter.check("api", "k", 1).await.unwrap();
+                        assert!(d.allowed(), "granted on the share");
+                    }
+                    sim.outage(false);
+                    // Past the breaker's cool-down: the next check reaches Redis, whose
+                    // answer sends the charge-back (spawned, not yet running).
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    limiter.check("api", "k", 1).await.unwrap();
+                    match charge {
+                        Charge::Answered => {}
+                        Charge::Fails => {
+                            sim.outage(true);
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                            sim.outage(false);
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                            limiter.check("api", "k", 1).await.unwrap();
+                        }
+                        Charge::Vanishes => sim.black_hole(true),
+                    }
+                    tokio::time::sleep(Duration::from_secs(90)).await;
+                    sim.black_hole(false);
+                    let s = series(&snapshotter);
+                    dropped.push(s.get(&series_name).copied().unwrap_or(0.0));
+                }
+                dropped
             })
-        });
-        assert_eq!(dropped(&answered), 0.0, "{answered:?}");
-        assert_eq!(dropped(&vanished), 1.0, "{vanished:?}");
+        })
+    }
+
+    /// A charge-back is counted as dropped only when it is given up: one Redis answers, or
+    /// that fails and is answered when sent again, counts nothing; one whose sends all
+    /// vanish for over a minute counts its key once.
+    #[cfg(feature = "testing")]
+    #[test]
+    fn a_charge_back_is_counted_as_dropped_only_when_given_up() {
+        use tollgate::testing::SimBackend;
+        let sim = || {
+            let b = SimBackend::new();
+            (b.clone(), b.store())
+        };
+        let runs = [Charge::Answered, Charge::Fails, Charge::Vanishes];
+        assert_eq!(dropped_after(sim, "simulated", &runs), [0.0, 0.0, 1.0]);
+        // To a backend without ids: one that fails goes back on the list (charged at the
+        // next answer); one never answered is dropped once followed for 10 s.
+        let no_ids = || {
+            let b = SimBackend::new();
+            (
+                b.clone(),
+                Resilient::new(NoIds(b.clone())).clock(*b.clock()),
+            )
+        };
+        assert_eq!(dropped_after(no_ids, "no-ids", &runs), [0.0, 0.0, 1.0]);
     }
 
     /// Settled costs: one count per settle that took or gave back, and its tokens; an
