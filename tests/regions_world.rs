@@ -414,6 +414,22 @@ fn the_key_wanted_most_moves_first() {
     assert!(grants[1] <= 301, "{grants:?}");
 }
 
+/// A region gives away what its own traffic of the key does not spend, and keeps what it
+/// does: region 0 serves `k` at 40 a second (under its part's 50), region 1 refuses it at
+/// 150. Every one of region 0's requests is granted, and region 1 gets the rest.
+#[test]
+fn a_region_keeps_what_its_own_traffic_of_the_key_spends() {
+    let quota = Quota::per_second(100);
+    let (grants, moved) = play_keys(
+        quota,
+        &[(0, "k", 40.0, 1, 0.0), (1, "k", 150.0, 1, 0.0)],
+        Duration::from_secs(5),
+    );
+    eprintln!("a key spent in one region, wanted in the other: {grants:?} granted, moved {moved}");
+    assert_eq!(grants[0], 200, "{grants:?}");
+    assert!(grants[1] > 330, "{grants:?}");
+}
+
 fn run_strategy() -> impl Strategy<Value = Run> {
     (
         (2usize..=3, 1u64..=80, 20u64..=200, 0.5f64..3.0),
