@@ -729,6 +729,12 @@ mod tests {
             "{elapsed:?}"
         );
         assert_eq!(sent.lock().unwrap().len(), 17);
+        // With 580 ms timeouts the 15th pause ends a minute after the first send, to the
+        // nanosecond: not more than a minute yet, so a 16th send goes.
+        let (debt, sent, fallback, clock) = scripted_debt(&[], 1_000, 1_000);
+        let timeout = Duration::from_millis(580);
+        assert!(!charge_once(&debt, 1_000, timeout, &fallback, &clock).await);
+        assert_eq!(sent.lock().unwrap().len(), 16);
     }
 
     /// A charge whose debt has passed (its share refilled while the sends hung) is not sent
