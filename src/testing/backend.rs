@@ -47,6 +47,11 @@ const DEFAULT_NOTICED_AFTER: Duration = Duration::from_millis(500);
 /// 3. the answer travels `latency` back. A caller that gave up meanwhile (its timeout)
 ///    gets no answer, but the operation *was* applied: a late answer, as a real server's.
 ///
+/// A charge-back sent again after its answer was lost is applied once: the server
+/// remembers each [`Op::PenalizeOnce`] id per bucket for
+/// [`PENALIZE_ONCE_FOR`](crate::store::PENALIZE_ONCE_FOR), as Redis's marker keys do
+/// (lost with the buckets).
+///
 /// A [`wipe`](Self::wipe) (a restart without persistence) and a
 /// [`restore`](Self::restore) (a restart from an older snapshot) are losses of state,
 /// which the instances notice [`loss_noticed_after`](SimBackendBuilder::loss_noticed_after)
