@@ -461,10 +461,8 @@ async fn charge_once(
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(RESEND_PAUSE_MAX);
         if clock.now().saturating_sub(started) > RESEND_FOR.as_nanos() as u64 {
-            tracing::warn!(
-                key = %d.key,
-                "tollgate: a charge-back was not answered for {RESEND_FOR:?}; given up"
-            );
+            // No key in the line: a key may be a client's credential (an API key).
+            tracing::warn!("tollgate: a charge-back was not answered for {RESEND_FOR:?}; given up");
             return false;
         }
         match lacking(fallback, d) {
