@@ -173,6 +173,34 @@ mod tests {
     }
 
     #[test]
+    fn the_local_region_first_in_the_names_order_is_index_zero() {
+        let doc = Document::from_toml(&format!(
+            "{LIMIT}[regions]\nlocal = \"eu\"\n[regions.stores]\nus = \"redis://us\"\neu = \"redis://eu\"\n"
+        ))
+        .unwrap();
+        let plan = doc.regions().unwrap().unwrap();
+        assert_eq!(plan.names(), ["eu", "us"]);
+        assert_eq!(plan.local(), 0);
+        assert_eq!(plan.stores()[plan.local()], "redis://eu");
+    }
+
+    #[test]
+    fn a_movers_interval_of_one_millisecond_is_the_shortest_accepted() {
+        let plan = |interval: &str| {
+            Document::from_toml(&format!(
+                "{LIMIT}[regions]\nlocal = \"eu\"\ninterval = \"{interval}\"\n[regions.stores]\neu = \"redis://eu\"\nus = \"redis://us\"\n"
+            ))
+            .unwrap()
+            .regions()
+        };
+        let one = plan("1ms").unwrap().unwrap();
+        assert_eq!(one.movers().every(), std::time::Duration::from_millis(1));
+        let under = plan("999us").unwrap_err();
+        assert_eq!(under.field(), "regions.interval");
+        assert_eq!(under.reason(), "must be at least 1ms");
+    }
+
+    #[test]
     fn a_bad_regions_table_names_its_field() {
         let stores = "[regions.stores]\neu = \"redis://eu\"\nus = \"redis://us\"\n";
         assert_eq!(
