@@ -515,6 +515,22 @@ mod tests {
         }
     }
 
+    /// tokio's clock, as the store's: it moves with the paused time, from 0 at `start`.
+    #[derive(Clone)]
+    pub(super) struct Tokio(tokio::time::Instant);
+
+    impl Tokio {
+        pub(super) fn start() -> Self {
+            Tokio(tokio::time::Instant::now())
+        }
+    }
+
+    impl crate::base::clock::Clock for Tokio {
+        fn now(&self) -> u64 {
+            self.0.elapsed().as_nanos() as u64
+        }
+    }
+
     /// A backend that never answers: every call times out.
     #[derive(Clone)]
     pub(super) struct Silent;

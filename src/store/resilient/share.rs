@@ -625,16 +625,6 @@ mod tests {
         }
     }
 
-    /// tokio's clock, as the store's: it moves with the paused time.
-    #[derive(Clone)]
-    struct Tokio(tokio::time::Instant);
-
-    impl Clock for Tokio {
-        fn now(&self) -> u64 {
-            self.0.elapsed().as_nanos() as u64
-        }
-    }
-
     /// A debt, the charges sent for it, and the fallback store and clock of its share.
     type ScriptedDebt = (
         owed::Debt,
@@ -647,7 +637,7 @@ mod tests {
     /// local bucket spent by `spent`, over a backend replying `replies`; the fallback
     /// store and clock `charge_once` reads.
     fn scripted_debt(replies: &[Reply], granted: u64, spent: u32) -> ScriptedDebt {
-        let clock = SharedClock::new(Tokio(tokio::time::Instant::now()));
+        let clock = SharedClock::new(crate::store::resilient::tests::Tokio::start());
         let fallback = crate::store::MemoryStore::with_clock(clock.clone());
         let scripted = Scripted {
             replies: std::sync::Mutex::new(replies.iter().copied().collect()),

@@ -233,7 +233,106 @@ impl<B: Backend> Resilient<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::resilient::tests::Down;
+    use crate::store::resilient::tests::{Down, Tokio};
+    use crate::store::{Item, StoreError};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A backend whose buckets were lost once (`resets` is 1) and that fails each call at
+    /// once, or lets it hang (`hang`), noting what it is sent and when (its clock).
+    #[derive(Clone)]
+    struct Lost {
+        sent: Arc<std::sync::Mutex<Vec<(Op, u64)>>>,
+        clock: Tokio,
+        hang: bool,
+        resets: Arc<AtomicU64>,
+    }
+
+    impl Backend for Lost {
+        type Table = ();
+        type Future = std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<crate::store::Statuses, StoreError>> + Send,
+            >,
+        >;
+        fn table(&self, _: &str) {}
+        fn apply(&self, op: Op, _: &[Item<'_, ()>]) -> Self::Future {
+            self.sent.lock().unwrap().push((op, self.clock.now()));
+            if self.hang {
+                Box::pin(std::future::pending())
+            } else {
+                Box::pin(std::future::ready(Err(StoreError::new("down"))))
+            }
+        }
+        fn resets(&self) -> u64 {
+            self.resets.load(Ordering::Relaxed)
+        }
+    }
+
+    /// A key remembered spent until `until` (ns on the store's clock), written back after
+    /// its backend's reset seen at 1 s; the sends, each with the instant it was sent.
+    async fn write_back_to(hang: bool, timeout: Duration, until: u64) -> Vec<(Op, u64)> {
+        let clock = Tokio::start();
+        let backend = Lost {
+            sent: Arc::default(),
+            clock: clock.clone(),
+            hang,
+            resets: Arc::default(),
+        };
+        let store = Resilient::new(backend.clone())
+            .clock(clock.clone())
+            .timeout(timeout);
+        let api = store.lease_table("api");
+        assert!(
+            store
+                .inner
+                .refused
+                .lock()
+                .unwrap()
+                .remember(spent(&api, "k", until), 0)
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        backend.resets.store(1, Ordering::Relaxed);
+        store.write_back_after_reset();
+        tokio::time::sleep(Duration::from_secs(200)).await;
+        let sent = backend.sent.lock().unwrap().clone();
+        sent
+    }
+
+    /// Issue 41: a write-back that meets a backend failing again after its reset is sent
+    /// again, as is (the bucket spent until the same instant), after pauses doubling from
+    /// 100 ms to 5 s, for 30 s: 11 sends.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_back_is_sent_again_with_doubling_pauses_for_thirty_seconds() {
+        const S: u64 = 1_000_000_000;
+        let sent = write_back_to(false, Duration::from_millis(50), 100 * S).await;
+        let at: Vec<u64> = sent.iter().map(|&(_, t)| t - S).collect();
+        let ms = 1_000_000;
+        assert_eq!(
+            at,
+            [
+                0, 100, 300, 700, 1_500, 3_100, 6_300, 11_300, 16_300, 21_300, 26_300
+            ]
+            .map(|t| t * ms)
+        );
+        for &(op, t) in &sent {
+            assert_eq!(op, Op::Restore(Duration::from_nanos(100 * S - t)), "at {t}");
+        }
+        // A state that passes first ends the sends then: spent until 5 s, the sends of
+        // 1 s to 4.1 s go and the one due at 7.3 s does not.
+        let sent = write_back_to(false, Duration::from_millis(50), 5 * S).await;
+        assert_eq!(sent.len(), 6, "{sent:?}");
+    }
+
+    /// The 30 s are counted from the first send, and a send due exactly 30 s after it
+    /// still goes: calls that hang for 370 ms each put the 11th send at 30 s to the
+    /// nanosecond.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_back_send_due_exactly_thirty_seconds_after_the_first_still_goes() {
+        const S: u64 = 1_000_000_000;
+        let sent = write_back_to(true, Duration::from_millis(370), 100 * S).await;
+        assert_eq!(sent.len(), 11, "{sent:?}");
+        assert_eq!(sent[10].1, 31 * S);
+    }
 
     fn spent(table: &Arc<LeaseTable>, key: &str, until: u64) -> Refused {
         Refused {
@@ -288,5 +387,33 @@ mod tests {
         // Passed, and more than a second since the last look: room again.
         assert!(list.remember(spent(&api, "new", 9_000_000_000), 5_500_000_000));
         assert_eq!(list.keys.len(), 2);
+    }
+
+    /// An entry whose state passes at the very instant of the look has passed: a full
+    /// list makes room from it, as `live` drops it.
+    #[test]
+    fn a_full_write_back_list_makes_room_from_an_entry_passing_at_that_instant() {
+        let store = Resilient::new(Down);
+        let api = store.lease_table("api");
+        let mut list = WriteBack::default();
+        for i in 0..REMEMBERED_REFUSALS {
+            assert!(list.remember(spent(&api, &i.to_string(), 5_000_000_000), 0));
+        }
+        assert!(list.remember(spent(&api, "new", 9_000_000_000), 5_000_000_000));
+        assert_eq!(list.keys.len(), 1);
+    }
+
+    /// A list with room is not scanned for passed entries (a scan is for a full list, so
+    /// a new key costs a lookup): what has passed stays until the list fills, or until
+    /// `live` reads it.
+    #[test]
+    fn a_write_back_list_with_room_is_not_scanned_for_passed_entries() {
+        let store = Resilient::new(Down);
+        let api = store.lease_table("api");
+        let mut list = WriteBack::default();
+        assert!(list.remember(spent(&api, "old", 1_000), 0));
+        assert!(list.remember(spent(&api, "new", 9_000_000_000), 5_000_000_000));
+        assert_eq!(list.keys.len(), 2, "the passed entry was not looked for");
+        assert_eq!(list.live(5_000_000_000).len(), 1);
     }
 }
