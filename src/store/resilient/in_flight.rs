@@ -116,3 +116,91 @@ impl<B: Backend> Resilient<B> {
         }
     }
 }
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use std::time::Duration;
+
+    use crate::algo::algorithm::Algorithm;
+    use crate::algo::quota::Quota;
+    use crate::model::decision::Status;
+    use crate::model::key::Key;
+    use crate::store::resilient::{Resilient, ResilientTable};
+    use crate::store::{Checked, Item, Op, Store};
+    use crate::testing::SimBackend;
+
+    /// An instance and its tables: the in-flight limit "jobs" (2 units), a rate limit.
+    struct Instance {
+        store: Resilient<SimBackend>,
+        jobs: ResilientTable<String>,
+        api: ResilientTable<String>,
+    }
+
+    impl Instance {
+        fn new(store: Resilient<SimBackend>) -> Self {
+            let (jobs, api) = (store.table("jobs"), store.table("api"));
+            Instance { store, jobs, api }
+        }
+
+        /// The answer to `op` on "jobs" of key `k` at `cost`, with the rate limit's item
+        /// beside it when `rate`.
+        async fn jobs(&self, op: Op, cost: u32, rate: bool) -> Status {
+            let mut items = vec![
+                Item::new(&self.jobs, Key::from_part("k"), Quota::per_second(2), cost)
+                    .algorithm(Algorithm::in_flight()),
+            ];
+            if rate {
+                items.push(Item::new(
+                    &self.api,
+                    Key::from_part("k"),
+                    Quota::per_second(100),
+                    1,
+                ));
+            }
+            let statuses = match self.store.apply(op, &items) {
+                Checked::Ready(s) => s,
+                Checked::Pending(f) => f.await,
+            };
+            statuses[0]
+        }
+
+        fn held(&self) -> usize {
+            self.store.inner.held.len()
+        }
+    }
+
+    fn allowed(s: Status) -> bool {
+        matches!(s, Status::Checked(o) if o.is_allowed())
+    }
+
+    /// Units the shared store granted are counted as held here (those of the in-flight
+    /// limit only, and only units taken), so that their release goes back to the shared
+    /// store, where another instance can take them.
+    #[tokio::test(start_paused = true)]
+    async fn units_the_backend_granted_are_released_there_for_other_instances() {
+        let backend = SimBackend::builder().instances(2).build();
+        let mut stores = backend.stores().into_iter().map(Instance::new);
+        let (a, b) = (stores.next().unwrap(), stores.next().unwrap());
+        assert!(allowed(a.jobs(Op::Check, 2, true).await));
+        assert_eq!(
+            a.held(),
+            1,
+            "the in-flight limit's key, not the rate limit's"
+        );
+        assert!(
+            !allowed(b.jobs(Op::Check, 1, false).await),
+            "both units held"
+        );
+        // A look (cost 0) takes nothing and holds nothing; a refused check neither.
+        a.jobs(Op::Check, 0, false).await;
+        assert!(!allowed(a.jobs(Op::Check, 1, false).await));
+        assert_eq!(a.held(), 1);
+        a.jobs(Op::Refund, 2, false).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(a.held(), 0, "released: nothing held any more");
+        assert!(
+            allowed(b.jobs(Op::Check, 2, false).await),
+            "the release reached the shared store"
+        );
+    }
+}
