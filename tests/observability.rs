@@ -579,6 +579,84 @@ mod schema {
         assert_eq!(nonzero, expected);
     }
 
+    /// A backend that never answers.
+    #[derive(Clone)]
+    struct Silent;
+
+    impl Backend for Silent {
+        type Table = ();
+        type Future = std::future::Pending<Result<Statuses, StoreError>>;
+        fn table(&self, _: &str) {}
+        fn apply(&self, _: Op, _: &[Item<'_, ()>]) -> Self::Future {
+            std::future::pending()
+        }
+        fn name(&self) -> &'static str {
+            "Silent"
+        }
+    }
+
+    /// A backend that answers, but with no status for the items it was sent.
+    #[derive(Clone)]
+    struct Short;
+
+    impl Backend for Short {
+        type Table = ();
+        type Future = Ready<Result<Statuses, StoreError>>;
+        fn table(&self, _: &str) {}
+        fn apply(&self, _: Op, _: &[Item<'_, ()>]) -> Self::Future {
+            std::future::ready(Ok(Statuses::new()))
+        }
+        fn name(&self) -> &'static str {
+            "Short"
+        }
+    }
+
+    /// One check of a key through `store`, awaited.
+    async fn check_once<B: Backend>(store: &Resilient<B>) {
+        use tollgate::store::{Checked, Store};
+        let table = store.table("api");
+        let item = Item::new(
+            &table,
+            tollgate::key::Key::from_part("k"),
+            Quota::per_second(1),
+            1,
+        );
+        if let Checked::Pending(f) = store.apply(Op::Check, &[item]) {
+            f.await;
+        }
+    }
+
+    /// A failed call is counted by its kind: no answer within the timeout is `timeout`,
+    /// an error `backend`, an answer of the wrong length `protocol`.
+    #[tokio::test(start_paused = true)]
+    async fn store_errors_are_counted_by_kind() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let (silent, down, short) = ::metrics::with_local_recorder(&recorder, || {
+            (
+                Resilient::new(Silent).timeout(Duration::from_millis(10)),
+                Resilient::new(Down),
+                Resilient::new(Short),
+            )
+        });
+        check_once(&silent).await;
+        check_once(&down).await;
+        check_once(&short).await;
+        let errors: Series = series(&snapshotter)
+            .into_iter()
+            .filter(|(k, v)| k.starts_with("tollgate_store_errors_total") && *v != 0.0)
+            .collect();
+        let expected: Series = [
+            "tollgate_store_errors_total{kind=timeout,store=silent}",
+            "tollgate_store_errors_total{kind=backend,store=test_store}",
+            "tollgate_store_errors_total{kind=protocol,store=short}",
+        ]
+        .into_iter()
+        .map(|k| (k.to_owned(), 1.0))
+        .collect();
+        assert_eq!(errors, expected);
+    }
+
     /// Issue 42: the units of streams, passed and refused, per limit and what it counts.
     #[tokio::test]
     async fn stream_units_are_counted_passed_and_refused() {
