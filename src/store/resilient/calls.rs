@@ -245,3 +245,53 @@ impl<B: Backend> Resilient<B> {
         }
     }
 }
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use std::time::Duration;
+
+    use crate::algo::quota::Quota;
+    use crate::model::decision::Status;
+    use crate::model::key::Key;
+    use crate::model::policy::FailurePolicy;
+    use crate::store::{Checked, Item, Op, Store};
+    use crate::testing::SimBackend;
+
+    /// A check that timed out, which the failure policy refused but the shared store
+    /// granted when it arrived: the request did not proceed, so its token goes back.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_grant_the_policy_refused_gives_its_token_back() {
+        let backend = SimBackend::builder()
+            .latency(Duration::from_millis(600))
+            .build();
+        let store = backend.store().timeout(Duration::from_millis(10));
+        let table = store.table("api");
+        let check = || async {
+            let item = Item::new(
+                &table,
+                Key::from_part("k"),
+                Quota::per_minute(1).burst(5),
+                1,
+            )
+            .on_failure(FailurePolicy::Deny);
+            match store.apply(Op::Check, &[item]) {
+                Checked::Ready(s) => s[0],
+                Checked::Pending(f) => f.await[0],
+            }
+        };
+        let timed_out = check().await;
+        assert_eq!(timed_out, Status::FailedClosed);
+        // A round trip of 1.2 s against a timeout of at most 1 s (three times the round
+        // trip the backend reports, capped). The late answer comes 1.2 s after the send;
+        // the refund reaches the server 600 ms later. A token refills in a minute.
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        backend.set_latency(Duration::ZERO);
+        let next = check().await;
+        let left = next.outcome().map(|o| o.remaining());
+        assert_eq!(
+            left,
+            Some(4),
+            "{next:?}: 5 of 5 before it, the late grant given back"
+        );
+    }
+}
