@@ -181,6 +181,9 @@ mod tests {
         let backend = SimBackend::builder().instances(2).build();
         let mut stores = backend.stores().into_iter().map(Instance::new);
         let (a, b) = (stores.next().unwrap(), stores.next().unwrap());
+        // A look (cost 0) takes nothing and holds nothing.
+        assert!(allowed(a.jobs(Op::Check, 0, false).await));
+        assert_eq!(a.held(), 0, "a look holds nothing");
         assert!(allowed(a.jobs(Op::Check, 2, true).await));
         assert_eq!(
             a.held(),
@@ -191,8 +194,7 @@ mod tests {
             !allowed(b.jobs(Op::Check, 1, false).await),
             "both units held"
         );
-        // A look (cost 0) takes nothing and holds nothing; a refused check neither.
-        a.jobs(Op::Check, 0, false).await;
+        // A refused check holds nothing.
         assert!(!allowed(a.jobs(Op::Check, 1, false).await));
         assert_eq!(a.held(), 1);
         a.jobs(Op::Refund, 2, false).await;
