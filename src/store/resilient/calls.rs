@@ -261,10 +261,16 @@ mod tests {
     /// A check that timed out, which the failure policy refused but the shared store
     /// granted when it arrived: the request did not proceed, so its token goes back. A
     /// window's count is not given back: the refund could land in the next window, on a
-    /// count that never held the request.
+    /// count that never held the request. A request the policy let through keeps the
+    /// token the store took.
     #[tokio::test(start_paused = true)]
     async fn a_late_grant_the_policy_refused_gives_its_token_back_to_a_bucket_only() {
-        for (algorithm, expected) in [(Algorithm::Gcra, 4), (Algorithm::fixed_window(), 3)] {
+        use FailurePolicy::{Allow, Deny};
+        for (algorithm, policy, here, expected) in [
+            (Algorithm::Gcra, Deny, Status::FailedClosed, 4),
+            (Algorithm::fixed_window(), Deny, Status::FailedClosed, 3),
+            (Algorithm::Gcra, Allow, Status::FailedOpen, 3),
+        ] {
             let backend = SimBackend::builder()
                 .latency(Duration::from_millis(600))
                 .build();
@@ -274,14 +280,14 @@ mod tests {
                 // 5 an hour: nothing refills during the test.
                 let item = Item::new(&table, Key::from_part("k"), Quota::per_hour(5), 1)
                     .algorithm(algorithm)
-                    .on_failure(FailurePolicy::Deny);
+                    .on_failure(policy);
                 match store.apply(Op::Check, &[item]) {
                     Checked::Ready(s) => s[0],
                     Checked::Pending(f) => f.await[0],
                 }
             };
             let timed_out = check().await;
-            assert_eq!(timed_out, Status::FailedClosed, "{algorithm:?}");
+            assert_eq!(timed_out, here, "{algorithm:?}");
             // A round trip of 1.2 s against a timeout of at most 1 s (three times the
             // round trip the backend reports, capped). The late answer comes 1.2 s after
             // the send; the refund reaches the server 600 ms later.
