@@ -246,7 +246,8 @@ impl<B: Backend> Resilient<B> {
     }
 }
 
-#[cfg(all(test, feature = "testing"))]
+#[cfg(test)]
+#[cfg(feature = "testing")]
 mod tests {
     use std::time::Duration;
 

@@ -224,5 +224,27 @@ mod tests {
         assert_eq!(o.next_after(), Some(Duration::from_millis(40)));
         assert_eq!(o.reset_after(), Duration::from_millis(940));
         assert_eq!(cached_outcome(&q, 11, 1).verdict(), Verdict::Never);
+        // A cost of the whole burst can pass once the bucket is full: a wait, not never.
+        assert_eq!(
+            cached_outcome(&q, 10, 40_000_000).verdict(),
+            Verdict::Denied {
+                retry_after: Duration::from_millis(940)
+            }
+        );
+    }
+
+    /// A denial remembered under one quota says nothing about another: no two of a grid
+    /// of rates and bursts share a salt (a plan upgrade's key is asked again).
+    #[test]
+    fn no_two_quotas_of_a_grid_share_a_salt() {
+        let mut seen = std::collections::HashMap::new();
+        for per_second in [1, 2, 3, 5, 10, 100, 1_000, 10_000] {
+            for burst in 1..=256 {
+                let q = Quota::per_second(per_second).burst(burst);
+                if let Some(other) = seen.insert(quota_salt(&q), (per_second, burst)) {
+                    panic!("{per_second}/s burst {burst} salted as {other:?}");
+                }
+            }
+        }
     }
 }
