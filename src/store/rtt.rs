@@ -36,12 +36,13 @@ impl RoundTrips {
     }
 
     /// How long a call usually takes: the smoothed round trip (a call past it is slow,
-    /// though not yet timed out), `floor` while nothing was seen, at most the timeout.
+    /// though not yet timed out); while nothing was seen, `floor`, or the round trip the
+    /// backend measured on its own (`hint`) when that is longer; at most the timeout.
     pub(crate) fn usual(&self, floor: Duration, hint: Option<Duration>) -> Duration {
         let srtt = self.srtt.load(Ordering::Relaxed);
         let timeout = self.timeout(floor, hint);
         if srtt == 0 {
-            return floor.min(timeout);
+            return hint.map_or(floor, |h| h.max(floor)).min(timeout);
         }
         Duration::from_nanos(srtt).min(timeout)
     }
@@ -100,5 +101,30 @@ mod tests {
             Duration::from_millis(180)
         );
         assert_eq!(fresh.timeout(floor, Some(Duration::from_millis(5))), floor);
+    }
+
+    /// Before any answer, a call is usually as long as the floor, or as the round trip
+    /// the backend measured on its own when that is longer (a far backend's first lease
+    /// call is not thought late after the floor); then, the smoothed round trip.
+    #[test]
+    fn the_usual_round_trip_before_any_answer_is_the_backends_own_above_the_floor() {
+        let rtt = RoundTrips::default();
+        let floor = Duration::from_millis(50);
+        assert_eq!(rtt.usual(floor, None), floor);
+        assert_eq!(rtt.usual(floor, Some(Duration::from_millis(1))), floor);
+        assert_eq!(
+            rtt.usual(floor, Some(Duration::from_millis(200))),
+            Duration::from_millis(200)
+        );
+        // Never past the timeout: at most 1 s.
+        assert_eq!(
+            rtt.usual(floor, Some(Duration::from_secs(5))),
+            Duration::from_secs(1)
+        );
+        rtt.observe(20 * MS);
+        assert_eq!(
+            rtt.usual(floor, Some(Duration::from_millis(200))),
+            Duration::from_millis(20)
+        );
     }
 }

@@ -299,4 +299,82 @@ mod tests {
             assert_eq!(left, Some(expected), "{algorithm:?}: {next:?}");
         }
     }
+
+    /// A backend that answers every call with no status.
+    #[derive(Clone)]
+    struct Short;
+
+    impl crate::store::Backend for Short {
+        type Table = ();
+        type Future = std::future::Ready<Result<crate::store::Statuses, crate::store::StoreError>>;
+        fn table(&self, _: &str) {}
+        fn apply(&self, _: Op, _: &[Item<'_, ()>]) -> Self::Future {
+            std::future::ready(Ok(crate::store::Statuses::new()))
+        }
+    }
+
+    /// An answer with the wrong number of statuses is a failure: the request follows its
+    /// failure policy, and the breaker counts it.
+    #[tokio::test]
+    async fn an_answer_of_the_wrong_length_follows_the_failure_policy() {
+        let store = crate::store::Resilient::new(Short).breaker(1, Duration::from_secs(60));
+        let table = store.table("api");
+        let item = Item::new(&table, Key::from_part("k"), Quota::per_hour(5), 1)
+            .on_failure(FailurePolicy::Deny);
+        let statuses = match store.apply(Op::Check, &[item]) {
+            Checked::Ready(s) => s,
+            Checked::Pending(f) => f.await,
+        };
+        assert_eq!(statuses.as_slice(), [Status::FailedClosed]);
+        assert!(store.is_unavailable(), "one failure opens a breaker of one");
+    }
+
+    /// Lease calls to a backend whose round trip (200 ms, as it reports before any call
+    /// was answered) is more than half the time the bucket takes to fill (100 ms) hold
+    /// no request that comes in their first 150 ms: such a request asks the backend
+    /// itself. Before, the first lease call was thought usual for the configured timeout
+    /// (50 ms) only, so requests waited for it, and then asked the backend when it came
+    /// too small for them: 380 ms, nearly two round trips.
+    #[tokio::test(start_paused = true)]
+    async fn a_far_backends_lease_calls_hold_no_request_past_one_round_trip() {
+        let backend = SimBackend::builder()
+            .latency(Duration::from_millis(100))
+            .build();
+        let store = backend.store();
+        let table = store.table("api");
+        let check = || async {
+            let item = Item::new(
+                &table,
+                Key::from_part("k"),
+                Quota::per_second(1_000).burst(100),
+                1,
+            )
+            .lease(Some(crate::model::lease::Lease::auto()));
+            match store.apply(Op::Check, &[item]) {
+                Checked::Ready(s) => s[0],
+                Checked::Pending(f) => f.await[0],
+            }
+        };
+        // 500 requests a second, half the limit, for 400 ms.
+        let requests = (0..200u64).map(|i| async move {
+            tokio::time::sleep(Duration::from_millis(2 * i)).await;
+            let started = tokio::time::Instant::now();
+            let s = check().await;
+            (
+                s.outcome().is_some_and(|o| o.is_allowed()),
+                started.elapsed(),
+            )
+        });
+        let at = futures_util::future::join_all(requests).await;
+        assert!(at.iter().all(|&(allowed, _)| allowed));
+        let slowest = at.iter().map(|&(_, d)| d).max().unwrap();
+        // Those that come in a lease call's last 50 ms wait for it, and ask the backend
+        // if it is too small for them: at most one round trip and half the fill time.
+        assert!(slowest <= Duration::from_millis(250), "{slowest:?}");
+        let waited = at
+            .iter()
+            .filter(|&&(_, d)| d > Duration::from_millis(200))
+            .count();
+        assert!(waited > 0, "no request waited for a lease");
+    }
 }
