@@ -294,8 +294,7 @@ mod tests {
         backend.resets.store(1, Ordering::Relaxed);
         store.write_back_after_reset();
         tokio::time::sleep(Duration::from_secs(200)).await;
-        let sent = backend.sent.lock().unwrap().clone();
-        sent
+        backend.sent.lock().unwrap().clone()
     }
 
     /// Issue 41: a write-back that meets a backend failing again after its reset is sent
