@@ -248,3 +248,50 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[cfg(feature = "testing")]
+mod speaking {
+    use std::time::Duration;
+
+    use crate::algo::quota::Quota;
+    use crate::model::key::Key;
+    use crate::model::policy::Mode;
+    use crate::store::{Checked, Item, Op, Store};
+    use crate::testing::SimBackend;
+
+    /// A remembered denial refuses here only the requests it speaks for: enforced ones
+    /// that take a token, refused at once. A shadow request, a look (cost 0), a request
+    /// that may wait, and a request of a limit that bans all ask the shared store.
+    #[tokio::test(start_paused = true)]
+    async fn a_remembered_denial_speaks_only_for_enforced_requests_refused_at_once() {
+        let backend = SimBackend::new();
+        let store = backend.store().deny_cache(true);
+        let table = store.table("api");
+        let item = || Item::new(&table, Key::from_part("k"), Quota::per_hour(1), 1);
+        let ask = |item: Item<'_, _>| match store.apply(Op::Check, &[item]) {
+            Checked::Ready(s) => Box::pin(std::future::ready(s[0]))
+                as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
+            Checked::Pending(f) => Box::pin(async move { f.await[0] }),
+        };
+        assert!(ask(item()).await.outcome().unwrap().is_allowed());
+        assert!(!ask(item()).await.outcome().unwrap().is_allowed());
+        let calls = backend.calls();
+        assert!(!ask(item()).await.outcome().unwrap().is_allowed());
+        assert_eq!(backend.calls(), calls, "refused from the remembered denial");
+        let others = [
+            ("shadow", item().mode(Mode::Shadow)),
+            (
+                "a look",
+                Item::new(&table, Key::from_part("k"), Quota::per_hour(1), 0),
+            ),
+            ("may wait", item().max_wait(Duration::from_millis(10))),
+            ("bans", item().bans(true)),
+        ];
+        for (what, other) in others {
+            let calls = backend.calls();
+            ask(other).await;
+            assert_eq!(backend.calls(), calls + 1, "{what}: asks the shared store");
+        }
+    }
+}
