@@ -294,4 +294,64 @@ mod speaking {
             assert_eq!(backend.calls(), calls + 1, "{what}: asks the shared store");
         }
     }
+
+    /// Only tokens given back clear a remembered denial, and a refund clears it as it is
+    /// sent: a charge (`Penalize`) leaves it; a check sent while a refund is on its way
+    /// asks the shared store.
+    #[tokio::test(start_paused = true)]
+    async fn a_remembered_denial_is_cleared_by_tokens_given_back_only() {
+        let backend = SimBackend::builder()
+            .latency(Duration::from_millis(5))
+            .build();
+        let store = backend.store().deny_cache(true);
+        let table = store.table("api");
+        let item = || Item::new(&table, Key::from_part("k"), Quota::per_hour(1), 1);
+        let ask = |op: Op, item: Item<'_, _>| match store.apply(op, &[item]) {
+            Checked::Ready(s) => Box::pin(std::future::ready(s[0]))
+                as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
+            Checked::Pending(f) => Box::pin(async move { f.await[0] }),
+        };
+        ask(Op::Check, item()).await;
+        ask(Op::Check, item()).await;
+        ask(Op::Penalize, item()).await;
+        let calls = backend.calls();
+        assert!(!ask(Op::Check, item()).await.outcome().unwrap().is_allowed());
+        assert_eq!(backend.calls(), calls, "a charge leaves the denial");
+        let refund = ask(Op::Refund, item());
+        let calls = backend.calls();
+        ask(Op::Check, item()).await;
+        assert_eq!(backend.calls(), calls + 1, "cleared as the refund was sent");
+        refund.await;
+    }
+
+    /// A denial the shared store decided before tokens came back, whose answer comes
+    /// after they did, is not remembered: the next request asks the store, and passes.
+    #[tokio::test(start_paused = true)]
+    async fn a_denial_decided_before_a_refund_but_answered_after_is_not_remembered() {
+        let backend = SimBackend::builder()
+            .latency(Duration::from_millis(5))
+            .build();
+        let store = backend.store().deny_cache(true);
+        let table = store.table("api");
+        let item = || Item::new(&table, Key::from_part("k"), Quota::per_hour(1), 1);
+        let ask = |op: Op, item: Item<'_, _>| match store.apply(op, &[item]) {
+            Checked::Ready(s) => Box::pin(std::future::ready(s[0]))
+                as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
+            Checked::Pending(f) => Box::pin(async move { f.await[0] }),
+        };
+        assert!(ask(Op::Check, item()).await.outcome().unwrap().is_allowed());
+        // The check is refused at the store at 5 ms and answered at 10 ms; the refund,
+        // sent at 4.5 ms over a link now 1 ms long, reaches the store after the check
+        // (5.5 ms) and is answered before it (6.5 ms).
+        let (denied, _) = tokio::join!(ask(Op::Check, item()), async {
+            tokio::time::sleep(Duration::from_micros(4_500)).await;
+            backend.set_latency(Duration::from_millis(1));
+            ask(Op::Refund, item()).await
+        });
+        assert!(!denied.outcome().unwrap().is_allowed());
+        let calls = backend.calls();
+        let next = ask(Op::Check, item()).await;
+        assert_eq!(backend.calls(), calls + 1, "the denial was not remembered");
+        assert!(next.outcome().unwrap().is_allowed(), "{next:?}");
+    }
 }
