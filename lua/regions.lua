@@ -5,11 +5,17 @@ call atomic.
 ARGV[1]  now, in microseconds since the Unix epoch, or "" to use Redis TIME
 ARGV[2]  the operation:
 
-  debit   KEYS[1] a GCRA bucket (TAT in µs; absent: full), KEYS[2] the transfer's record;
-          ARGV[3] t (µs), ARGV[4] burst, ARGV[5] most, ARGV[6] keep, ARGV[7] the record's
-          life (ms). Takes min(most, remaining - keep) tokens (TAT += taken * t) and
-          records the amount under KEYS[2]; with a record already there, takes nothing.
-          Reply: the amount recorded.
+  debit   KEYS[1] a GCRA bucket (TAT in µs; absent: full), KEYS[2] the transfer's record,
+          KEYS[3] the region's outstanding transfer (a hash); ARGV[3] t (µs), ARGV[4]
+          burst, ARGV[5] most, ARGV[6] keep, ARGV[7] the record's life (ms), ARGV[8] the
+          transfer's id, ARGV[9] its limit, ARGV[10] its bucket key, ARGV[11] its
+          destination. With a record already there, takes nothing and replies the amount
+          recorded. With another transfer outstanding, takes nothing, records nothing and
+          replies 0. Else takes min(most, remaining - keep) tokens (TAT += taken * t),
+          records the amount under KEYS[2] and, if not 0, the transfer under KEYS[3] (for
+          the record's life). Reply: the amount recorded.
+  settle  KEYS[1] the region's outstanding transfer; ARGV[3] an id. Clears it if it is
+          that id. Reply: 1 cleared, 0 not.
   credit  KEYS[1] a bucket, KEYS[2] the transfer's record; ARGV[3] t, ARGV[4] burst,
           ARGV[5] amount, ARGV[7] the record's life (ms). Gives `amount` tokens back,
           never beyond a full bucket (TAT := max(now, TAT - amount * t)), once: with a
@@ -58,10 +64,21 @@ if op == 'look' then
   return reply
 end
 
+if op == 'settle' then
+  if redis.call('HGET', KEYS[1], 'id') == ARGV[3] then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+  return 0
+end
+
 local record = redis.call('GET', KEYS[2])
 if op == 'debit' then
   if record then
     return tonumber(record)
+  end
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    return 0
   end
   local t, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
   local most, keep = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -73,6 +90,11 @@ if op == 'debit' then
     write(KEYS[1], tat + take * t)
   end
   redis.call('SET', KEYS[2], take, 'PX', ARGV[7])
+  if take > 0 then
+    redis.call('HSET', KEYS[3], 'id', ARGV[8], 'table', ARGV[9], 'key', ARGV[10],
+      'to', ARGV[11], 'amount', take)
+    redis.call('PEXPIRE', KEYS[3], ARGV[7])
+  end
   return take
 elseif op == 'credit' then
   if record then

@@ -1,7 +1,8 @@
 //! One limit across regions on real Redis servers, one per region, the link between them
 //! through a proxy in this process that delays and black-holes: transfers applied once
 //! (`lua/regions.lua`), the region's mover elected by a lock with a TTL, the quota moving to
-//! the region that spends it, a transfer cut by a black hole landing once after it.
+//! the region that spends it, a transfer cut by a black hole landing once after it, taken
+//! over by the next mover when its leader is killed meanwhile.
 //! The bound itself is proved on the simulated regions (`regions_world.rs`).
 #![cfg(feature = "redis")]
 
@@ -16,7 +17,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tollgate::key::Key;
 use tollgate::store::RedisStore;
-use tollgate::store::regions::{Escrow, MoverSettings, TransferId, bound, share};
+use tollgate::store::regions::{
+    Escrow, MoverReport, MoverSettings, MoverStats, Transfer, TransferId, bound, share,
+};
 use tollgate::{LimitSpec, Limiter, Quota, Status};
 
 async fn store(url: &str) -> RedisStore {
@@ -73,6 +76,20 @@ async fn pipe(
     }
 }
 
+/// A region's movers seen together: the leading one's report (the first's if none
+/// leads), with the moves of all (a lead that changed hands took the transfer over).
+fn region(movers: &[&Arc<MoverStats>]) -> MoverReport {
+    let reports: Vec<MoverReport> = movers.iter().map(|s| s.report()).collect();
+    let mut report = reports
+        .iter()
+        .find(|r| r.leading)
+        .copied()
+        .unwrap_or(reports[0]);
+    report.moved = reports.iter().map(|r| r.moved).sum();
+    report.transfers = reports.iter().map(|r| r.transfers).sum();
+    report
+}
+
 /// Waits for `done` (polled every 10 ms) at most `within`.
 async fn until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
@@ -100,11 +117,36 @@ async fn transfers_apply_once_and_one_holder_leads() {
     let escrow = store.escrow();
     let q = Quota::per_hour(10);
     let k = Key::from_part("k");
-    assert_eq!(escrow.debit(id(1), "api", &k, q, 4, 0).await.unwrap(), 4);
-    assert_eq!(escrow.debit(id(1), "api", &k, q, 4, 0).await.unwrap(), 4);
+    let t = |seq| Transfer::new(id(seq), "api", Key::from_part("k"), 1);
+    assert_eq!(escrow.outstanding().await.unwrap(), None);
+    assert_eq!(escrow.debit(&t(1), q, 4, 0).await.unwrap(), 4);
+    assert_eq!(escrow.debit(&t(1), q, 4, 0).await.unwrap(), 4);
+    // The region's one transfer outstanding, as a mover that leads it next finds it; no
+    // other is debited until it is settled (by its id).
+    assert_eq!(escrow.outstanding().await.unwrap(), Some((t(1), 4)));
+    assert_eq!(escrow.debit(&t(2), q, 4, 5).await.unwrap(), 0);
+    assert!(!escrow.settle(id(2)).await.unwrap());
+    assert!(escrow.settle(id(1)).await.unwrap());
+    assert_eq!(escrow.outstanding().await.unwrap(), None);
     // 6 left, 5 kept: 1 taken.
-    assert_eq!(escrow.debit(id(2), "api", &k, q, 4, 5).await.unwrap(), 1);
-    assert_eq!(escrow.debit(id(3), "api", &k, q, 4, 5).await.unwrap(), 0);
+    assert_eq!(escrow.debit(&t(2), q, 4, 5).await.unwrap(), 1);
+    assert!(escrow.settle(id(2)).await.unwrap());
+    assert_eq!(escrow.debit(&t(3), q, 4, 5).await.unwrap(), 0);
+    assert_eq!(escrow.outstanding().await.unwrap(), None, "nothing taken");
+    // A key of any bytes, a far epoch, another limit: read back as written.
+    let odd = Transfer::new(
+        TransferId {
+            region: 1,
+            epoch: u64::MAX,
+            seq: 9,
+        },
+        "other",
+        Key::from_part("a:b c\\n\u{e9}"),
+        0,
+    );
+    assert_eq!(escrow.debit(&odd, q, 1, 0).await.unwrap(), 1);
+    assert_eq!(escrow.outstanding().await.unwrap(), Some((odd.clone(), 1)));
+    assert!(escrow.settle(odd.id).await.unwrap());
     let limiter = Limiter::builder(store.clone())
         .limit(LimitSpec::new("api", q))
         .build()
@@ -150,7 +192,8 @@ async fn the_regions_are_named_once_and_the_local_one_among_them() {
 }
 
 #[tokio::test]
-async fn the_quota_moves_to_the_region_spending_it_and_a_black_hole_delays_a_transfer_once() {
+async fn the_quota_moves_to_the_region_spending_it_and_a_black_hole_delays_a_transfer_once_even_with_its_leader_killed()
+ {
     let (eu, us) = (RedisServer::start(), RedisServer::start());
     let link = Duration::from_millis(30);
     // Each region reaches its own Redis directly, the other's through the link.
@@ -220,33 +263,72 @@ async fn the_quota_moves_to_the_region_spending_it_and_a_black_hole_delays_a_tra
 
     // The link goes black while a credit is on its way: the transfer stays the same one,
     // its credit held in the link and sent again under its id, and lands once healed.
+    let us = || region(&[&us_stats, &second_stats]);
     let hole = |on| {
         us_from_eu.hole.store(on, Ordering::SeqCst);
         eu_from_us.hole.store(on, Ordering::SeqCst);
     };
-    let start = Instant::now();
-    while us_stats.report().in_flight == 0 && start.elapsed() < Duration::from_secs(20) {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+    // A credit whose answer left the link just before it went black still lands (and no
+    // transfer starts while the other region is out of reach): heal, and catch the next.
+    let mut caught = None;
+    for _ in 0..5 {
+        assert!(
+            until(Duration::from_secs(20), || us().in_flight > 0).await,
+            "{:?}",
+            us()
+        );
+        hole(true);
+        let before = us();
+        if before.in_flight == 0 {
+            hole(false);
+            continue;
+        }
+        let held = |r: &MoverReport| r.lag >= Duration::from_millis(500);
+        assert!(
+            until(Duration::from_secs(20), || {
+                let r = us();
+                held(&r) || r.transfers > before.transfers
+            })
+            .await,
+            "{:?}",
+            us()
+        );
+        let during = us();
+        if during.transfers == before.transfers && held(&during) {
+            caught = Some((before, during));
+            break;
+        }
+        hole(false);
     }
-    hole(true);
-    let before = us_stats.report();
-    assert!(before.in_flight > 0, "{before:?}");
-    assert!(
-        until(Duration::from_secs(20), || us_stats.report().lag
-            >= Duration::from_millis(500))
-        .await
-    );
-    let during = us_stats.report();
+    let (before, during) = caught.expect("a transfer caught in the black hole");
     assert_eq!(during.in_flight, before.in_flight, "the same transfer");
     assert_eq!(during.transfers, before.transfers);
     assert_eq!(during.unreachable, 1, "a partition");
+    // Its leader is killed while the credit is held: once its lead lapses the other mover
+    // leads, takes the transfer over from the region's Redis and starts no other.
+    let (killed, survivor) = if us_stats.report().leading {
+        (&us_mover, &second_stats)
+    } else {
+        (&second_mover, &us_stats)
+    };
+    killed.abort();
+    assert!(
+        until(Duration::from_secs(20), || {
+            let r = survivor.report();
+            r.leading && r.in_flight == during.in_flight
+        })
+        .await,
+        "{:?}",
+        survivor.report()
+    );
+    assert_eq!(us().transfers, during.transfers, "none landed in the hole");
     hole(false);
     assert!(
-        until(Duration::from_secs(20), || us_stats.report().transfers
+        until(Duration::from_secs(20), || us().transfers
             > during.transfers)
         .await
     );
-    let after = us_stats.report();
+    let after = us();
     assert!(after.moved >= during.moved + during.in_flight);
     spend.abort();
     us_mover.abort();

@@ -10,7 +10,7 @@ use crate::model::key::IntoKey;
 use crate::model::key::Key;
 use crate::store::regions::{
     Demand, Escrow, EscrowFuture, Ledger, Mover, MoverReport, MoverSettings, MoverStats, Regional,
-    TransferId, bound, partition_bound, share,
+    Transfer, TransferId, bound, partition_bound, share,
 };
 use crate::store::{Op, Resilient};
 
@@ -49,27 +49,20 @@ impl Escrow for SimBackend {
         self.serve(move |s, now| demand(s, now, &table, quota))
     }
 
-    fn debit(
-        &self,
-        id: TransferId,
-        table: &str,
-        key: &Key,
-        quota: Quota,
-        most: u64,
-        keep: u64,
-    ) -> EscrowFuture<u64> {
-        let (table, key) = (table.to_owned(), key.clone());
+    fn debit(&self, transfer: &Transfer, quota: Quota, most: u64, keep: u64) -> EscrowFuture<u64> {
+        let transfer = transfer.clone();
         self.serve(move |s, now| {
+            let (table, key) = (transfer.table.as_str(), transfer.key.clone());
             let mut ledger = std::mem::replace(&mut s.escrow.ledger, Ledger::new(LEDGER_TTL));
-            let taken = ledger.debit(id, now, || {
-                let look = s.apply(Op::Check, &[Call::gcra(&table, key.clone(), quota, 0)]);
+            let taken = ledger.debit(&transfer, now, || {
+                let look = s.apply(Op::Check, &[Call::gcra(table, key.clone(), quota, 0)]);
                 let remaining = look[0].outcome().map_or(0, |o| o.remaining());
                 let take = most.min(remaining.saturating_sub(keep));
                 let take = u32::try_from(take).unwrap_or(u32::MAX);
                 if take == 0 {
                     return 0;
                 }
-                let done = s.apply(Op::Check, &[Call::gcra(&table, key, quota, take)]);
+                let done = s.apply(Op::Check, &[Call::gcra(table, key, quota, take)]);
                 if done[0].outcome().is_some_and(|o| o.is_allowed()) {
                     u64::from(take)
                 } else {
@@ -79,6 +72,14 @@ impl Escrow for SimBackend {
             s.escrow.ledger = ledger;
             taken
         })
+    }
+
+    fn outstanding(&self) -> EscrowFuture<Option<(Transfer, u64)>> {
+        self.serve(|s, now| s.escrow.ledger.outstanding(now))
+    }
+
+    fn settle(&self, id: TransferId) -> EscrowFuture<bool> {
+        self.serve(move |s, _| s.escrow.ledger.settle(id))
     }
 
     fn credit(
@@ -166,17 +167,17 @@ impl Escrow for Linked {
         self.over(move |to| to.demand(&table, quota))
     }
 
-    fn debit(
-        &self,
-        id: TransferId,
-        table: &str,
-        key: &Key,
-        quota: Quota,
-        most: u64,
-        keep: u64,
-    ) -> EscrowFuture<u64> {
-        let (table, key) = (table.to_owned(), key.clone());
-        self.over(move |to| to.debit(id, &table, &key, quota, most, keep))
+    fn debit(&self, transfer: &Transfer, quota: Quota, most: u64, keep: u64) -> EscrowFuture<u64> {
+        let transfer = transfer.clone();
+        self.over(move |to| to.debit(&transfer, quota, most, keep))
+    }
+
+    fn outstanding(&self) -> EscrowFuture<Option<(Transfer, u64)>> {
+        self.over(|to| to.outstanding())
+    }
+
+    fn settle(&self, id: TransferId) -> EscrowFuture<bool> {
+        self.over(move |to| to.settle(id))
     }
 
     fn credit(
@@ -447,11 +448,30 @@ impl SimRegions {
         let mut report = reports
             .iter()
             .find(|r| r.leading)
+            .or(reports.first())
             .copied()
-            .unwrap_or(reports[0]);
+            .unwrap_or_default();
         report.moved = moved;
         report.transfers = transfers;
         report
+    }
+
+    /// Kills the leading mover of `region` (its task aborted, as `kill -9` would: a
+    /// transfer it had in flight stays outstanding in the region's store, for the mover
+    /// that leads next); `false` if none leads.
+    ///
+    /// # Panics
+    ///
+    /// If there is no such region.
+    pub fn kill_leader(&mut self, region: &str) -> bool {
+        let i = self.index(region);
+        let movers = &mut self.movers[i];
+        let Some(at) = movers.iter().position(|(s, _)| s.report().leading) else {
+            return false;
+        };
+        let (_, task) = movers.remove(at);
+        task.abort();
+        true
     }
 
     /// The tokens each region's bucket `key` of `limit` holds now under its part of
@@ -527,20 +547,30 @@ mod tests {
         }
     }
 
+    fn t(seq: u64) -> Transfer {
+        Transfer::new(id(seq), "api", Key::from_part("k"), 1)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_debit_and_a_credit_sent_again_change_nothing_more() {
         let b = SimBackend::new();
         let k = Key::from_part("k");
-        assert_eq!(b.debit(id(1), "api", &k, Q, 4, 0).await.unwrap(), 4);
-        assert_eq!(b.debit(id(1), "api", &k, Q, 4, 0).await.unwrap(), 4);
+        assert_eq!(b.debit(&t(1), Q, 4, 0).await.unwrap(), 4);
+        assert_eq!(b.debit(&t(1), Q, 4, 0).await.unwrap(), 4);
         assert_eq!(b.remaining("api", "k", Q), 6);
+        // Another transfer waits for the outstanding one to settle.
+        assert_eq!(b.outstanding().await.unwrap(), Some((t(1), 4)));
+        assert_eq!(b.debit(&t(2), Q, 4, 5).await.unwrap(), 0);
+        assert!(b.settle(id(1)).await.unwrap());
+        assert_eq!(b.outstanding().await.unwrap(), None);
         // Leaves `keep`: 6 held, 5 kept, 1 taken.
-        assert_eq!(b.debit(id(2), "api", &k, Q, 4, 5).await.unwrap(), 1);
-        assert_eq!(b.debit(id(3), "api", &k, Q, 4, 5).await.unwrap(), 0);
+        assert_eq!(b.debit(&t(2), Q, 4, 5).await.unwrap(), 1);
+        assert!(b.settle(id(2)).await.unwrap());
+        assert_eq!(b.debit(&t(3), Q, 4, 5).await.unwrap(), 0);
         assert!(b.credit(id(1), "api", &k, Q, 3).await.unwrap());
         assert!(!b.credit(id(1), "api", &k, Q, 3).await.unwrap());
         assert_eq!(b.remaining("api", "k", Q), 8);
-        assert_eq!(b.state().escrow.calls, 6);
+        assert_eq!(b.state().escrow.calls, 11);
     }
 
     #[tokio::test(start_paused = true)]
@@ -615,5 +645,79 @@ mod tests {
         assert_eq!(after.unreachable, 0);
         assert!(regions.link_calls() > 0 && regions.mover_calls() > 0);
         assert!(format!("{regions:?}").contains("partitioned: false"));
+    }
+
+    /// The bug: a mover that lost its region's lead mid-transfer (killed, stopped, or only
+    /// slow to renew through a partition) took its transfer with it. The debited tokens
+    /// never reached their destination, and the next leader started transfers of its
+    /// own while that one could still land: two transfers out of one region, beyond the
+    /// bound's one per region.
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_killed_mid_transfer_leaves_it_to_the_next_one_which_lands_it_once() {
+        let quota = Quota::per_second(100);
+        let mut regions = SimRegions::builder()
+            .region("eu")
+            .region("us")
+            .movers_per_region(2)
+            .link_delay(Duration::from_millis(20))
+            .limit("api", quota)
+            .build();
+        let eu = Limiter::builder(regions.store("eu"))
+            .limit(LimitSpec::new("api", quota))
+            .build()
+            .unwrap();
+        for _ in 0..60 {
+            eu.check("api", "k", 1).await.unwrap();
+        }
+        let mut cut = false;
+        for _ in 0..400 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            eu.check("api", "k", 1).await.unwrap();
+            if regions.report("us").in_flight > 0 {
+                regions.partition(true);
+                cut = true;
+                break;
+            }
+        }
+        assert!(cut, "a transfer was on its way");
+        let us = regions.backend("us").clone();
+        let (transfer, amount) = us.outstanding().await.unwrap().expect("outstanding");
+        assert_eq!(regions.report("us").in_flight, amount);
+        let moved = regions.report("us").moved;
+
+        assert!(regions.kill_leader("us"));
+        assert!(
+            !regions.kill_leader("us"),
+            "none leads until its lead lapses"
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let next = regions.report("us");
+        assert!(next.leading, "the other mover leads");
+        assert_eq!(next.in_flight, amount, "it took the transfer over");
+        assert_eq!(next.unreachable, 1, "through the partition");
+        // And started no other: the region's store holds the same one.
+        assert_eq!(
+            us.outstanding().await.unwrap(),
+            Some((transfer.clone(), amount))
+        );
+
+        regions.partition(false);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let after = regions.report("us");
+        assert!(after.moved >= moved + amount, "{after:?}");
+        assert_ne!(
+            us.outstanding().await.unwrap().map(|(t, _)| t.id),
+            Some(transfer.id),
+            "settled"
+        );
+        // Its credit landed in eu: sent again, it is not applied again.
+        let eu_store = regions.backend("eu").clone();
+        let key = Key::from_part("k");
+        assert!(
+            !eu_store
+                .credit(transfer.id, "api", &key, share(quota, 0, 2), amount)
+                .await
+                .unwrap()
+        );
     }
 }

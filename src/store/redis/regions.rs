@@ -11,7 +11,7 @@ use super::keys::{bucket_key, table_prefix};
 use super::*;
 use crate::base::error::ConfigError;
 use crate::store::regions::{
-    Demand, Escrow, EscrowFuture, Mover, MoverSettings, Regional, TransferId,
+    Demand, Escrow, EscrowFuture, Mover, MoverSettings, Regional, Transfer, TransferId,
 };
 
 pub(super) static REGIONS: LazyLock<Lua> =
@@ -60,6 +60,14 @@ impl RedisEscrow {
             backend,
             seen: Arc::default(),
         }
+    }
+
+    /// The region's outstanding transfer (a hash: its id, limit, bucket key, destination
+    /// and amount).
+    fn outstanding_key(&self) -> Vec<u8> {
+        let mut k = self.backend.prefix.to_vec();
+        k.extend_from_slice(b"regions:outstanding");
+        k
     }
 
     fn record_key(&self, id: TransferId, what: &str) -> Vec<u8> {
@@ -151,27 +159,70 @@ impl Escrow for RedisEscrow {
         })
     }
 
-    fn debit(
-        &self,
-        id: TransferId,
-        table: &str,
-        key: &Key,
-        quota: Quota,
-        most: u64,
-        keep: u64,
-    ) -> EscrowFuture<u64> {
-        let mut cmd = evalsha(&REGIONS, 2);
-        cmd.arg(bucket_key(&table_prefix(&self.backend.prefix, table), key))
-            .arg(self.record_key(id, "debit"))
-            .arg(self.backend.now_arg())
-            .arg("debit")
-            .arg(quota.t_us().max(1))
-            .arg(quota.burst_size())
-            .arg(most)
-            .arg(keep)
-            .arg(RECORD_LIFE.as_millis() as u64);
+    fn debit(&self, transfer: &Transfer, quota: Quota, most: u64, keep: u64) -> EscrowFuture<u64> {
+        let mut rendered = Vec::new();
+        transfer.key.render_into(&mut rendered);
+        let mut cmd = evalsha(&REGIONS, 3);
+        cmd.arg(bucket_key(
+            &table_prefix(&self.backend.prefix, &transfer.table),
+            &transfer.key,
+        ))
+        .arg(self.record_key(transfer.id, "debit"))
+        .arg(self.outstanding_key())
+        .arg(self.backend.now_arg())
+        .arg("debit")
+        .arg(quota.t_us().max(1))
+        .arg(quota.burst_size())
+        .arg(most)
+        .arg(keep)
+        .arg(RECORD_LIFE.as_millis() as u64)
+        .arg(transfer.id.to_string())
+        .arg(transfer.table.as_str())
+        .arg(rendered)
+        .arg(transfer.to);
         let conn = self.backend.conn.clone();
         Box::pin(async move { conn.eval::<u64>(&cmd, &REGIONS).await.map_err(failed) })
+    }
+
+    fn outstanding(&self) -> EscrowFuture<Option<(Transfer, u64)>> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(self.outstanding_key());
+        let conn = self.backend.conn.clone();
+        Box::pin(async move {
+            let fields: HashMap<String, Vec<u8>> = conn.query(&cmd).await.map_err(failed)?;
+            if fields.is_empty() {
+                return Ok(None);
+            }
+            let text = |name: &str| {
+                fields
+                    .get(name)
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .map(str::to_owned)
+            };
+            let read = || {
+                let id = TransferId::parse(&text("id")?)?;
+                let key = Key::from_rendered(fields.get("key")?)?;
+                let to = text("to")?.parse().ok()?;
+                let amount = text("amount")?.parse().ok()?;
+                Some((Transfer::new(id, text("table")?, key, to), amount))
+            };
+            read()
+                .map(Some)
+                .ok_or_else(|| StoreError::new("a malformed outstanding transfer"))
+        })
+    }
+
+    fn settle(&self, id: TransferId) -> EscrowFuture<bool> {
+        let mut cmd = evalsha(&REGIONS, 1);
+        cmd.arg(self.outstanding_key())
+            .arg(self.backend.now_arg())
+            .arg("settle")
+            .arg(id.to_string());
+        let conn = self.backend.conn.clone();
+        Box::pin(async move {
+            let cleared: i64 = conn.eval(&cmd, &REGIONS).await.map_err(failed)?;
+            Ok(cleared == 1)
+        })
     }
 
     fn credit(

@@ -11,7 +11,10 @@
 //! region refusing that key: a debit in its own store first, then a credit in the other,
 //! both under one [`TransferId`] and applied once each ([`Escrow`]), so that no token is in
 //! two regions at once; the credit is sent again under the same id until it lands,
-//! however long a partition lasts, and the mover starts no other transfer meanwhile.
+//! however long a partition lasts, and the region starts no other transfer meanwhile: its
+//! store keeps the transfer outstanding ([`Escrow::outstanding`]), a debit while it is
+//! there takes nothing, and a mover that loses the lead mid-transfer leaves it to the next
+//! leader, which finishes it before any other.
 //!
 //! # The bound
 //!
@@ -22,7 +25,7 @@
 //! ```
 //!
 //! ([`bound`], [`max_move`]): what one global bucket grants, plus the tokens of one
-//! transfer per mover in flight (debited at its source, which refills behind it, and
+//! transfer per region in flight (debited at its source, which refills behind it, and
 //! credited later), plus one token of rounding per region. `d` is the link's delay each
 //! way as configured: it sizes a transfer so that a mover can follow a demand of the whole
 //! rate; the time a transfer actually takes does not enter the bound (one transfer in
@@ -52,7 +55,7 @@ mod mover;
 mod regional;
 mod split;
 
-pub use escrow::{Demand, Escrow, EscrowFuture, Ledger, TransferId};
+pub use escrow::{Demand, Escrow, EscrowFuture, Ledger, Transfer, TransferId};
 pub use mover::{Mover, MoverReport, MoverSettings, MoverStats};
 pub use regional::Regional;
 pub use split::{bound, check, max_move, partition_bound, share};

@@ -9,11 +9,15 @@ use crate::model::key::Key;
 use crate::observe::probe::RegionMetrics;
 use crate::store::StoreError;
 
-use super::escrow::{Demand, Escrow, TransferId};
+use super::escrow::{Demand, Escrow, Transfer, TransferId};
 use super::split::{max_move, share};
 
-/// How long a mover's lead lasts unless renewed: three intervals.
+/// How long a mover's lead lasts unless renewed: three intervals beyond its longest tick.
 const LEAD_INTERVALS: u32 = 3;
+
+/// The most calls to its own region's store one tick of a mover makes (the lead, the
+/// outstanding transfer, the demand, a debit, a settle), each within an interval.
+const LOCAL_CALLS: u32 = 5;
 
 /// The settings of the movers of a set of regions: their interval, the link's delay each
 /// way (which sizes a transfer, see [`max_move`]), the floor a region keeps.
@@ -94,6 +98,16 @@ impl MoverSettings {
     fn remote_timeout(&self) -> Duration {
         self.interval + self.link_delay * 4
     }
+
+    /// How long a lead lasts unless renewed, for `n` regions: its holder renews it once a
+    /// tick, and a tick waits on its own store's calls and on a call over the link to
+    /// each other region and a credit at most, every one of which may time out in a
+    /// partition; three intervals more. A lead shorter than that passed from mover to
+    /// mover in every partition.
+    fn lead_ttl(&self, n: usize) -> Duration {
+        let remote = u32::try_from(n).unwrap_or(u32::MAX);
+        self.interval * (LOCAL_CALLS + LEAD_INTERVALS) + self.remote_timeout() * remote
+    }
 }
 
 /// What a mover did, as counters and gauges (read them with [`MoverStats::report`]).
@@ -164,7 +178,8 @@ fn need(d: &Demand) -> u64 {
     d.refused + d.granted.saturating_sub(d.remaining)
 }
 
-/// A transfer debited (or being debited) and not yet credited.
+/// A transfer debited (or being debited) and not yet credited: this mover's copy of its
+/// region's outstanding transfer, which the region's store keeps.
 #[derive(Clone, Debug)]
 struct Pending {
     id: TransferId,
@@ -276,7 +291,7 @@ impl Mover {
 
     /// One look and at most one transfer (what [`run`](Self::run) does each interval).
     pub async fn tick(&mut self) {
-        let ttl = self.settings.interval * LEAD_INTERVALS;
+        let ttl = self.settings.lead_ttl(self.regions.len());
         let local = Arc::clone(&self.regions[self.index]);
         let leading = self
             .call(local.lead(&self.holder, ttl), self.settings.interval)
@@ -286,6 +301,10 @@ impl Mover {
             .leading
             .store(u64::from(leading), Ordering::Relaxed);
         if !leading {
+            // The region's store keeps its outstanding transfer: whoever leads finishes it.
+            self.pending = None;
+            self.stats.in_flight.store(0, Ordering::Relaxed);
+            self.stats.lag_ns.store(0, Ordering::Relaxed);
             return;
         }
         if !self.finish().await {
@@ -328,26 +347,51 @@ impl Mover {
         }
     }
 
-    /// Carries the transfer in flight one step further; `true` once there is none.
+    /// Carries the region's transfer in flight one step further; `true` once there is
+    /// none. The region's store says which one is outstanding: this mover's, or one a
+    /// previous leader left (taken over and finished under its id).
     async fn finish(&mut self) -> bool {
+        let local = Arc::clone(&self.regions[self.index]);
+        match self.call(local.outstanding(), self.settings.interval).await {
+            Err(_) => return false,
+            Ok(Some((t, amount))) => {
+                if self.pending.as_ref().is_none_or(|p| p.id != t.id) {
+                    self.pending = self.take_over(t, amount).await;
+                }
+            }
+            // Settled (here, or by another leader meanwhile): nothing is out. A debit
+            // whose answer was lost is sent again (applied once; or nothing, with another
+            // transfer outstanding by then).
+            Ok(None) => {
+                if self.pending.as_ref().is_some_and(|p| p.debited.is_some()) {
+                    self.pending = None;
+                }
+            }
+        }
+        self.carry().await
+    }
+
+    /// Carries this mover's pending transfer (if any) one step further: its debit if it
+    /// has not answered, then its credit, then its settle; `true` once there is none.
+    async fn carry(&mut self) -> bool {
+        let local = Arc::clone(&self.regions[self.index]);
         let Some(mut p) = self.pending.take() else {
+            self.stats.in_flight.store(0, Ordering::Relaxed);
             self.stats.lag_ns.store(0, Ordering::Relaxed);
             return true;
         };
         let lag = u64::try_from(p.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats.lag_ns.store(lag, Ordering::Relaxed);
         if p.debited.is_none() {
-            let local = Arc::clone(&self.regions[self.index]);
-            let debit = local.debit(p.id, &p.table, &p.key, p.quota, p.most, p.keep);
+            let to = u32::try_from(p.to).unwrap_or(u32::MAX);
+            let transfer = Transfer::new(p.id, p.table.clone(), p.key.clone(), to);
+            let debit = local.debit(&transfer, p.quota, p.most, p.keep);
             match self.call(debit, self.settings.interval).await {
                 Ok(0) => {
                     self.stats.lag_ns.store(0, Ordering::Relaxed);
                     return true;
                 }
-                Ok(n) => {
-                    p.debited = Some(n);
-                    self.stats.in_flight.store(n, Ordering::Relaxed);
-                }
+                Ok(n) => p.debited = Some(n),
                 Err(_) => {
                     self.pending = Some(p);
                     return false;
@@ -355,6 +399,7 @@ impl Mover {
             }
         }
         let amount = p.debited.unwrap_or(0);
+        self.stats.in_flight.store(amount, Ordering::Relaxed);
         let n = self.regions.len();
         let global = self
             .limits
@@ -370,6 +415,9 @@ impl Mover {
                 self.stats.transfers.fetch_add(1, Ordering::Relaxed);
                 self.stats.in_flight.store(0, Ordering::Relaxed);
                 self.stats.lag_ns.store(0, Ordering::Relaxed);
+                // Not settled (an error, a timeout): the next tick finds it outstanding,
+                // sends its credit again (applied once) and settles it.
+                let _ = self.call(local.settle(p.id), self.settings.interval).await;
                 true
             }
             Err(_) => {
@@ -379,6 +427,33 @@ impl Mover {
                 false
             }
         }
+    }
+
+    /// The outstanding transfer `t` of `amount` tokens a previous leader of this region
+    /// left, as this mover's to finish; `None` (and settled, its tokens given up) if it
+    /// names a region or a limit this mover does not have.
+    async fn take_over(&self, t: Transfer, amount: u64) -> Option<Pending> {
+        let n = self.regions.len();
+        let to = usize::try_from(t.to)
+            .ok()
+            .filter(|&to| to < n && to != self.index);
+        let global = self.limits.iter().find(|(name, _)| *name == t.table);
+        let (Some(to), Some((_, global))) = (to, global) else {
+            let local = Arc::clone(&self.regions[self.index]);
+            let _ = self.call(local.settle(t.id), self.settings.interval).await;
+            return None;
+        };
+        Some(Pending {
+            id: t.id,
+            table: t.table,
+            key: t.key,
+            quota: share(*global, self.index, n),
+            to,
+            most: amount,
+            keep: 0,
+            debited: Some(amount),
+            since: tokio::time::Instant::now(),
+        })
     }
 
     /// Looks at the demand of `table` everywhere; starts a transfer if one is due
@@ -454,7 +529,9 @@ impl Mover {
             debited: None,
             since: tokio::time::Instant::now(),
         });
-        self.finish().await;
+        // Nothing was outstanding at this tick's start (its debit takes nothing if another
+        // transfer is outstanding by now).
+        self.carry().await;
         true
     }
 }
