@@ -254,26 +254,46 @@ mod tests {
 mod speaking {
     use std::time::Duration;
 
+    use std::future::Future;
+    use std::pin::Pin;
+
     use crate::algo::quota::Quota;
+    use crate::model::decision::Status;
     use crate::model::key::Key;
     use crate::model::policy::Mode;
+    use crate::store::resilient::Resilient;
     use crate::store::{Checked, Item, Op, Store};
     use crate::testing::SimBackend;
+
+    type Table = <Resilient<SimBackend> as Store>::Table;
+
+    /// The store's answer to `op` on `item`: from its remembered denial, or the backend's.
+    fn ask(
+        store: &Resilient<SimBackend>,
+        op: Op,
+        item: Item<'_, Table>,
+    ) -> Pin<Box<dyn Future<Output = Status> + Send>> {
+        match store.apply(op, &[item]) {
+            Checked::Ready(s) => Box::pin(std::future::ready(s[0])),
+            Checked::Pending(f) => Box::pin(async move { f.await[0] }),
+        }
+    }
+
+    /// `backend`, its store remembering denials, and the store's table of the limit "api".
+    fn set_up(backend: SimBackend) -> (SimBackend, Resilient<SimBackend>, Table) {
+        let store = backend.store().deny_cache(true);
+        let table = store.table("api");
+        (backend, store, table)
+    }
 
     /// A remembered denial refuses here only the requests it speaks for: enforced ones
     /// that take a token, refused at once. A shadow request, a look (cost 0), a request
     /// that may wait, and a request of a limit that bans all ask the shared store.
     #[tokio::test(start_paused = true)]
     async fn a_remembered_denial_speaks_only_for_enforced_requests_refused_at_once() {
-        let backend = SimBackend::new();
-        let store = backend.store().deny_cache(true);
-        let table = store.table("api");
+        let (backend, store, table) = set_up(SimBackend::new());
         let item = || Item::new(&table, Key::from_part("k"), Quota::per_hour(1), 1);
-        let ask = |item: Item<'_, _>| match store.apply(Op::Check, &[item]) {
-            Checked::Ready(s) => Box::pin(std::future::ready(s[0]))
-                as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
-            Checked::Pending(f) => Box::pin(async move { f.await[0] }),
-        };
+        let ask = |item| ask(&store, Op::Check, item);
         assert!(ask(item()).await.outcome().unwrap().is_allowed());
         assert!(!ask(item()).await.outcome().unwrap().is_allowed());
         let calls = backend.calls();
@@ -300,17 +320,13 @@ mod speaking {
     /// asks the shared store.
     #[tokio::test(start_paused = true)]
     async fn a_remembered_denial_is_cleared_by_tokens_given_back_only() {
-        let backend = SimBackend::builder()
-            .latency(Duration::from_millis(5))
-            .build();
-        let store = backend.store().deny_cache(true);
-        let table = store.table("api");
+        let (backend, store, table) = set_up(
+            SimBackend::builder()
+                .latency(Duration::from_millis(5))
+                .build(),
+        );
         let item = || Item::new(&table, Key::from_part("k"), Quota::per_hour(1), 1);
-        let ask = |op: Op, item: Item<'_, _>| match store.apply(op, &[item]) {
-            Checked::Ready(s) => Box::pin(std::future::ready(s[0]))
-                as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
-            Checked::Pending(f) => Box::pin(async move { f.await[0] }),
-        };
+        let ask = |op, item| ask(&store, op, item);
         ask(Op::Check, item()).await;
         ask(Op::Check, item()).await;
         ask(Op::Penalize, item()).await;
@@ -328,17 +344,13 @@ mod speaking {
     /// after they did, is not remembered: the next request asks the store, and passes.
     #[tokio::test(start_paused = true)]
     async fn a_denial_decided_before_a_refund_but_answered_after_is_not_remembered() {
-        let backend = SimBackend::builder()
-            .latency(Duration::from_millis(5))
-            .build();
-        let store = backend.store().deny_cache(true);
-        let table = store.table("api");
+        let (backend, store, table) = set_up(
+            SimBackend::builder()
+                .latency(Duration::from_millis(5))
+                .build(),
+        );
         let item = || Item::new(&table, Key::from_part("k"), Quota::per_hour(1), 1);
-        let ask = |op: Op, item: Item<'_, _>| match store.apply(op, &[item]) {
-            Checked::Ready(s) => Box::pin(std::future::ready(s[0]))
-                as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
-            Checked::Pending(f) => Box::pin(async move { f.await[0] }),
-        };
+        let ask = |op, item| ask(&store, op, item);
         assert!(ask(Op::Check, item()).await.outcome().unwrap().is_allowed());
         // The check is refused at the store at 5 ms and answered at 10 ms; the refund,
         // sent at 4.5 ms over a link now 1 ms long, reaches the store after the check
