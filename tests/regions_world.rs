@@ -46,6 +46,8 @@ struct Run {
     partitions: Vec<(Duration, Duration)>,
     /// Instances (and movers) per region.
     instances: usize,
+    /// Leading movers killed: when, and the region's index (each region keeps a mover).
+    kills: Vec<(Duration, usize)>,
     /// A second limit the regions split, with no traffic (its quota is not the first's).
     beside: Option<Quota>,
 }
@@ -87,7 +89,10 @@ fn play(run: &Run) -> (Vec<u64>, Vec<u64>, SimStats) {
         for n in &names {
             builder = builder.region(n.clone());
         }
-        let regions = builder.build();
+        let mut regions = builder.build();
+        let mut kills = run.kills.clone();
+        kills.sort_unstable();
+        let mut killed = vec![0usize; run.regions];
         let spec = LimitSpec::new(LIMIT, run.quota);
         let fleets: Vec<Vec<Limiter>> = names
             .iter()
@@ -114,6 +119,14 @@ fn play(run: &Run) -> (Vec<u64>, Vec<u64>, SimStats) {
         while t < run.length {
             let cut = run.partitions.iter().any(|&(a, b)| a <= t && t < b);
             regions.partition(cut);
+            while let Some(&(at, i)) = kills.first()
+                && at <= t
+            {
+                kills.remove(0);
+                if killed[i] + 1 < run.instances && regions.kill_leader(&names[i]) {
+                    killed[i] += 1;
+                }
+            }
             for (i, fleet) in fleets.iter().enumerate() {
                 due[i] += run.load * rate * part(run, i, t) * step.as_secs_f64();
                 while due[i] >= 1.0 {
@@ -146,6 +159,7 @@ fn play(run: &Run) -> (Vec<u64>, Vec<u64>, SimStats) {
             bound_10s: regions.bound(run.quota, Duration::from_secs(10)),
             link_calls: regions.link_calls(),
             mover_calls: regions.mover_calls(),
+            killed: killed.iter().sum(),
             moved: names.iter().map(|n| regions.report(n).moved).sum(),
             settings_bound: Box::new({
                 let q = run.quota;
@@ -166,6 +180,8 @@ struct SimStats {
     bound_10s: u64,
     link_calls: u64,
     mover_calls: u64,
+    /// Leading movers killed.
+    killed: usize,
     moved: u64,
     settings_bound: Box<dyn Fn(Duration) -> u64>,
 }
@@ -211,6 +227,7 @@ fn shifting(quota: Quota, link_delay: Duration, interval: Duration) -> Run {
         length: Duration::from_secs(30),
         partitions: Vec::new(),
         instances: 2,
+        kills: Vec::new(),
         beside: None,
     }
 }
@@ -230,6 +247,22 @@ fn the_quota_follows_a_demand_moving_from_one_region_to_the_other() {
     assert!(total as f64 >= 0.9 * g as f64, "{total} of {g}");
     assert!(stats.moved > 0);
     assert_eq!(held, vec![50, 50], "every bucket full again once idle");
+}
+
+/// Each region's leading mover killed while the demand shifts (us's while it moves
+/// tokens to eu, eu's later): the other mover of each region leads once the lead lapses,
+/// finishes the transfer left in flight, and the quota keeps following the demand.
+#[test]
+fn the_quota_follows_the_demand_with_the_leading_movers_killed() {
+    let quota = Quota::per_second(100);
+    let mut run = shifting(quota, Duration::from_millis(80), Duration::from_millis(100));
+    run.kills = vec![(Duration::from_secs(5), 1), (Duration::from_secs(15), 0)];
+    let (grants, _, stats) = play(&run);
+    let total = grants.len() as u64;
+    let g = global(quota, run.length);
+    assert_eq!(stats.killed, 2);
+    assert!(total as f64 >= 0.9 * g as f64, "{total} of {g}");
+    assert!(busiest(&grants, 0, u64::MAX, Duration::from_secs(10)) <= stats.bound_10s);
 }
 
 #[test]
@@ -450,6 +483,7 @@ fn run_strategy() -> impl Strategy<Value = Run> {
         (
             1usize..=2,
             prop::sample::select(vec![(100u64, 100u64), (60, 20), (1000, 300)]),
+            prop::collection::vec((0u64..16_000, 0usize..3), 0..3),
         ),
     )
         .prop_map(
@@ -457,7 +491,7 @@ fn run_strategy() -> impl Strategy<Value = Run> {
                 (regions, delay, interval, load),
                 (a, b, hold, shift),
                 cuts,
-                (instances, (rate, burst)),
+                (instances, (rate, burst), kills),
             )| Run {
                 quota: Quota::per_second(rate).burst(burst),
                 regions,
@@ -473,6 +507,10 @@ fn run_strategy() -> impl Strategy<Value = Run> {
                     .map(|(at, len)| (Duration::from_millis(at), Duration::from_millis(at + len)))
                     .collect(),
                 instances,
+                kills: kills
+                    .into_iter()
+                    .map(|(at, i)| (Duration::from_millis(at), i % regions))
+                    .collect(),
                 beside: None,
             },
         )
@@ -481,8 +519,9 @@ fn run_strategy() -> impl Strategy<Value = Run> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
-    /// Any demand, any split of it, any partitions: over every window the regions grant
-    /// at most `B + ⌈r·T⌉ + n·(M + 1)`, and inside a partition at most `B + ⌈r·T⌉ + n`.
+    /// Any demand, any split of it, any partitions, leading movers killed mid-run (the
+    /// next one finishing their transfer): over every window the regions grant at most
+    /// `B + ⌈r·T⌉ + n·(M + 1)`, and inside a partition at most `B + ⌈r·T⌉ + n`.
     #[test]
     fn the_regions_keep_the_bound_through_partitions(run in run_strategy()) {
         let (grants, held, stats) = play(&run);

@@ -129,13 +129,18 @@ pub struct MoverStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MoverReport {
-    /// Tokens moved out of this region and credited elsewhere, in all.
+    /// Tokens moved out of this region and credited elsewhere by this mover, in all: a
+    /// transfer is counted by the mover whose credit is answered (a mover that took it
+    /// over from a leader killed before its answer came counts it; one whose settle
+    /// failed after its credit was answered, rarely, leaves it to be counted again).
     pub moved: u64,
-    /// Transfers completed, in all.
+    /// Transfers completed, in all (counted as `moved`).
     pub transfers: u64,
-    /// Tokens debited here and not yet credited (0 or one transfer's).
+    /// Tokens debited here and not yet credited (0 or one transfer's), while this mover
+    /// leads (0 while it does not: the region's store keeps the transfer).
     pub in_flight: u64,
-    /// How long the transfer in flight has been on its way (zero without one).
+    /// How long the transfer in flight has been on its way since this mover started it or
+    /// took it over (zero without one).
     pub lag: Duration,
     /// The other regions the last look could not reach: a partition while above 0.
     pub unreachable: u64,
