@@ -124,6 +124,23 @@ async fn transfers_apply_once_and_one_holder_leads() {
     // The region's one transfer outstanding, as a mover that leads it next finds it; no
     // other is debited until it is settled (by its id).
     assert_eq!(escrow.outstanding().await.unwrap(), Some((t(1), 4)));
+    // The records last a day (longer than any partition a mover retries through).
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    for record in [
+        "tollgate:regions:transfer:0-7-1:debit",
+        "tollgate:regions:outstanding",
+    ] {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(record)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!((86_000_000..=86_400_000).contains(&ttl), "{record}: {ttl}");
+    }
     assert_eq!(escrow.debit(&t(2), q, 4, 5).await.unwrap(), 0);
     assert!(!escrow.settle(id(2)).await.unwrap());
     assert!(escrow.settle(id(1)).await.unwrap());

@@ -555,6 +555,9 @@ mod tests {
         assert_eq!(s.delay(), Duration::from_millis(80));
         // A call over the link: an interval and two round trips.
         assert_eq!(s.remote_timeout(), Duration::from_millis(570));
+        // A lead: eight intervals and a call over the link per region.
+        assert_eq!(s.lead_ttl(3), Duration::from_millis(250 * 8 + 570 * 3));
+        assert_eq!(s.lead_ttl(1), Duration::from_millis(250 * 8 + 570));
         // ⌈100 · (0.25 + 0.16)⌉
         assert_eq!(s.max_move(Quota::per_second(100)), 41);
         assert_eq!(s.floor_of(Quota::per_second(10).burst(7)), 4);
@@ -584,5 +587,58 @@ mod tests {
         assert_eq!(need(&Demand::new(key.clone(), 10, 3, 4)), 9);
         assert_eq!(need(&Demand::new(key.clone(), 2, 0, 4)), 0);
         assert_eq!(need(&Demand::new(key, 0, 2, 0)), 2);
+    }
+
+    /// A transfer a previous leader left: finished if this mover has its limit and its
+    /// destination; given up (settled, nothing credited) if not, so that it does not hold
+    /// the region's transfers back for good.
+    #[cfg(feature = "testing")]
+    #[tokio::test(start_paused = true)]
+    async fn a_transfer_left_for_a_limit_or_a_region_it_does_not_have_is_given_up() {
+        use crate::testing::SimBackend;
+        let (here, there) = (SimBackend::new(), SimBackend::new());
+        let q = Quota::per_second(10);
+        let id = |seq| TransferId {
+            region: 0,
+            epoch: 9,
+            seq,
+        };
+        let mover = || {
+            Mover::new(
+                0,
+                vec![
+                    Arc::new(here.clone()) as Arc<dyn Escrow>,
+                    Arc::new(there.clone()),
+                ],
+                vec![("api".to_owned(), q)],
+                MoverSettings::new(),
+                "m",
+                1,
+            )
+        };
+        let k = Key::from_part("k");
+        for (seq, table, to) in [(1, "gone", 1), (2, "api", 2), (3, "api", 0)] {
+            let left = Transfer::new(id(seq), table, k.clone(), to);
+            assert_eq!(here.debit(&left, q, 2, 0).await.unwrap(), 2);
+            let mut m = mover();
+            m.tick().await;
+            assert_eq!(here.outstanding().await.unwrap(), None, "{table} to {to}");
+            assert_eq!(m.stats().report().moved, 0);
+            assert!(
+                there.credit(id(seq), "api", &k, q, 0).await.unwrap(),
+                "not sent"
+            );
+        }
+        let left = Transfer::new(id(4), "api", k.clone(), 1);
+        assert_eq!(here.debit(&left, q, 2, 0).await.unwrap(), 2);
+        let mut m = mover();
+        m.tick().await;
+        assert_eq!(here.outstanding().await.unwrap(), None);
+        let r = m.stats().report();
+        assert_eq!((r.moved, r.transfers, r.in_flight), (2, 1, 0));
+        assert!(
+            !there.credit(id(4), "api", &k, q, 2).await.unwrap(),
+            "credited"
+        );
     }
 }
