@@ -115,6 +115,7 @@ async fn transfers_apply_once_and_one_holder_leads() {
     let server = RedisServer::start();
     let store = store(&server.url()).await;
     let escrow = store.escrow();
+    assert!(format!("{escrow:?}").starts_with("RedisEscrow { backend: "));
     let q = Quota::per_hour(10);
     let k = Key::from_part("k");
     let t = |seq| Transfer::new(id(seq), "api", Key::from_part("k"), 1);
@@ -206,6 +207,33 @@ async fn the_regions_are_named_once_and_the_local_one_among_them() {
     assert!(RedisStore::regions(none, "eu").is_err());
     let r = RedisStore::regions([("eu", s.clone()), ("us", s)], "us").unwrap();
     assert_eq!((r.local(), r.names().len()), ("us", 2));
+}
+
+/// A look `SCAN`s a limit's keys in batches until it has 10,000 (the most it reads): of
+/// 12,000 keys it reads 10,000, each once; of 2,500, all of them.
+#[tokio::test]
+async fn a_look_reads_a_limits_keys_up_to_ten_thousand() {
+    let server = RedisServer::start();
+    let escrow = store(&server.url()).await.escrow();
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let q = Quota::per_second(10);
+    for (table, n, read) in [("wide", 12_000, 10_000), ("some", 2_500, 2_500)] {
+        let mut pipe = redis::pipe();
+        for i in 0..n {
+            pipe.cmd("SET")
+                .arg(format!("tollgate:{table}:k{i}"))
+                .arg(1)
+                .ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+        let keys = escrow.demand(table, q).await.unwrap();
+        let distinct: std::collections::HashSet<_> = keys.iter().map(|d| d.key.clone()).collect();
+        assert_eq!((keys.len(), distinct.len()), (read, read), "{table}");
+    }
 }
 
 #[tokio::test]

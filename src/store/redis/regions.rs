@@ -2,7 +2,7 @@
 //! ([`RedisEscrow`], `lua/regions.lua`), and the regions of one limit
 //! ([`RedisStore::regions`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -76,7 +76,7 @@ impl RedisEscrow {
         k
     }
 
-    /// The bucket keys of `table` in Redis (at most [`MAX_LOOK_KEYS`]).
+    /// The bucket keys of `table` in Redis, each once (at most [`MAX_LOOK_KEYS`]).
     async fn scan(conn: &Connection, table: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
         let mut pattern = Vec::with_capacity(table.len() + 1);
         for &b in table {
@@ -86,7 +86,9 @@ impl RedisEscrow {
             pattern.push(b);
         }
         pattern.push(b'*');
+        // A SCAN may return a key twice (the keyspace resized meanwhile): each once.
         let mut keys = Vec::new();
+        let mut found = HashSet::new();
         let mut cursor = 0u64;
         loop {
             let mut cmd = redis::cmd("SCAN");
@@ -96,7 +98,11 @@ impl RedisEscrow {
                 .arg("COUNT")
                 .arg(1000);
             let (next, batch): (u64, Vec<Vec<u8>>) = conn.query(&cmd).await.map_err(failed)?;
-            keys.extend(batch);
+            for key in batch {
+                if found.insert(key.clone()) {
+                    keys.push(key);
+                }
+            }
             cursor = next;
             if cursor == 0 || keys.len() >= MAX_LOOK_KEYS {
                 break;
