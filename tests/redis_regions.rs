@@ -234,6 +234,22 @@ async fn a_look_reads_a_limits_keys_up_to_ten_thousand() {
         let distinct: std::collections::HashSet<_> = keys.iter().map(|d| d.key.clone()).collect();
         assert_eq!((keys.len(), distinct.len()), (read, read), "{table}");
     }
+    // What it remembers of a look (each key's TAT) is kept per limit, the 10,000 keys it
+    // read (another limit's keys beside them cleared it once): a key spent since shows
+    // at least what it spent at the next look.
+    let keys = escrow.demand("wide", q).await.unwrap();
+    let spent = &keys[0].key;
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let tat = secs * 1_000_000 + micros + 5 * 100_000;
+    let () = redis::cmd("SET")
+        .arg(format!("tollgate:wide:{spent}"))
+        .arg(tat)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let again = escrow.demand("wide", q).await.unwrap();
+    let seen = again.iter().find(|d| d.key == *spent).unwrap();
+    assert!(seen.granted >= 5, "{seen:?}");
 }
 
 #[tokio::test]

@@ -25,8 +25,9 @@ const RECORD_LIFE: Duration = Duration::from_secs(24 * 3600);
 const MAX_LOOK_KEYS: usize = 10_000;
 const LOOK_BATCH: usize = 500;
 
-/// Each key's TAT and Redis's time at an escrow's previous look, by limit and key (µs).
-type Seen = HashMap<(String, Key), (u64, u64)>;
+/// Each key's TAT and Redis's time at an escrow's previous look, by limit and key (µs):
+/// the keys that look read, at most [`MAX_LOOK_KEYS`] per limit.
+type Seen = HashMap<String, HashMap<Key, (u64, u64)>>;
 
 /// One region's Redis as a [`Mover`] reaches it: debits and credits by `lua/regions.lua`
 /// under the transfer's id (a key `{prefix}regions:transfer:{id}:{debit|credit}` kept a
@@ -129,6 +130,11 @@ impl Escrow for RedisEscrow {
             let keys = Self::scan(&this.backend.conn, &prefix).await?;
             let now_arg = this.backend.now_arg();
             let mut out = Vec::new();
+            let before = {
+                let mut seen = this.seen.lock().unwrap_or_else(|e| e.into_inner());
+                seen.remove(&table).unwrap_or_default()
+            };
+            let mut fresh = HashMap::with_capacity(keys.len());
             for chunk in keys.chunks(LOOK_BATCH) {
                 let mut cmd = evalsha(&REGIONS, chunk.len());
                 for k in chunk {
@@ -144,23 +150,21 @@ impl Escrow for RedisEscrow {
                 let Some((&now, tats)) = reply.split_first() else {
                     continue;
                 };
-                let mut seen = this.seen.lock().unwrap_or_else(|e| e.into_inner());
-                if seen.len() > MAX_LOOK_KEYS {
-                    seen.clear();
-                }
                 for (k, &tat) in chunk.iter().zip(tats) {
                     let Some(key) = Key::from_rendered(&k[prefix.len()..]) else {
                         continue;
                     };
-                    let before = seen.insert((table.clone(), key.clone()), (tat, now));
                     // Spent since the previous look: how far the TAT moved past where it was
                     // (or past the previous look's time, for a bucket that was full).
-                    let granted = before.map_or(0, |(tat0, now0)| {
+                    let granted = before.get(&key).map_or(0, |&(tat0, now0)| {
                         tat.saturating_sub(tat0.max(now0)) / quota.t_us().max(1)
                     });
+                    fresh.insert(key.clone(), (tat, now));
                     out.push(Demand::new(key, granted, 0, remaining(quota, tat, now)));
                 }
             }
+            let mut seen = this.seen.lock().unwrap_or_else(|e| e.into_inner());
+            seen.insert(table, fresh);
             Ok(out)
         })
     }
