@@ -598,6 +598,27 @@ mod tests {
         assert_eq!(regions.regions(), ["eu", "us"]);
     }
 
+    /// eu spends its part of `quota` of key "k" and asks for more; as soon as us's mover
+    /// has debited a transfer to eu, the link is cut.
+    async fn cut_mid_transfer(regions: &SimRegions, quota: Quota) {
+        let eu = Limiter::builder(regions.store("eu"))
+            .limit(LimitSpec::new("api", quota))
+            .build()
+            .unwrap();
+        for _ in 0..60 {
+            eu.check("api", "k", 1).await.unwrap();
+        }
+        for _ in 0..400 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            eu.check("api", "k", 1).await.unwrap();
+            if regions.report("us").in_flight > 0 {
+                regions.partition(true);
+                return;
+            }
+        }
+        panic!("no transfer was on its way");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_transfer_cut_by_a_partition_lands_once_after_it() {
         let quota = Quota::per_second(100);
@@ -607,25 +628,7 @@ mod tests {
             .link_delay(Duration::from_millis(20))
             .limit("api", quota)
             .build();
-        let eu = Limiter::builder(regions.store("eu"))
-            .limit(LimitSpec::new("api", quota))
-            .build()
-            .unwrap();
-        // eu spends its 50 and asks for more; us's mover debits, then the link is cut.
-        for _ in 0..60 {
-            eu.check("api", "k", 1).await.unwrap();
-        }
-        let mut cut = false;
-        for _ in 0..200 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            eu.check("api", "k", 1).await.unwrap();
-            if regions.report("us").in_flight > 0 {
-                regions.partition(true);
-                cut = true;
-                break;
-            }
-        }
-        assert!(cut, "a transfer was on its way");
+        cut_mid_transfer(&regions, quota).await;
         let in_flight = regions.report("us").in_flight;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let during = regions.report("us");
@@ -662,24 +665,7 @@ mod tests {
             .link_delay(Duration::from_millis(20))
             .limit("api", quota)
             .build();
-        let eu = Limiter::builder(regions.store("eu"))
-            .limit(LimitSpec::new("api", quota))
-            .build()
-            .unwrap();
-        for _ in 0..60 {
-            eu.check("api", "k", 1).await.unwrap();
-        }
-        let mut cut = false;
-        for _ in 0..400 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            eu.check("api", "k", 1).await.unwrap();
-            if regions.report("us").in_flight > 0 {
-                regions.partition(true);
-                cut = true;
-                break;
-            }
-        }
-        assert!(cut, "a transfer was on its way");
+        cut_mid_transfer(&regions, quota).await;
         let us = regions.backend("us").clone();
         let (transfer, amount) = us.outstanding().await.unwrap().expect("outstanding");
         assert_eq!(regions.report("us").in_flight, amount);
