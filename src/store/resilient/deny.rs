@@ -279,11 +279,18 @@ mod speaking {
         }
     }
 
-    /// `backend`, its store remembering denials, and the store's table of the limit "api".
-    fn set_up(backend: SimBackend) -> (SimBackend, Resilient<SimBackend>, Table) {
+    /// A backend `latency` away, its store remembering denials, and the store's table of
+    /// the limit "api".
+    fn set_up(latency: Duration) -> (SimBackend, Resilient<SimBackend>, Table) {
+        let backend = SimBackend::builder().latency(latency).build();
         let store = backend.store().deny_cache(true);
         let table = store.table("api");
         (backend, store, table)
+    }
+
+    /// A request of key "k" costing `cost`, under `quota`.
+    fn request(table: &Table, quota: Quota, cost: u32) -> Item<'_, Table> {
+        Item::new(table, Key::from_part("k"), quota, cost)
     }
 
     /// A remembered denial refuses here only the requests it speaks for: enforced ones
@@ -291,8 +298,8 @@ mod speaking {
     /// that may wait, and a request of a limit that bans all ask the shared store.
     #[tokio::test(start_paused = true)]
     async fn a_remembered_denial_speaks_only_for_enforced_requests_refused_at_once() {
-        let (backend, store, table) = set_up(SimBackend::new());
-        let item = || Item::new(&table, Key::from_part("k"), Quota::per_hour(1), 1);
+        let (backend, store, table) = set_up(Duration::ZERO);
+        let item = || request(&table, Quota::per_hour(1), 1);
         let ask = |item| ask(&store, Op::Check, item);
         assert!(ask(item()).await.outcome().unwrap().is_allowed());
         assert!(!ask(item()).await.outcome().unwrap().is_allowed());
@@ -301,10 +308,7 @@ mod speaking {
         assert_eq!(backend.calls(), calls, "refused from the remembered denial");
         let others = [
             ("shadow", item().mode(Mode::Shadow)),
-            (
-                "a look",
-                Item::new(&table, Key::from_part("k"), Quota::per_hour(1), 0),
-            ),
+            ("a look", request(&table, Quota::per_hour(1), 0)),
             ("may wait", item().max_wait(Duration::from_millis(10))),
             ("bans", item().bans(true)),
         ];
@@ -320,12 +324,8 @@ mod speaking {
     /// asks the shared store.
     #[tokio::test(start_paused = true)]
     async fn a_remembered_denial_is_cleared_by_tokens_given_back_only() {
-        let (backend, store, table) = set_up(
-            SimBackend::builder()
-                .latency(Duration::from_millis(5))
-                .build(),
-        );
-        let item = || Item::new(&table, Key::from_part("k"), Quota::per_hour(1), 1);
+        let (backend, store, table) = set_up(Duration::from_millis(5));
+        let item = || request(&table, Quota::per_hour(1), 1);
         let ask = |op, item| ask(&store, op, item);
         ask(Op::Check, item()).await;
         ask(Op::Check, item()).await;
@@ -344,12 +344,8 @@ mod speaking {
     /// after they did, is not remembered: the next request asks the store, and passes.
     #[tokio::test(start_paused = true)]
     async fn a_denial_decided_before_a_refund_but_answered_after_is_not_remembered() {
-        let (backend, store, table) = set_up(
-            SimBackend::builder()
-                .latency(Duration::from_millis(5))
-                .build(),
-        );
-        let item = || Item::new(&table, Key::from_part("k"), Quota::per_hour(1), 1);
+        let (backend, store, table) = set_up(Duration::from_millis(5));
+        let item = || request(&table, Quota::per_hour(1), 1);
         let ask = |op, item| ask(&store, op, item);
         assert!(ask(Op::Check, item()).await.outcome().unwrap().is_allowed());
         // The check is refused at the store at 5 ms and answered at 10 ms; the refund,
@@ -365,5 +361,23 @@ mod speaking {
         let next = ask(Op::Check, item()).await;
         assert_eq!(backend.calls(), calls + 1, "the denial was not remembered");
         assert!(next.outcome().unwrap().is_allowed(), "{next:?}");
+    }
+
+    /// A request refused because it costs more than the tokens left is not remembered:
+    /// a smaller request could pass, and asks the shared store.
+    #[tokio::test(start_paused = true)]
+    async fn a_denial_of_a_request_bigger_than_what_is_left_is_not_remembered() {
+        let (backend, store, table) = set_up(Duration::ZERO);
+        let q = Quota::per_hour(10); // burst 10
+        let ask = |cost| ask(&store, Op::Check, request(&table, q, cost));
+        assert!(ask(8).await.outcome().unwrap().is_allowed());
+        let denied = ask(5).await;
+        let denied = denied.outcome().unwrap();
+        assert!(!denied.is_allowed());
+        assert_eq!(denied.remaining(), 2);
+        let calls = backend.calls();
+        let small = ask(1).await;
+        assert_eq!(backend.calls(), calls + 1, "the denial was not remembered");
+        assert!(small.outcome().unwrap().is_allowed(), "{small:?}");
     }
 }
