@@ -453,7 +453,7 @@ mod tests {
     use crate::store::StoreError;
 
     /// A backend that is down: only its tables matter here.
-    #[derive(Clone)]
+    #[derive(Clone, Debug)]
     pub(super) struct Down;
 
     impl Backend for Down {
@@ -512,6 +512,58 @@ mod tests {
                 Op::Penalize
             };
             assert_eq!(sent, [expected], "penalizes_once: {once}");
+        }
+    }
+
+    /// A check refused by one of its limits spends nothing of the others, also when the
+    /// refusal is a limit that fails closed while the backend is down: the limit that
+    /// falls back keeps its one token.
+    #[tokio::test]
+    async fn a_check_refused_by_a_limit_failing_closed_spends_nothing_locally() {
+        let store = Resilient::new(Down);
+        let (closed, open) = (store.table("closed"), store.table("open"));
+        let item = |table, policy| {
+            Item::new(table, Key::from_part("k"), Quota::per_hour(1), 1).on_failure(policy)
+        };
+        let check = |items: &[Item<'_, ResilientTable<()>>]| match store.apply(Op::Check, items) {
+            Checked::Ready(s) => {
+                Box::pin(std::future::ready(s)) as Pin<Box<dyn Future<Output = _>>>
+            }
+            Checked::Pending(f) => f,
+        };
+        let both = check(&[
+            item(&closed, FailurePolicy::Deny),
+            item(&open, FailurePolicy::Fallback),
+        ])
+        .await;
+        assert_eq!(both[0], Status::FailedClosed);
+        let alone = check(&[item(&open, FailurePolicy::Fallback)]).await;
+        assert!(
+            matches!(alone[0], Status::Fallback(o) if o.is_allowed()),
+            "the refused check spent the fallback's token: {alone:?}"
+        );
+    }
+
+    /// The store keeps the limits its backend keeps: a backend that cannot hold in-flight
+    /// units makes an in-flight limit a configuration error, not a limit never enforced.
+    #[test]
+    fn the_store_keeps_only_what_its_backend_keeps() {
+        let store = Resilient::new(Down);
+        assert!(store.supports(&Algorithm::in_flight()).is_err());
+        assert!(store.supports(&Algorithm::Gcra).is_ok());
+    }
+
+    /// What the store prints: its backend, timeout, deny cache and breaker.
+    #[test]
+    fn debug_shows_the_backend_the_timeout_and_the_breaker() {
+        let shown = format!("{:?}", Resilient::new(Down));
+        for part in [
+            "Resilient",
+            "backend: Down",
+            "timeout: 50ms",
+            "breaker_open: false",
+        ] {
+            assert!(shown.contains(part), "{part} in {shown}");
         }
     }
 
