@@ -536,6 +536,7 @@ mod tests {
     use super::*;
     use crate::limiter::Limiter;
     use crate::model::spec::LimitSpec;
+    use crate::store::{Checked, Item, Store};
 
     const Q: Quota = Quota::per_second(10);
 
@@ -571,6 +572,55 @@ mod tests {
         assert!(!b.credit(id(1), "api", &k, Q, 3).await.unwrap());
         assert_eq!(b.remaining("api", "k", Q), 8);
         assert_eq!(b.state().escrow.calls, 11);
+    }
+
+    /// What a region's store tells its movers of a limit: the keys of that limit alone
+    /// that were granted over the last whole window or refused since it began, with the
+    /// tokens they hold; a key granted only in the window under way is not wanted yet,
+    /// and a key idle for a whole window is forgotten.
+    #[tokio::test(start_paused = true)]
+    async fn the_demand_read_is_one_limits_keys_active_lately_and_forgets_idle_ones() {
+        let b = SimBackend::new();
+        let window = Duration::from_millis(100);
+        b.state().escrow.window = window.as_nanos() as u64;
+        let store = b.store();
+        let (api, other) = (store.table("api"), store.table("other"));
+        let q = Quota::per_hour(2);
+        for (table, key, n) in [(&api, "granted", 2), (&api, "refused", 3), (&other, "x", 3)] {
+            for _ in 0..n {
+                let item = Item::new(table, Key::from_part(key), q, 1);
+                if let Checked::Pending(f) = store.apply(Op::Check, &[item]) {
+                    f.await;
+                }
+            }
+        }
+        let demand = |d: Vec<Demand>| {
+            let mut d: Vec<_> = d
+                .into_iter()
+                .map(|d| (d.key.to_string(), d.granted, d.refused, d.remaining))
+                .collect();
+            d.sort();
+            d
+        };
+        let now = demand(b.demand("api", q).await.unwrap());
+        assert_eq!(now, [("refused".to_owned(), 0, 1, 0)]);
+        tokio::time::sleep(window).await;
+        let after = demand(b.demand("api", q).await.unwrap());
+        assert_eq!(
+            after,
+            [
+                ("granted".to_owned(), 2, 0, 0),
+                ("refused".to_owned(), 2, 1, 0)
+            ]
+        );
+        assert_eq!(b.state().escrow.book.len(), 3);
+        tokio::time::sleep(2 * window).await;
+        assert!(b.demand("api", q).await.unwrap().is_empty());
+        assert_eq!(
+            b.state().escrow.book.len(),
+            0,
+            "the idle keys are forgotten"
+        );
     }
 
     #[tokio::test(start_paused = true)]
