@@ -623,6 +623,120 @@ mod tests {
         );
     }
 
+    /// Regions with no limit, whose movers tick once an hour: only the test's own calls
+    /// cross the link. Their stores answer at once.
+    fn quiet(link_delay: Duration) -> SimRegions {
+        SimRegions::builder()
+            .region("eu")
+            .region("us")
+            .latency(Duration::ZERO)
+            .link_delay(link_delay)
+            .movers(MoverSettings::new().interval(Duration::from_secs(3600)))
+            .build()
+    }
+
+    /// A call over the link takes its delay each way (which the test may change), is
+    /// counted, and reaches the other region's store once; cut before it arrives it is
+    /// lost, cut after it, only its answer is.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_over_the_link_takes_its_delay_each_way_and_a_cut_loses_it_or_its_answer() {
+        let regions = quiet(Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let (links, calls) = (regions.link_calls(), regions.mover_calls());
+        let us = Linked {
+            to: regions.backend("us").clone(),
+            link: Arc::clone(&regions.link),
+        };
+        let k = Key::from_part("k");
+        let start = tokio::time::Instant::now();
+        assert!(us.credit(id(1), "api", &k, Q, 1).await.unwrap());
+        assert_eq!(start.elapsed(), Duration::from_millis(40));
+        assert_eq!(regions.link_calls(), links + 1);
+        assert_eq!(regions.mover_calls(), calls + 1);
+        regions.set_link_delay(Duration::from_millis(5));
+        let start = tokio::time::Instant::now();
+        assert!(!us.credit(id(1), "api", &k, Q, 1).await.unwrap());
+        assert_eq!(start.elapsed(), Duration::from_millis(10));
+        assert_eq!(regions.link_calls(), links + 2);
+
+        // Cut on its way there: never applied, never answered.
+        let lost = tokio::spawn(us.credit(id(2), "api", &k, Q, 1));
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        regions.partition(true);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!lost.is_finished());
+        regions.partition(false);
+        assert!(
+            regions
+                .backend("us")
+                .credit(id(2), "api", &k, Q, 1)
+                .await
+                .unwrap(),
+            "the lost credit was not applied"
+        );
+        // Cut on its way back: applied, not answered.
+        let unanswered = tokio::spawn(us.credit(id(3), "api", &k, Q, 1));
+        tokio::time::sleep(Duration::from_millis(7)).await;
+        regions.partition(true);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!unanswered.is_finished());
+        assert!(
+            !regions
+                .backend("us")
+                .credit(id(3), "api", &k, Q, 1)
+                .await
+                .unwrap(),
+            "the credit whose answer was lost was applied"
+        );
+        lost.abort();
+        unanswered.abort();
+    }
+
+    /// Regions dropped stop their movers: their stores see no more calls.
+    #[tokio::test(start_paused = true)]
+    async fn dropped_regions_stop_their_movers() {
+        let regions = SimRegions::builder()
+            .region("eu")
+            .region("us")
+            .limit("api", Q)
+            .build();
+        let eu = regions.backend("eu").clone();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let calls = eu.state().escrow.calls;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            eu.state().escrow.calls > calls,
+            "the movers call while they run"
+        );
+        drop(regions);
+        tokio::task::yield_now().await;
+        let calls = eu.state().escrow.calls;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(eu.state().escrow.calls, calls);
+    }
+
+    /// The instances reach their region's store the latency away each way, and every
+    /// region reads the clock given.
+    #[tokio::test(start_paused = true)]
+    async fn the_builder_sets_the_latency_and_the_clock() {
+        let clock = TokioClock::new();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let regions = SimRegions::builder()
+            .region("eu")
+            .region("us")
+            .latency(Duration::from_millis(10))
+            .clock(clock)
+            .build();
+        assert!(crate::base::clock::Clock::now(regions.clock()) >= 5_000_000_000);
+        let eu = Limiter::builder(regions.store("eu"))
+            .limit(LimitSpec::new("api", Q))
+            .build()
+            .unwrap();
+        let start = tokio::time::Instant::now();
+        assert!(eu.check("api", "k", 1).await.unwrap().allowed());
+        assert_eq!(start.elapsed(), Duration::from_millis(20));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn one_mover_leads_a_region_until_its_lead_lapses() {
         let b = SimBackend::new();
