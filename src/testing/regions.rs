@@ -576,8 +576,8 @@ mod tests {
 
     /// What a region's store tells its movers of a limit: the keys of that limit alone
     /// that were granted over the last whole window or refused since it began, with the
-    /// tokens they hold; a key granted only in the window under way is not wanted yet,
-    /// and a key idle for a whole window is forgotten.
+    /// tokens they hold; a key granted only in the window under way is not wanted yet, a
+    /// look (cost 0) is no demand, and a key idle for a whole window is forgotten.
     #[tokio::test(start_paused = true)]
     async fn the_demand_read_is_one_limits_keys_active_lately_and_forgets_idle_ones() {
         let b = SimBackend::new();
@@ -586,9 +586,15 @@ mod tests {
         let store = b.store();
         let (api, other) = (store.table("api"), store.table("other"));
         let q = Quota::per_hour(2);
-        for (table, key, n) in [(&api, "granted", 2), (&api, "refused", 3), (&other, "x", 3)] {
+        let checks = [
+            (&api, "granted", 2, 1),
+            (&api, "refused", 3, 1),
+            (&api, "looked at", 3, 0),
+            (&other, "x", 3, 1),
+        ];
+        for (table, key, n, cost) in checks {
             for _ in 0..n {
-                let item = Item::new(table, Key::from_part(key), q, 1);
+                let item = Item::new(table, Key::from_part(key), q, cost);
                 if let Checked::Pending(f) = store.apply(Op::Check, &[item]) {
                     f.await;
                 }
