@@ -745,12 +745,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn one_mover_leads_a_region_until_its_lead_lapses() {
-        let b = SimBackend::new();
+        // A store answering at once: the lead lapses `ttl` after it was last taken.
+        let b = SimBackend::builder().latency(Duration::ZERO).build();
         let ttl = Duration::from_millis(300);
         assert!(b.lead("a", ttl).await.unwrap());
         assert!(!b.lead("b", ttl).await.unwrap());
         assert!(b.lead("a", ttl).await.unwrap());
-        tokio::time::sleep(ttl).await;
+        tokio::time::sleep(ttl - Duration::from_millis(1)).await;
+        assert!(!b.lead("b", ttl).await.unwrap(), "until it lapses");
+        tokio::time::sleep(Duration::from_millis(1)).await;
         assert!(b.lead("b", ttl).await.unwrap());
 
         let regions = SimRegions::builder()
