@@ -879,4 +879,39 @@ mod tests {
                 .unwrap()
         );
     }
+
+    /// A region's movers number their transfers apart: the mover that leads after its
+    /// leader was killed lands transfers of its own, each credited once in eu (under an
+    /// id the killed one did not use).
+    #[tokio::test(start_paused = true)]
+    async fn the_next_leader_numbers_its_transfers_apart_from_the_killed_ones() {
+        let quota = Quota::per_second(100);
+        let mut regions = SimRegions::builder()
+            .region("eu")
+            .region("us")
+            .movers_per_region(2)
+            .link_delay(Duration::from_millis(20))
+            .limit("api", quota)
+            .build();
+        let eu = Limiter::builder(regions.store("eu"))
+            .limit(LimitSpec::new("api", quota))
+            .build()
+            .unwrap();
+        // eu asks for 200 a second, twice its half.
+        let spend = async |seconds: u64| {
+            for _ in 0..seconds * 200 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                eu.check("api", "k", 1).await.unwrap();
+            }
+        };
+        spend(2).await;
+        let before = regions.report("us").transfers;
+        assert!(before > 0);
+        assert!(regions.kill_leader("us"));
+        spend(5).await;
+        let after = regions.report("us");
+        assert!(after.leading && after.transfers > 0, "{after:?}");
+        let credited = regions.backend("eu").state().escrow.ledger.len() as u64;
+        assert_eq!(credited, before + after.transfers);
+    }
 }
