@@ -698,6 +698,23 @@ mod tests {
         unanswered.abort();
     }
 
+    /// A region is found by its name, in the order the regions were added: "eu" is the
+    /// first, whose part of an odd quota is the larger one.
+    #[tokio::test(start_paused = true)]
+    async fn a_region_is_found_by_its_name() {
+        let regions = quiet(Duration::from_millis(20));
+        let q = Quota::per_second(101);
+        assert_eq!(regions.held("api", "k", q), [51, 50]);
+        let eu = Limiter::builder(regions.store("eu"))
+            .limit(LimitSpec::new("api", q))
+            .build()
+            .unwrap();
+        assert!(eu.check("api", "k", 1).await.unwrap().allowed());
+        assert_eq!(regions.held("api", "k", q), [50, 50]);
+        let eu_part = share(q, 0, 2);
+        assert_eq!(regions.backend("eu").remaining("api", "k", eu_part), 50);
+    }
+
     /// Regions dropped stop their movers: their stores see no more calls.
     #[tokio::test(start_paused = true)]
     async fn dropped_regions_stop_their_movers() {
