@@ -715,6 +715,20 @@ mod tests {
         assert_eq!(regions.backend("eu").remaining("api", "k", eu_part), 50);
     }
 
+    /// The bounds are those of these regions (two) and their movers' setting.
+    #[tokio::test(start_paused = true)]
+    async fn the_bounds_are_those_of_these_regions_and_movers() {
+        let regions = quiet(Duration::from_millis(20));
+        let q = Quota::per_second(100).burst(50);
+        let second = Duration::from_secs(1);
+        // B + r·T + one token per region.
+        assert_eq!(regions.partition_bound(q, second), 50 + 100 + 2);
+        // And one move per region: r · (Δ + 2d) = 100 × 3,600.1 s (the movers' settings
+        // were given: their delay is the default 50 ms, not the link's).
+        let m = 360_010;
+        assert_eq!(regions.bound(q, second), 50 + 100 + 2 * (m + 1));
+    }
+
     /// Regions dropped stop their movers: their stores see no more calls.
     #[tokio::test(start_paused = true)]
     async fn dropped_regions_stop_their_movers() {
