@@ -553,10 +553,14 @@ mod tests {
         assert!(store.supports(&Algorithm::Gcra).is_ok());
     }
 
-    /// What the store prints: its backend, timeout, deny cache and breaker.
+    /// What the store prints: its backend, timeout, deny cache and breaker; a table, its
+    /// backend's table.
     #[test]
     fn debug_shows_the_backend_the_timeout_and_the_breaker() {
-        let shown = format!("{:?}", Resilient::new(Down));
+        let store = Resilient::new(Down);
+        let table = format!("{:?}", store.table("api"));
+        assert!(table.starts_with("ResilientTable { backend: ()"), "{table}");
+        let shown = format!("{store:?}");
         for part in [
             "Resilient",
             "backend: Down",
