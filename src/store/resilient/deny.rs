@@ -380,4 +380,21 @@ mod speaking {
         assert_eq!(backend.calls(), calls + 1, "the denial was not remembered");
         assert!(small.outcome().unwrap().is_allowed(), "{small:?}");
     }
+
+    /// A denial decided after tokens came back is remembered again: the give-back only
+    /// speaks for the checks sent before it.
+    #[tokio::test(start_paused = true)]
+    async fn a_denial_sent_after_a_refund_is_remembered() {
+        let (backend, store, table) = set_up(Duration::from_millis(1));
+        let item = || request(&table, Quota::per_hour(1), 1);
+        let ask = |op, item| ask(&store, op, item);
+        assert!(ask(Op::Check, item()).await.outcome().unwrap().is_allowed());
+        ask(Op::Refund, item()).await;
+        // Sent 2 ms after the refund, well inside the give-back's timeout (50 ms).
+        assert!(ask(Op::Check, item()).await.outcome().unwrap().is_allowed());
+        assert!(!ask(Op::Check, item()).await.outcome().unwrap().is_allowed());
+        let calls = backend.calls();
+        assert!(!ask(Op::Check, item()).await.outcome().unwrap().is_allowed());
+        assert_eq!(backend.calls(), calls, "refused from the remembered denial");
+    }
 }
