@@ -407,6 +407,58 @@ fn a_refusal_by_an_exact_limit_beside_takes_nothing_from_the_lease() {
     });
 }
 
+/// A request with two leased limits, one decided here from its lease and one costing more
+/// than its lease may hold (so the backend decides it): the request is asked of the
+/// backend as a whole, and the token taken here goes back to its lease, so the limit is
+/// charged once, at the backend.
+#[test]
+fn a_request_one_lease_cannot_decide_is_asked_whole_and_the_other_lease_keeps_its_token() {
+    let clock = FakeClock::at(Duration::from_secs(1_000));
+    let shared = Shared::new(&clock);
+    let store = Resilient::new(shared.clone())
+        .clock(clock.clone())
+        .deny_cache(false);
+    let quota = Quota::per_hour(100); // nothing refills during the test
+    let limiter = Limiter::builder(store.clone())
+        .limit(LimitSpec::new("leased", quota).lease(Lease::tokens(10)))
+        .limit(LimitSpec::new("costly", quota).lease(Lease::tokens(10)))
+        .build()
+        .unwrap();
+    let _kept = shared.store.table("leased");
+    let shared_left = || {
+        let table = shared.store.table("leased");
+        let item = Item::new(&table, tollgate::key::Key::from_part("k"), quota, 0);
+        let Checked::Ready(s) = shared.store.apply(Op::Check, &[item]) else {
+            unreachable!()
+        };
+        s[0].outcome().unwrap().remaining()
+    };
+    runtime().block_on(async {
+        for _ in 0..5 {
+            assert!(limiter.check("leased", "k", 1).await.unwrap().allowed());
+            settle(4).await;
+        }
+        let before = store.lease_stats();
+        let held = before.leased_tokens - before.local_allowed;
+        assert!(held > 0, "{before:?}");
+        let left = shared_left();
+        // 20 tokens: more than the costly limit's lease may hold (10).
+        let both = limiter
+            .check_all([("leased", "k", 1), ("costly", "k", 20)])
+            .await
+            .unwrap();
+        assert!(both.allowed());
+        settle(4).await;
+        let after = store.lease_stats();
+        assert_eq!(
+            after.leased_tokens - after.local_allowed,
+            held,
+            "the lease kept its token: {after:?}"
+        );
+        assert_eq!(shared_left(), left - 1, "charged once, at the backend");
+    });
+}
+
 /// Tokens not spent go back: when the lease is older than its age, and when the limiter
 /// is dropped.
 #[test]
