@@ -329,6 +329,30 @@ mod tests {
         assert!(store.is_unavailable(), "one failure opens a breaker of one");
     }
 
+    /// A lease call answered with the wrong number of statuses is a failure when it
+    /// comes: the request waiting for the lease is decided then (by its failure policy),
+    /// not when its wait for the lease runs out.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_answered_with_the_wrong_length_fails_the_waiting_request_at_once() {
+        let store = crate::store::Resilient::new(Short).breaker(1, Duration::from_secs(60));
+        let table = store.table("api");
+        let item = Item::new(&table, Key::from_part("k"), Quota::per_hour(5), 1)
+            .on_failure(FailurePolicy::Deny)
+            .lease(Some(crate::model::lease::Lease::auto()));
+        let start = tokio::time::Instant::now();
+        let statuses = match store.apply(Op::Check, &[item]) {
+            Checked::Ready(s) => s,
+            Checked::Pending(f) => f.await,
+        };
+        assert_eq!(statuses.as_slice(), [Status::FailedClosed]);
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "decided when the lease failed"
+        );
+        assert!(store.is_unavailable());
+    }
+
     /// Lease calls to a backend whose round trip (200 ms, as it reports before any call
     /// was answered) is more than half the time the bucket takes to fill (100 ms) hold
     /// no request that comes in their first 150 ms: such a request asks the backend
