@@ -418,3 +418,28 @@ fn undo(taken: &Taken) {
         leases.undo(key, *cost);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::store::resilient::Resilient;
+    use crate::store::resilient::tests::Down;
+
+    /// One lease table per limit name while it lives (every limit of that name shares
+    /// it); a table no limit holds any more is forgotten when another is made.
+    #[test]
+    fn a_name_has_one_lease_table_while_it_lives_and_none_after() {
+        let store = Resilient::new(Down);
+        let a = store.lease_table("a");
+        let b = store.lease_table("b");
+        assert!(Arc::ptr_eq(&a, &store.lease_table("a")), "a was kept");
+        assert!(Arc::ptr_eq(&b, &store.lease_table("b")));
+        drop(a);
+        let _c = store.lease_table("c");
+        let names = store.inner.lease_by_name.lock().unwrap();
+        let mut names: Vec<&String> = names.keys().collect();
+        names.sort();
+        assert_eq!(names, ["b", "c"], "a, no longer held, was forgotten");
+    }
+}
