@@ -247,6 +247,16 @@ mod tests {
 
     const T: u64 = 100_000_000; // 10/s
 
+    /// A key's traffic is counted over 8 emission intervals, at least a second and at
+    /// most a minute.
+    #[test]
+    fn the_horizon_is_eight_intervals_between_a_second_and_a_minute() {
+        assert_eq!(horizon_ns(Quota::per_second(1)), 8e9);
+        assert_eq!(horizon_ns(Quota::per_second(4)), 2e9);
+        assert_eq!(horizon_ns(Quota::per_second(1_000)), 1e9);
+        assert_eq!(horizon_ns(Quota::per_minute(1)), 60e9);
+    }
+
     /// An answer whose bucket is full again `reset_after` ns after the send.
     fn answer(reset_after: u64) -> Outcome {
         Outcome::window(
