@@ -271,6 +271,44 @@ mod tests {
         )
     }
 
+    /// The records are bounded (100,000 keys, in 16 shards): a new key whose shard is full
+    /// takes the room of records idle for more than 4 minutes; while none is that old,
+    /// it is not recorded (its fraction is then the unknown key's).
+    #[test]
+    fn a_full_shard_makes_room_from_records_idle_over_four_minutes_only() {
+        let traffic = Traffic::default();
+        let q = Quota::per_second(10);
+        let observe = |key: &Key, now: u64| {
+            traffic.observe(0, key, q, Algorithm::Gcra, now, now, 1, &answer(T));
+        };
+        let cap = MAX_KEYS / SHARDS;
+        let (mut full, mut i) = (0, 0);
+        while full < SHARDS {
+            let key = Key::from_part(format!("k{i}"));
+            i += 1;
+            let len = traffic.shard(&(0, key.clone())).len();
+            if len < cap {
+                observe(&key, 0);
+                full += usize::from(len + 1 == cap);
+            }
+        }
+        let new = Key::from_part("new");
+        let held = |t: &Traffic| t.shard(&(0, new.clone())).contains_key(&(0, new.clone()));
+        let four_minutes = 240_000_000_000;
+        observe(&new, four_minutes);
+        assert!(
+            !held(&traffic),
+            "no record was idle for more than 4 minutes"
+        );
+        observe(&new, four_minutes + 1);
+        assert!(held(&traffic));
+        assert_eq!(
+            traffic.shard(&(0, new.clone())).len(),
+            1,
+            "the idle ones went"
+        );
+    }
+
     /// Grants at the limit's rate (a GCRA bucket's TAT one `T` ahead of each), every
     /// `every`-th of them this instance's: its fraction is `1/every`.
     fn fraction_at_rate(every: u64) -> f64 {
