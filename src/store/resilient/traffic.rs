@@ -309,6 +309,36 @@ mod tests {
         );
     }
 
+    /// A fixed window's answers give its end as the send plus the reset the server saw, so
+    /// the ends of one window differ by the round trip's jitter: they are one window, and
+    /// the key moved by the grants alone (all this instance's here: its fraction is 1).
+    #[test]
+    fn answers_of_one_window_a_few_ms_apart_are_one_window() {
+        let traffic = Traffic::default();
+        let q = Quota::per_minute(100);
+        let key = Key::from_part("k");
+        let s = 1_000_000_000;
+        let mut now = 0;
+        for i in 0..10u64 {
+            now = (1 + i) * s;
+            // The window ends at 60 s, read 0 or 3 ms late.
+            let reset_after = 60 * s - now + (i % 2) * 3_000_000;
+            let o = Outcome::window(
+                Report {
+                    verdict: Admission::Allowed,
+                    remaining: 90 - i,
+                    reset_after,
+                    next_after: None,
+                    wait: 0,
+                },
+                1,
+            );
+            traffic.observe(0, &key, q, Algorithm::fixed_window(), now, now, 1, &o);
+        }
+        let f = traffic.fraction_or(0, &key, q, now, 0.5).f;
+        assert!(f > 0.99, "{f}");
+    }
+
     /// Grants at the limit's rate (a GCRA bucket's TAT one `T` ahead of each), every
     /// `every`-th of them this instance's: its fraction is `1/every`.
     fn fraction_at_rate(every: u64) -> f64 {
