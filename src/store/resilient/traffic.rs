@@ -339,6 +339,35 @@ mod tests {
         assert!(f > 0.99, "{f}");
     }
 
+    /// A window that ended between two answers is counted used to the full: the key moved
+    /// by what the old window had left and what the new one has used (here 90 + 5, one of
+    /// them this instance's).
+    #[test]
+    fn a_window_ended_between_two_answers_counts_as_used_to_the_full() {
+        let traffic = Traffic::default();
+        let q = Quota::per_minute(100);
+        let key = Key::from_part("k");
+        let s = 1_000_000_000;
+        let answer = |remaining, reset_after| {
+            Outcome::window(
+                Report {
+                    verdict: Admission::Allowed,
+                    remaining,
+                    reset_after,
+                    next_after: None,
+                    wait: 0,
+                },
+                1,
+            )
+        };
+        let fixed = Algorithm::fixed_window();
+        // 10 used of the window ending at 60 s; then 5 of the next one, ending at 120 s.
+        traffic.observe(0, &key, q, fixed, 59 * s, 59 * s, 1, &answer(90, s));
+        traffic.observe(0, &key, q, fixed, 61 * s, 61 * s, 1, &answer(95, 59 * s));
+        let f = traffic.fraction_or(0, &key, q, 61 * s, 0.5).f;
+        assert!((f - 1.0 / 95.0).abs() < 1e-9, "{f}");
+    }
+
     /// Grants at the limit's rate (a GCRA bucket's TAT one `T` ahead of each), every
     /// `every`-th of them this instance's: its fraction is `1/every`.
     fn fraction_at_rate(every: u64) -> f64 {
