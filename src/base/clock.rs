@@ -238,7 +238,12 @@ impl fmt::Debug for CpuClock {
 ///
 /// let store = MemoryStore::with_clock(CoarseClock::new(Duration::from_micros(100)));
 /// let a = store.clock().now();
-/// std::thread::sleep(Duration::from_millis(5));
+/// // Its thread moves it on every 100 µs (later on a machine too busy to run it).
+/// let start = std::time::Instant::now();
+/// while store.clock().now() == a {
+///     assert!(start.elapsed() < Duration::from_secs(10), "the clock's thread runs");
+///     std::thread::sleep(Duration::from_millis(1));
+/// }
 /// assert!(store.clock().now() > a);
 /// ```
 #[derive(Clone)]
@@ -512,7 +517,12 @@ mod tests {
             last = now;
             std::thread::sleep(Duration::from_micros(300));
         }
-        assert!(last > 0, "refreshed");
+        // Refreshed by its thread (which a busy machine may run late).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c.now() == 0 {
+            assert!(Instant::now() < deadline, "refreshed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let weak = Arc::downgrade(&c.inner);
         drop(c);
         // The thread holds a strong reference only while it writes (microseconds).
