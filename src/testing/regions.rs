@@ -641,6 +641,17 @@ mod tests {
             .build()
     }
 
+    /// Regions eu and us with one limit, `api`, two movers each, 20 ms apart.
+    fn two_movers_each(quota: Quota) -> SimRegions {
+        SimRegions::builder()
+            .region("eu")
+            .region("us")
+            .movers_per_region(2)
+            .link_delay(Duration::from_millis(20))
+            .limit("api", quota)
+            .build()
+    }
+
     /// A call over the link takes its delay each way (which the test may change), is
     /// counted, and reaches the other region's store once; cut before it arrives it is
     /// lost, cut after it, only its answer is.
@@ -864,13 +875,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_leader_killed_mid_transfer_leaves_it_to_the_next_one_which_lands_it_once() {
         let quota = Quota::per_second(100);
-        let mut regions = SimRegions::builder()
-            .region("eu")
-            .region("us")
-            .movers_per_region(2)
-            .link_delay(Duration::from_millis(20))
-            .limit("api", quota)
-            .build();
+        let mut regions = two_movers_each(quota);
         cut_mid_transfer(&regions, quota).await;
         let us = regions.backend("us").clone();
         let (transfer, amount) = us.outstanding().await.unwrap().expect("outstanding");
@@ -919,13 +924,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_next_leader_numbers_its_transfers_apart_from_the_killed_ones() {
         let quota = Quota::per_second(100);
-        let mut regions = SimRegions::builder()
-            .region("eu")
-            .region("us")
-            .movers_per_region(2)
-            .link_delay(Duration::from_millis(20))
-            .limit("api", quota)
-            .build();
+        let mut regions = two_movers_each(quota);
         let eu = Limiter::builder(regions.store("eu"))
             .limit(LimitSpec::new("api", quota))
             .build()

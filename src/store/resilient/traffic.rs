@@ -259,10 +259,16 @@ mod tests {
 
     /// An answer whose bucket is full again `reset_after` ns after the send.
     fn answer(reset_after: u64) -> Outcome {
+        window_answer(0, reset_after)
+    }
+
+    /// A fixed window's answer: `remaining` units left, the window ending `reset_after`
+    /// ns after the send.
+    fn window_answer(remaining: u64, reset_after: u64) -> Outcome {
         Outcome::window(
             Report {
                 verdict: Admission::Allowed,
-                remaining: 0,
+                remaining,
                 reset_after,
                 next_after: None,
                 wait: 0,
@@ -323,16 +329,7 @@ mod tests {
             now = (1 + i) * s;
             // The window ends at 60 s, read 0 or 3 ms late.
             let reset_after = 60 * s - now + (i % 2) * 3_000_000;
-            let o = Outcome::window(
-                Report {
-                    verdict: Admission::Allowed,
-                    remaining: 90 - i,
-                    reset_after,
-                    next_after: None,
-                    wait: 0,
-                },
-                1,
-            );
+            let o = window_answer(90 - i, reset_after);
             traffic.observe(0, &key, q, Algorithm::fixed_window(), now, now, 1, &o);
         }
         let f = traffic.fraction_or(0, &key, q, now, 0.5).f;
@@ -348,22 +345,11 @@ mod tests {
         let q = Quota::per_minute(100);
         let key = Key::from_part("k");
         let s = 1_000_000_000;
-        let answer = |remaining, reset_after| {
-            Outcome::window(
-                Report {
-                    verdict: Admission::Allowed,
-                    remaining,
-                    reset_after,
-                    next_after: None,
-                    wait: 0,
-                },
-                1,
-            )
-        };
         let fixed = Algorithm::fixed_window();
         // 10 used of the window ending at 60 s; then 5 of the next one, ending at 120 s.
-        traffic.observe(0, &key, q, fixed, 59 * s, 59 * s, 1, &answer(90, s));
-        traffic.observe(0, &key, q, fixed, 61 * s, 61 * s, 1, &answer(95, 59 * s));
+        let (first, next) = (window_answer(90, s), window_answer(95, 59 * s));
+        traffic.observe(0, &key, q, fixed, 59 * s, 59 * s, 1, &first);
+        traffic.observe(0, &key, q, fixed, 61 * s, 61 * s, 1, &next);
         let f = traffic.fraction_or(0, &key, q, 61 * s, 0.5).f;
         assert!((f - 1.0 / 95.0).abs() < 1e-9, "{f}");
     }
