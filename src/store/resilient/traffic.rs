@@ -279,7 +279,8 @@ mod tests {
 
     /// The records are bounded (100,000 keys, in 16 shards): a new key whose shard is full
     /// takes the room of records idle for more than 4 minutes; while none is that old,
-    /// it is not recorded (its fraction is then the unknown key's).
+    /// it is not recorded (its fraction is then the unknown key's). A key only asked for
+    /// its fraction (an unknown key in an outage) takes no room in a full shard.
     #[test]
     fn a_full_shard_makes_room_from_records_idle_over_four_minutes_only() {
         let traffic = Traffic::default();
@@ -300,6 +301,13 @@ mod tests {
         }
         let new = Key::from_part("new");
         let held = |t: &Traffic| t.shard(&(0, new.clone())).contains_key(&(0, new.clone()));
+        let unknown = traffic.fraction_or(0, &new, q, 0, 0.5);
+        assert_eq!(unknown.f, 0.5);
+        assert!(
+            !held(&traffic),
+            "an unknown key is not recorded past the cap"
+        );
+        assert_eq!(traffic.shard(&(0, new.clone())).len(), cap);
         let four_minutes = 240_000_000_000;
         observe(&new, four_minutes);
         assert!(
@@ -452,7 +460,8 @@ mod tests {
     }
 
     /// A key quiet for more than four horizons is forgotten: the value given for an
-    /// unknown key, not a faded fraction (within the four, a faded one).
+    /// unknown key, not a faded fraction (up to the four, a faded one; at exactly four,
+    /// still faded, 1 ns later, forgotten).
     #[test]
     fn a_key_quiet_for_four_horizons_is_unknown_again() {
         let traffic = Traffic::default();
@@ -467,7 +476,10 @@ mod tests {
         let mut r = thawed(&traffic, 1, &key);
         let faded = fraction_of(&mut r, quota, at + 3_900_000_000).unwrap().f;
         assert!(faded > 0.0 && faded < 0.1, "{faded}");
-        let after = traffic.fraction_or(1, &key, quota, at + 4_100_000_000, 0.3);
+        let mut r = thawed(&traffic, 1, &key);
+        let four = fraction_of(&mut r, quota, at + 4_000_000_000).expect("remembered");
+        assert!(four.f > 0.0 && four.f < faded, "{four:?}");
+        let after = traffic.fraction_or(1, &key, quota, at + 4_000_000_001, 0.3);
         assert_eq!(after.f, 0.3);
     }
 
