@@ -736,6 +736,46 @@ mod tests {
         assert_eq!(sent.lock().unwrap().len(), 1);
     }
 
+    /// A backend that is down, having counted `.0` instances before it went.
+    #[derive(Clone, Debug)]
+    struct DownAmong(u64);
+
+    impl Backend for DownAmong {
+        type Table = ();
+        type Future = std::future::Ready<Result<Statuses, crate::store::StoreError>>;
+        fn table(&self, _: &str) {}
+        fn apply(&self, _: Op, _: &[Item<'_, ()>]) -> Self::Future {
+            std::future::ready(Err(crate::store::StoreError::new("down")))
+        }
+        fn instances(&self) -> u64 {
+            self.0
+        }
+    }
+
+    /// A limit in shadow mode whose share is nothing (a fixed window of 5 a minute on 10
+    /// instances, a key this instance knows nothing of: half a unit, rounded down) reports
+    /// the refusal it would make, as in enforce mode; it is not decided on the whole quota
+    /// locally, which would report every request as allowed.
+    #[tokio::test]
+    async fn a_shadow_limit_with_no_share_reports_the_refusal_it_would_make() {
+        let store = Resilient::new(DownAmong(10));
+        let table = store.table("logins");
+        for mode in [Mode::Enforce, Mode::Shadow] {
+            let item = Item::new(&table, Key::from_part("k"), Quota::per_minute(5), 1)
+                .algorithm(Algorithm::fixed_window())
+                .mode(mode)
+                .on_failure(FailurePolicy::Share);
+            let s = match store.apply(Op::Check, &[item]) {
+                Checked::Ready(s) => s[0],
+                Checked::Pending(f) => f.await[0],
+            };
+            assert!(
+                matches!(s, Status::Fallback(o) if !o.is_allowed()),
+                "{mode:?}: {s:?}"
+            );
+        }
+    }
+
     async fn in_flight_check<B: Backend>(store: &Resilient<B>) -> Status {
         let table = store.table("jobs");
         let item = Item::new(&table, Key::from_part("k"), Quota::per_second(4), 1)
