@@ -758,10 +758,8 @@ fn every_error_names_file_line_and_field() {
         ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=1B\"\nper = \"byte\"\n".into(), 3, "limits[0].quota", "burst: 1 bytes is less than one token"),
         ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=256KiB\"\nper = \"byte\"\nrate_after = \"1 parsec\"\n".into(), 5, "limits[0].rate_after", "unknown unit `parsec`"),
         ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=256KiB\"\nper = \"byte\"\nin_flight = 3\n".into(), 3, "limits[0].quota", "in flight"),
-        // A limit of bytes given routes paces their response bodies: `direction = "out"`,
-        // and an algorithm that waits.
-        ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=256KiB\"\nper = \"byte\"\nroutes = [\"/files/{*path}\"]\n".into(), 1, "limits[0].direction", "paces their response bodies"),
-        ("[[limits]]\nname = \"b\"\nquota = \"1MiB/s; burst=256KiB\"\nper = \"byte\"\ndirection = \"in\"\nroutes = [\"/files/{*path}\"]\n".into(), 5, "limits[0].direction", "`PacedBody`"),
+        // A limit of bytes given routes paces their bodies (either way, or both) with an
+        // algorithm that waits.
         ("[[limits]]\nname = \"b\"\nquota = \"32KiB/s\"\nper = \"byte\"\ndirection = \"out\"\nalgorithm = \"sliding_window\"\nroutes = [\"/files/{*path}\"]\n".into(), 6, "limits[0].algorithm", "take no reservations"),
         // One limit across regions (issue 43).
         (format!("{base}[regions]\nlocal = \"ap\"\n[regions.stores]\neu = \"redis://eu\"\n"), 5, "regions.local", "not one of the regions"),

@@ -347,6 +347,213 @@ async fn a_rules_files_limit_of_bytes_paces_the_response_bodies_of_its_routes() 
     );
 }
 
+/// Sends `mib` MiB to `path` with hyper's client: the status, the answer, and how long it
+/// took on tokio's clock.
+#[cfg(feature = "rules")]
+async fn upload(addr: SocketAddr, path: &str, mib: u64) -> (StatusCode, Bytes, Duration) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let start = Instant::now();
+    let response = client
+        .request(
+            Request::post(format!("http://{addr}{path}"))
+                .body(Full::new(Bytes::from(vec![1u8; (mib * MIB) as usize])))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, body, start.elapsed())
+}
+
+/// Issue 42, "a request body (upload) … paced … rules files can say it": a limit of bytes
+/// received (`direction = "in"`) given routes paces the request bodies of those routes per
+/// key, with handlers that read their bodies plainly; `"both"` paces the request and
+/// the response from one bucket; other routes are read at once.
+#[cfg(feature = "rules")]
+#[tokio::test(start_paused = true)]
+async fn a_rules_files_limit_of_bytes_received_paces_the_uploads_of_its_routes() {
+    let text = r#"
+            [[limits]]
+            name = "upload"
+            key = "peer_ip"
+            per = "byte"
+            quota = "1MiB/s; burst=256KiB"
+            direction = "in"
+            routes = ["POST /upload"]
+
+            [[limits]]
+            name = "echo"
+            key = "peer_ip"
+            per = "byte"
+            quota = "1MiB/s; burst=256KiB"
+            direction = "both"
+            routes = ["POST /echo"]
+            "#;
+    let rules = tollgate::rules::Rules::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .text(text)
+        .build()
+        .unwrap();
+    let shown = tollgate::rules::Document::from_toml(text)
+        .unwrap()
+        .to_string();
+    for line in [
+        "  paces the request bodies of: POST /upload",
+        "  paces the request and response bodies of: POST /echo",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "{line}: {shown}");
+    }
+    // Plain handlers: the body read whole, its length answered; echoed back.
+    let count = |body: Body| async move {
+        let bytes = body.collect().await.unwrap().to_bytes();
+        bytes.len().to_string()
+    };
+    let echo = |body: Body| async move { body.collect().await.unwrap().to_bytes() };
+    let app = Router::new()
+        .route("/upload", post(count))
+        .route("/other", post(count))
+        .route("/echo", post(echo))
+        .layer(rules.layer());
+    let addr = serve(app).await;
+    // Not on the route: at once.
+    let (status, body, elapsed) = upload(addr, "/other", 2).await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::OK, Bytes::from((2 * MIB).to_string()))
+    );
+    assert!(elapsed < Duration::from_millis(100), "{elapsed:?}");
+    // 2 MiB up: 256 KiB at once, the rest at 1 MiB/s.
+    let (status, body, elapsed) = upload(addr, "/upload", 2).await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::OK, Bytes::from((2 * MIB).to_string()))
+    );
+    assert!(elapsed >= Duration::from_millis(1_750), "{elapsed:?}");
+    assert!(
+        within(elapsed, Duration::from_millis(1_750), 0.05),
+        "{elapsed:?}"
+    );
+    // 1 MiB up and the same back, from one bucket: 2 MiB at 1 MiB/s after the burst.
+    let (status, body, elapsed) = upload(addr, "/echo", 1).await;
+    assert_eq!((status, body.len() as u64), (StatusCode::OK, MIB));
+    assert!(elapsed >= Duration::from_millis(1_750), "{elapsed:?}");
+    assert!(
+        within(elapsed, Duration::from_millis(1_750), 0.05),
+        "{elapsed:?}"
+    );
+}
+
+/// Over a request body type the layer cannot pace (hyper's `Full`), a request a limit of
+/// bytes received would pace is answered 500 before the service is called, never read
+/// unpaced; over axum's body, paced.
+#[tokio::test(start_paused = true)]
+async fn an_upload_route_over_a_request_body_that_cannot_be_paced_is_a_500_not_a_bypass() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tollgate::{Limit, RateLimitLayer};
+    use tower::{Layer, ServiceExt};
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .route(
+            "POST /upload",
+            Limit::new("upload", Quota::per_second(1024).burst(256))
+                .per(Per::Byte)
+                .unit(1024)
+                .direction(Direction::In),
+        )
+        .build()
+        .unwrap();
+    let called = Arc::new(AtomicUsize::new(0));
+    let seen = called.clone();
+    let service = layer
+        .clone()
+        .layer(tower::service_fn(move |_: Request<Full<Bytes>>| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("x"))) }
+        }));
+    let request = |path: &str| Request::post(path).body(Full::default()).unwrap();
+    let r = service.clone().oneshot(request("/upload")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let text = r.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.contains("request body"), "{text}");
+    assert_eq!(
+        called.load(Ordering::SeqCst),
+        0,
+        "the service was not called"
+    );
+    let r = service.oneshot(request("/other")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(called.load(Ordering::SeqCst), 1);
+    // Over axum's body: 512 KiB read through the pacer, 256 KiB at once and the rest at
+    // 1 MiB/s.
+    let paced = layer.layer(tower::service_fn(|r: Request<Body>| async move {
+        let n = r.into_body().collect().await.unwrap().to_bytes().len();
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::from(n.to_string())))
+    }));
+    let start = Instant::now();
+    let body = Body::from(vec![1u8; 512 * KIB as usize]);
+    let r = paced
+        .oneshot(Request::post("/upload").body(body).unwrap())
+        .await
+        .unwrap();
+    let text = r.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(text, (512 * KIB).to_string());
+    let elapsed = start.elapsed();
+    assert!(elapsed >= Duration::from_millis(250), "{elapsed:?}");
+    assert!(
+        within(elapsed, Duration::from_millis(250), 0.05),
+        "{elapsed:?}"
+    );
+}
+
+/// The request's limits answered later (a simulated Redis 5 ms away each way), its upload
+/// is paced once they do: a route's request limit and its limit of bytes received, 512
+/// KiB up at 1 MiB/s with a burst of 256 KiB. A route without the limit of bytes is read
+/// at once after its check.
+#[cfg(feature = "testing")]
+#[tokio::test(start_paused = true)]
+async fn an_upload_is_paced_after_a_store_that_answers_later() {
+    use tollgate::testing::SimBackend;
+    use tollgate::{Limit, RateLimitLayer};
+    use tower::{Layer, ServiceExt};
+    let sim = SimBackend::builder()
+        .latency(Duration::from_millis(5))
+        .build();
+    let layer = RateLimitLayer::builder(sim.store())
+        .route(
+            "POST /upload",
+            Limit::new("upload", Quota::per_second(1024).burst(256))
+                .per(Per::Byte)
+                .unit(1024)
+                .direction(Direction::In),
+        )
+        .limit(Limit::new("posts", Quota::per_minute(5)))
+        .build()
+        .unwrap();
+    let service = layer.layer(tower::service_fn(|r: Request<Body>| async move {
+        let n = r.into_body().collect().await.unwrap().to_bytes().len();
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::from(n.to_string())))
+    }));
+    let send = async |path: &str| {
+        let start = Instant::now();
+        let body = Body::from(vec![1u8; 512 * KIB as usize]);
+        let r = service
+            .clone()
+            .oneshot(Request::post(path).body(body).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let text = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(text, (512 * KIB).to_string());
+        start.elapsed()
+    };
+    let other = send("/other").await;
+    assert_eq!(other, Duration::from_millis(10), "the check's round trip");
+    let paced = send("/upload").await;
+    assert!(paced >= Duration::from_millis(260), "{paced:?}");
+    assert!(paced < Duration::from_millis(400), "{paced:?}");
+}
+
 /// A routed pacer takes 64 KiB of tokens per store call (with Redis, a round trip per
 /// 64 KiB at most), however small the body's chunks; a request without the limit's key,
 /// under `MissingKey::Skip`, is not paced.

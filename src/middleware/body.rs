@@ -133,12 +133,13 @@ impl<B> ResponseBody<B> {
 /// }
 /// ```
 ///
-/// A limit of bytes given routes ([`Limit::per`](crate::Limit::per) `Per::Byte`,
-/// `direction = "out"`) paces the response bodies of its routes: the layer does so for
-/// bodies whose `Follow` says [`PACES`](Follow::PACES) (axum's and tonic's). Over another
-/// body type a request such a limit would pace is answered `500` before the service is
-/// called (and the misconfiguration logged): wrap that body in
-/// [`PacedBody`](crate::pace::PacedBody) in the handler instead.
+/// A limit of bytes sent given routes ([`Limit::per`](crate::Limit::per) `Per::Byte`,
+/// `direction = "out"` or `"both"`) paces the response bodies of its routes: the layer
+/// does so for bodies whose `Follow` says [`PACES`](Follow::PACES) (axum's and tonic's).
+/// Over another body type a request such a limit would pace is answered `500` before the
+/// service is called (and the misconfiguration logged): wrap that body in
+/// [`PacedBody`](crate::pace::PacedBody) in the handler instead. (Request bodies are
+/// paced likewise when they are axum's or tonic's, whatever this trait says.)
 pub trait Follow: Sized {
     /// The body of the layer's responses.
     type Body;
@@ -299,7 +300,7 @@ impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::{Arc, Mutex};
 
     use bytes::Bytes;
@@ -380,7 +381,7 @@ mod tests {
     }
 
     /// `bytes`: 1,000 a second, 100 at once; `slow`: 500 a second, 100 at once.
-    fn pacing() -> crate::limiter::Limiter {
+    pub(crate) fn pacing() -> crate::limiter::Limiter {
         use crate::algo::quota::Quota;
         use crate::model::spec::LimitSpec;
         crate::limiter::Limiter::builder(crate::store::MemoryStore::with_clock(Tokio(

@@ -15,12 +15,13 @@ use tower_service::Service;
 use crate::engine::queue::{self, Ticket};
 use crate::middleware::body::{AfterBody, Follow, ResponseBody};
 use crate::middleware::guard::{DelayGuard, PendingCharge};
+use crate::middleware::routed::paces;
 use crate::middleware::shared::{Passed, Version, insert_limiter, proceed};
 use crate::store::Store;
 use crate::store::{Checked, Item};
 use crate::web::headers::Fields;
-use crate::web::policy::Prepared;
 use crate::web::policy::{Early, QueueAt};
+use crate::web::policy::{Paces, Prepared};
 use crate::web::response::OnRejection;
 
 type KeptKeys = smallvec::SmallVec<[crate::web::key::Key; 4]>;
@@ -175,6 +176,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     St: Store,
     R: OnRejection<ResBody> + Send + Sync + 'static,
+    ReqBody: 'static,
 {
     /// A request through the limits of `version` (the one current when it arrived) and
     /// then `inner` (made ready). `queued`: its places in the queues of in-flight limits
@@ -184,7 +186,7 @@ where
         inner: &mut S,
         req: Request<ReqBody>,
         queued: Option<Queued>,
-        can_pace: bool,
+        paces: Paces,
     ) -> Self {
         let (mut parts, body) = req.into_parts();
         let shared = &version.shared;
@@ -193,7 +195,7 @@ where
         let mut prepared = Prepared::empty();
         match shared
             .policy
-            .prepare(engine, &parts, &mut items, &mut prepared, can_pace)
+            .prepare(engine, &parts, &mut items, &mut prepared, paces)
         {
             Ok(()) => {}
             Err(Early::Pass) => {
@@ -226,7 +228,8 @@ where
                 let next = proceed(version, &mut prepared, statuses, &mut parts, &items[..]);
                 drop(items);
                 match next {
-                    Ok(passed) if passed.delay.is_none() => {
+                    Ok(mut passed) if passed.delay.is_none() => {
+                        let body = passed.pace(body);
                         let future = inner.call(Request::from_parts(parts, body));
                         ResponseFuture::calling(future, passed.fields, passed.charge, passed.after)
                     }
@@ -344,10 +347,17 @@ where
 
     /// A request that passed, on the `service` made ready for it: called now, or in
     /// delay mode after its wait.
-    pub(crate) fn passed(passed: Passed<St>, mut service: S, parts: Parts, body: ReqBody) -> Self
+    pub(crate) fn passed(
+        mut passed: Passed<St>,
+        mut service: S,
+        parts: Parts,
+        body: ReqBody,
+    ) -> Self
     where
         S: Clone,
+        ReqBody: 'static,
     {
+        let body = passed.pace(body);
         let Some((wait, guard)) = passed.delay else {
             let future = service.call(Request::from_parts(parts, body));
             return Self::calling(future, passed.fields, passed.charge, passed.after);
@@ -401,6 +411,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     St: Store,
     R: OnRejection<ResBody> + Send + Sync + 'static,
+    ReqBody: 'static,
     ResBody: Follow,
 {
     type Output = Result<Response<ResBody::Body>, S::Error>;
@@ -454,7 +465,7 @@ where
                         q.service,
                         Request::from_parts(parts, body),
                         Some(places),
-                        ResBody::PACES,
+                        paces::<ReqBody, ResBody>(),
                     );
                     state.set(next.state);
                 }

@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use crate::middleware::body::Follow;
 use crate::middleware::future::ResponseFuture;
+use crate::middleware::routed::paces;
 use crate::middleware::source::Source;
 use crate::store::Store;
 use crate::web::response::OnRejection;
@@ -61,6 +62,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     St: Store,
     R: OnRejection<ResBody> + Send + Sync + 'static,
+    ReqBody: 'static,
     ResBody: Follow,
 {
     type Response = Response<ResBody::Body>;
@@ -74,7 +76,7 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let inner = &mut self.inner;
         self.source.with_version(|version| {
-            ResponseFuture::start(version, inner, req, None, ResBody::PACES)
+            ResponseFuture::start(version, inner, req, None, paces::<ReqBody, ResBody>())
         })
     }
 }

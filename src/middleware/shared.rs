@@ -129,6 +129,20 @@ pub(crate) struct Passed<St: Store> {
     pub(crate) delay: Option<(Duration, Box<DelayGuard<St>>)>,
     /// What the request holds until its response body ends (in-flight slots).
     pub(crate) after: Option<Box<dyn AfterBody>>,
+    /// The pacers of its request body (limits of bytes received on its route).
+    pub(crate) upload: Vec<crate::limiter::pace::Pacer>,
+}
+
+impl<St: Store> Passed<St> {
+    /// `body`, paced by the request's limits of bytes received, if it has any.
+    #[inline]
+    pub(crate) fn pace<B: 'static>(&mut self, body: B) -> B {
+        if self.upload.is_empty() {
+            body
+        } else {
+            crate::middleware::routed::paced_request(body, std::mem::take(&mut self.upload))
+        }
+    }
 }
 
 /// What follows the store's answer: the request passes, or the refusal.
@@ -181,22 +195,30 @@ where
                 prepared.charge_keys.take(),
                 &charged,
             );
-            let paced = prepared.paced.take().and_then(|paced| {
-                PaceGuard::boxed(
+            let (paced, upload) = match prepared.paced.take() {
+                None => (None, Vec::new()),
+                Some(paced) => PaceGuard::pacers(
                     || version.limiter(),
                     paced.into_iter().map(|(i, key)| {
-                        let bound = &engine.bounds[i];
-                        (bound.name, bound.spec.stream.unit.unwrap_or(1), key)
+                        let stream = &engine.bounds[i].spec.stream;
+                        let (unit, direction) = (stream.unit.unwrap_or(1), stream.direction);
+                        (
+                            engine.bounds[i].name,
+                            unit,
+                            direction.unwrap_or_default(),
+                            key,
+                        )
                     }),
                     policy.hooks.audit.as_ref().map(|a| a.for_stream(parts)),
-                )
-            });
+                ),
+            };
             let after = crate::middleware::settle::chain(after, settle);
             Ok(Passed {
                 fields,
                 charge,
                 delay,
                 after: crate::middleware::settle::chain(after, paced),
+                upload,
             })
         }
         Next::Refuse {

@@ -156,7 +156,16 @@ fn stream(f: &mut fmt::Formatter<'_>, rule: &LimitRule, per: &str) -> fmt::Resul
         writeln!(f, "  rule {id}")?;
     }
     match &rule.routes {
-        Some(routes) => writeln!(f, "  paces the response bodies of: {}", routes.join(", ")),
+        Some(routes) => writeln!(
+            f,
+            "  paces the {} bodies of: {}",
+            match rule.direction.as_deref().unwrap_or("in") {
+                "out" => "response",
+                "both" => "request and response",
+                _ => "request",
+            },
+            routes.join(", ")
+        ),
         None => writeln!(
             f,
             "  charged by the streams that name it (`Limiter::pacer`)"

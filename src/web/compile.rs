@@ -11,7 +11,7 @@ use crate::engine::delay::WaitCounts;
 use crate::engine::{DEFAULT_MAX_LIMITS, Engine, unique_names};
 use crate::limiter::can_wait;
 use crate::model::policy::Mode;
-use crate::model::stream::{Direction, Per};
+use crate::model::stream::Per;
 use crate::store::Store;
 use crate::web::headers;
 use crate::web::hooks::{HookSettings, Hooks};
@@ -107,26 +107,18 @@ pub(crate) fn never_met(routes: &RouteTable, app: &[String]) -> Result<Vec<Strin
     Ok(unmet)
 }
 
-/// Whether the stream limit `limit` may be given a route: a limit of bytes that paces
-/// response bodies (`direction = "out"`), with an algorithm a pacer takes. Messages are
-/// counted by the streams that name them; request bodies are paced by the handler that
-/// reads them (the layer keeps the request's body type).
+/// Whether the stream limit `limit` may be given a route: a limit of bytes, with an
+/// algorithm a pacer takes. It paces the response bodies (`direction = "out"`), request
+/// bodies (`"in"`, the default) or both of its routes. Messages are counted by the streams
+/// that name them.
 fn routed_stream(limit: &Limit) -> Result<(), ConfigError> {
     let stream = &limit.spec.stream;
     if stream.per != Per::Byte {
         return Err(ConfigError::new(
             "per",
             "a limit of messages is charged by the streams that name it (`Limiter::pacer`), \
-             not by route: give it no route (only a limit of bytes paces the response bodies \
-             of its routes)",
-        ));
-    }
-    if stream.direction != Some(Direction::Out) {
-        return Err(ConfigError::new(
-            "direction",
-            "a limit of bytes given routes paces their response bodies: say `direction = \
-             \"out\"` (`Direction::Out`); a request body is paced by the handler that reads \
-             it (`PacedBody`), with the limit given no route",
+             not by route: give it no route (only a limit of bytes paces the bodies of its \
+             routes)",
         ));
     }
     let over = stream.over_limit.unwrap_or_default();

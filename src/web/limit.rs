@@ -154,9 +154,13 @@ impl Limit {
     /// long-lived requests ([`LimitSpec::per`]): a limit of messages or bytes is bound in
     /// the layer (its [`limiter`](crate::RateLimitLayer::limiter) makes
     /// [`Pacer`](crate::pace::Pacer)s of it) but checked by no request. Only a limit of
-    /// bytes sent ([`Direction::Out`](crate::pace::Direction::Out)) takes a route: it
-    /// paces the response bodies of the route, per key, with nothing in the handlers; a
-    /// route for any other is a [`ConfigError`](crate::ConfigError).
+    /// bytes takes a route: it paces the bodies of the route per key, with nothing in the
+    /// handlers: the response bodies for bytes sent
+    /// ([`Direction::Out`](crate::pace::Direction::Out)), the request bodies (uploads) for
+    /// bytes received ([`Direction::In`](crate::pace::Direction::In), the default), both
+    /// for [`Direction::Both`](crate::pace::Direction::Both). A route for a limit of
+    /// messages is a [`ConfigError`](crate::ConfigError). The layer paces axum's and
+    /// tonic's bodies; over another body type, a request it would pace is refused (`500`).
     ///
     /// ```
     /// use tollgate::pace::{Direction, Per};
@@ -172,6 +176,15 @@ impl Limit {
     ///             .per(Per::Byte)
     ///             .unit(1024)
     ///             .direction(Direction::Out),
+    ///     )
+    ///     // Uploads to /upload at 256 KiB/s per client address.
+    ///     .route(
+    ///         "POST /upload",
+    ///         Limit::new("upload", Quota::per_second(256).burst(64))
+    ///             .key(PeerIp::new())
+    ///             .per(Per::Byte)
+    ///             .unit(1024)
+    ///             .direction(Direction::In),
     ///     )
     ///     .build()?;
     /// # let _ = layer;

@@ -152,6 +152,14 @@ pub(crate) type QueueAt = SmallVec<[(usize, u64); 1]>;
 /// The limits of bytes that pace a response body: bound index, the request's key.
 pub(crate) type PacedKeys = SmallVec<[(usize, Key); 1]>;
 
+/// Which bodies the layer can pace over the service it wraps (a route's limits of bytes
+/// sent pace responses, those of bytes received pace requests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Paces {
+    pub(crate) responses: bool,
+    pub(crate) requests: bool,
+}
+
 /// A request, prepared for the store.
 pub(crate) struct Prepared {
     pub(crate) group: usize,
@@ -239,24 +247,38 @@ impl Policy {
         }
     }
 
-    /// The limits of bytes that pace the response body of a request of `group`, each with
-    /// the request's key by its extractor (a limit that skips keyless requests paces none
-    /// of them). `can_pace`: whether the service's body type can be paced; when it cannot,
-    /// or an extractor is misconfigured, the request is refused (500, logged once per
-    /// limit) rather than its bytes let through unpaced.
+    /// The limits of bytes that pace the request or response body of a request of
+    /// `group`, each with the request's key by its extractor (a limit that skips keyless
+    /// requests paces none of them). `paces`: which of the service's body types can be
+    /// paced; when one a limit would pace cannot, or an extractor is misconfigured, the
+    /// request is refused (500, logged once per limit) rather than its bytes let through
+    /// unpaced.
     pub(crate) fn paced_keys(
         &self,
         group: usize,
         parts: &Parts,
-        can_pace: bool,
+        paces: Paces,
     ) -> Result<PacedKeys, Early<'_>> {
         let mut keys = SmallVec::new();
         for &index in &self.groups[group].paced {
             let rules = &self.limits[index];
-            if !can_pace {
-                let reason = "the service's response body type cannot be paced by the layer \
-                              (axum's and tonic's can; see `Follow::PACES`): wrap the body in \
-                              `PacedBody` in the handler, and give the limit no route";
+            let direction = rules.limit.spec.stream.direction.unwrap_or_default();
+            let unpaced = if direction.counts_out() && !paces.responses {
+                Some(
+                    "the service's response body type cannot be paced by the layer (axum's and \
+                     tonic's can; see `Follow::PACES`): wrap the body in `PacedBody` in the \
+                     handler, and give the limit no route",
+                )
+            } else if direction.counts_in() && !paces.requests {
+                Some(
+                    "the service's request body type cannot be paced by the layer (axum's and \
+                     tonic's can): wrap the body in `PacedBody` in the handler, and give the \
+                     limit no route",
+                )
+            } else {
+                None
+            };
+            if let Some(reason) = unpaced {
                 log_misconfiguration(rules, reason);
                 return Err(Early::Refuse(Rejection::Misconfigured {
                     limit: &rules.limit.spec.name,
@@ -285,7 +307,7 @@ impl Policy {
         parts: &Parts,
         items: &mut SmallVec<[Item<'a, St::Table>; 4]>,
         prepared: &mut Prepared,
-        can_pace: bool,
+        paces: Paces,
     ) -> Result<(), Early<'a>> {
         if let Some(lists) = &self.lists {
             match lists.classify(parts) {
@@ -392,7 +414,7 @@ impl Policy {
         }
         // Keyed before the store is asked: a request refused for them takes nothing.
         if !g.paced.is_empty() {
-            prepared.paced = Some(Box::new(self.paced_keys(group, parts, can_pace)?));
+            prepared.paced = Some(Box::new(self.paced_keys(group, parts, paces)?));
         }
         Ok(())
     }

@@ -11,9 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{HeaderValue, Method, Request};
-use http_body_util::Full;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -284,8 +282,10 @@ pub(super) fn request(
     format: &LogFormat,
     e: &Entry<'_>,
     uris: &mut Uris,
-) -> Result<Request<Full<Bytes>>, &'static str> {
-    let mut request = Request::new(Full::default());
+) -> Result<Request<axum_core::body::Body>, &'static str> {
+    // axum's body, as live: a limit of bytes received on its route wraps it (it has no
+    // bytes to pace, so it refuses no request).
+    let mut request = Request::new(axum_core::body::Body::empty());
     *request.method_mut() = Method::from_bytes(e.method.as_bytes()).map_err(|_| "bad method")?;
     *request.uri_mut() = uris.get(&e.path).ok_or("bad path")?;
     if let LogFormat::Json(fields) = format {
