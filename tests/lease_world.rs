@@ -280,6 +280,49 @@ fn an_outage_spends_a_share_not_a_copy() {
     }
 }
 
+/// Issue 41: only an enforced GCRA limit's outage grants are charged back when the
+/// backend answers again. One instance (the whole limit its share), 100 an hour, 10
+/// requests a second for 3 s, the backend failing from 1 s to 2 s: it counts 17 of the 30
+/// requests, and 13 are granted on the share (the outage's 10, and 3 before the breaker
+/// lets calls through again). Enforced, those 13 are charged (70 left); in shadow mode
+/// (which refuses nothing and keeps no bound) and on a fixed window (never owed: a window
+/// seen spent stays spent instead) they are not: 83 left, what the backend counted.
+#[test]
+fn only_an_enforced_gcra_limits_outage_grants_are_charged_back() {
+    let quota = Quota::per_hour(100);
+    for (what, spec, left) in [
+        ("enforced", LimitSpec::new("api", quota), 70),
+        ("shadow", LimitSpec::new("api", quota).shadow(), 83),
+        (
+            "fixed window",
+            LimitSpec::new("api", quota).algorithm(Algorithm::fixed_window()),
+            83,
+        ),
+    ] {
+        let rt = runtime();
+        let clock = rt.block_on(async { TokioClock::new() });
+        let world = world(&clock, 1);
+        let fleet = fleet(&world, 1, &[spec]);
+        let faults = [
+            (Duration::from_secs(1), Fault::Failing(true)),
+            (Duration::from_secs(2), Fault::Failing(false)),
+        ];
+        let requests = even(30, 3, 1, 1);
+        let (granted, _) = play(
+            &rt,
+            &world,
+            &fleet,
+            &requests,
+            &faults,
+            Duration::from_secs(1),
+        );
+        assert_eq!(granted, 30, "{what}");
+        let limiter = &fleet[0].plans[0];
+        let peek = rt.block_on(async { limiter.peek("api", "k").await.unwrap() });
+        assert_eq!(peek.remaining(), Some(left), "{what}");
+    }
+}
+
 /// Item 3: a client alternating plans (two quotas of one limit, one key: 19 requests on
 /// `pro`, then one on `free`, in a loop) never refills a
 /// leased bucket: tokens go back at the quota they were taken at. Before, they went back
