@@ -776,6 +776,26 @@ mod tests {
         }
     }
 
+    /// During an outage a look (cost 0) owes nothing: only a grant that spent the share is
+    /// a debt (a look's would take a place in the bounded list of keys owed, and charge
+    /// nothing).
+    #[tokio::test]
+    async fn a_look_during_an_outage_owes_nothing() {
+        let store = Resilient::new(Down);
+        let table = store.table("api");
+        for cost in [0, 1] {
+            let item = Item::new(&table, Key::from_part("k"), Quota::per_second(10), cost)
+                .on_failure(FailurePolicy::Share);
+            let s = match store.apply(Op::Check, &[item]) {
+                Checked::Ready(s) => s[0],
+                Checked::Pending(f) => f.await[0],
+            };
+            assert!(matches!(s, Status::Fallback(o) if o.is_allowed()), "{s:?}");
+            let owed = store.inner.owed.take();
+            assert_eq!(owed.len(), usize::from(cost > 0), "cost {cost}");
+        }
+    }
+
     async fn in_flight_check<B: Backend>(store: &Resilient<B>) -> Status {
         let table = store.table("jobs");
         let item = Item::new(&table, Key::from_part("k"), Quota::per_second(4), 1)
