@@ -389,6 +389,14 @@ async fn a_rules_files_limit_of_bytes_received_paces_the_uploads_of_its_routes()
             quota = "1MiB/s; burst=256KiB"
             direction = "both"
             routes = ["POST /echo"]
+
+            [[limits]]
+            name = "strict"
+            key = "peer_ip"
+            per = "byte"
+            quota = "1MiB/s; burst=256KiB"
+            over_limit = "end"
+            routes = ["POST /strict"]
             "#;
     let rules = tollgate::rules::Rules::builder(MemoryStore::with_clock(Tokio(Instant::now())))
         .text(text)
@@ -409,9 +417,18 @@ async fn a_rules_files_limit_of_bytes_received_paces_the_uploads_of_its_routes()
         bytes.len().to_string()
     };
     let echo = |body: Body| async move { body.collect().await.unwrap().to_bytes() };
+    let handled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let strict = {
+        let handled = handled.clone();
+        move |bytes: Bytes| async move {
+            handled.store(true, std::sync::atomic::Ordering::SeqCst);
+            bytes.len().to_string()
+        }
+    };
     let app = Router::new()
         .route("/upload", post(count))
         .route("/other", post(count))
+        .route("/strict", post(strict))
         .route("/echo", post(echo))
         .layer(rules.layer());
     let addr = serve(app).await;
@@ -433,6 +450,21 @@ async fn a_rules_files_limit_of_bytes_received_paces_the_uploads_of_its_routes()
         within(elapsed, Duration::from_millis(1_750), 0.05),
         "{elapsed:?}"
     );
+    // `over_limit = "end"`: the body ends with an error past the burst, and axum's `Bytes`
+    // extractor answers 400 without calling the handler (the client, still sending, may
+    // see the connection end before it reads the answer).
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let sent = client
+        .request(
+            Request::post(format!("http://{addr}/strict"))
+                .body(Full::new(Bytes::from(vec![1u8; 2 * MIB as usize])))
+                .unwrap(),
+        )
+        .await;
+    if let Ok(response) = sent {
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    }
+    assert!(!handled.load(std::sync::atomic::Ordering::SeqCst));
     // 1 MiB up and the same back, from one bucket: 2 MiB at 1 MiB/s after the burst.
     let (status, body, elapsed) = upload(addr, "/echo", 1).await;
     assert_eq!((status, body.len() as u64), (StatusCode::OK, MIB));
