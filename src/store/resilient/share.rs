@@ -257,22 +257,7 @@ impl<B: Backend> Resilient<B> {
             fraction.f = 1.0;
         }
         let window = p.algorithm.is_window();
-        let mut quota = if window && !p.algorithm.is_fixed() {
-            // A sliding window or log: `1/N` as before (no traffic is followed).
-            Some(p.quota.share(n, true))
-        } else {
-            p.quota.portion(fraction.f, window)
-        };
-        let held = held(p.quota, fraction.f, n, window);
-        // GCRA: the share's burst is what it holds rounded up (at least 2); it starts
-        // spent by the rest, from the outage's start, so that the shares of a burst of B
-        // never hold more than B at first, and each has the rest as room for traffic that
-        // comes a little before its token (a share of 1.99 tokens rounded down to 1
-        // refused half of a key's steady traffic when its rate came out a hair under the
-        // traffic's).
-        if let Some(q) = quota.filter(|q| !window && (q.burst_size() as f64) < held.ceil()) {
-            quota = q.try_burst(held.ceil() as u64).ok();
-        }
+        let (quota, held) = share_of(p.quota, p.algorithm, fraction.f, n);
         let lacking = quota.map_or(0.0, |q| (q.burst_size() as f64 - held).max(0.0));
         // (A window's share starts whole: rounded down, it lacks nothing.)
         let full_at = quota.filter(|_| !window).map(|q| {
@@ -388,6 +373,28 @@ impl<B: Backend> Resilient<B> {
             }
         }
     }
+}
+
+/// The quota of a share of `f` of `quota` under `algorithm` (`n` instances counted), and
+/// the tokens it holds when the outage starts ([`held`]). GCRA: the share's burst is what
+/// it holds rounded up (at least 2); it starts spent by the rest, from the outage's start,
+/// so that the shares of a burst of B never hold more than B at first, and each has the
+/// rest as room for traffic that comes a little before its token (a share of 1.99 tokens
+/// rounded down to 1 refused half of a key's steady traffic when its rate came out a hair
+/// under the traffic's). A fixed window: its limit times `f`, rounded down. A sliding
+/// window or log: `1/N` (no traffic is followed).
+fn share_of(quota: Quota, algorithm: Algorithm, f: f64, n: u64) -> (Option<Quota>, f64) {
+    let window = algorithm.is_window();
+    let mut share = if window && !algorithm.is_fixed() {
+        Some(quota.share(n, true))
+    } else {
+        quota.portion(f, window)
+    };
+    let held = held(quota, f, n, window);
+    if let Some(q) = share.filter(|q| !window && (q.burst_size() as f64) < held.ceil()) {
+        share = q.try_burst(held.ceil() as u64).ok();
+    }
+    (share, held)
 }
 
 /// What a share whose local bucket is full again in `until_full` lacks of the `held`
@@ -583,6 +590,26 @@ mod tests {
         let fractions = [0.9, 0.05, 0.02, 0.01, 0.01, 0.005, 0.003, 0.002];
         let sum: f64 = fractions.iter().map(|&f| held(quota, f, 8, false)).sum();
         assert!(close(sum, 100.0), "{sum}");
+    }
+
+    /// A GCRA share's burst is what it holds rounded up: 0.1 of 10/s with a burst of 40 on
+    /// 8 instances holds 1 + 0.1 × 32 = 4.2 tokens, in a bucket of 5 (4, rounded from
+    /// `f·B`, would leave it no room). A fixed window's share is its limit times `f`
+    /// rounded down, never more: 0.25 of 30 a minute is 7 (it holds 7.5, which a window
+    /// cannot). A sliding window's is `1/N`.
+    #[test]
+    fn a_shares_burst_is_what_it_holds_rounded_up_but_a_windows_rounded_down() {
+        let (share, held) = share_of(Quota::per_second(10).burst(40), Algorithm::Gcra, 0.1, 8);
+        assert!((held - 4.2).abs() < 1e-9, "{held}");
+        assert_eq!(share.map(|q| q.burst_size()), Some(5));
+        let fixed = Algorithm::fixed_window();
+        let (share, held) = share_of(Quota::per_minute(30), fixed, 0.25, 4);
+        assert_eq!(held, 7.5);
+        let share = share.expect("a share");
+        assert_eq!((share.rate(), share.burst_size()), (7, 7));
+        let sliding = Algorithm::SlidingWindow;
+        let (share, _) = share_of(Quota::per_minute(30), sliding, 0.9, 3);
+        assert_eq!(share.map(|q| q.rate()), Some(10));
     }
 
     /// What a scripted backend does with a charge: hang (never answer), fail, or answer.
