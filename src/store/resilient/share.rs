@@ -823,6 +823,62 @@ mod tests {
         }
     }
 
+    /// A backend whose checks answer 100 ms late, refused, and whose other calls (the
+    /// charges) answer at once; it notes each charge and its cost.
+    #[derive(Clone, Default)]
+    struct LateRefusing {
+        charges: Arc<std::sync::Mutex<Vec<(Op, u32)>>>,
+    }
+
+    impl Backend for LateRefusing {
+        type Table = ();
+        type Future = std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<Statuses, crate::store::StoreError>> + Send,
+            >,
+        >;
+        fn table(&self, _: &str) {}
+        fn apply(&self, op: Op, items: &[Item<'_, ()>]) -> Self::Future {
+            let refused: Statuses = items
+                .iter()
+                .map(|_| Status::Checked(refused_for(1_000_000)))
+                .collect();
+            if op == Op::Check {
+                return Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok(refused)
+                });
+            }
+            let cost = items.first().map_or(0, |i| i.cost);
+            self.charges.lock().unwrap().push((op, cost));
+            Box::pin(std::future::ready(Ok(refused)))
+        }
+    }
+
+    /// A check that timed out (10 ms) and that `Share` granted locally, refused by the
+    /// backend's late answer, is charged back as soon as that answer comes, without
+    /// another call to bring it: the token granted beyond the limit's count. `Fallback`
+    /// (each instance its own quota, by design) is never charged.
+    #[tokio::test(start_paused = true)]
+    async fn a_share_grant_the_late_answer_refused_is_charged_back_at_once() {
+        for (policy, charged) in [(FailurePolicy::Share, 1), (FailurePolicy::Fallback, 0)] {
+            let backend = LateRefusing::default();
+            let store = Resilient::new(backend.clone()).timeout(Duration::from_millis(10));
+            let table = store.table("api");
+            let quota = Quota::per_second(1).burst(10);
+            let item = Item::new(&table, Key::from_part("k"), quota, 1).on_failure(policy);
+            let s = match store.apply(Op::Check, &[item]) {
+                Checked::Ready(s) => s[0],
+                Checked::Pending(f) => f.await[0],
+            };
+            assert!(matches!(s, Status::Fallback(o) if o.is_allowed()), "{s:?}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let charges = backend.charges.lock().unwrap().clone();
+            let cost: u32 = charges.iter().map(|&(_, c)| c).sum();
+            assert_eq!(cost, charged, "{policy:?}: {charges:?}");
+        }
+    }
+
     async fn in_flight_check<B: Backend>(store: &Resilient<B>) -> Status {
         let table = store.table("jobs");
         let item = Item::new(&table, Key::from_part("k"), Quota::per_second(4), 1)
