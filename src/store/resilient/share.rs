@@ -879,6 +879,81 @@ mod tests {
         }
     }
 
+    /// A backend answering each check of two items at once: the first allowed, its
+    /// shared bucket a token further on each time (other instances spend it), the second
+    /// refused; then failing, when told to.
+    #[derive(Clone, Default)]
+    struct OtherRefuses {
+        failing: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Backend for OtherRefuses {
+        type Table = ();
+        type Future = std::future::Ready<Result<Statuses, crate::store::StoreError>>;
+        fn table(&self, _: &str) {}
+        fn apply(&self, _: Op, items: &[Item<'_, ()>]) -> Self::Future {
+            if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+                return std::future::ready(Err(crate::store::StoreError::new("down")));
+            }
+            let allowed = Outcome::window(
+                crate::algo::window::Report {
+                    verdict: crate::algo::gcra::Admission::Allowed,
+                    remaining: 0,
+                    // 10/s: the bucket's TAT one emission interval after the send.
+                    reset_after: 100_000_000,
+                    next_after: None,
+                    wait: 0,
+                },
+                1,
+            );
+            let statuses = items
+                .iter()
+                .enumerate()
+                .map(|(i, _)| match i {
+                    0 => Status::Checked(allowed),
+                    _ => Status::Checked(refused_for(1_000_000)),
+                })
+                .collect();
+            std::future::ready(Ok(statuses))
+        }
+    }
+
+    /// A limit's grant in an answer that another limit of the same request refused is
+    /// not this instance's traffic (the request did not pass, and the backend took
+    /// nothing): a key whose bucket others spend while this instance's requests are all
+    /// refused by another limit has a fraction of 0, and its share in an outage is
+    /// nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_another_limit_refused_is_not_this_instances_traffic() {
+        let backend = OtherRefuses::default();
+        let store = Resilient::new(backend.clone());
+        let (api, other) = (store.table("api"), store.table("other"));
+        let quota = Quota::per_second(10);
+        let check = async |items: &[Item<'_, _>]| match store.apply(Op::Check, items) {
+            Checked::Ready(s) => s,
+            Checked::Pending(f) => f.await,
+        };
+        for _ in 0..10 {
+            let items = [
+                Item::new(&api, Key::from_part("k"), quota, 1).on_failure(FailurePolicy::Share),
+                Item::new(&other, Key::from_part("k"), quota, 1),
+            ];
+            let s = check(&items).await;
+            assert!(matches!(s[1], Status::Checked(o) if !o.is_allowed()));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        backend
+            .failing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let item = Item::new(&api, Key::from_part("k"), quota, 1).on_failure(FailurePolicy::Share);
+        let s = check(&[item]).await;
+        assert!(
+            matches!(s[0], Status::Fallback(o) if !o.is_allowed()),
+            "{:?}",
+            s[0]
+        );
+    }
+
     async fn in_flight_check<B: Backend>(store: &Resilient<B>) -> Status {
         let table = store.table("jobs");
         let item = Item::new(&table, Key::from_part("k"), Quota::per_second(4), 1)
