@@ -1113,6 +1113,33 @@ mod tests {
         }
     }
 
+    /// The store's lease counts are those of the tables gone plus those of the live ones,
+    /// each count its own.
+    #[test]
+    fn the_lease_counts_add_the_tables_gone_to_the_live_ones() {
+        let mut live = Decisions {
+            local_allowed: 1,
+            local_refused: 2,
+            remote: 3,
+        };
+        live.add(Decisions {
+            local_allowed: 10,
+            local_refused: 20,
+            remote: 30,
+        });
+        let counters = Counters::default();
+        counters.absorb(Decisions {
+            local_allowed: 100,
+            local_refused: 200,
+            remote: 300,
+        });
+        let s = counters.snapshot(live);
+        assert_eq!(
+            (s.local_allowed, s.local_refused, s.remote),
+            (111, 222, 333)
+        );
+    }
+
     #[test]
     fn a_lease_is_sized_by_the_instances_rate_within_its_cap() {
         let a = ask(Quota::per_second(1_000).burst(1_000), Lease::tokens(100));
