@@ -1113,6 +1113,26 @@ mod tests {
         }
     }
 
+    /// A lease decides an enforcing check of a positive cost, not a reservation, of GCRA
+    /// or a fixed window; nothing else.
+    #[test]
+    fn a_lease_decides_enforced_checks_of_a_cost_without_a_wait_only() {
+        let (gcra, none) = (Algorithm::Gcra, Duration::ZERO);
+        assert!(LeaseTable::applies(Mode::Enforce, 1, none, gcra));
+        assert!(LeaseTable::applies(
+            Mode::Enforce,
+            1,
+            none,
+            Algorithm::fixed_window()
+        ));
+        assert!(!LeaseTable::applies(Mode::Shadow, 1, none, gcra));
+        assert!(!LeaseTable::applies(Mode::Enforce, 0, none, gcra));
+        let wait = Duration::from_millis(1);
+        assert!(!LeaseTable::applies(Mode::Enforce, 1, wait, gcra));
+        let sliding = Algorithm::SlidingWindow;
+        assert!(!LeaseTable::applies(Mode::Enforce, 1, none, sliding));
+    }
+
     /// The store's lease counts are those of the tables gone plus those of the live ones,
     /// each count its own.
     #[test]
@@ -1342,6 +1362,12 @@ mod tests {
             let d = t.decide(&key, costly, now, mode);
             assert!(matches!(d.local, Local::Remote) && d.take.is_none());
         }
+        // Cost 12 = L: a lease can hold it, so it is the lease's, refused here like the rest.
+        let whole = Ask { cost: 12, ..a };
+        assert!(matches!(
+            t.decide(&key, whole, now, Asking::Online).local,
+            Local::Refused(_)
+        ));
         // ...and it does not keep the key: the sweep forgets it after a second.
         let used_at = slot(&t, &key, |s| s.used_at);
         assert_eq!(used_at, 1_001_000_000);
