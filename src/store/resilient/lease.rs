@@ -1133,6 +1133,29 @@ mod tests {
         assert!(!LeaseTable::applies(Mode::Enforce, 1, none, sliding));
     }
 
+    /// A table holds at most `max_keys` keys: past them, a new key (none idle to sweep) is
+    /// decided by the backend, counted so, and given no slot; within them it gets one.
+    #[test]
+    fn past_its_keys_bound_a_table_sends_new_keys_to_the_backend() {
+        let mut t = table();
+        t.max_keys = 2;
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        let now = 1_000_000_000;
+        let held = |t: &LeaseTable, key: &Key| t.shard(key).slots.contains_key(key);
+        for k in ["a", "b"] {
+            let key = Key::from_part(k);
+            t.decide(&key, a, now, Asking::Online);
+            assert!(held(&t, &key), "{k}");
+        }
+        let remote = t.decisions().remote;
+        let c = Key::from_part("c");
+        let d = t.decide(&c, a, now, Asking::Online);
+        assert!(matches!(d.local, Local::Remote) && d.take.is_none());
+        assert!(!held(&t, &c));
+        assert_eq!(t.decisions().remote, remote + 1);
+        assert_eq!(t.keys.load(Ordering::Relaxed), 2);
+    }
+
     /// The store's lease counts are those of the tables gone plus those of the live ones,
     /// each count its own.
     #[test]
@@ -1358,10 +1381,12 @@ mod tests {
         ));
         // Cost 20 > L: no lease could ever bring it, so the backend decides, at once.
         let costly = Ask { cost: 20, ..a };
+        let remote = t.decisions().remote;
         for mode in [Asking::Online, Asking::Waited, Asking::Offline] {
             let d = t.decide(&key, costly, now, mode);
             assert!(matches!(d.local, Local::Remote) && d.take.is_none());
         }
+        assert_eq!(t.decisions().remote, remote + 3, "each counted as remote");
         // Cost 12 = L: a lease can hold it, so it is the lease's, refused here like the rest.
         let whole = Ask { cost: 12, ..a };
         assert!(matches!(
