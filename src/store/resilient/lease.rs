@@ -1427,6 +1427,11 @@ mod tests {
         });
         let d = t.decide(&key, a, now, Asking::Online);
         assert!(matches!(d.local, Local::Remote) && d.take.is_none());
+        // Cost 10 on a key holding nothing: a lease of it holds exactly the cap, so it is
+        // taken, and the request waits for it.
+        let whole = Ask { cost: 10, ..a };
+        let d = t.decide(&Key::from_part("whole"), whole, now, Asking::Online);
+        assert!(matches!(d.local, Local::Wait) && d.take.is_some());
         // Cost 1 is still the lease's: refused here until then, then spent from it.
         let one = Ask { cost: 1, ..a };
         assert!(matches!(
