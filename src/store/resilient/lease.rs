@@ -1425,8 +1425,10 @@ mod tests {
                 batch: 3,
             };
         });
+        let remote = t.decisions().remote;
         let d = t.decide(&key, a, now, Asking::Online);
         assert!(matches!(d.local, Local::Remote) && d.take.is_none());
+        assert_eq!(t.decisions().remote, remote + 1);
         // Cost 10 on a key holding nothing: a lease of it holds exactly the cap, so it is
         // taken, and the request waits for it.
         let whole = Ask { cost: 10, ..a };
