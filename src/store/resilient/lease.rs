@@ -1375,10 +1375,14 @@ mod tests {
         let a = ask(Quota::per_second(100).burst(100), Lease::auto()); // L = 12
         exhausted(&t, &key, a);
         let now = 1_001_000_000;
-        assert!(matches!(
-            t.decide(&key, a, now, Asking::Online).local,
-            Local::Refused(_)
-        ));
+        let until = slot(&t, &key, |s| s.refused_until);
+        match t.decide(&key, a, now, Asking::Online).local {
+            // Refused until the lease's tokens are back: retry then.
+            Local::Refused(o) => {
+                assert_eq!(o.retry_after(), Some(Duration::from_nanos(until - now)));
+            }
+            _ => panic!("refused here near exhaustion"),
+        }
         // Cost 20 > L: no lease could ever bring it, so the backend decides, at once.
         let costly = Ask { cost: 20, ..a };
         let remote = t.decisions().remote;
