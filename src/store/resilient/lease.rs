@@ -1438,6 +1438,19 @@ mod tests {
         let whole = Ask { cost: 10, ..a };
         let d = t.decide(&Key::from_part("whole"), whole, now, Asking::Online);
         assert!(matches!(d.local, Local::Wait) && d.take.is_some());
+        // Cost 8 with exactly 8 held (all due): spent from the lease, though a lease of
+        // the rest could not hold another 8.
+        let eight = Key::from_part("eight");
+        exhausted(&t, &eight, a);
+        slot(&t, &eight, |s| {
+            s.tokens = 8;
+            s.expires = u64::MAX;
+            s.refused_until = 0;
+            s.exhausted = false;
+            s.due = [Due::default(); 2];
+        });
+        let d = t.decide(&eight, a, now, Asking::Online);
+        assert!(matches!(d.local, Local::Taken(_)));
         // Cost 1 is still the lease's: refused here until then, then spent from it.
         let one = Ask { cost: 1, ..a };
         assert!(matches!(
