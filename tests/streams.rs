@@ -59,6 +59,39 @@ fn limiter() -> Limiter {
         .unwrap()
 }
 
+/// A route's limit of bytes `direction`: 1 MiB/s with 256 KiB at once, counted in KiB.
+fn route_bytes(name: &'static str, direction: Direction) -> tollgate::Limit {
+    tollgate::Limit::new(name, Quota::per_second(1024).burst(256))
+        .per(Per::Byte)
+        .unit(1024)
+        .direction(direction)
+}
+
+/// A service over hyper's `Full` request bodies, answering `R`.
+type FullService<R> = tower::util::BoxCloneSyncService<
+    Request<Full<Bytes>>,
+    http::Response<R>,
+    std::convert::Infallible,
+>;
+
+/// A service over hyper's `Full` request bodies (which the layer cannot pace) that
+/// answers `answer()` and counts its calls.
+fn counting<R: Send + 'static>(
+    answer: fn() -> R,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    FullService<R>,
+) {
+    use std::sync::atomic::Ordering;
+    let called = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = called.clone();
+    let service = tower::service_fn(move |_: Request<Full<Bytes>>| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(http::Response::new(answer())))
+    });
+    (called, tower::util::BoxCloneSyncService::new(service))
+}
+
 /// `GET /download?mib=N`: N MiB in 64 KiB chunks, paced per client address by the limit
 /// `download`. `POST /upload`: the request body read through a pacer; answers
 /// the byte count.
@@ -480,28 +513,15 @@ async fn a_rules_files_limit_of_bytes_received_paces_the_uploads_of_its_routes()
 /// unpaced; over axum's body, paced.
 #[tokio::test(start_paused = true)]
 async fn an_upload_route_over_a_request_body_that_cannot_be_paced_is_a_500_not_a_bypass() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use tollgate::{Limit, RateLimitLayer};
+    use std::sync::atomic::Ordering;
+    use tollgate::RateLimitLayer;
     use tower::{Layer, ServiceExt};
     let layer = RateLimitLayer::builder(MemoryStore::with_clock(Tokio(Instant::now())))
-        .route(
-            "POST /upload",
-            Limit::new("upload", Quota::per_second(1024).burst(256))
-                .per(Per::Byte)
-                .unit(1024)
-                .direction(Direction::In),
-        )
+        .route("POST /upload", route_bytes("upload", Direction::In))
         .build()
         .unwrap();
-    let called = Arc::new(AtomicUsize::new(0));
-    let seen = called.clone();
-    let service = layer
-        .clone()
-        .layer(tower::service_fn(move |_: Request<Full<Bytes>>| {
-            seen.fetch_add(1, Ordering::SeqCst);
-            async { Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("x"))) }
-        }));
+    let (called, service) = counting(|| Body::from("x"));
+    let service = layer.clone().layer(service);
     let request = |path: &str| Request::post(path).body(Full::default()).unwrap();
     let r = service.clone().oneshot(request("/upload")).await.unwrap();
     assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
@@ -552,13 +572,7 @@ async fn an_upload_is_paced_after_a_store_that_answers_later() {
         .latency(Duration::from_millis(5))
         .build();
     let layer = RateLimitLayer::builder(sim.store())
-        .route(
-            "POST /upload",
-            Limit::new("upload", Quota::per_second(1024).burst(256))
-                .per(Per::Byte)
-                .unit(1024)
-                .direction(Direction::In),
-        )
+        .route("POST /upload", route_bytes("upload", Direction::In))
         .limit(Limit::new("posts", Quota::per_minute(5)))
         .build()
         .unwrap();
@@ -657,17 +671,13 @@ async fn a_routed_pacer_takes_64_kib_per_store_call_and_skips_keyless_requests()
 /// the same layer paces.
 #[tokio::test(start_paused = true)]
 async fn a_route_paced_over_a_body_that_cannot_be_paced_is_a_500_not_a_bypass() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
     use tollgate::{Limit, RateLimitLayer};
     use tower::{Layer, ServiceExt};
     let layer = RateLimitLayer::builder(MemoryStore::with_clock(Tokio(Instant::now())))
         .route(
             "GET /files/{*path}",
-            Limit::new("download", Quota::per_second(1024).burst(256))
-                .per(Per::Byte)
-                .unit(1024)
-                .direction(Direction::Out),
+            route_bytes("download", Direction::Out),
         )
         .route(
             "GET /files/{*path}",
@@ -676,14 +686,8 @@ async fn a_route_paced_over_a_body_that_cannot_be_paced_is_a_500_not_a_bypass() 
         .build()
         .unwrap();
     let limiter = layer.limiter();
-    let called = Arc::new(AtomicUsize::new(0));
-    let seen = called.clone();
-    let service = layer.layer(tower::service_fn(move |_: Request<Full<Bytes>>| {
-        seen.fetch_add(1, Ordering::SeqCst);
-        async {
-            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("x"))))
-        }
-    }));
+    let (called, service) = counting(|| Full::new(Bytes::from("x")));
+    let service = layer.layer(service);
     let request = |path: &str| Request::get(path).body(Full::default()).unwrap();
     let r = service.clone().oneshot(request("/files/a")).await.unwrap();
     assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
