@@ -1368,6 +1368,39 @@ mod tests {
         assert!(slot(t, key, |s| s.exhausted && s.refused_until > now));
     }
 
+    /// Spending a lease below its low-water mark (a quarter of it) asks for the next one
+    /// before the tokens run out, once: no second call while that one is on its way.
+    #[test]
+    fn spending_a_lease_below_its_low_water_mark_takes_the_next_one_before_it_runs_out() {
+        let t = table();
+        let key = Key::from_part("k");
+        let a = ask(Quota::per_second(1_000).burst(1_000), Lease::tokens(100));
+        let now = 1_000_000_000;
+        let d = t.decide(&key, a, now, Asking::Online);
+        assert!(matches!(d.local, Local::Wait));
+        let take = d.take.expect("a lease call");
+        settle(&t, &key, a, take, now, answer(a.quota, 0, take.tokens, now));
+        let (held, low_water) = slot(&t, &key, |s| (s.tokens, s.low_water));
+        assert!(
+            held > 1 && low_water > 0 && low_water < held,
+            "{held} {low_water}"
+        );
+        let mut next = None;
+        for i in 1..=held {
+            let d = t.decide(&key, a, now, Asking::Online);
+            assert!(
+                matches!(d.local, Local::Taken(_)),
+                "request {i} spends the lease"
+            );
+            if let Some(take) = d.take {
+                assert!(next.is_none(), "request {i}: one call on its way at a time");
+                next = Some((i, take));
+            }
+        }
+        let (i, _) = next.expect("the next lease taken before the tokens ran out");
+        assert_eq!(held - i, low_water - 1, "taken on going below the mark");
+    }
+
     #[test]
     fn a_request_the_lease_cannot_hold_goes_to_the_backend_even_near_exhaustion() {
         let t = table();
