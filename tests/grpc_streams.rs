@@ -1,7 +1,8 @@
 //! Messages of gRPC streams charged to limits (issue 42): a bidirectional echo method
 //! behind `tollgate::grpc::StreamLimitLayer`, called by tonic's client over TCP (HTTP/2)
 //! on tokio's paused clock (the store reads it too): the counts are exact and ten-second
-//! floods take no real time.
+//! floods take no real time. And a route's limit of bytes received pacing a streaming
+//! call's request body through `RateLimitLayer`.
 #![cfg(feature = "grpc")]
 
 use std::convert::Infallible;
@@ -508,4 +509,87 @@ async fn a_stock_grpc_client_compressing_is_charged_the_compressed_bytes() {
     );
     assert_eq!(gzipped["intact"], true, "{gzipped}");
     assert_eq!(chat.seen.lock().unwrap().len() as u64, echoes);
+}
+
+/// A route's limit of bytes received (`direction = "in"`) on a gRPC method paces the
+/// call's request body through `RateLimitLayer` over tonic's server: a client streaming
+/// 64 KiB messages as fast as its sleeps let it (6.4 MiB/s) is read at 1 MiB/s after 256
+/// KiB at once, so the app gets at most (256 KiB + 1 MiB/s · d) / 64 KiB messages (+1) by
+/// `d`, and no fewer than two less (each message's 5-byte prefix, and the client's first
+/// sleep), one every 62.5 ms once the burst is spent; another method is not paced.
+#[tokio::test(start_paused = true)]
+async fn a_routes_limit_of_bytes_received_paces_a_tonic_client_stream() {
+    use tollgate::grpc::{Grpc, GrpcOnRejection};
+    use tollgate::pace::Direction;
+    use tollgate::{Limit, RateLimitLayer};
+    const KIB: usize = 1024;
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(Tokio(Instant::now())))
+        .route(
+            "POST /chat.Chat/Talk",
+            Limit::new("upload", Quota::per_second(1024).burst(256))
+                .per(Per::Byte)
+                .unit(1024)
+                .direction(Direction::In),
+        )
+        .grpc(Grpc::new())
+        .on_rejection(GrpcOnRejection)
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let chat = Chat::default();
+    let service = chat.clone();
+    tokio::spawn(async move {
+        Server::builder()
+            .layer(layer)
+            .add_service(service)
+            .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true)))
+            .await
+            .unwrap();
+    });
+    let message = |_| Bytes::from(vec![7u8; 64 * KIB]);
+    let start = Instant::now();
+    let (_, status) = flood_with(
+        addr,
+        "/chat.Chat/Talk",
+        Duration::from_secs(2),
+        message,
+        false,
+    )
+    .await;
+    assert!(status.is_none(), "{status:?}");
+    let seen = chat.seen.lock().unwrap().clone();
+    for secs in [0.5, 1.0, 2.0] {
+        let got = within(&seen, start, secs);
+        let bound = (256 + (1024.0 * secs) as usize) / 64;
+        assert!(got <= bound + 1, "{got} messages within {secs} s");
+        assert!(
+            got + 2 >= bound,
+            "paced, not stalled: {got} within {secs} s"
+        );
+    }
+    let (first, last) = (seen[4], seen[seen.len() - 1]);
+    let gap = (last - first).as_secs_f64() / (seen.len() - 5) as f64;
+    assert!(
+        (gap - 0.0625).abs() < 0.0625 * 0.02,
+        "one message every {gap} s"
+    );
+    // The other method is read as fast as the client sends: about 100 messages a second.
+    let start = Instant::now();
+    let (echoes, status) = flood_with(
+        addr,
+        "/chat.Chat/Other",
+        Duration::from_secs(1),
+        message,
+        false,
+    )
+    .await;
+    assert!(status.is_none(), "{status:?}");
+    assert!(
+        within(
+            &echoes.iter().map(|(at, _)| *at).collect::<Vec<_>>(),
+            start,
+            1.0
+        ) >= 90
+    );
 }
