@@ -111,7 +111,11 @@ pub enum FailurePolicy {
     /// of a burst of `B` never add up to more than `B`; a window's share is `f·limit` per
     /// window rounded down, and its shares never add up to more than its limit (a window
     /// share under one unit refuses). A key seen spent starts its share as spent (a fixed window: until it
-    /// ends). The share is frozen when the store stops answering.
+    /// ends). A sliding window's or log's share is `1/N` of its limit whatever the
+    /// traffic (their answers do not say how far the key moved: a log's units leave in
+    /// lumps), so a key that stays on one of 4 instances keeps a quarter of such a limit
+    /// through an outage; GCRA and fixed windows follow the traffic. The share is frozen
+    /// when the store stops answering.
     ///
     /// The bound: over an outage of length `o`, the instances grant a key at most
     /// `F·(burst + rate·o)` beyond their leases, where `F` is the sum of their fractions:
