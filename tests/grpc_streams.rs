@@ -138,6 +138,28 @@ async fn serve(over: OverLimit) -> (SocketAddr, Chat) {
     .await
 }
 
+/// `Chat` behind `$layer` (any layer tonic's server takes) on a free port: its address
+/// and the `Chat` (a macro: the layers' types differ, and the bounds tonic's server puts
+/// on a layer are long).
+macro_rules! serve_chat {
+    ($layer:expr) => {{
+        let layer = $layer;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let chat = Chat::default();
+        let service = chat.clone();
+        tokio::spawn(async move {
+            Server::builder()
+                .layer(layer)
+                .add_service(service)
+                .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true)))
+                .await
+                .unwrap();
+        });
+        (addr, chat)
+    }};
+}
+
 /// `spec` (named `chat-messages`) per client address, on `chat.Chat/Talk` only.
 async fn serve_limit(spec: LimitSpec) -> (SocketAddr, Chat) {
     let limiter = Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
@@ -148,19 +170,7 @@ async fn serve_limit(spec: LimitSpec) -> (SocketAddr, Chat) {
         let peer = parts.extensions.get::<TcpConnectInfo>()?.remote_addr()?;
         Some(PeerIp::new().key(peer.ip()))
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let chat = Chat::default();
-    let service = chat.clone();
-    tokio::spawn(async move {
-        Server::builder()
-            .layer(layer)
-            .add_service(service)
-            .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true)))
-            .await
-            .unwrap();
-    });
-    (addr, chat)
+    serve_chat!(layer)
 }
 
 /// Calls `method` with 100 messages a second for `d`: the echoes' instants, and the
@@ -535,18 +545,7 @@ async fn a_routes_limit_of_bytes_received_paces_a_tonic_client_stream() {
         .on_rejection(GrpcOnRejection)
         .build()
         .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let chat = Chat::default();
-    let service = chat.clone();
-    tokio::spawn(async move {
-        Server::builder()
-            .layer(layer)
-            .add_service(service)
-            .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true)))
-            .await
-            .unwrap();
-    });
+    let (addr, chat) = serve_chat!(layer);
     let message = |_| Bytes::from(vec![7u8; 64 * KIB]);
     let start = Instant::now();
     let (_, status) = flood_with(
