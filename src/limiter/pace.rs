@@ -735,6 +735,17 @@ mod tests {
             .over_limit(OverLimit::End)
             .batch(1_000);
         assert_eq!(pacer.batch, 100);
+        // A charge beyond the credit pays for the rest only: 7 of a batch of 10 left, a
+        // charge of 12 owes 5, and a new batch of 10 leaves 5.
+        let mut pacer = limiter
+            .pacer("l", "m")
+            .unwrap()
+            .over_limit(OverLimit::End)
+            .batch(10);
+        pacer.charge(3).await.unwrap();
+        assert_eq!((pacer.credit(), left(&limiter, "m").await), (7, 90));
+        pacer.charge(12).await.unwrap();
+        assert_eq!((pacer.credit(), left(&limiter, "m").await), (5, 80));
     }
 
     #[tokio::test(start_paused = true)]
