@@ -657,7 +657,8 @@ mod schema {
         assert_eq!(errors, expected);
     }
 
-    /// Issue 42: the units of streams, passed and refused, per limit and what it counts.
+    /// Issue 42: the units of streams, passed and refused, per limit and what it counts
+    /// (bytes, messages, or requests charged from a stream).
     #[tokio::test]
     async fn stream_units_are_counted_passed_and_refused() {
         use tollgate::pace::{OverLimit, Per};
@@ -671,14 +672,37 @@ mod schema {
                     .per(Per::Byte)
                     .over_limit(OverLimit::End),
             )
+            .limit(
+                LimitSpec::new("messages", Quota::per_second(10).burst(5))
+                    .per(Per::Message)
+                    .over_limit(OverLimit::End),
+            )
+            .limit(LimitSpec::new("requests", Quota::per_second(10)))
             .build()
             .unwrap();
-        let mut pacer =
-            ::metrics::with_local_recorder(&recorder, || limiter.pacer("bytes", "k").unwrap());
+        let (mut pacer, mut messages, mut requests) =
+            ::metrics::with_local_recorder(&recorder, || {
+                (
+                    limiter.pacer("bytes", "k").unwrap(),
+                    limiter.pacer("messages", "k").unwrap(),
+                    limiter.pacer("requests", "k").unwrap(),
+                )
+            });
         pacer.charge(60).await.unwrap();
         pacer.charge(40).await.unwrap();
         assert!(pacer.charge(30).await.is_err());
+        messages.charge(2).await.unwrap();
+        requests.charge(1).await.unwrap();
         let s = series(&snapshotter);
+        // Each limit labelled with what it counts.
+        assert_eq!(
+            s["tollgate_stream_units_total{limit=messages,per=message,result=passed}"],
+            2.0
+        );
+        assert_eq!(
+            s["tollgate_stream_units_total{limit=requests,per=request,result=passed}"],
+            1.0
+        );
         assert_eq!(
             s["tollgate_stream_units_total{limit=bytes,per=byte,result=passed}"],
             100.0
