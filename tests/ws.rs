@@ -52,6 +52,8 @@ struct App {
     seen: Arc<Mutex<Vec<Instant>>>,
     /// What the socket's stream ended with.
     ended: Arc<Mutex<Option<String>>>,
+    /// The socket as `Debug` shows it, at the upgrade.
+    shown: Arc<Mutex<Option<String>>>,
 }
 
 async fn upgrade(
@@ -69,6 +71,7 @@ async fn upgrade(
         if let Some(reason) = app.reason {
             socket = socket.reason(reason);
         }
+        *app.shown.lock().unwrap() = Some(format!("{socket:?}"));
         match app.role {
             Role::Count => {
                 while let Some(message) = socket.next().await {
@@ -116,6 +119,7 @@ async fn serve(
         reason,
         seen: Arc::default(),
         ended: Arc::default(),
+        shown: Arc::default(),
     };
     let router = Router::new()
         .route("/ws", get(upgrade))
@@ -229,6 +233,16 @@ async fn a_flood_over_the_limit_is_closed_with_1008_and_the_reason() {
         .clone()
         .expect("the stream told the app");
     assert!(ended.contains("Refused"), "{ended}");
+    // `Debug` shows the socket's pacers and how it closes, not its messages.
+    let shown = app.shown.lock().unwrap().clone().expect("shown");
+    assert!(
+        shown.starts_with("Limited { incoming: Some(Pacer"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("close: PolicyViolation, closing: false"),
+        "{shown}"
+    );
 }
 
 /// 1013 (try again later) with a reason of the app's, over the limit of bytes: a
