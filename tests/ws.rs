@@ -54,6 +54,8 @@ struct App {
     ended: Arc<Mutex<Option<String>>>,
     /// The socket as `Debug` shows it, at the upgrade.
     shown: Arc<Mutex<Option<String>>>,
+    /// A second limit the socket is charged to (`Limited::and`).
+    and: Option<&'static str>,
 }
 
 async fn upgrade(
@@ -68,6 +70,10 @@ async fn upgrade(
         .unwrap();
     upgrade.on_upgrade(move |socket| async move {
         let mut socket = Limited::new(socket, pacer).close_with(app.close);
+        if let Some(limit) = app.and {
+            let key = PeerIp::new().key(peer.ip());
+            socket = socket.and(app.limiter.pacer(limit, key).unwrap());
+        }
         if let Some(reason) = app.reason {
             socket = socket.reason(reason);
         }
@@ -108,10 +114,23 @@ async fn serve(
     close: Close,
     reason: Option<&'static str>,
 ) -> (SocketAddr, App) {
-    let limiter = Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())))
-        .limit(spec)
-        .build()
-        .unwrap();
+    serve_limits(vec![spec], None, role, close, reason).await
+}
+
+/// [`serve`] with `specs` (the first, `ws`, the socket's), the socket charged to the
+/// limit `and` too.
+async fn serve_limits(
+    specs: Vec<LimitSpec>,
+    and: Option<&'static str>,
+    role: Role,
+    close: Close,
+    reason: Option<&'static str>,
+) -> (SocketAddr, App) {
+    let mut limiter = Limiter::builder(MemoryStore::with_clock(Tokio(Instant::now())));
+    for spec in specs {
+        limiter = limiter.limit(spec);
+    }
+    let limiter = limiter.build().unwrap();
     let app = App {
         limiter,
         role,
@@ -120,6 +139,7 @@ async fn serve(
         seen: Arc::default(),
         ended: Arc::default(),
         shown: Arc::default(),
+        and,
     };
     let router = Router::new()
         .route("/ws", get(upgrade))
@@ -265,6 +285,46 @@ async fn a_limit_of_bytes_closes_with_1013_and_the_apps_reason() {
     let d = (*seen.last().unwrap() - start).as_secs_f64();
     assert!(bytes as f64 <= 25.0 + 100.0 * d, "{bytes} bytes in {d} s");
     assert!(bytes >= 24, "the burst passed: {bytes}");
+}
+
+/// A second limit given with `Limited::and` is charged too, in its direction: a limit of
+/// 5 bytes received at once (or of both directions) closes a flood after 5 one-byte
+/// messages, naming that limit, where the socket's own limit of messages would allow 10.
+#[tokio::test(start_paused = true)]
+async fn a_limit_added_with_and_is_charged_in_its_direction() {
+    for direction in [Direction::In, Direction::Both] {
+        let bytes = LimitSpec::new("ws-bytes", Quota::per_second(1).burst(5))
+            .per(Per::Byte)
+            .direction(direction)
+            .over_limit(OverLimit::End);
+        let (addr, app) = serve_limits(
+            vec![messages(OverLimit::End), bytes],
+            Some("ws-bytes"),
+            Role::Count,
+            Close::PolicyViolation,
+            None,
+        )
+        .await;
+        let frame = flood(addr, Duration::from_secs(1))
+            .await
+            .expect("a close frame");
+        assert!(
+            frame
+                .reason
+                .as_str()
+                .starts_with("rate limit \"ws-bytes\" exceeded"),
+            "{direction:?}: {}",
+            frame.reason
+        );
+        assert_eq!(app.seen.lock().unwrap().len(), 5, "{direction:?}");
+        let shown = app.shown.lock().unwrap().clone().expect("shown");
+        // Both ways: the sibling pacer charges what the socket sends to the same limit.
+        let out = match direction {
+            Direction::Both => "outgoing: Some(Pacer { limit: \"ws-bytes\"",
+            _ => "outgoing: None",
+        };
+        assert!(shown.contains(out), "{direction:?}: {shown}");
+    }
 }
 
 /// `wait`: backpressure instead of a close. The app gets the messages at the limit's pace:
