@@ -40,6 +40,8 @@ enum Role {
     Count,
     /// Sends this many text messages as fast as the socket takes them.
     Flood(usize),
+    /// Feeds this many text messages (no flush between them), then closes the socket.
+    Feed(usize),
 }
 
 #[derive(Clone)]
@@ -91,6 +93,16 @@ async fn upgrade(
                         }
                     }
                 }
+            }
+            Role::Feed(n) => {
+                for i in 0..n {
+                    socket
+                        .feed(Message::Text(i.to_string().into()))
+                        .await
+                        .unwrap();
+                    app.seen.lock().unwrap().push(Instant::now());
+                }
+                socket.close().await.unwrap();
             }
             Role::Flood(n) => {
                 for i in 0..n {
@@ -325,6 +337,37 @@ async fn a_limit_added_with_and_is_charged_in_its_direction() {
         };
         assert!(shown.contains(out), "{direction:?}: {shown}");
     }
+}
+
+/// Messages fed without a flush between them are each sent, in order, once their units
+/// are paid for (the next waits for the one held), and closing sends the one still held
+/// before the close frame: 15 messages at 20/s with 10 at once arrive whole, the last
+/// ~0.25 s in, then the close.
+#[tokio::test(start_paused = true)]
+async fn fed_messages_are_each_sent_and_closing_sends_the_held_one_first() {
+    let out = messages(OverLimit::wait(Duration::from_secs(5))).direction(Direction::Out);
+    let (addr, _app) = serve(out, Role::Feed(15), Close::PolicyViolation, None).await;
+    let start = Instant::now();
+    let (ws, _) =
+        tokio_tungstenite::connect_async_with_config(format!("ws://{addr}/ws"), None, true)
+            .await
+            .unwrap();
+    let (_tx, mut rx) = ws.split();
+    let (mut texts, mut closed) = (Vec::new(), false);
+    let until = start + Duration::from_secs(3);
+    while let Ok(Some(Ok(message))) = tokio::time::timeout_at(until, rx.next()).await {
+        match message {
+            tungstenite::Message::Text(t) => texts.push((t.to_string(), Instant::now())),
+            tungstenite::Message::Close(_) => closed = true,
+            _ => {}
+        }
+    }
+    let sent: Vec<String> = texts.iter().map(|(t, _)| t.clone()).collect();
+    let expected: Vec<String> = (0..15).map(|i: u32| i.to_string()).collect();
+    assert_eq!(sent, expected, "every message, in order");
+    assert!(closed, "the close frame came after them");
+    let last = (texts[14].1 - start).as_secs_f64();
+    assert!((0.2..0.35).contains(&last), "paced: the last at {last} s");
 }
 
 /// `wait`: backpressure instead of a close. The app gets the messages at the limit's pace:
