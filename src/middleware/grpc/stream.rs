@@ -502,4 +502,21 @@ mod tests {
         assert_eq!(details.error_info().unwrap().reason, RATE_LIMIT_EXCEEDED);
         assert!(details.retry_info().unwrap().retry_delay.is_some());
     }
+
+    /// `Debug` shows the inner body, the pacer, how many bytes are held and the scan.
+    #[tokio::test]
+    async fn debug_shows_the_body_the_pacer_and_what_is_held() {
+        use crate::algo::quota::Quota;
+        use crate::model::spec::LimitSpec;
+        let limiter = crate::limiter::Limiter::builder(crate::store::MemoryStore::new())
+            .limit(LimitSpec::new("m", Quota::per_second(10)).per(Per::Message))
+            .build()
+            .unwrap();
+        let inner = http_body_util::Empty::<Bytes>::new();
+        let body = PacedMessages::request(inner, limiter.pacer("m", "k").unwrap());
+        let shown = format!("{body:?}");
+        assert!(shown.starts_with("PacedMessages { inner: Empty"), "{shown}");
+        assert!(shown.contains("pacer: Pacer { limit: \"m\""), "{shown}");
+        assert!(shown.contains("held: 0, scan: Prefix"), "{shown}");
+    }
 }
