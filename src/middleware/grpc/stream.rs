@@ -503,6 +503,31 @@ mod tests {
         assert!(details.retry_info().unwrap().retry_delay.is_some());
     }
 
+    /// A paced body has ended when its inner body has and it holds nothing: an empty one
+    /// at once, one with a message once that message is read.
+    #[tokio::test]
+    async fn a_paced_body_ends_with_its_inner_body_once_it_holds_nothing() {
+        use crate::algo::quota::Quota;
+        use crate::model::spec::LimitSpec;
+        use http_body_util::BodyExt;
+        let limiter = crate::limiter::Limiter::builder(crate::store::MemoryStore::new())
+            .limit(LimitSpec::new("m", Quota::per_second(10)).per(Per::Message))
+            .build()
+            .unwrap();
+        let pacer = || limiter.pacer("m", "k").unwrap();
+        let empty = PacedMessages::request(http_body_util::Empty::<Bytes>::new(), pacer());
+        assert!(empty.is_end_stream());
+        let one = http_body_util::Full::new(Bytes::from(framed(&[b"hi"])));
+        let mut body = PacedMessages::request(one, pacer());
+        assert!(!body.is_end_stream());
+        let mut read = 0;
+        while let Some(frame) = body.frame().await {
+            read += frame.unwrap().into_data().unwrap().len();
+        }
+        assert_eq!(read, 7);
+        assert!(body.is_end_stream());
+    }
+
     /// `Debug` shows the inner body, the pacer, how many bytes are held and the scan.
     #[tokio::test]
     async fn debug_shows_the_body_the_pacer_and_what_is_held() {
