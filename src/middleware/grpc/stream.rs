@@ -504,7 +504,8 @@ mod tests {
     }
 
     /// A paced body has ended when its inner body has and it holds nothing: an empty one
-    /// at once, one with a message once that message is read.
+    /// at once, one with a message once that message is read; its size is the inner
+    /// body's.
     #[tokio::test]
     async fn a_paced_body_ends_with_its_inner_body_once_it_holds_nothing() {
         use crate::algo::quota::Quota;
@@ -520,12 +521,108 @@ mod tests {
         let one = http_body_util::Full::new(Bytes::from(framed(&[b"hi"])));
         let mut body = PacedMessages::request(one, pacer());
         assert!(!body.is_end_stream());
+        assert_eq!(
+            body.size_hint().exact(),
+            Some(7),
+            "the inner body's, nothing held"
+        );
         let mut read = 0;
         while let Some(frame) = body.frame().await {
             read += frame.unwrap().into_data().unwrap().len();
         }
         assert_eq!(read, 7);
         assert!(body.is_end_stream());
+    }
+
+    /// A limiter with `limit`: 10 messages a second, 1 at once, over the limit `End`, in
+    /// `direction`.
+    fn one_at_once(direction: crate::model::stream::Direction) -> Limiter {
+        use crate::algo::quota::Quota;
+        use crate::model::spec::LimitSpec;
+        use crate::model::stream::OverLimit;
+        Limiter::builder(crate::store::MemoryStore::new())
+            .limit(
+                LimitSpec::new("m", Quota::per_second(10).burst(1))
+                    .per(Per::Message)
+                    .direction(direction)
+                    .over_limit(OverLimit::End),
+            )
+            .build()
+            .unwrap()
+    }
+
+    /// A service not ready yet: the layer's service is not ready either.
+    #[test]
+    fn a_stream_limit_is_ready_when_its_service_is() {
+        struct NotReady;
+        impl Service<Request<tonic::body::Body>> for NotReady {
+            type Response = Response<tonic::body::Body>;
+            type Error = std::convert::Infallible;
+            type Future = std::future::Pending<Result<Self::Response, Self::Error>>;
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+                Poll::Pending
+            }
+            fn call(&mut self, _: Request<tonic::body::Body>) -> Self::Future {
+                std::future::pending()
+            }
+        }
+        let layer = StreamLimitLayer::new(
+            one_at_once(crate::model::stream::Direction::In),
+            "m",
+            ["/chat.Chat/Talk"],
+            |_| Some(Key::global()),
+        );
+        let shown = format!("{layer:?}");
+        assert!(
+            shown.starts_with("StreamLimitLayer { limit: \"m\", methods: [\"/chat.Chat/Talk\"]"),
+            "{shown}"
+        );
+        let mut service = layer.layer(NotReady);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(service.poll_ready(&mut cx).is_pending());
+    }
+
+    /// A limit of both directions charges the call's request messages (and, from a sibling
+    /// pacer of the same bucket, its response's): with one message at once, the second the
+    /// client sends is refused where the handler reads it.
+    #[tokio::test]
+    async fn a_limit_of_both_directions_charges_the_request_messages_too() {
+        use http_body_util::BodyExt;
+        let layer = StreamLimitLayer::new(
+            one_at_once(crate::model::stream::Direction::Both),
+            "m",
+            ["/chat.Chat/Talk"],
+            |_| Some(Key::global()),
+        );
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let read = seen.clone();
+        let handler = tower::service_fn(move |req: Request<tonic::body::Body>| {
+            let read = read.clone();
+            async move {
+                let mut body = req.into_body();
+                while let Some(frame) = body.frame().await {
+                    let n = match frame {
+                        Ok(frame) => frame.into_data().map_or(0, |d| d.len()),
+                        Err(status) if status.code() == Code::ResourceExhausted => 1_000,
+                        Err(_) => 2_000,
+                    };
+                    read.lock().unwrap().push(n);
+                }
+                let empty = http_body_util::Empty::<Bytes>::new();
+                Ok::<_, std::convert::Infallible>(Response::new(tonic::body::Body::new(empty)))
+            }
+        });
+        let mut service = layer.layer(handler);
+        let two = framed(&[b"a", b"b"]);
+        let request = Request::post("/chat.Chat/Talk")
+            .body(tonic::body::Body::new(http_body_util::Full::new(
+                Bytes::from(two),
+            )))
+            .unwrap();
+        service.call(request).await.unwrap();
+        // The first message's prefix, then its byte with the second's prefix, then the
+        // refusal of the second (1,000: RESOURCE_EXHAUSTED).
+        assert_eq!(*seen.lock().unwrap(), [5, 6, 1_000]);
     }
 
     /// `Debug` shows the inner body, the pacer, how many bytes are held and the scan.
