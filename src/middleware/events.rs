@@ -231,4 +231,33 @@ mod tests {
             assert!(shown.contains(part), "{part} not in {shown}");
         }
     }
+
+    /// A paced events body has ended when its inner body has and it holds nothing (an
+    /// empty one at once, one with an event once it is read); its size is the inner
+    /// body's, then what it holds.
+    #[tokio::test]
+    async fn an_events_body_ends_with_its_inner_body_once_it_holds_nothing() {
+        use http_body_util::BodyExt;
+        let limiter = crate::Limiter::builder(crate::store::MemoryStore::new())
+            .limit(crate::LimitSpec::new(
+                "events",
+                crate::Quota::per_second(10),
+            ))
+            .build()
+            .unwrap();
+        let pacer = || limiter.pacer("events", "k").unwrap();
+        let empty = PacedEvents::new(http_body_util::Empty::<Bytes>::new(), pacer());
+        assert!(empty.is_end_stream());
+        let text = Bytes::from_static(b"data: a\n\n");
+        let mut body = PacedEvents::new(http_body_util::Full::new(text), pacer());
+        assert!(!body.is_end_stream());
+        assert_eq!(body.size_hint().exact(), Some(9));
+        let mut read = 0;
+        while let Some(frame) = body.frame().await {
+            read += frame.unwrap().into_data().unwrap().len();
+        }
+        assert_eq!(read, 9);
+        assert!(body.is_end_stream());
+        assert_eq!(body.size_hint().exact(), Some(0));
+    }
 }
