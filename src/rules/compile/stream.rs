@@ -289,6 +289,10 @@ mod tests {
                 .contains("unknown unit `parsec`")
         );
         assert!(size("99999999999999GiB", "f").is_err(), "overflow");
+        // A fraction past u64::MAX bytes, or exactly 2^64, is refused, not saturated.
+        assert!(size("20000000000.5GB", "f").is_err());
+        assert!(size("18446744073709551616.0", "f").is_err());
+        assert_eq!(size("1.5GiB", "f").unwrap(), 3 << 29);
     }
 
     #[test]
@@ -304,6 +308,20 @@ mod tests {
         assert_eq!(unit, 1024);
         // Rounded down: never more than written.
         assert_eq!((q.rate(), q.burst_size()), (976_562, 9_765));
+        // A million bytes a second: a byte is exactly a microsecond, so the unit is 1;
+        // one more byte a second, 2.
+        assert_eq!(byte_quota("1MB/s", "quota").unwrap().1, 1);
+        assert_eq!(byte_quota("1000001/s", "quota").unwrap().1, 2);
+        // A burst of exactly one token is enough.
+        let (q, unit) = byte_quota("2000000/s; burst=2", "quota").unwrap();
+        assert_eq!((unit, q.burst_size()), (2, 1));
+        // The largest unit, 2^30 bytes (a GiB a microsecond), is taken; beyond, refused.
+        assert_eq!(byte_quota("1000000GB/s", "quota").unwrap().1, 1 << 30);
+        let e = byte_quota("2000000GB/s", "quota").unwrap_err();
+        assert!(
+            e.reason().contains("more than a GiB per microsecond"),
+            "{e}"
+        );
     }
 
     #[test]
