@@ -5,6 +5,8 @@
 //! call's request body through `RateLimitLayer`.
 #![cfg(feature = "grpc")]
 
+mod support;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -180,18 +182,21 @@ async fn flood(
     method: &'static str,
     d: Duration,
 ) -> (Vec<Instant>, Option<Status>) {
-    let (echoes, status) = flood_with(addr, method, d, |i| Bytes::from(i.to_string()), false).await;
+    let (echoes, status) =
+        flood_with(addr, method, d, |i| Bytes::from(i.to_string()), false, None).await;
     (echoes.into_iter().map(|(at, _)| at).collect(), status)
 }
 
 /// [`flood`] with the messages `message(i)`, gzip-compressed by the client when
-/// `gzip`: the echoes (instant and message) and the status.
+/// `gzip`, as `user` (its `x-user` metadata) if any: the echoes (instant and message) and
+/// the status.
 async fn flood_with(
     addr: SocketAddr,
     method: &'static str,
     d: Duration,
     message: fn(u64) -> Bytes,
     gzip: bool,
+    user: Option<&'static str>,
 ) -> (Vec<(Instant, Bytes)>, Option<Status>) {
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
@@ -212,12 +217,14 @@ async fn flood_with(
         tokio::time::sleep(Duration::from_millis(10)).await;
         Some((message(i), i + 1))
     });
+    let mut request = tonic::Request::new(outbound);
+    if let Some(user) = user {
+        request
+            .metadata_mut()
+            .insert("x-user", user.parse().unwrap());
+    }
     let response = client
-        .streaming(
-            tonic::Request::new(outbound),
-            PathAndQuery::from_static(method),
-            Raw,
-        )
+        .streaming(request, PathAndQuery::from_static(method), Raw)
         .await;
     let mut inbound = match response {
         Ok(response) => response.into_inner(),
@@ -331,6 +338,7 @@ async fn flood_compressible(
         Duration::from_secs(10),
         compressible,
         gzip,
+        None,
     )
     .await
 }
@@ -554,6 +562,7 @@ async fn a_routes_limit_of_bytes_received_paces_a_tonic_client_stream() {
         Duration::from_secs(2),
         message,
         false,
+        None,
     )
     .await;
     assert!(status.is_none(), "{status:?}");
@@ -581,6 +590,7 @@ async fn a_routes_limit_of_bytes_received_paces_a_tonic_client_stream() {
         Duration::from_secs(1),
         message,
         false,
+        None,
     )
     .await;
     assert!(status.is_none(), "{status:?}");
@@ -590,5 +600,35 @@ async fn a_routes_limit_of_bytes_received_paces_a_tonic_client_stream() {
             start,
             1.0
         ) >= 90
+    );
+}
+
+/// The `grpc_chat` example, run as its users run it (its binary, tonic's client, the real
+/// clock): a call as `alice` flooding 100 messages a second ends with
+/// `RESOURCE_EXHAUSTED` and its pushback, after at most the burst of 5 plus 10 a second of
+/// echoes.
+#[tokio::test]
+async fn the_grpc_chat_example_ends_a_flood_with_resource_exhausted() {
+    let example = support::example::start("grpc_chat", "grpc", &[]);
+    let start = Instant::now();
+    let message = |i: u64| Bytes::from(i.to_string());
+    let (echoes, status) = flood_with(
+        example.addr,
+        "/chat.Chat/Talk",
+        Duration::from_secs(5),
+        message,
+        false,
+        Some("alice"),
+    )
+    .await;
+    let d = start.elapsed().as_secs_f64();
+    let status = status.expect("the call ended");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.metadata().get("grpc-retry-pushback-ms").is_some());
+    assert!(echoes.len() >= 5, "the burst: {}", echoes.len());
+    assert!(
+        echoes.len() as f64 <= 5.0 + 10.0 * d + 1.0,
+        "{} echoes in {d} s",
+        echoes.len()
     );
 }

@@ -22,6 +22,8 @@ use tollgate::pace::{Direction, OverLimit, PacedBody, Per};
 use tollgate::store::MemoryStore;
 use tollgate::{LimitSpec, Limiter, Quota};
 
+mod support;
+
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 /// The chunks the handlers stream.
@@ -846,4 +848,25 @@ async fn server_sent_events_are_paced_per_client() {
     }
     // 5 at once, then 35 at 10 a second.
     assert_eq!(*at.last().unwrap(), Duration::from_millis(3_500));
+}
+
+/// The `paced_download` example, run as its users run it (its binary, a real HTTP client,
+/// the real clock): 3 MiB at 1 MiB/s, the first MiB free and 256 KiB at once, so no
+/// sooner than 1.75 s; a second download from the same address shares the rate.
+#[tokio::test]
+async fn the_paced_download_example_paces_each_address() {
+    let example = support::example::start("paced_download", "axum", &[]);
+    let (bytes, took) = download(example.addr, "/file?mib=3").await;
+    assert_eq!(bytes, 3 * MIB);
+    assert!(took >= Duration::from_millis(1_700), "{took:?}");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    // Two at once from one address: each its first MiB free, 256 KiB at once (refilled
+    // meanwhile), the other 3.75 MiB at 1 MiB/s between them.
+    let (a, b) = tokio::join!(
+        download(example.addr, "/file?mib=3"),
+        download(example.addr, "/file?mib=3")
+    );
+    assert_eq!((a.0, b.0), (3 * MIB, 3 * MIB));
+    let both = a.1.max(b.1);
+    assert!(both >= Duration::from_millis(3_700), "{both:?}");
 }

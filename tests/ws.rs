@@ -23,6 +23,8 @@ use tollgate::store::MemoryStore;
 use tollgate::ws::{Close, Limited};
 use tollgate::{LimitSpec, Limiter, Quota};
 
+mod support;
+
 /// Tokio's clock, paused in these tests.
 #[derive(Clone)]
 struct Tokio(Instant);
@@ -431,4 +433,51 @@ async fn sent_messages_are_paced_out() {
         );
     }
     assert!(app.seen.lock().unwrap().len() <= 10 + 20 * 3 + 1);
+}
+
+/// The `ws_echo` example, run as its users run it (its binary, a real WebSocket client,
+/// the real clock): a client flooding 100 messages gets back at most the burst of 10 plus
+/// 20 a second of echoes, then a close with 1008 and the reason.
+#[tokio::test]
+async fn the_ws_echo_example_closes_a_flood_with_1008() {
+    let example = support::example::start("ws_echo", "ws", &[]);
+    let start = std::time::Instant::now();
+    let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/ws", example.addr))
+        .await
+        .unwrap();
+    let (mut tx, mut rx) = ws.split();
+    for i in 0..100 {
+        if tx
+            .send(tungstenite::Message::text(i.to_string()))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    let (mut echoes, mut close) = (0, None);
+    let read = async {
+        while let Some(Ok(message)) = rx.next().await {
+            match message {
+                tungstenite::Message::Text(_) => echoes += 1,
+                tungstenite::Message::Close(frame) => {
+                    close = frame;
+                    break;
+                }
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("the example closes the socket");
+    let d = start.elapsed().as_secs_f64();
+    let close = close.expect("a close frame");
+    assert_eq!(u16::from(close.code), 1008);
+    assert!(close.reason.contains("ws-messages"), "{}", close.reason);
+    assert!(echoes >= 10, "the burst: {echoes}");
+    assert!(
+        echoes as f64 <= 10.0 + 20.0 * d + 1.0,
+        "{echoes} echoes in {d} s"
+    );
 }

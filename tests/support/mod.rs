@@ -11,6 +11,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
+pub mod example;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis-tls")]
