@@ -446,31 +446,33 @@ async fn the_ws_echo_example_closes_a_flood_with_1008() {
         .await
         .unwrap();
     let (mut tx, mut rx) = ws.split();
-    for i in 0..100 {
-        if tx
-            .send(tungstenite::Message::text(i.to_string()))
-            .await
-            .is_err()
-        {
-            break;
-        }
-    }
-    let (mut echoes, mut close) = (0, None);
-    let read = async {
+    // Read while sending (as a client would): what came back, and the close frame.
+    let reader = tokio::spawn(async move {
+        let mut echoes = 0;
         while let Some(Ok(message)) = rx.next().await {
             match message {
                 tungstenite::Message::Text(_) => echoes += 1,
-                tungstenite::Message::Close(frame) => {
-                    close = frame;
-                    break;
-                }
+                tungstenite::Message::Close(frame) => return (echoes, frame),
                 _ => {}
             }
         }
-    };
-    tokio::time::timeout(Duration::from_secs(30), read)
+        (echoes, None)
+    });
+    for i in 0..100 {
+        if reader.is_finished()
+            || tx
+                .send(tungstenite::Message::text(i.to_string()))
+                .await
+                .is_err()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (echoes, close) = tokio::time::timeout(Duration::from_secs(30), reader)
         .await
-        .expect("the example closes the socket");
+        .expect("the example closes the socket")
+        .unwrap();
     let d = start.elapsed().as_secs_f64();
     let close = close.expect("a close frame");
     assert_eq!(u16::from(close.code), 1008);
