@@ -1540,7 +1540,9 @@ mod tests {
         let key = Key::from_part("quiet");
         exhausted(&t, &key, a);
         let waited = |now| t.decide(&key, a, now, Asking::Waited).local;
+        let refused = t.decisions().local_refused;
         assert!(matches!(waited(1_999_000_000), Local::Refused(_)));
+        assert_eq!(t.decisions().local_refused, refused + 1, "counted");
         assert!(slot(&t, &key, |s| s.exhausted));
         assert!(matches!(waited(2_000_000_000), Local::Remote));
         assert!(slot(&t, &key, |s| !s.exhausted));
