@@ -183,6 +183,21 @@ fn messages(over: OverLimit) -> LimitSpec {
         .over_limit(over)
 }
 
+/// Connects a client to `/ws` and reads what the server sends until `until`, each message
+/// with the instant it came.
+async fn receive_until(addr: SocketAddr, until: Instant) -> Vec<(tungstenite::Message, Instant)> {
+    let (ws, _) =
+        tokio_tungstenite::connect_async_with_config(format!("ws://{addr}/ws"), None, true)
+            .await
+            .unwrap();
+    let (_tx, mut rx) = ws.split();
+    let mut got = Vec::new();
+    while let Ok(Some(Ok(message))) = tokio::time::timeout_at(until, rx.next()).await {
+        got.push((message, Instant::now()));
+    }
+    got
+}
+
 /// Sends 1,000 messages a second for `d` (or until the socket fails); reads what the
 /// server sends meanwhile. Answers the close frame the server sent, if any.
 async fn flood(addr: SocketAddr, d: Duration) -> Option<tungstenite::protocol::CloseFrame> {
@@ -350,16 +365,10 @@ async fn fed_messages_are_each_sent_and_closing_sends_the_held_one_first() {
     let out = messages(OverLimit::wait(Duration::from_secs(5))).direction(Direction::Out);
     let (addr, _app) = serve(out, Role::Feed(15), Close::PolicyViolation, None).await;
     let start = Instant::now();
-    let (ws, _) =
-        tokio_tungstenite::connect_async_with_config(format!("ws://{addr}/ws"), None, true)
-            .await
-            .unwrap();
-    let (_tx, mut rx) = ws.split();
     let (mut texts, mut closed) = (Vec::new(), false);
-    let until = start + Duration::from_secs(3);
-    while let Ok(Some(Ok(message))) = tokio::time::timeout_at(until, rx.next()).await {
+    for (message, at) in receive_until(addr, start + Duration::from_secs(3)).await {
         match message {
-            tungstenite::Message::Text(t) => texts.push((t.to_string(), Instant::now())),
+            tungstenite::Message::Text(t) => texts.push((t.to_string(), at)),
             tungstenite::Message::Close(_) => closed = true,
             _ => {}
         }
@@ -406,18 +415,12 @@ async fn sent_messages_are_paced_out() {
     let out = messages(OverLimit::wait(Duration::from_secs(5))).direction(Direction::Out);
     let (addr, app) = serve(out, Role::Flood(1_000), Close::PolicyViolation, None).await;
     let start = Instant::now();
-    let (ws, _) =
-        tokio_tungstenite::connect_async_with_config(format!("ws://{addr}/ws"), None, true)
-            .await
-            .unwrap();
-    let (_tx, mut rx) = ws.split();
-    let mut got = Vec::new();
-    let until = start + Duration::from_secs(3);
-    while let Ok(Some(Ok(message))) = tokio::time::timeout_at(until, rx.next()).await {
-        if message.is_text() {
-            got.push(Instant::now());
-        }
-    }
+    let got: Vec<Instant> = receive_until(addr, start + Duration::from_secs(3))
+        .await
+        .into_iter()
+        .filter(|(message, _)| message.is_text())
+        .map(|(_, at)| at)
+        .collect();
     let within = |secs: u64| {
         got.iter()
             .filter(|t| **t <= start + Duration::from_secs(secs))

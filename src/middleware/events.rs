@@ -204,6 +204,17 @@ mod tests {
         out
     }
 
+    /// A limiter of one limit of events, `events`, 10 a second.
+    fn events_limiter() -> crate::Limiter {
+        crate::Limiter::builder(crate::store::MemoryStore::new())
+            .limit(crate::LimitSpec::new(
+                "events",
+                crate::Quota::per_second(10),
+            ))
+            .build()
+            .unwrap()
+    }
+
     #[test]
     fn each_event_is_charged_at_its_first_field_in_any_framing() {
         let text = "data: a\n\n: ping\n\nevent: x\ndata: b\r\n\r\ndata: c\r\rid: 4\ndata: d\n\n";
@@ -218,13 +229,7 @@ mod tests {
 
     #[test]
     fn its_debug_form_names_the_body_the_pacer_and_what_it_holds() {
-        let limiter = crate::Limiter::builder(crate::store::MemoryStore::new())
-            .limit(crate::LimitSpec::new(
-                "events",
-                crate::Quota::per_second(10),
-            ))
-            .build()
-            .unwrap();
+        let limiter = events_limiter();
         let body = PacedEvents::new("inner body", limiter.pacer("events", "k").unwrap());
         let shown = format!("{body:?}");
         for part in ["PacedEvents", "\"inner body\"", "Pacer", "held: 0"] {
@@ -238,13 +243,7 @@ mod tests {
     #[tokio::test]
     async fn an_events_body_ends_with_its_inner_body_once_it_holds_nothing() {
         use http_body_util::BodyExt;
-        let limiter = crate::Limiter::builder(crate::store::MemoryStore::new())
-            .limit(crate::LimitSpec::new(
-                "events",
-                crate::Quota::per_second(10),
-            ))
-            .build()
-            .unwrap();
+        let limiter = events_limiter();
         let pacer = || limiter.pacer("events", "k").unwrap();
         let empty = PacedEvents::new(http_body_util::Empty::<Bytes>::new(), pacer());
         assert!(empty.is_end_stream());

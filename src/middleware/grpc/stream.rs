@@ -628,12 +628,7 @@ mod tests {
     /// `Debug` shows the inner body, the pacer, how many bytes are held and the scan.
     #[tokio::test]
     async fn debug_shows_the_body_the_pacer_and_what_is_held() {
-        use crate::algo::quota::Quota;
-        use crate::model::spec::LimitSpec;
-        let limiter = crate::limiter::Limiter::builder(crate::store::MemoryStore::new())
-            .limit(LimitSpec::new("m", Quota::per_second(10)).per(Per::Message))
-            .build()
-            .unwrap();
+        let limiter = one_at_once(crate::model::stream::Direction::In);
         let inner = http_body_util::Empty::<Bytes>::new();
         let body = PacedMessages::request(inner, limiter.pacer("m", "k").unwrap());
         let shown = format!("{body:?}");
