@@ -1548,6 +1548,56 @@ mod tests {
         assert!(slot(&t, &key, |s| !s.exhausted));
     }
 
+    /// A request waits for a lease on its way only while fewer than `MAX_WAITING` wait for
+    /// one: the next asks the backend, counted as the backend's. A check that waited for a
+    /// lease in vain is counted as the backend's too.
+    #[test]
+    fn past_the_waiting_bound_a_request_asks_the_backend_counted_so() {
+        let t = table();
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        let key = Key::from_part("k");
+        let now = 1_000_000_000;
+        let d = t.decide(&key, a, now, Asking::Online);
+        assert!(matches!(d.local, Local::Wait) && d.take.is_some());
+        t.waiting.store(MAX_WAITING - 1, Ordering::Relaxed);
+        assert!(matches!(
+            t.decide(&key, a, now, Asking::Online).local,
+            Local::Wait
+        ));
+        t.waiting.store(MAX_WAITING, Ordering::Relaxed);
+        let remote = t.decisions().remote;
+        let d = t.decide(&key, a, now, Asking::Online);
+        assert!(matches!(d.local, Local::Remote) && d.take.is_none());
+        assert_eq!(t.decisions().remote, remote + 1, "counted as the backend's");
+        t.count_remote(&key);
+        assert_eq!(t.decisions().remote, remote + 2, "a waited check, counted");
+    }
+
+    /// Waiting for the lease of a key with no call on its way ends at once (a key unknown
+    /// here, or whose call was settled): nothing would wake it before its deadline.
+    #[test]
+    fn waiting_on_a_key_with_no_lease_call_on_its_way_ends_at_once() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let t = table();
+            let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+            let key = Key::from_part("k");
+            let now = 1_000_000_000;
+            let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+            settle(&t, &key, a, take, now, answer(a.quota, 0, take.tokens, now));
+            assert!(slot(&t, &key, |s| !s.taking));
+            let start = tokio::time::Instant::now();
+            let deadline = start + Duration::from_secs(1);
+            t.wait(&key, deadline).await;
+            t.wait(&Key::from_part("unknown"), deadline).await;
+            assert_eq!(start.elapsed(), Duration::ZERO);
+        });
+    }
+
     /// Issue 41: a settled lease call wakes the requests waiting for its key, not every
     /// waiter of the table.
     #[test]
@@ -1711,9 +1761,11 @@ mod tests {
             matches!(d.local, Local::Refused(_)),
             "within the usual round trip"
         );
+        let remote = t.decisions().remote;
         let d = t.decide(&key, a, after + 20_000_001, Asking::Online);
         assert!(matches!(d.local, Local::Remote), "past it");
         assert!(d.take.is_none(), "no second lease call");
+        assert_eq!(t.decisions().remote, remote + 1, "counted as the backend's");
     }
 
     /// A request is held for a lease on its way (waiting, or refused near exhaustion) only
