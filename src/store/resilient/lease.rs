@@ -1573,6 +1573,29 @@ mod tests {
         assert_eq!(t.decisions().remote, remote + 2, "a waited check, counted");
     }
 
+    /// Undoing a request's decision gives its tokens back to the lease, whatever its cost,
+    /// and takes it out of the local grants.
+    #[test]
+    fn an_undone_request_gives_its_tokens_back_to_the_lease() {
+        let t = table();
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        let key = Key::from_part("k");
+        let now = 1_000_000_000;
+        let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+        settle(&t, &key, a, take, now, answer(a.quota, 0, take.tokens, now));
+        let held = slot(&t, &key, |s| s.tokens);
+        assert!(held >= 3, "{held}");
+        let three = Ask { cost: 3, ..a };
+        let allowed = t.decisions().local_allowed;
+        let d = t.decide(&key, three, now, Asking::Online);
+        assert!(matches!(d.local, Local::Taken(_)));
+        assert_eq!(slot(&t, &key, |s| s.tokens), held - 3);
+        assert_eq!(t.decisions().local_allowed, allowed + 1);
+        t.undo(&key, 3);
+        assert_eq!(slot(&t, &key, |s| s.tokens), held, "all 3 back");
+        assert_eq!(t.decisions().local_allowed, allowed);
+    }
+
     /// Waiting for the lease of a key with no call on its way ends at once (a key unknown
     /// here, or whose call was settled): nothing would wake it before its deadline.
     #[test]
