@@ -1596,6 +1596,46 @@ mod tests {
         assert_eq!(t.decisions().local_allowed, allowed);
     }
 
+    /// A lease granted in full leaves the key near exhaustion when the bucket is left with
+    /// less than another such lease, not when it is left with exactly one.
+    #[test]
+    fn a_lease_leaving_less_than_another_lease_in_the_bucket_is_near_exhaustion() {
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        let now = 1_000_000_000;
+        let after = |spent_before: u64| {
+            let t = table();
+            let key = Key::from_part("k");
+            let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+            let outcome = answer(a.quota, spent_before, take.tokens, now);
+            let call = Answer {
+                asked: take.tokens,
+                generation: take.generation,
+                sent_at: now,
+                answered_at: now,
+                outcome: Some(outcome),
+                last: false,
+            };
+            assert_eq!(t.settle(&key, a, call), (None, None));
+            (
+                take.tokens,
+                outcome.remaining(),
+                slot(&t, &key, |s| s.exhausted),
+            )
+        };
+        let n = after(0).0;
+        assert!(n >= 1 && 2 * n <= 100, "{n}");
+        assert_eq!(
+            after(100 - 2 * n),
+            (n, n, false),
+            "exactly another lease left"
+        );
+        assert_eq!(
+            after(100 - 2 * n + 1),
+            (n, n - 1, true),
+            "one token short of it"
+        );
+    }
+
     /// Waiting for the lease of a key with no call on its way ends at once (a key unknown
     /// here, or whose call was settled): nothing would wake it before its deadline.
     #[test]
