@@ -1636,6 +1636,70 @@ mod tests {
         );
     }
 
+    /// A lease granted at once (no reservation) lasts its age from the call's send, holds
+    /// no tokens due later, and halves the key's backoff.
+    #[test]
+    fn a_lease_granted_at_once_lasts_from_its_send_and_halves_the_backoff() {
+        let t = table();
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        let key = Key::from_part("k");
+        let now = 1_000_000_000;
+        let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+        slot(&t, &key, |s| s.backoff = 8);
+        let outcome = answer(a.quota, 0, take.tokens, now);
+        assert!(outcome.is_allowed() && outcome.wait().is_zero());
+        let call = Answer {
+            asked: take.tokens,
+            generation: take.generation,
+            sent_at: now,
+            answered_at: now + 30_000_000,
+            outcome: Some(outcome),
+            last: false,
+        };
+        assert_eq!(t.settle(&key, a, call), (None, None));
+        let age = duration_ns(a.lease.age());
+        slot(&t, &key, |s| {
+            assert_eq!(s.backoff, 4);
+            assert_eq!(s.expires, now + age, "from the send");
+            assert_eq!(s.due, [Due::default(); 2], "nothing due later");
+            assert_eq!(s.tokens, take.tokens);
+        });
+    }
+
+    /// A lease the bucket cannot fill, but with at least a batch left, takes what is left
+    /// in a second call (the key stays `taking`); the second call's answer, or fewer than
+    /// a batch left, ends it near exhaustion.
+    #[test]
+    fn a_lease_the_bucket_cannot_fill_takes_what_is_left_in_a_second_call() {
+        // A first request asks for 10 tokens (100 ms of its demand), worth a call at 5.
+        let a = ask(Quota::per_second(100).burst(100), Lease::tokens(40));
+        let now = 1_000_000_000;
+        let partial = |left: u64, last: bool| {
+            let t = table();
+            let key = Key::from_part("k");
+            let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+            assert_eq!(take.tokens, 10);
+            assert_eq!(slot(&t, &key, |s| s.min_batch), 5);
+            let outcome = answer(a.quota, 100 - left, take.tokens, now);
+            assert!(!outcome.is_allowed() && outcome.remaining() == left);
+            let call = Answer {
+                asked: take.tokens,
+                generation: take.generation,
+                sent_at: now,
+                answered_at: now,
+                outcome: Some(outcome),
+                last,
+            };
+            let again = t.settle(&key, a, call).0;
+            let (taking, exhausted) = slot(&t, &key, |s| (s.taking, s.exhausted));
+            (again, taking, exhausted)
+        };
+        assert_eq!(partial(5, false), (Some(5), true, false), "a batch left");
+        assert_eq!(partial(9, false), (Some(9), true, false));
+        assert_eq!(partial(5, true), (None, false, true), "the second call");
+        assert_eq!(partial(4, false), (None, false, true), "under a batch");
+    }
+
     /// Waiting for the lease of a key with no call on its way ends at once (a key unknown
     /// here, or whose call was settled): nothing would wake it before its deadline.
     #[test]
