@@ -1700,6 +1700,34 @@ mod tests {
         assert_eq!(partial(4, false), (None, false, true), "under a batch");
     }
 
+    /// A lease refused by an empty bucket refuses the key here until a batch is likely
+    /// back, times a backoff that doubles with each refusal up to 8, and never for more
+    /// than three quarters of the time the bucket takes to fill.
+    #[test]
+    fn a_refused_lease_backs_off_doubling_up_to_three_quarters_of_a_refill() {
+        // 100/s with a burst of 20: full in 200 ms. A first request asks for 10 tokens,
+        // worth a call at 5: a batch is back 50 ms after the bucket was empty.
+        let a = ask(Quota::per_second(100).burst(20), Lease::tokens(20));
+        let now = 1_000_000_000;
+        let refused_after = |backoff: u64| {
+            let t = table();
+            let key = Key::from_part("k");
+            let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+            assert_eq!((take.tokens, slot(&t, &key, |s| s.min_batch)), (10, 5));
+            slot(&t, &key, |s| s.backoff = backoff);
+            let empty = answer(a.quota, 20, take.tokens, now);
+            assert_eq!(empty.remaining(), 0);
+            settle(&t, &key, a, take, now, empty);
+            slot(&t, &key, |s| {
+                (s.backoff, (s.refused_until - now) / 1_000_000)
+            })
+        };
+        assert_eq!(refused_after(0), (2, 100), "50 ms, twice");
+        assert_eq!(refused_after(1), (2, 100));
+        assert_eq!(refused_after(2), (4, 150), "200 ms: at most 150 ms");
+        assert_eq!(refused_after(8), (8, 150), "8 at most");
+    }
+
     /// Waiting for the lease of a key with no call on its way ends at once (a key unknown
     /// here, or whose call was settled): nothing would wake it before its deadline.
     #[test]
