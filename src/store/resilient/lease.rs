@@ -1728,6 +1728,53 @@ mod tests {
         assert_eq!(refused_after(8), (8, 150), "8 at most");
     }
 
+    /// The sweep forgets a key only when it holds nothing: no tokens, no lease call on its
+    /// way, no refusal running, and no use for a second.
+    #[test]
+    fn the_sweep_forgets_only_keys_that_hold_nothing() {
+        let t = table();
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        let at = 1_000_000_000;
+        let now = at + 5_000_000_000;
+        let keys = [
+            "tokens",
+            "taking",
+            "refused",
+            "used lately",
+            "idle",
+            "idle exactly a second",
+            "refused until now",
+        ];
+        for name in keys {
+            let key = Key::from_part(name);
+            t.decide(&key, a, at, Asking::Online);
+            slot(&t, &key, |s| {
+                s.taking = false;
+                s.expires = u64::MAX;
+                match name {
+                    "tokens" => s.tokens = 3,
+                    "taking" => s.taking = true,
+                    "refused" => s.refused_until = now + 1,
+                    "used lately" => s.used_at = now - IDLE_NS + 1,
+                    "idle exactly a second" => s.used_at = now - IDLE_NS,
+                    "refused until now" => s.refused_until = now,
+                    _ => {}
+                }
+            });
+        }
+        assert_eq!(t.keys.load(Ordering::Relaxed), keys.len());
+        t.sweep_idle(now);
+        let kept: Vec<&str> = keys
+            .into_iter()
+            .filter(|k| {
+                let key = Key::from_part(*k);
+                t.shard(&key).slots.contains_key(&key)
+            })
+            .collect();
+        assert_eq!(kept, ["tokens", "taking", "refused", "used lately"]);
+        assert_eq!(t.keys.load(Ordering::Relaxed), 4);
+    }
+
     /// Waiting for the lease of a key with no call on its way ends at once (a key unknown
     /// here, or whose call was settled): nothing would wake it before its deadline.
     #[test]
