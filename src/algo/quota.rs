@@ -655,6 +655,20 @@ mod tests {
         );
     }
 
+    /// The bug a random case of `an_unknown_unit_is_quoted_as_written` found (a
+    /// cargo-mutants run, 2026-11-29): the property took every unit it drew for an unknown
+    /// one, and drew `ns`. `5/ns` names a known unit; it is refused for its rate, which no
+    /// quota can hold, not for its unit.
+    #[test]
+    fn a_known_unit_too_fast_is_a_rate_error_not_an_unknown_unit() {
+        for input in ["5/ns", "5/ ns ", "5/us", "5/\u{b5}s"] {
+            let e = input.parse::<Quota>().unwrap_err();
+            assert_eq!(e.field(), "rate", "{input}: {e}");
+        }
+        assert!(parse_period("1ns").is_ok());
+        assert!(parse_period("1nsec").is_err());
+    }
+
     proptest::proptest! {
         #[test]
         fn every_displayed_quota_parses_back(
@@ -682,6 +696,9 @@ mod tests {
         fn an_unknown_unit_is_quoted_as_written(unit in "[^0-9./;]{1,8}") {
             let trimmed = unit.trim();
             proptest::prop_assume!(!trimmed.is_empty());
+            // A known unit, however it is padded, is no unknown unit (`5/ns` is too fast a
+            // rate: see `a_known_unit_too_fast_is_a_rate_error_not_an_unknown_unit`).
+            proptest::prop_assume!(parse_period(&format!("1{unit}")).is_err());
             if let Err(e) = format!("5/{unit}").parse::<Quota>() {
                 proptest::prop_assert_eq!(e.field(), "period");
                 proptest::prop_assert!(e.reason().contains(&format!("`{trimmed}`")), "{}", e);
