@@ -1775,6 +1775,34 @@ mod tests {
         assert_eq!(t.keys.load(Ordering::Relaxed), 4);
     }
 
+    /// The store's tables count their keys together (the bound is the store's): a table
+    /// dropped takes its keys out of the count, and leaves the other tables' in.
+    #[test]
+    fn a_dropped_table_takes_its_keys_out_of_the_stores_count() {
+        let keys = Arc::new(AtomicUsize::new(0));
+        let new = || {
+            LeaseTable::new(
+                Box::new(Never),
+                keys.clone(),
+                Arc::default(),
+                SharedClock::default(),
+                Duration::from_millis(50),
+            )
+        };
+        let (t, other) = (new(), new());
+        let a = ask(Quota::per_second(100).burst(100), Lease::auto());
+        let now = 1_000_000_000;
+        for k in ["a", "b", "c"] {
+            t.decide(&Key::from_part(k), a, now, Asking::Online);
+        }
+        other.decide(&Key::from_part("d"), a, now, Asking::Online);
+        assert_eq!(keys.load(Ordering::Relaxed), 4);
+        drop(t);
+        assert_eq!(keys.load(Ordering::Relaxed), 1, "the other table's key");
+        drop(other);
+        assert_eq!(keys.load(Ordering::Relaxed), 0);
+    }
+
     /// Waiting for the lease of a key with no call on its way ends at once (a key unknown
     /// here, or whose call was settled): nothing would wake it before its deadline.
     #[test]
