@@ -1803,6 +1803,30 @@ mod tests {
         assert_eq!(keys.load(Ordering::Relaxed), 0);
     }
 
+    /// A fixed window's bucket is back once the window of the last answer has ended (or
+    /// the refusal, if it ends later); a GCRA bucket once it had time to fill after the
+    /// last answer. A slot that heard no answer knows of neither.
+    #[test]
+    fn a_bucket_is_back_after_its_window_or_a_whole_refill() {
+        let gcra = ask(Quota::per_second(10), Lease::auto()); // full in 1 s
+        let window = Ask {
+            algorithm: Algorithm::fixed_window(),
+            ..gcra
+        };
+        let mut s = Slot::default();
+        assert!(!refilled(&s, &window, 5));
+        assert!(!refilled(&s, &gcra, u64::MAX));
+        s.window_end = 100;
+        assert!(!refilled(&s, &window, 99));
+        assert!(refilled(&s, &window, 100));
+        s.refused_until = 200;
+        assert!(!refilled(&s, &window, 150));
+        assert!(refilled(&s, &window, 200));
+        s.shared_at = 1_000_000_000;
+        assert!(!refilled(&s, &gcra, 1_999_999_999));
+        assert!(refilled(&s, &gcra, 2_000_000_000));
+    }
+
     /// Waiting for the lease of a key with no call on its way ends at once (a key unknown
     /// here, or whose call was settled): nothing would wake it before its deadline.
     #[test]
