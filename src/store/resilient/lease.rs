@@ -1305,6 +1305,12 @@ mod tests {
         assert_eq!(o.wait(), Duration::ZERO);
         // 3 here, 2 + 1 (100 ms) there.
         assert_eq!(o.remaining(), 6);
+        // Two of the 3 reserved, not due yet: only the one due counts here.
+        let o = allowed(&a, &slot, 2, 1_100_000_000);
+        assert_eq!(o.remaining(), 4);
+        // Never fewer than none here, whatever is pending.
+        let o = allowed(&a, &slot, 5, 1_100_000_000);
+        assert_eq!(o.remaining(), 3);
     }
 
     /// A backend whose calls never answer: the tests settle lease calls themselves.
