@@ -1340,16 +1340,40 @@ mod tests {
         Outcome::new(r.verdict, r.reset_after, params, 1)
     }
 
-    /// Settles the lease call `take` of `key`, sent at `sent_at`, with `outcome`.
-    fn settle(t: &LeaseTable, key: &Key, a: Ask, take: Take, sent_at: u64, outcome: Outcome) {
-        let call = Answer {
+    /// The answer to the lease call `take`: `outcome` (`None`: the call failed), sent at
+    /// `sent_at`, answered at `answered_at`; `last`: no second call follows.
+    fn reply(
+        take: Take,
+        sent_at: u64,
+        answered_at: u64,
+        outcome: Option<Outcome>,
+        last: bool,
+    ) -> Answer {
+        Answer {
             asked: take.tokens,
             generation: take.generation,
             sent_at,
-            answered_at: sent_at,
-            outcome: Some(outcome),
-            last: true,
-        };
+            answered_at,
+            outcome,
+            last,
+        }
+    }
+
+    /// A fresh table whose key "k" has made its first request of `a` at `now`: the table,
+    /// the key and the lease call that request started.
+    fn first_lease(a: Ask, now: u64) -> (LeaseTable, Key, Take) {
+        let t = table();
+        let key = Key::from_part("k");
+        let take = t
+            .decide(&key, a, now, Asking::Online)
+            .take
+            .expect("a lease call");
+        (t, key, take)
+    }
+
+    /// Settles the lease call `take` of `key`, sent at `sent_at`, with `outcome`.
+    fn settle(t: &LeaseTable, key: &Key, a: Ask, take: Take, sent_at: u64, outcome: Outcome) {
+        let call = reply(take, sent_at, sent_at, Some(outcome), true);
         assert_eq!(t.settle(key, a, call), (None, None));
     }
 
@@ -1583,11 +1607,9 @@ mod tests {
     /// and takes it out of the local grants.
     #[test]
     fn an_undone_request_gives_its_tokens_back_to_the_lease() {
-        let t = table();
         let a = ask(Quota::per_second(100).burst(100), Lease::auto());
-        let key = Key::from_part("k");
         let now = 1_000_000_000;
-        let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+        let (t, key, take) = first_lease(a, now);
         settle(&t, &key, a, take, now, answer(a.quota, 0, take.tokens, now));
         let held = slot(&t, &key, |s| s.tokens);
         assert!(held >= 3, "{held}");
@@ -1609,18 +1631,9 @@ mod tests {
         let a = ask(Quota::per_second(100).burst(100), Lease::auto());
         let now = 1_000_000_000;
         let after = |spent_before: u64| {
-            let t = table();
-            let key = Key::from_part("k");
-            let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+            let (t, key, take) = first_lease(a, now);
             let outcome = answer(a.quota, spent_before, take.tokens, now);
-            let call = Answer {
-                asked: take.tokens,
-                generation: take.generation,
-                sent_at: now,
-                answered_at: now,
-                outcome: Some(outcome),
-                last: false,
-            };
+            let call = reply(take, now, now, Some(outcome), false);
             assert_eq!(t.settle(&key, a, call), (None, None));
             (
                 take.tokens,
@@ -1646,22 +1659,13 @@ mod tests {
     /// no tokens due later, and halves the key's backoff.
     #[test]
     fn a_lease_granted_at_once_lasts_from_its_send_and_halves_the_backoff() {
-        let t = table();
         let a = ask(Quota::per_second(100).burst(100), Lease::auto());
-        let key = Key::from_part("k");
         let now = 1_000_000_000;
-        let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+        let (t, key, take) = first_lease(a, now);
         slot(&t, &key, |s| s.backoff = 8);
         let outcome = answer(a.quota, 0, take.tokens, now);
         assert!(outcome.is_allowed() && outcome.wait().is_zero());
-        let call = Answer {
-            asked: take.tokens,
-            generation: take.generation,
-            sent_at: now,
-            answered_at: now + 30_000_000,
-            outcome: Some(outcome),
-            last: false,
-        };
+        let call = reply(take, now, now + 30_000_000, Some(outcome), false);
         assert_eq!(t.settle(&key, a, call), (None, None));
         let age = duration_ns(a.lease.age());
         slot(&t, &key, |s| {
@@ -1681,21 +1685,12 @@ mod tests {
         let a = ask(Quota::per_second(100).burst(100), Lease::tokens(40));
         let now = 1_000_000_000;
         let partial = |left: u64, last: bool| {
-            let t = table();
-            let key = Key::from_part("k");
-            let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+            let (t, key, take) = first_lease(a, now);
             assert_eq!(take.tokens, 10);
             assert_eq!(slot(&t, &key, |s| s.min_batch), 5);
             let outcome = answer(a.quota, 100 - left, take.tokens, now);
             assert!(!outcome.is_allowed() && outcome.remaining() == left);
-            let call = Answer {
-                asked: take.tokens,
-                generation: take.generation,
-                sent_at: now,
-                answered_at: now,
-                outcome: Some(outcome),
-                last,
-            };
+            let call = reply(take, now, now, Some(outcome), last);
             let again = t.settle(&key, a, call).0;
             let (taking, exhausted) = slot(&t, &key, |s| (s.taking, s.exhausted));
             (again, taking, exhausted)
@@ -1716,9 +1711,7 @@ mod tests {
         let a = ask(Quota::per_second(100).burst(20), Lease::tokens(20));
         let now = 1_000_000_000;
         let refused_after = |backoff: u64| {
-            let t = table();
-            let key = Key::from_part("k");
-            let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+            let (t, key, take) = first_lease(a, now);
             assert_eq!((take.tokens, slot(&t, &key, |s| s.min_batch)), (10, 5));
             slot(&t, &key, |s| s.backoff = backoff);
             let empty = answer(a.quota, 20, take.tokens, now);
@@ -1843,11 +1836,9 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            let t = table();
             let a = ask(Quota::per_second(100).burst(100), Lease::auto());
-            let key = Key::from_part("k");
             let now = 1_000_000_000;
-            let take = t.decide(&key, a, now, Asking::Online).take.unwrap();
+            let (t, key, take) = first_lease(a, now);
             settle(&t, &key, a, take, now, answer(a.quota, 0, take.tokens, now));
             assert!(slot(&t, &key, |s| !s.taking));
             let start = tokio::time::Instant::now();
@@ -1942,24 +1933,10 @@ mod tests {
         let now = 1_000_000_000;
         let d = t.decide(&key, a, now, Asking::Online);
         let take = d.take.expect("a lease call");
-        let failed = Answer {
-            asked: take.tokens,
-            generation: take.generation,
-            sent_at: now,
-            answered_at: now + 100_000_000,
-            outcome: None,
-            last: false,
-        };
+        let failed = reply(take, now, now + 100_000_000, None, false);
         assert_eq!(t.settle(&key, a, failed), (None, None));
         assert!(slot(&t, &key, |s| !s.taking && s.tokens == 0));
-        let late = |outcome| Answer {
-            asked: take.tokens,
-            generation: take.generation,
-            sent_at: now,
-            answered_at: now + 300_000_000,
-            outcome: Some(outcome),
-            last: false,
-        };
+        let late = |outcome| reply(take, now, now + 300_000_000, Some(outcome), false);
         // Refused there: nothing held, nothing to give back.
         let refused = answer(a.quota, 100, take.tokens, now);
         assert!(!refused.is_allowed());
@@ -2107,14 +2084,13 @@ mod tests {
             .expect("a lease call");
         let _ = t.decide(&key, b, now + 1, Asking::Online);
         let _ = t.decide(&key, a, now + 2, Asking::Online);
-        let call = Answer {
-            asked: take.tokens,
-            generation: take.generation,
-            sent_at: now,
-            answered_at: now + 3,
-            outcome: Some(answer(a.quota, 0, take.tokens, now)),
-            last: true,
-        };
+        let call = reply(
+            take,
+            now,
+            now + 3,
+            Some(answer(a.quota, 0, take.tokens, now)),
+            true,
+        );
         assert_eq!(
             t.settle(&key, a, call),
             (None, Some((key.clone(), a.quota, a.algorithm, take.tokens)))
@@ -2173,14 +2149,7 @@ mod tests {
         assert_eq!(slot(&t, &key, |s| s.late_until), 0, "another quota's");
         t.timed_out(&key, a, take.generation, now);
         assert_eq!(slot(&t, &key, |s| s.late_until), now + 1_000_000_000);
-        let failed = Answer {
-            asked: take.tokens,
-            generation: take.generation,
-            sent_at: now,
-            answered_at: now + 100_000_000,
-            outcome: None,
-            last: false,
-        };
+        let failed = reply(take, now, now + 100_000_000, None, false);
         assert_eq!(t.settle(&key, a, failed), (None, None));
         let d = t.decide(&key, a, now + 500_000_000, Asking::Online);
         assert!(d.take.is_none(), "held off while the late call may answer");
@@ -2197,14 +2166,13 @@ mod tests {
         assert_eq!(t.late(&key, a, other), None);
         assert_eq!(slot(&t, &key, |s| s.late_until), now + 1_000_000_000);
         // It answers, refused: nothing held, and the next lease may start.
-        let refused = Answer {
-            asked: take.tokens,
-            generation: take.generation,
-            sent_at: now,
-            answered_at: now + 600_000_000,
-            outcome: Some(answer(a.quota, 100, take.tokens, now)),
-            last: false,
-        };
+        let refused = reply(
+            take,
+            now,
+            now + 600_000_000,
+            Some(answer(a.quota, 100, take.tokens, now)),
+            false,
+        );
         assert_eq!(t.late(&key, a, refused), None);
         assert_eq!(slot(&t, &key, |s| s.late_until), 0);
         let again = t
