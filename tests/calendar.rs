@@ -306,7 +306,11 @@ mod redis_server {
             .get_connection_manager()
             .await
             .unwrap();
-        let store = RedisStore::new(conn).prefix("caltime:");
+        // A generous timeout: a slow first call (the script loaded) is still Redis's, and
+        // writes the key read below.
+        let store = RedisStore::new(conn)
+            .prefix("caltime:")
+            .timeout(Duration::from_secs(5));
         let l = Limiter::builder(store)
             .limit(
                 tollgate::LimitSpec::new("m", Quota::per_month(3))

@@ -141,8 +141,11 @@ async fn forty_requests_pass_five_at_once_then_one_per_t_and_the_rest_get_429_at
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_waiters_bounds_the_queue() {
+    // One token every 2 s: long enough for the waiters to take their places, and the
+    // third request its answer, before the first waiter goes, on a loaded machine.
+    const T: Duration = Duration::from_secs(2);
     let layer = one_limit(
-        Limit::new("paced", Quota::new(1, Duration::from_millis(500)).unwrap())
+        Limit::new("paced", Quota::new(1, T).unwrap())
             .key(Header::new("x-key"))
             .delay(Duration::from_secs(10), 2),
     );
@@ -155,16 +158,16 @@ async fn max_waiters_bounds_the_queue() {
         .map(|_| tokio::spawn(async move { (status(addr, "a").await, t0.elapsed()) }))
         .collect();
     // Both have reserved their tokens (three tokens' debt).
-    until_debt(&limiter, "paced", "a", |d| d > Duration::from_secs(1)).await;
-    // Two wait (500 ms and 1 s): a third is refused at once, though it would wait only
-    // 1.5 s: answered while the first waiter still waits, where waiting would put it
-    // after both.
+    until_debt(&limiter, "paced", "a", |d| d > 2 * T).await;
+    // Two wait (T and 2T): a third is refused at once, though it would wait only 3T,
+    // within the 10 s it may: answered while the first waiter still waits, where
+    // waiting would put it after both.
     assert_eq!(status(addr, "a").await, 429);
     assert!(!waiting[0].is_finished(), "the third request waited");
     for w in waiting {
         let (s, after) = w.await.unwrap();
         assert_eq!(s, 200);
-        assert!(after >= Duration::from_millis(450), "{after:?}");
+        assert!(after >= T - Duration::from_millis(50), "{after:?}");
     }
     // The places are free again: the next request waits instead of being refused.
     assert_eq!(status(addr, "a").await, 200);

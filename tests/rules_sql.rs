@@ -850,7 +850,7 @@ async fn changes_apply_within_a_poll_and_unchanged_buckets_keep_their_state() {
     let latency = eventually("the new plan quota", || rules.status().reloads == 1).await;
     eprintln!("poll-to-effect latency (poll {POLL:?}): {latency:?}");
     assert!(
-        changed.elapsed() < POLL * 2 + Duration::from_millis(900),
+        changed.elapsed() < POLL * 2 + Duration::from_secs(3),
         "{:?}",
         changed.elapsed()
     );
