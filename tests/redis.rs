@@ -1350,11 +1350,23 @@ async fn a_cluster_node_that_loses_its_data_gets_its_exhausted_keys_back() {
     .limit(spec)
     .build()
     .unwrap();
-    // Let `a` read its markers once before the loss.
-    a.check("login", "someone-else", 1).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
-    a.check("login", "someone-else", 1).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // `a`'s probe writes a marker on each master (and so knows them) before the loss: `b`
+    // has made no call yet, so every marker there is `a`'s.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        a.check("login", "someone-else", 1).await.unwrap();
+        let mut marked = 0;
+        for node in cluster.nodes() {
+            let mut c = node.connection().await;
+            let markers: Vec<String> = c.keys("tollgate:__epoch*").await.unwrap();
+            marked += usize::from(!markers.is_empty());
+        }
+        if marked == cluster.nodes().len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{marked} masters marked");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // A user whose bucket is on a node without the plain `tollgate:__epoch` key (where a
     // single marker would be): only a marker per node notices that node's loss.
