@@ -182,8 +182,10 @@ async fn a_sentinel_store_follows_an_announced_failover_within_its_probe() {
     let announced = Instant::now();
     let before = keys(&replica, "s:api:*").await;
     let mut n = 0u64;
+    // The store follows at its next probe (once a second); the latency is printed below,
+    // the bound loose enough for a loaded machine.
     eventually(
-        Duration::from_secs(5),
+        Duration::from_secs(15),
         "the store writes to the new master",
         || {
             n += 1;
