@@ -1257,7 +1257,7 @@ async fn violations_are_written_back_with_the_rule_id_of_the_plan() {
             .map(|r| (r.get::<i64, _>(0), r.get::<String, _>(1)))
             .collect::<Vec<_>>()
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let mut got = rows().await;
     while got.len() < 3 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
